@@ -1,0 +1,44 @@
+# softmax-serve: the two commands a fresh Debian 12 machine needs.
+#   make serve   install what is missing, build, start the server (ARGS="--flag=value ...")
+#   make test    install what is missing, build, run every test that needs no GPU
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CMAKE_ARGS ?=
+ARGS ?=
+VENV := $(BUILD_DIR)/venv
+
+.PHONY: all deps configure build serve test venv bundle clean
+
+all: build
+
+deps:
+	scripts/install-deps.sh
+
+$(BUILD_DIR)/build.ninja:
+	cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_ARGS)
+
+configure: deps $(BUILD_DIR)/build.ninja
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# Python test packages live in a venv under the build folder; it sees Debian's
+# python3-grpcio / python3-protobuf / python3-numpy through system site packages.
+$(VENV)/.ready:
+	/usr/bin/python3 -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/pip install -q pytest
+	touch $@
+
+venv: deps $(VENV)/.ready
+
+serve: build
+	$(BUILD_DIR)/bin/softmax-server $(ARGS)
+
+test: build venv
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+bundle: build
+	deploy/make-bundle.sh $(BUILD_DIR) dist
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,47 @@
+// Softmax on the CPU: the float64 reference every kernel is tested against, and
+// the row routine the CPU backend runs on its worker threads.
+//
+// A tensor is viewed as [outer, n, inner] and normalised along n (the axis);
+// the "rows" are the outer * inner vectors of length n, row r = o * inner + i.
+// Semantics follow torch.softmax / torch.log_softmax on x / temperature:
+// a NaN anywhere in a row makes the whole row NaN; a row of all -inf gives NaN;
+// a +inf entry makes the row NaN (inf - inf); n == 1 gives 1 (log: 0).
+//
+// Thread-safety: pure functions; concurrent calls on disjoint outputs are safe.
+#ifndef SOFTMAX_KERNELS_CPU_SOFTMAX_H_
+#define SOFTMAX_KERNELS_CPU_SOFTMAX_H_
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace softmax {
+
+// Shape of one softmax problem; every field >= 0.
+struct SoftmaxShape {
+  int64_t outer = 1;  // product of the dimensions before the axis
+  int64_t n = 1;      // length of the axis
+  int64_t inner = 1;  // product of the dimensions after the axis
+  int64_t rows() const { return outer * inner; }
+  int64_t elements() const { return outer * n * inner; }
+};
+
+struct SoftmaxOptions {
+  float temperature = 1.0f;  // finite, > 0; the caller validates
+  bool log = false;          // log-softmax instead of softmax
+};
+
+// Float64 reference: writes outer * n * inner doubles to `output`, in the
+// input's layout. Inputs are read as `dtype` and widened exactly.
+void ReferenceSoftmax(const void* input, DType dtype, const SoftmaxShape& shape,
+                      const SoftmaxOptions& options, double* output);
+
+// CPU backend kernel: computes rows [row_begin, row_end) with float64
+// accumulation and writes them rounded to `dtype` into `output` (same layout
+// as `input`). REQUIRES: 0 <= row_begin <= row_end <= shape.rows().
+void CpuSoftmaxRows(const void* input, void* output, DType dtype, const SoftmaxShape& shape,
+                    const SoftmaxOptions& options, int64_t row_begin, int64_t row_end);
+
+}  // namespace softmax
+
+#endif  // SOFTMAX_KERNELS_CPU_SOFTMAX_H_

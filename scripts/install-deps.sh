@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages softmax-serve needs to build, test and serve.
+# Idempotent: installs only what is missing. Uses sudo when not root.
+# Usage: scripts/install-deps.sh [--runtime-only]
+set -euo pipefail
+
+build_packages=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+)
+test_packages=(
+  python3 python3-venv python3-grpcio python3-protobuf python3-numpy
+  python3-prometheus-client prometheus curl
+)
+
+packages=("${build_packages[@]}" "${test_packages[@]}")
+if [[ "${1:-}" == "--runtime-only" ]]; then
+  packages=()
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all packages present"
+  exit 0
+fi
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
