@@ -1,0 +1,191 @@
+#include "server/batcher.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+namespace softmax::server {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+int64_t Nanos(SteadyClock::duration d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+}
+
+}  // namespace
+
+Batch::Batch() = default;
+Batch::~Batch() = default;
+Batch::Batch(Batch&&) noexcept = default;
+Batch& Batch::operator=(Batch&&) noexcept = default;
+
+Batcher::Batcher(const BatcherOptions& options, Backend* backend, BatcherObserver* observer)
+    : options_(options),
+      backend_(backend),
+      observer_(observer),
+      max_in_flight_(backend->MaxBatchesInFlight() < 1 ? 1 : backend->MaxBatchesInFlight()) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+Batcher::~Batcher() { Stop(); }
+
+absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
+  item->enqueued = SteadyClock::now();
+  const int64_t bytes = item->segment.bytes;
+  int64_t depth = 0;
+  int64_t depth_bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      return absl::UnavailableError("server is shutting down; retry on another replica");
+    }
+    const bool too_many = static_cast<int64_t>(queue_.size()) >= options_.max_queued_requests;
+    // An empty queue always admits, so a request may be as large as the
+    // tensor limit even when that exceeds max_queued_bytes.
+    const bool too_large = !queue_.empty() && queued_bytes_ + bytes > options_.max_queued_bytes;
+    if (too_many || too_large) {
+      if (observer_ != nullptr) observer_->OnRequestRejected();
+      return absl::UnavailableError(absl::StrCat(
+          "server overloaded: request queue full (", queue_.size(), " requests, ",
+          queued_bytes_, " bytes queued; limits ", options_.max_queued_requests, " requests, ",
+          options_.max_queued_bytes, " bytes); retry with backoff"));
+    }
+    queued_rows_ += item->segment.shape.rows();
+    queued_bytes_ += bytes;
+    queue_.push_back(std::move(item));
+    depth = static_cast<int64_t>(queue_.size());
+    depth_bytes = queued_bytes_;
+    cv_.Signal();
+  }
+  if (observer_ != nullptr) observer_->OnQueueDepth(depth, depth_bytes);
+  return absl::OkStatus();
+}
+
+void Batcher::Stop() {
+  absl::MutexLock stop_lock(&stop_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Batcher::ReadyLocked(SteadyClock::time_point now) const {
+  if (queue_.empty()) return false;
+  if (stopping_) return true;
+  if (queued_rows_ >= options_.max_batch_rows || queued_bytes_ >= options_.max_batch_bytes) {
+    return true;
+  }
+  return now - queue_.front()->enqueued >= options_.max_queue_delay;
+}
+
+void Batcher::Run() {
+  std::vector<std::pair<std::unique_ptr<WorkItem>, absl::Status>> dropped;
+  for (;;) {
+    auto batch = std::make_unique<Batch>();
+    int64_t depth = 0;
+    int64_t depth_bytes = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      for (;;) {
+        if (stopping_ && queue_.empty() && in_flight_ == 0) return;
+        const SteadyClock::time_point now = SteadyClock::now();
+        if (in_flight_ < max_in_flight_ && ReadyLocked(now)) break;
+        if (in_flight_ < max_in_flight_ && !queue_.empty()) {
+          const auto wait = queue_.front()->enqueued + options_.max_queue_delay - now;
+          cv_.WaitWithTimeout(&mu_, absl::Nanoseconds(Nanos(wait)));
+        } else {
+          cv_.Wait(&mu_);
+        }
+      }
+      // Take requests in arrival order while they fit; drop dead ones.
+      const auto wall_now = std::chrono::system_clock::now();
+      while (!queue_.empty()) {
+        WorkItem& head = *queue_.front();
+        const int64_t rows = head.segment.shape.rows();
+        const int64_t bytes = head.segment.bytes;
+        absl::Status drop;
+        if (head.is_cancelled && head.is_cancelled()) {
+          drop = absl::CancelledError("request cancelled while queued");
+        } else if (wall_now >= head.deadline) {
+          drop = absl::DeadlineExceededError("deadline passed while the request was queued");
+        } else if (!batch->items.empty() && (batch->rows + rows > options_.max_batch_rows ||
+                                             batch->bytes + bytes > options_.max_batch_bytes)) {
+          break;
+        }
+        queued_rows_ -= rows;
+        queued_bytes_ -= bytes;
+        if (!drop.ok()) {
+          dropped.emplace_back(std::move(queue_.front()), std::move(drop));
+        } else {
+          batch->rows += rows;
+          batch->bytes += bytes;
+          batch->items.push_back(std::move(queue_.front()));
+        }
+        queue_.pop_front();
+        // A request larger than a batch by itself closes its batch at once.
+        if (batch->rows >= options_.max_batch_rows || batch->bytes >= options_.max_batch_bytes) {
+          break;
+        }
+      }
+      if (!batch->items.empty()) ++in_flight_;
+      depth = static_cast<int64_t>(queue_.size());
+      depth_bytes = queued_bytes_;
+    }
+    if (observer_ != nullptr) observer_->OnQueueDepth(depth, depth_bytes);
+
+    for (auto& [item, status] : dropped) {
+      if (observer_ != nullptr) observer_->OnRequestDropped(status.code());
+      RequestTiming timing;
+      timing.queue_ns = Nanos(SteadyClock::now() - item->enqueued);
+      item->done(status, timing);
+    }
+    dropped.clear();
+    if (batch->items.empty()) continue;
+
+    // Outputs are sized here, off the reactor threads, so backends write
+    // straight into the response messages.
+    batch->segments.reserve(batch->items.size());
+    for (auto& item : batch->items) {
+      item->output->resize(static_cast<size_t>(item->segment.bytes));
+      item->segment.output = item->output->data();
+      batch->segments.push_back(item->segment);
+    }
+    const SteadyClock::time_point submit = SteadyClock::now();
+    for (auto& item : batch->items) item->queue_ns = Nanos(submit - item->enqueued);
+    backend_->Submit(std::move(batch), [this](std::unique_ptr<Batch> done_batch,
+                                              BatchResult result) {
+      OnBatchDone(std::move(done_batch), std::move(result));
+    });
+  }
+}
+
+void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
+  RequestTiming timing;
+  timing.compute_ns = result.compute_ns;
+  timing.batch_requests = static_cast<int32_t>(batch->items.size());
+  timing.batch_rows = batch->rows;
+  for (auto& item : batch->items) {
+    timing.queue_ns = item->queue_ns;
+    item->done(result.status, timing);
+  }
+  if (observer_ != nullptr) {
+    BatchStats stats;
+    stats.requests = timing.batch_requests;
+    stats.rows = batch->rows;
+    stats.bytes = batch->bytes;
+    stats.compute_ns = result.compute_ns;
+    stats.ok = result.status.ok();
+    observer_->OnBatchCompleted(stats);
+  }
+  batch.reset();
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+  cv_.Signal();
+}
+
+}  // namespace softmax::server

@@ -1,0 +1,148 @@
+// The dynamic batcher: admits validated requests into a bounded queue and
+// feeds a Backend with batches that mix dtypes, row lengths, ops and
+// temperatures.
+//
+// Formation rules (BatcherOptions): a batch is started when the queue holds
+// max_batch_rows rows or max_batch_bytes bytes, or when its oldest request has
+// waited max_queue_delay; it takes requests in arrival order while they fit.
+// A request larger than a batch on its own runs alone. Requests whose RPC was
+// cancelled, or whose deadline passed, are dropped before compute and
+// completed with CANCELLED / DEADLINE_EXCEEDED.
+//
+// Thread-safety: Enqueue may be called from any thread (gRPC reactors); it
+// never blocks on compute. One internal thread forms batches; completions run
+// on the backend's threads.
+#ifndef SOFTMAX_SERVER_BATCHER_H_
+#define SOFTMAX_SERVER_BATCHER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "server/backend.h"
+
+namespace softmax::server {
+
+// Documented defaults match softmax-server's flags.
+struct BatcherOptions {
+  // A batch closes at this many rows (summed over its requests). Larger
+  // batches amortise launch and transfer overheads; smaller ones cut latency.
+  int64_t max_batch_rows = 8192;
+  // A batch closes at this many input bytes. Bounds staging memory per batch.
+  int64_t max_batch_bytes = int64_t{64} << 20;
+  // Longest time the oldest queued request waits for company before its batch
+  // is formed anyway. 0 forms a batch as soon as the backend can take one.
+  std::chrono::microseconds max_queue_delay{100};
+  // Admission bounds: beyond these the request is refused with UNAVAILABLE
+  // (retryable) instead of queueing without limit.
+  int64_t max_queued_requests = 8192;
+  int64_t max_queued_bytes = int64_t{4} << 30;
+};
+
+// Per-request timing, reported on the response.
+struct RequestTiming {
+  int64_t queue_ns = 0;       // admission to the submit of its batch
+  int64_t compute_ns = 0;     // the backend's time for its batch
+  int32_t batch_requests = 0;
+  int64_t batch_rows = 0;
+};
+
+// One request as the batcher sees it. The creator fills every field but
+// `enqueued`; everything pointed to must stay valid until `done` has run.
+struct WorkItem {
+  Segment segment;               // segment.output is set by the batcher
+  std::string* output = nullptr; // resized to segment.bytes before compute
+  // Past this point the request is dropped before compute.
+  std::chrono::system_clock::time_point deadline =
+      std::chrono::system_clock::time_point::max();
+  // Polled (from the batcher thread) just before compute; may be empty.
+  std::function<bool()> is_cancelled;
+  // Called exactly once, never on the caller of Enqueue's stack frame unless
+  // from a backend that completes inline, and never while a batcher lock is
+  // held. OK means `*output` holds the result.
+  std::function<void(const absl::Status&, const RequestTiming&)> done;
+
+  std::chrono::steady_clock::time_point enqueued;  // set by Enqueue
+  int64_t queue_ns = 0;  // set by the batcher when its batch is submitted
+};
+
+// Per-batch figures for metrics.
+struct BatchStats {
+  int requests = 0;
+  int64_t rows = 0;
+  int64_t bytes = 0;
+  int64_t compute_ns = 0;
+  bool ok = true;
+};
+
+// Receives batcher events (metrics). Methods may be called from any thread
+// and must be cheap.
+class BatcherObserver {
+ public:
+  virtual ~BatcherObserver() = default;
+  virtual void OnBatchCompleted(const BatchStats& stats) {}
+  // A queued request dropped before compute (CANCELLED or DEADLINE_EXCEEDED).
+  virtual void OnRequestDropped(absl::StatusCode code) {}
+  // A request refused at admission because the queue was full.
+  virtual void OnRequestRejected() {}
+  virtual void OnQueueDepth(int64_t requests, int64_t bytes) {}
+};
+
+class Batcher {
+ public:
+  // `backend` and `observer` (may be null) must outlive the batcher. Starts
+  // the batch-forming thread.
+  Batcher(const BatcherOptions& options, Backend* backend, BatcherObserver* observer = nullptr);
+  // Stops (see Stop) and joins.
+  ~Batcher();
+
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Admits `item`. OK: `item->done` will be called exactly once (possibly
+  // before Enqueue returns, from another thread). UNAVAILABLE when the queue
+  // is full or the batcher is stopping: `item` is destroyed, `done` is not
+  // called, and the caller reports the returned status.
+  absl::Status Enqueue(std::unique_ptr<WorkItem> item);
+
+  // Refuses new requests, computes everything already queued without waiting
+  // for the delay, waits for the backend to finish, and joins the thread.
+  // Idempotent.
+  void Stop();
+
+  const BatcherOptions& options() const { return options_; }
+
+ private:
+  void Run();
+  void OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result);
+  // True when a batch should be formed now.
+  bool ReadyLocked(std::chrono::steady_clock::time_point now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const BatcherOptions options_;
+  Backend* const backend_;
+  BatcherObserver* const observer_;
+  const int max_in_flight_;
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<std::unique_ptr<WorkItem>> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_rows_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Mutex stop_mu_;  // serialises Stop() callers around the join
+  std::thread thread_;
+};
+
+}  // namespace softmax::server
+
+#endif  // SOFTMAX_SERVER_BATCHER_H_

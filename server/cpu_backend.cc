@@ -1,0 +1,94 @@
+#include "server/cpu_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu_softmax.h"
+
+namespace softmax::server {
+
+struct CpuBackend::Job {
+  std::unique_ptr<Batch> batch;
+  Done done;
+  std::atomic<int64_t> remaining{0};
+  std::chrono::steady_clock::time_point start;
+};
+
+CpuBackend::CpuBackend(const CpuBackendOptions& options) : options_(options) {
+  int count = options.threads;
+  if (count <= 0) count = static_cast<int>(std::thread::hardware_concurrency());
+  if (count <= 0) count = 1;
+  threads_.reserve(count);
+  for (int i = 0; i < count; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+}
+
+CpuBackend::~CpuBackend() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  for (auto& thread : threads_) thread.join();
+}
+
+std::string CpuBackend::Describe() const { return absl::StrCat("cpu threads=", threads_.size()); }
+
+void CpuBackend::Submit(std::unique_ptr<Batch> batch, Done done) {
+  auto job = std::make_shared<Job>();
+  job->start = std::chrono::steady_clock::now();
+
+  int64_t total_elements = 0;
+  for (const Segment& segment : batch->segments) total_elements += segment.shape.elements();
+  const int64_t per_thread_share =
+      total_elements / (4 * static_cast<int64_t>(threads_.size()) + 1);
+  const int64_t target = std::max(options_.min_task_elements, per_thread_share);
+
+  std::vector<Task> tasks;
+  for (int s = 0; s < static_cast<int>(batch->segments.size()); ++s) {
+    const SoftmaxShape& shape = batch->segments[s].shape;
+    if (shape.n == 0 || shape.rows() == 0) continue;
+    const int64_t rows_per_task = std::max<int64_t>(1, target / shape.n);
+    for (int64_t row = 0; row < shape.rows(); row += rows_per_task) {
+      tasks.push_back(Task{job, s, row, std::min(shape.rows(), row + rows_per_task)});
+    }
+  }
+  job->batch = std::move(batch);
+  job->done = std::move(done);
+  if (tasks.empty()) {
+    Done finish = std::move(job->done);
+    finish(std::move(job->batch), BatchResult{absl::OkStatus(), 0});
+    return;
+  }
+  job->remaining.store(static_cast<int64_t>(tasks.size()));
+  absl::MutexLock lock(&mu_);
+  for (auto& task : tasks) tasks_.push_back(std::move(task));
+  cv_.SignalAll();
+}
+
+void CpuBackend::WorkerLoop() {
+  for (;;) {
+    Task task;
+    {
+      absl::MutexLock lock(&mu_);
+      while (tasks_.empty() && !stopping_) cv_.Wait(&mu_);
+      if (tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    const Segment& segment = task.job->batch->segments[task.segment];
+    CpuSoftmaxRows(segment.input, segment.output, segment.dtype, segment.shape,
+                   segment.options, task.row_begin, task.row_end);
+    if (task.job->remaining.fetch_sub(1) == 1) {
+      const auto elapsed = std::chrono::steady_clock::now() - task.job->start;
+      BatchResult result;
+      result.compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count();
+      Done finish = std::move(task.job->done);
+      finish(std::move(task.job->batch), std::move(result));
+    }
+  }
+}
+
+}  // namespace softmax::server

@@ -1,0 +1,156 @@
+// softmax-server: parses flags into ServerOptions and wires the metrics,
+// backend, batcher, service and gRPC server together. SIGINT/SIGTERM drain
+// and exit 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "server/batcher.h"
+#include "server/device.h"
+#include "server/grpc_server.h"
+#include "server/metrics.h"
+#include "server/server_options.h"
+#include "server/service.h"
+
+namespace {
+const softmax::server::ServerOptions kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, grpc_address, kDefaults.grpc_address,
+          "host:port for gRPC; port 0 picks a free port");
+ABSL_FLAG(std::string, metrics_address, kDefaults.metrics_address,
+          "host:port for Prometheus /metrics; empty disables; port 0 picks a free port");
+ABSL_FLAG(std::string, device, kDefaults.device,
+          "auto | cpu | cuda | cuda:N | none (echo inputs, no compute)");
+ABSL_FLAG(int64_t, max_tensor_bytes, kDefaults.max_tensor_bytes,
+          "largest input tensor in bytes; also sets gRPC message limits");
+ABSL_FLAG(int64_t, max_batch_rows, kDefaults.max_batch_rows, "a batch closes at this many rows");
+ABSL_FLAG(int64_t, max_batch_bytes, kDefaults.max_batch_bytes,
+          "a batch closes at this many input bytes");
+ABSL_FLAG(int64_t, max_queue_delay_us, kDefaults.max_queue_delay_us,
+          "longest wait of the oldest queued request before its batch is formed");
+ABSL_FLAG(int64_t, max_queued_requests, kDefaults.max_queued_requests,
+          "queued requests beyond which new ones get UNAVAILABLE");
+ABSL_FLAG(int64_t, max_queued_bytes, kDefaults.max_queued_bytes,
+          "queued input bytes beyond which new requests get UNAVAILABLE");
+ABSL_FLAG(int, cpu_threads, kDefaults.cpu_threads, "CPU backend threads; 0 = all cores");
+ABSL_FLAG(int, shutdown_grace_s, kDefaults.shutdown_grace_s,
+          "seconds in-flight RPCs get to finish after SIGINT/SIGTERM");
+
+namespace softmax::server {
+namespace {
+
+ServerOptions OptionsFromFlags() {
+  ServerOptions options;
+  options.grpc_address = absl::GetFlag(FLAGS_grpc_address);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
+  options.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
+  options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
+  options.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
+  options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  options.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
+  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
+  return options;
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "softmax-server: error: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+int Run(const ServerOptions& options) {
+  if (options.max_tensor_bytes <= 0 || options.max_batch_rows <= 0 ||
+      options.max_batch_bytes <= 0 || options.max_queue_delay_us < 0 ||
+      options.max_queued_requests <= 0 || options.max_queued_bytes <= 0 ||
+      options.cpu_threads < 0 || options.shutdown_grace_s < 0) {
+    return Fail(absl::InvalidArgumentError(
+        "limits must be positive (--max_queue_delay_us, --cpu_threads may be 0)"));
+  }
+  absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options.device);
+  if (!spec.ok()) return Fail(spec.status());
+
+  // Signals are taken by sigwait below; block them before any thread starts
+  // so every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  BackendOptions backend_options;
+  backend_options.cpu.threads = options.cpu_threads;
+  absl::StatusOr<BackendChoice> choice = CreateBackend(*spec, backend_options);
+  if (!choice.ok()) return Fail(choice.status());
+  std::fprintf(stderr, "softmax-server: device=%s %s\n", choice->device.c_str(),
+               choice->description.c_str());
+
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(options.metrics_address);
+  if (!metrics.ok()) return Fail(metrics.status());
+  (*metrics)->SetDevice(choice->device);
+
+  std::unique_ptr<Batcher> batcher;
+  if (choice->backend != nullptr) {
+    BatcherOptions batcher_options;
+    batcher_options.max_batch_rows = options.max_batch_rows;
+    batcher_options.max_batch_bytes = options.max_batch_bytes;
+    batcher_options.max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us);
+    batcher_options.max_queued_requests = options.max_queued_requests;
+    batcher_options.max_queued_bytes = options.max_queued_bytes;
+    batcher = std::make_unique<Batcher>(batcher_options, choice->backend.get(), metrics->get());
+  }
+
+  ServiceOptions service_options;
+  service_options.limits.max_tensor_bytes = options.max_tensor_bytes;
+  service_options.echo = choice->backend == nullptr;
+  SoftmaxServiceImpl service(service_options, batcher.get(), metrics->get());
+
+  GrpcServerOptions grpc_options;
+  grpc_options.address = options.grpc_address;
+  grpc_options.max_tensor_bytes = options.max_tensor_bytes;
+  absl::StatusOr<RunningServer> server = StartGrpcServer(grpc_options, &service);
+  if (!server.ok()) return Fail(server.status());
+
+  const size_t colon = options.grpc_address.rfind(':');
+  const std::string grpc_host =
+      colon == std::string::npos ? options.grpc_address : options.grpc_address.substr(0, colon);
+  std::fprintf(stderr, "softmax-server: listening grpc=%s:%d metrics=%s\n", grpc_host.c_str(),
+               server->port, (*metrics)->BoundAddress().c_str());
+  std::fflush(stderr);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  std::fprintf(stderr, "softmax-server: %s received; draining (up to %d s)\n",
+               signal_number == SIGINT ? "SIGINT" : "SIGTERM", options.shutdown_grace_s);
+
+  // Health first, so balancers stop sending; then stop accepting and let the
+  // RPCs in flight finish (the batcher keeps running for them).
+  SetServing(server->server.get(), false);
+  server->server->Shutdown(std::chrono::system_clock::now() +
+                           std::chrono::seconds(options.shutdown_grace_s));
+  server->server->Wait();
+  if (batcher != nullptr) batcher->Stop();
+  std::fprintf(stderr, "softmax-server: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace softmax::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "softmax-server: softmax / log-softmax over gRPC (softmax.v1.SoftmaxService).\n"
+      "Usage: softmax-server [--grpc_address=0.0.0.0:50051] [--device=auto] ...");
+  absl::ParseCommandLine(argc, argv);
+  return softmax::server::Run(softmax::server::OptionsFromFlags());
+}

@@ -1,0 +1,43 @@
+// Everything softmax-server is configured with, one field per flag. main.cc
+// fills it from the command line; nothing else reads flags.
+#ifndef SOFTMAX_SERVER_SERVER_OPTIONS_H_
+#define SOFTMAX_SERVER_SERVER_OPTIONS_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace softmax::server {
+
+struct ServerOptions {
+  // --grpc_address: host:port for gRPC; port 0 picks a free port (the bound
+  // one is printed in the "listening" line).
+  std::string grpc_address = "0.0.0.0:50051";
+  // --metrics_address: host:port for Prometheus /metrics; empty disables it.
+  std::string metrics_address = "0.0.0.0:9464";
+  // --device: auto | cpu | cuda | cuda:N | none. auto = a GPU when present,
+  // else the CPU. none = echo inputs from the reactor (transport ceiling).
+  std::string device = "auto";
+  // --max_tensor_bytes: largest input tensor; also sets gRPC's message
+  // limits (plus a small headroom). Bounds memory per request.
+  int64_t max_tensor_bytes = int64_t{1} << 30;
+  // --max_batch_rows / --max_batch_bytes / --max_queue_delay_us: when a
+  // batch closes. Bigger batches raise throughput, a longer delay raises
+  // batch sizes at light load at the cost of latency.
+  int64_t max_batch_rows = 8192;
+  int64_t max_batch_bytes = int64_t{64} << 20;
+  int64_t max_queue_delay_us = 100;
+  // --max_queued_requests / --max_queued_bytes: admission bounds; beyond
+  // them requests fail fast with UNAVAILABLE instead of queueing.
+  int64_t max_queued_requests = 8192;
+  int64_t max_queued_bytes = int64_t{4} << 30;
+  // --cpu_threads: CPU backend threads; 0 = hardware concurrency.
+  int cpu_threads = 0;
+  // --shutdown_grace_s: on SIGINT/SIGTERM, how long in-flight RPCs get to
+  // finish before they are cancelled.
+  int shutdown_grace_s = 30;
+};
+
+}  // namespace softmax::server
+
+#endif  // SOFTMAX_SERVER_SERVER_OPTIONS_H_

@@ -1,0 +1,278 @@
+#include "server/service.h"
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/status_util.h"
+
+namespace softmax::server {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+double SecondsSince(SteadyClock::time_point start) {
+  return std::chrono::duration<double>(SteadyClock::now() - start).count();
+}
+
+void SetTiming(const RequestTiming& timing, v1::SoftmaxResponse* response) {
+  v1::Timing* out = response->mutable_timing();
+  out->set_queue_ns(timing.queue_ns);
+  out->set_compute_ns(timing.compute_ns);
+  out->set_batch_requests(timing.batch_requests);
+  out->set_batch_rows(timing.batch_rows);
+}
+
+// Unary call: finished from whichever thread completes the request.
+class UnaryCall final : public grpc::ServerUnaryReactor {
+ public:
+  explicit UnaryCall(Metrics* metrics) : metrics_(metrics), start_(SteadyClock::now()) {}
+
+  void Complete(const absl::Status& status) {
+    if (metrics_ != nullptr) {
+      metrics_->RecordRequest("Softmax", static_cast<int>(status.code()), SecondsSince(start_));
+    }
+    Finish(ToGrpcStatus(status));  // may delete this (OnDone) before returning
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  Metrics* const metrics_;
+  const SteadyClock::time_point start_;
+};
+
+// Bidirectional stream. Lifetime: gRPC calls OnDone only after Finish, and
+// Finish is called only once reads are done and no response is pending, so
+// no batcher completion can reach a deleted reactor.
+class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::SoftmaxResponse> {
+ public:
+  StreamCall(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context,
+             int max_pending)
+      : service_(service), context_(context), max_pending_(max_pending) {
+    reading_ = std::make_unique<Entry>();
+    StartRead(&reading_->request);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      bool finish = false;
+      {
+        absl::MutexLock lock(&mu_);
+        reads_done_ = true;
+        finish = ShouldFinishLocked();
+      }
+      if (finish) FinishStream();
+      return;
+    }
+    std::unique_ptr<Entry> entry = std::move(reading_);
+    entry->start = SteadyClock::now();
+    {
+      absl::MutexLock lock(&mu_);
+      ++pending_;
+    }
+    Entry* raw = entry.release();  // owned by the completion from here on
+    const absl::Status status = service_->Dispatch(
+        raw->request, &raw->response, context_->deadline(),
+        [this] { return cancelled_.load(std::memory_order_relaxed) || context_->IsCancelled(); },
+        [this, raw](const absl::Status& outcome) { Complete(std::unique_ptr<Entry>(raw), outcome); });
+    if (!status.ok()) Complete(std::unique_ptr<Entry>(raw), status);
+
+    bool read_more = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (pending_ >= max_pending_) {
+        read_paused_ = true;
+      } else {
+        read_more = true;
+      }
+    }
+    if (read_more) StartNextRead();
+  }
+
+  void OnWriteDone(bool ok) override {
+    Entry* next = nullptr;
+    bool resume_reading = false;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_.reset();
+      --pending_;
+      if (!ok) {
+        // The client is gone; nothing more can be written.
+        write_failed_ = true;
+        pending_ -= static_cast<int>(write_queue_.size());
+        write_queue_.clear();
+      }
+      next = NextWriteLocked();
+      if (read_paused_ && !write_failed_ && pending_ < max_pending_) {
+        read_paused_ = false;
+        resume_reading = true;
+      } else if (read_paused_ && write_failed_) {
+        read_paused_ = false;
+        reads_done_ = true;
+      }
+      finish = ShouldFinishLocked();
+    }
+    if (next != nullptr) StartWrite(&next->response);
+    if (resume_reading) StartNextRead();
+    if (finish) FinishStream();
+  }
+
+  void OnCancel() override {
+    cancelled_.store(true, std::memory_order_relaxed);
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (read_paused_) {
+        // No read is outstanding, so no OnReadDone(false) will come.
+        read_paused_ = false;
+        reads_done_ = true;
+      }
+      finish = ShouldFinishLocked();
+    }
+    if (finish) FinishStream();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct Entry {
+    v1::SoftmaxRequest request;
+    v1::SoftmaxResponse response;
+    SteadyClock::time_point start;
+  };
+
+  void StartNextRead() {
+    reading_ = std::make_unique<Entry>();
+    StartRead(&reading_->request);
+  }
+
+  // Queues the finished response of `entry` for writing. Any thread.
+  void Complete(std::unique_ptr<Entry> entry, const absl::Status& status) {
+    if (!status.ok()) {
+      v1::SoftmaxResponse& response = entry->response;
+      response.clear_output();
+      response.clear_timing();
+      response.set_request_id(entry->request.request_id());
+      response.mutable_error()->set_code(static_cast<int>(status.code()));
+      response.mutable_error()->set_message(std::string(status.message()));
+    }
+    if (service_->metrics() != nullptr) {
+      service_->metrics()->RecordRequest("SoftmaxStream", static_cast<int>(status.code()),
+                                         SecondsSince(entry->start));
+    }
+    Entry* next = nullptr;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (write_failed_) {
+        --pending_;
+      } else {
+        write_queue_.push_back(std::move(entry));
+        next = NextWriteLocked();
+      }
+      finish = ShouldFinishLocked();
+    }
+    if (next != nullptr) StartWrite(&next->response);
+    if (finish) FinishStream();
+  }
+
+  // The next response to write, when no write is in flight.
+  Entry* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ != nullptr || write_queue_.empty() || write_failed_) return nullptr;
+    writing_ = std::move(write_queue_.front());
+    write_queue_.pop_front();
+    return writing_.get();
+  }
+
+  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || !reads_done_ || pending_ != 0) return false;
+    finished_ = true;
+    return true;
+  }
+
+  void FinishStream() {
+    Finish(cancelled_.load() ? grpc::Status::CANCELLED : grpc::Status::OK);
+  }
+
+  SoftmaxServiceImpl* const service_;
+  grpc::CallbackServerContext* const context_;
+  const int max_pending_;
+  std::atomic<bool> cancelled_{false};
+  std::unique_ptr<Entry> reading_;  // touched only by whoever owns the next read
+
+  absl::Mutex mu_;
+  // Responses not yet written: in the batcher, queued, or being written.
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::unique_ptr<Entry>> write_queue_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Entry> writing_ ABSL_GUARDED_BY(mu_);
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+SoftmaxServiceImpl::SoftmaxServiceImpl(const ServiceOptions& options, Batcher* batcher,
+                                       Metrics* metrics)
+    : options_(options), batcher_(batcher), metrics_(metrics) {}
+
+absl::Status SoftmaxServiceImpl::Dispatch(const v1::SoftmaxRequest& request,
+                                          v1::SoftmaxResponse* response,
+                                          std::chrono::system_clock::time_point deadline,
+                                          std::function<bool()> is_cancelled,
+                                          std::function<void(const absl::Status&)> done) {
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, options_.limits);
+  if (!parsed.ok()) return parsed.status();
+
+  response->set_request_id(request.request_id());
+  v1::Tensor* output = response->mutable_output();
+  output->set_dtype(request.input().dtype());
+  output->mutable_shape()->CopyFrom(request.input().shape());
+
+  if (options_.echo || batcher_ == nullptr) {
+    output->set_data(request.input().data());
+    SetTiming(RequestTiming{}, response);
+    done(absl::OkStatus());
+    return absl::OkStatus();
+  }
+
+  auto item = std::make_unique<WorkItem>();
+  item->segment.input = parsed->data.data();
+  item->segment.bytes = parsed->bytes;
+  item->segment.dtype = parsed->dtype;
+  item->segment.shape = parsed->shape;
+  item->segment.options = parsed->options;
+  item->output = output->mutable_data();
+  item->deadline = deadline;
+  item->is_cancelled = std::move(is_cancelled);
+  item->done = [response, done = std::move(done)](const absl::Status& status,
+                                                  const RequestTiming& timing) {
+    if (status.ok()) SetTiming(timing, response);
+    done(status);
+  };
+  return batcher_->Enqueue(std::move(item));
+}
+
+grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContext* context,
+                                                      const v1::SoftmaxRequest* request,
+                                                      v1::SoftmaxResponse* response) {
+  auto* call = new UnaryCall(metrics_);
+  const absl::Status status = Dispatch(
+      *request, response, context->deadline(), [context] { return context->IsCancelled(); },
+      [call](const absl::Status& outcome) { call->Complete(outcome); });
+  if (!status.ok()) call->Complete(status);
+  return call;
+}
+
+grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::SoftmaxResponse>*
+SoftmaxServiceImpl::SoftmaxStream(grpc::CallbackServerContext* context) {
+  return new StreamCall(this, context, options_.max_stream_pending);
+}
+
+}  // namespace softmax::server

@@ -1,0 +1,69 @@
+// softmax.v1.SoftmaxService on the gRPC callback API. Reactors only parse,
+// validate and enqueue; the batcher's completion threads finish the RPCs.
+//
+// Unary `Softmax`: errors are gRPC statuses. `SoftmaxStream`: reads
+// continuously; every request's response (or per-request `error`) is written
+// in completion order, one write in flight at a time; the stream finishes OK
+// after the client's writes-done once every response is written. A stream
+// stops reading while `max_stream_pending` of its responses are unwritten
+// (flow control against clients that write without reading).
+//
+// Thread-safety: gRPC calls the service from its own threads.
+#ifndef SOFTMAX_SERVER_SERVICE_H_
+#define SOFTMAX_SERVER_SERVICE_H_
+
+#include <chrono>
+#include <functional>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "server/batcher.h"
+#include "server/metrics.h"
+#include "server/validation.h"
+#include "softmax/v1/softmax.grpc.pb.h"
+
+namespace softmax::server {
+
+struct ServiceOptions {
+  RequestLimits limits;
+  // --device=none: answer every valid request with its input, straight from
+  // the reactor (timing all zero). Measures the transport alone.
+  bool echo = false;
+  // Responses a stream may have unwritten (queued, computing or waiting to be
+  // written) before it stops reading more requests.
+  int max_stream_pending = 1024;
+};
+
+class SoftmaxServiceImpl final : public v1::SoftmaxService::CallbackService {
+ public:
+  // `batcher` may be null only when options.echo; `metrics` may be null.
+  // Both must outlive the gRPC server this service is registered with.
+  SoftmaxServiceImpl(const ServiceOptions& options, Batcher* batcher, Metrics* metrics);
+
+  grpc::ServerUnaryReactor* Softmax(grpc::CallbackServerContext* context,
+                                    const v1::SoftmaxRequest* request,
+                                    v1::SoftmaxResponse* response) override;
+  grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::SoftmaxResponse>* SoftmaxStream(
+      grpc::CallbackServerContext* context) override;
+
+  // Validates `request` and starts it. Returns an error (done not called) for
+  // a bad request or a full queue; otherwise `done` is called exactly once
+  // with the outcome, possibly before Dispatch returns. On success `response`
+  // holds request_id, output and timing.
+  absl::Status Dispatch(const v1::SoftmaxRequest& request, v1::SoftmaxResponse* response,
+                        std::chrono::system_clock::time_point deadline,
+                        std::function<bool()> is_cancelled,
+                        std::function<void(const absl::Status&)> done);
+
+  Metrics* metrics() const { return metrics_; }
+
+ private:
+  const ServiceOptions options_;
+  Batcher* const batcher_;
+  Metrics* const metrics_;
+};
+
+}  // namespace softmax::server
+
+#endif  // SOFTMAX_SERVER_SERVICE_H_

@@ -1,0 +1,125 @@
+#include "server/validation.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace softmax::server {
+namespace {
+
+// a * b for non-negative a, b; false on int64 overflow.
+bool MultiplyChecked(int64_t a, int64_t b, int64_t* product) {
+  return !__builtin_mul_overflow(a, b, product);
+}
+
+absl::StatusOr<DType> ParseDType(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32: return DType::kFloat32;
+    case v1::DTYPE_FLOAT16: return DType::kFloat16;
+    case v1::DTYPE_BFLOAT16: return DType::kBFloat16;
+    case v1::DTYPE_UNSPECIFIED:
+      return absl::InvalidArgumentError(
+          "input.dtype: must be set (DTYPE_FLOAT32, DTYPE_FLOAT16 or DTYPE_BFLOAT16)");
+    default: break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("input.dtype: unknown value ", static_cast<int>(dtype)));
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> CountElements(absl::Span<const int64_t> dims) {
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input.shape[", i, "]: dimension must be >= 0, got ", dims[i]));
+    }
+  }
+  int64_t count = 1;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    // A zero dimension makes the product 0 whatever follows; checking the
+    // running product keeps [0, 2^62, 2^62] valid, as torch does.
+    if (!MultiplyChecked(count, dims[i], &count)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input.shape: element count overflows int64 at input.shape[", i, "]"));
+    }
+  }
+  return count;
+}
+
+absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank) {
+  const int64_t extent = rank == 0 ? 1 : rank;
+  if (axis < -extent || axis >= extent) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "axis: ", axis, " is out of range for a tensor of rank ", rank, " (expected [",
+        -extent, ", ", extent - 1, "])"));
+  }
+  return static_cast<int>(axis < 0 ? axis + extent : axis);
+}
+
+absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
+                                           const RequestLimits& limits) {
+  ParsedRequest parsed;
+  const v1::Tensor& input = request.input();
+
+  absl::StatusOr<DType> dtype = ParseDType(input.dtype());
+  if (!dtype.ok()) return dtype.status();
+  parsed.dtype = *dtype;
+
+  parsed.dims.assign(input.shape().begin(), input.shape().end());
+  if (parsed.dims.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError("input.shape: too many dimensions");
+  }
+  const int rank = static_cast<int>(parsed.dims.size());
+  absl::StatusOr<int64_t> elements = CountElements(parsed.dims);
+  if (!elements.ok()) return elements.status();
+  parsed.elements = *elements;
+
+  const int64_t item_size = ItemSize(parsed.dtype);
+  if (!MultiplyChecked(parsed.elements, item_size, &parsed.bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input.shape: ", parsed.elements, " elements of ", DTypeName(parsed.dtype),
+        " overflow int64 bytes"));
+  }
+  if (parsed.bytes > limits.max_tensor_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input: tensor of ", parsed.bytes, " bytes exceeds the server's limit of ",
+        limits.max_tensor_bytes, " bytes (--max_tensor_bytes)"));
+  }
+  const int64_t got = static_cast<int64_t>(input.data().size());
+  if (got != parsed.bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input.data: expected ", parsed.bytes, " bytes (", parsed.elements, " elements of ",
+        DTypeName(parsed.dtype), "), got ", got));
+  }
+  parsed.data = input.data();
+
+  absl::StatusOr<int> axis = NormalizeAxis(request.has_axis() ? request.axis() : -1, rank);
+  if (!axis.ok()) return axis.status();
+  parsed.axis = *axis;
+
+  if (request.has_temperature()) {
+    const float t = request.temperature();
+    if (!std::isfinite(t) || t <= 0.0f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("temperature: must be finite and > 0, got ", t));
+    }
+    parsed.options.temperature = t;
+  }
+  parsed.options.log = request.log();
+
+  if (parsed.elements == 0) {
+    // outer * inner may overflow when the axis itself is 0; nothing to compute.
+    parsed.shape = SoftmaxShape{0, rank == 0 ? 1 : parsed.dims[parsed.axis], 1};
+  } else if (rank > 0) {
+    int64_t outer = 1;
+    int64_t inner = 1;
+    for (int i = 0; i < parsed.axis; ++i) outer *= parsed.dims[i];
+    for (int i = parsed.axis + 1; i < rank; ++i) inner *= parsed.dims[i];
+    parsed.shape = SoftmaxShape{outer, parsed.dims[parsed.axis], inner};
+  }  // else: a scalar is one row of length 1, the default SoftmaxShape.
+  return parsed;
+}
+
+}  // namespace softmax::server
