@@ -1,0 +1,433 @@
+#include "server/batcher.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+
+namespace softmax::server {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+// A backend that records what it is given, copies each segment's input to
+// its output, and either completes at once or holds batches until released.
+class FakeBackend final : public Backend {
+ public:
+  FakeBackend(int max_in_flight, bool hold) : max_in_flight_(max_in_flight), hold_(hold) {}
+
+  std::string Describe() const override { return "fake"; }
+  int MaxBatchesInFlight() const override { return max_in_flight_; }
+
+  void Submit(std::unique_ptr<Batch> batch, Done done) override {
+    for (const Segment& s : batch->segments) {
+      if (s.bytes > 0) std::memcpy(s.output, s.input, static_cast<size_t>(s.bytes));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      batches_.push_back(batch->segments);
+      ++outstanding_;
+      max_outstanding_ = std::max(max_outstanding_, outstanding_);
+      if (hold_) {
+        held_.emplace_back(std::move(batch), std::move(done));
+        return;
+      }
+      --outstanding_;
+    }
+    done(std::move(batch), BatchResult{absl::OkStatus(), 1234});
+  }
+
+  // Completes the oldest held batch with `status` on the calling thread.
+  void ReleaseOne(absl::Status status = absl::OkStatus()) {
+    std::unique_ptr<Batch> batch;
+    Done done;
+    {
+      absl::MutexLock lock(&mu_);
+      ASSERT_FALSE(held_.empty());
+      batch = std::move(held_.front().first);
+      done = std::move(held_.front().second);
+      held_.pop_front();
+      --outstanding_;
+    }
+    done(std::move(batch), BatchResult{std::move(status), 555});
+  }
+
+  // Waits until `count` batches have been submitted; false on timeout.
+  bool WaitForBatches(size_t count, absl::Duration timeout = absl::Seconds(10)) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return batches_.size() >= count;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+
+  std::vector<std::vector<Segment>> batches() {
+    absl::MutexLock lock(&mu_);
+    return batches_;
+  }
+  int max_outstanding() {
+    absl::MutexLock lock(&mu_);
+    return max_outstanding_;
+  }
+
+ private:
+  const int max_in_flight_;
+  const bool hold_;
+  absl::Mutex mu_;
+  std::vector<std::vector<Segment>> batches_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<std::unique_ptr<Batch>, Done>> held_ ABSL_GUARDED_BY(mu_);
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  int max_outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class CountingObserver final : public BatcherObserver {
+ public:
+  void OnBatchCompleted(const BatchStats& stats) override { ++batches; }
+  void OnRequestDropped(absl::StatusCode code) override {
+    if (code == absl::StatusCode::kCancelled) ++cancelled;
+    if (code == absl::StatusCode::kDeadlineExceeded) ++expired;
+  }
+  void OnRequestRejected() override { ++rejected; }
+  std::atomic<int> batches{0}, cancelled{0}, expired{0}, rejected{0};
+};
+
+// One request's storage and outcome.
+struct TestRequest {
+  std::string input;
+  std::string output;
+  absl::Status status = absl::UnknownError("not completed");
+  RequestTiming timing;
+  absl::Notification done;
+};
+
+std::unique_ptr<WorkItem> MakeItem(TestRequest* request, int64_t rows, int64_t n,
+                                   DType dtype = DType::kFloat32,
+                                   SoftmaxOptions options = SoftmaxOptions()) {
+  request->input.assign(static_cast<size_t>(rows * n * ItemSize(dtype)), '\0');
+  for (size_t i = 0; i < request->input.size(); ++i) request->input[i] = static_cast<char>(i * 7);
+  auto item = std::make_unique<WorkItem>();
+  item->segment.input = request->input.data();
+  item->segment.bytes = static_cast<int64_t>(request->input.size());
+  item->segment.dtype = dtype;
+  item->segment.shape = SoftmaxShape{rows, n, 1};
+  item->segment.options = options;
+  item->output = &request->output;
+  item->done = [request](const absl::Status& status, const RequestTiming& timing) {
+    ASSERT_FALSE(request->done.HasBeenNotified()) << "done called twice";
+    request->status = status;
+    request->timing = timing;
+    request->done.Notify();
+  };
+  return item;
+}
+
+BatcherOptions Options(int64_t rows, int64_t bytes, microseconds delay) {
+  BatcherOptions options;
+  options.max_batch_rows = rows;
+  options.max_batch_bytes = bytes;
+  options.max_queue_delay = delay;
+  return options;
+}
+
+constexpr microseconds kForever = std::chrono::seconds(100);
+
+TEST(BatcherTest, RowLimitClosesBatches) {
+  FakeBackend backend(1, /*hold=*/true);
+  Batcher batcher(Options(10, 1 << 30, kForever), &backend);
+  TestRequest r[5];
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[0], 4, 8)).ok());
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[1], 4, 8)).ok());
+  EXPECT_FALSE(backend.WaitForBatches(1, absl::Milliseconds(50)));  // 8 rows < 10: waits
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[2], 4, 8)).ok());         // 12 queued: ready
+  ASSERT_TRUE(backend.WaitForBatches(1));
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[3], 4, 8)).ok());
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[4], 4, 8)).ok());
+  // One batch in flight: the next waits for it even though 12 rows are queued.
+  EXPECT_FALSE(backend.WaitForBatches(2, absl::Milliseconds(50)));
+  backend.ReleaseOne();
+  ASSERT_TRUE(backend.WaitForBatches(2));
+  backend.ReleaseOne();
+  // r[4] alone (4 rows) waits for the delay, which is long.
+  EXPECT_FALSE(backend.WaitForBatches(3, absl::Milliseconds(50)));
+  std::thread stopper([&] { batcher.Stop(); });  // Stop flushes without waiting
+  ASSERT_TRUE(backend.WaitForBatches(3));
+  backend.ReleaseOne();
+  stopper.join();
+
+  const auto batches = backend.batches();
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_EQ(batches[0].size(), 2u);
+  EXPECT_EQ(batches[1].size(), 2u);
+  EXPECT_EQ(batches[2].size(), 1u);
+  EXPECT_EQ(batches[0][0].input, r[0].input.data());
+  EXPECT_EQ(batches[1][0].input, r[2].input.data());
+  EXPECT_EQ(batches[2][0].input, r[4].input.data());
+  for (TestRequest& request : r) {
+    ASSERT_TRUE(request.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_TRUE(request.status.ok()) << request.status;
+    EXPECT_EQ(request.output, request.input);  // the backend wrote into the response
+  }
+  EXPECT_EQ(r[0].timing.batch_requests, 2);
+  EXPECT_EQ(r[0].timing.batch_rows, 8);
+  EXPECT_EQ(r[0].timing.compute_ns, 555);
+  EXPECT_EQ(r[4].timing.batch_requests, 1);
+  EXPECT_EQ(r[4].timing.batch_rows, 4);
+  EXPECT_GE(r[4].timing.queue_ns, 100 * 1000 * 1000);  // it waited the 3 x 50 ms above
+}
+
+TEST(BatcherTest, ByteLimitClosesBatches) {
+  FakeBackend backend(1, /*hold=*/true);
+  Batcher batcher(Options(1 << 30, 100, kForever), &backend);
+  TestRequest r[3];
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[0], 1, 10)).ok());  // 40 bytes
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[1], 1, 10)).ok());  // 80
+  EXPECT_FALSE(backend.WaitForBatches(1, absl::Milliseconds(50)));
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[2], 1, 10)).ok());  // 120 >= 100
+  ASSERT_TRUE(backend.WaitForBatches(1));
+  const auto batches = backend.batches();
+  EXPECT_EQ(batches[0].size(), 2u);  // a third would make 120 > 100
+  backend.ReleaseOne();
+  std::thread stopper([&] { batcher.Stop(); });
+  ASSERT_TRUE(backend.WaitForBatches(2));
+  backend.ReleaseOne();
+  stopper.join();
+  EXPECT_EQ(backend.batches()[1].size(), 1u);
+}
+
+TEST(BatcherTest, DelayClosesABatchOfOne) {
+  FakeBackend backend(1, /*hold=*/false);
+  Batcher batcher(Options(1000, 1 << 30, milliseconds(30)), &backend);
+  TestRequest r;
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r, 2, 4)).ok());
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(r.status.ok());
+  EXPECT_GE(elapsed, milliseconds(30));
+  EXPECT_GE(r.timing.queue_ns, 30 * 1000 * 1000);
+  EXPECT_LT(r.timing.queue_ns, 5LL * 1000 * 1000 * 1000);
+  EXPECT_EQ(r.timing.compute_ns, 1234);
+  EXPECT_EQ(r.timing.batch_requests, 1);
+}
+
+TEST(BatcherTest, RequestsArrivingWithinTheDelayShareABatch) {
+  FakeBackend backend(1, /*hold=*/false);
+  Batcher batcher(Options(1000, 1 << 30, milliseconds(200)), &backend);
+  TestRequest r[4];
+  for (TestRequest& request : r) ASSERT_TRUE(batcher.Enqueue(MakeItem(&request, 3, 4)).ok());
+  for (TestRequest& request : r) {
+    ASSERT_TRUE(request.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+  ASSERT_EQ(backend.batches().size(), 1u);
+  EXPECT_EQ(r[3].timing.batch_requests, 4);
+  EXPECT_EQ(r[3].timing.batch_rows, 12);
+}
+
+TEST(BatcherTest, OversizedRequestRunsAlone) {
+  FakeBackend backend(1, /*hold=*/false);
+  Batcher batcher(Options(10, 1 << 30, kForever), &backend);
+  TestRequest small, big, after;
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&small, 4, 2)).ok());
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&big, 50, 2)).ok());
+  ASSERT_TRUE(big.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(small.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(small.timing.batch_requests, 1);
+  EXPECT_EQ(big.timing.batch_requests, 1);
+  EXPECT_EQ(big.timing.batch_rows, 50);
+  // A lone request over the byte limit also runs at once.
+  FakeBackend backend2(1, false);
+  Batcher bytes_batcher(Options(1 << 30, 64, kForever), &backend2);
+  ASSERT_TRUE(bytes_batcher.Enqueue(MakeItem(&after, 1, 1000)).ok());
+  ASSERT_TRUE(after.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(after.status.ok());
+}
+
+TEST(BatcherTest, MixedSegmentsKeepTheirOwnParameters) {
+  FakeBackend backend(1, /*hold=*/false);
+  Batcher batcher(Options(1000, 1 << 30, milliseconds(100)), &backend);
+  TestRequest a, b, c;
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&a, 2, 100, DType::kFloat32, {1.0f, false})).ok());
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&b, 5, 3, DType::kFloat16, {0.5f, true})).ok());
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&c, 1, 7, DType::kBFloat16, {2.0f, false})).ok());
+  for (TestRequest* r : {&a, &b, &c}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_TRUE(r->status.ok());
+    EXPECT_EQ(r->output, r->input);
+  }
+  const auto batches = backend.batches();
+  ASSERT_EQ(batches.size(), 1u);
+  ASSERT_EQ(batches[0].size(), 3u);
+  EXPECT_EQ(batches[0][0].dtype, DType::kFloat32);
+  EXPECT_EQ(batches[0][1].dtype, DType::kFloat16);
+  EXPECT_EQ(batches[0][1].options.temperature, 0.5f);
+  EXPECT_TRUE(batches[0][1].options.log);
+  EXPECT_EQ(batches[0][1].shape.n, 3);
+  EXPECT_EQ(batches[0][1].bytes, 5 * 3 * 2);
+  EXPECT_EQ(batches[0][2].dtype, DType::kBFloat16);
+  EXPECT_EQ(batches[0][2].output, c.output.data());
+  EXPECT_EQ(a.timing.batch_rows, 8);
+  EXPECT_EQ(a.timing.batch_requests, 3);
+}
+
+TEST(BatcherTest, ExpiredAndCancelledRequestsAreDroppedBeforeCompute) {
+  FakeBackend backend(1, /*hold=*/false);
+  CountingObserver observer;
+  Batcher batcher(Options(1000, 1 << 30, milliseconds(20)), &backend, &observer);
+  TestRequest expired, cancelled, live;
+  auto item = MakeItem(&expired, 1, 4);
+  item->deadline = std::chrono::system_clock::now() + milliseconds(1);
+  ASSERT_TRUE(batcher.Enqueue(std::move(item)).ok());
+  item = MakeItem(&cancelled, 1, 4);
+  item->is_cancelled = [] { return true; };
+  ASSERT_TRUE(batcher.Enqueue(std::move(item)).ok());
+  item = MakeItem(&live, 1, 4);
+  item->deadline = std::chrono::system_clock::now() + std::chrono::seconds(60);
+  item->is_cancelled = [] { return false; };
+  ASSERT_TRUE(batcher.Enqueue(std::move(item)).ok());
+  for (TestRequest* r : {&expired, &cancelled, &live}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+  EXPECT_EQ(expired.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(cancelled.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(live.status.ok());
+  EXPECT_TRUE(expired.output.empty());  // never computed
+  const auto batches = backend.batches();
+  ASSERT_EQ(batches.size(), 1u);
+  ASSERT_EQ(batches[0].size(), 1u);
+  EXPECT_EQ(batches[0][0].input, live.input.data());
+  EXPECT_EQ(live.timing.batch_requests, 1);
+  EXPECT_EQ(observer.expired.load(), 1);
+  EXPECT_EQ(observer.cancelled.load(), 1);
+  batcher.Stop();
+  EXPECT_EQ(observer.batches.load(), 1);
+}
+
+TEST(BatcherTest, QueueFullIsUnavailableAndRetryable) {
+  FakeBackend backend(1, /*hold=*/true);
+  CountingObserver observer;
+  BatcherOptions options = Options(1 << 30, int64_t{1} << 40, kForever);
+  options.max_queued_requests = 2;
+  options.max_queued_bytes = 100;
+  Batcher batcher(options, &backend, &observer);
+  TestRequest r[4];
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[0], 1, 10)).ok());  // 40 bytes
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[1], 1, 10)).ok());  // 80 bytes, 2 requests
+  absl::Status full = batcher.Enqueue(MakeItem(&r[2], 1, 1));
+  EXPECT_EQ(full.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(full.message().find("retry"), absl::string_view::npos) << full.message();
+  EXPECT_FALSE(r[2].done.HasBeenNotified());
+  EXPECT_EQ(observer.rejected.load(), 1);
+  std::thread stopper([&] { batcher.Stop(); });
+  ASSERT_TRUE(backend.WaitForBatches(1));
+  backend.ReleaseOne();
+  stopper.join();
+  EXPECT_EQ(batcher.Enqueue(MakeItem(&r[3], 1, 1)).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(BatcherTest, QueuedBytesBoundAdmission) {
+  FakeBackend backend(1, /*hold=*/true);
+  BatcherOptions options = Options(1 << 30, int64_t{1} << 40, kForever);
+  options.max_queued_bytes = 100;
+  Batcher batcher(options, &backend);
+  TestRequest big, second;
+  // An empty queue admits even a request larger than the byte bound.
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&big, 1, 50)).ok());  // 200 bytes
+  EXPECT_EQ(batcher.Enqueue(MakeItem(&second, 1, 1)).code(), absl::StatusCode::kUnavailable);
+  std::thread stopper([&] { batcher.Stop(); });
+  ASSERT_TRUE(backend.WaitForBatches(1));
+  backend.ReleaseOne();
+  stopper.join();
+  EXPECT_TRUE(big.status.ok());
+}
+
+TEST(BatcherTest, BackendErrorFailsEveryRequestOfTheBatch) {
+  FakeBackend backend(1, /*hold=*/true);
+  CountingObserver observer;
+  Batcher batcher(Options(2, 1 << 30, kForever), &backend, &observer);
+  TestRequest a, b;
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&a, 1, 4)).ok());
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&b, 1, 4)).ok());
+  ASSERT_TRUE(backend.WaitForBatches(1));
+  backend.ReleaseOne(absl::InternalError("device fault"));
+  for (TestRequest* r : {&a, &b}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_EQ(r->status.code(), absl::StatusCode::kInternal);
+  }
+}
+
+TEST(BatcherTest, PipelinesUpToTheBackendsInFlightLimit) {
+  FakeBackend backend(2, /*hold=*/true);
+  Batcher batcher(Options(1, 1 << 30, kForever), &backend);
+  TestRequest r[3];
+  for (TestRequest& request : r) ASSERT_TRUE(batcher.Enqueue(MakeItem(&request, 1, 4)).ok());
+  ASSERT_TRUE(backend.WaitForBatches(2));
+  EXPECT_FALSE(backend.WaitForBatches(3, absl::Milliseconds(50)));
+  EXPECT_EQ(backend.max_outstanding(), 2);
+  backend.ReleaseOne();
+  ASSERT_TRUE(backend.WaitForBatches(3));
+  backend.ReleaseOne();
+  backend.ReleaseOne();
+  for (TestRequest& request : r) {
+    ASSERT_TRUE(request.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_TRUE(request.status.ok());
+  }
+}
+
+TEST(BatcherTest, StopDrainsQueuedRequestsWithoutWaitingForTheDelay) {
+  FakeBackend backend(1, /*hold=*/false);
+  Batcher batcher(Options(1 << 30, 1 << 30, kForever), &backend);
+  TestRequest r[3];
+  for (TestRequest& request : r) ASSERT_TRUE(batcher.Enqueue(MakeItem(&request, 2, 2)).ok());
+  const auto start = std::chrono::steady_clock::now();
+  batcher.Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  for (TestRequest& request : r) {
+    ASSERT_TRUE(request.done.HasBeenNotified());
+    EXPECT_TRUE(request.status.ok());
+  }
+  batcher.Stop();  // idempotent
+}
+
+TEST(BatcherTest, ManyConcurrentProducersAllComplete) {
+  FakeBackend backend(2, /*hold=*/false);
+  Batcher batcher(Options(64, 1 << 30, microseconds(200)), &backend);
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 500;
+  std::vector<std::unique_ptr<TestRequest>> requests;
+  for (int i = 0; i < kThreads * kPerThread; ++i) requests.push_back(std::make_unique<TestRequest>());
+  std::vector<std::thread> producers;
+  for (int t = 0; t < kThreads; ++t) {
+    producers.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        TestRequest* request = requests[t * kPerThread + i].get();
+        ASSERT_TRUE(batcher.Enqueue(MakeItem(request, 1 + i % 5, 8)).ok());
+      }
+    });
+  }
+  for (auto& producer : producers) producer.join();
+  int64_t batched_requests = 0;
+  for (auto& request : requests) {
+    ASSERT_TRUE(request->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    ASSERT_TRUE(request->status.ok());
+    ASSERT_EQ(request->output, request->input);
+    ASSERT_LE(request->timing.batch_rows, 64);
+  }
+  for (const auto& batch : backend.batches()) batched_requests += batch.size();
+  EXPECT_EQ(batched_requests, kThreads * kPerThread);
+  EXPECT_LT(backend.batches().size(), static_cast<size_t>(kThreads * kPerThread));
+}
+
+}  // namespace
+}  // namespace softmax::server

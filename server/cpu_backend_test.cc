@@ -1,0 +1,196 @@
+#include "server/cpu_backend.h"
+
+#include <cmath>
+#include <future>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu_softmax.h"
+#include "kernels/dtype.h"
+
+namespace softmax::server {
+namespace {
+
+// A tensor with its input bytes, the backend's output and the float64 truth.
+struct Case {
+  DType dtype;
+  SoftmaxShape shape;
+  SoftmaxOptions options;
+  std::string input;
+  std::string output;
+};
+
+Case MakeCase(DType dtype, SoftmaxShape shape, SoftmaxOptions options, uint32_t seed,
+              float scale = 4.0f) {
+  Case c{dtype, shape, options, {}, {}};
+  c.input.resize(static_cast<size_t>(shape.elements() * ItemSize(dtype)));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  for (int64_t i = 0; i < shape.elements(); ++i) StoreFromFloat(c.input.data(), dtype, i, normal(rng));
+  return c;
+}
+
+// Runs `cases` as one batch through `backend` and waits for it.
+BatchResult RunBatch(CpuBackend& backend, std::vector<Case>& cases) {
+  auto batch = std::make_unique<Batch>();
+  for (Case& c : cases) {
+    c.output.assign(c.input.size(), '\x7f');
+    Segment segment;
+    segment.input = c.input.data();
+    segment.output = c.output.data();
+    segment.bytes = static_cast<int64_t>(c.input.size());
+    segment.dtype = c.dtype;
+    segment.shape = c.shape;
+    segment.options = c.options;
+    batch->segments.push_back(segment);
+    batch->rows += c.shape.rows();
+    batch->bytes += segment.bytes;
+  }
+  std::promise<BatchResult> promise;
+  backend.Submit(std::move(batch), [&promise](std::unique_ptr<Batch>, BatchResult result) {
+    promise.set_value(std::move(result));
+  });
+  return promise.get_future().get();
+}
+
+// Tolerances in the spirit of torch.testing, a little wider for rounding of
+// the float64 result into the narrow type.
+void Tolerance(DType dtype, double* rtol, double* atol) {
+  switch (dtype) {
+    case DType::kFloat32: *rtol = 2e-6; *atol = 1e-6; return;
+    case DType::kFloat16: *rtol = 1e-3; *atol = 1e-5; return;
+    case DType::kBFloat16: *rtol = 8e-3; *atol = 1e-5; return;
+  }
+}
+
+void ExpectMatchesReference(const Case& c) {
+  std::vector<double> expected(static_cast<size_t>(c.shape.elements()));
+  ReferenceSoftmax(c.input.data(), c.dtype, c.shape, c.options, expected.data());
+  double rtol = 0, atol = 0;
+  Tolerance(c.dtype, &rtol, &atol);
+  for (int64_t i = 0; i < c.shape.elements(); ++i) {
+    const double got = LoadAsFloat(c.output.data(), c.dtype, i);
+    const double want = expected[i];
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got)) << "element " << i;
+    } else if (std::isinf(want)) {
+      ASSERT_EQ(got, want) << "element " << i;
+    } else {
+      ASSERT_NEAR(got, want, atol + rtol * std::fabs(want))
+          << DTypeName(c.dtype) << " element " << i << " of [" << c.shape.outer << ","
+          << c.shape.n << "," << c.shape.inner << "]";
+    }
+  }
+}
+
+TEST(CpuBackendTest, MatchesReferenceAcrossDTypesAxesTemperatureAndLog) {
+  CpuBackend backend(CpuBackendOptions{3, 64});
+  uint32_t seed = 1;
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (const SoftmaxShape& shape :
+         {SoftmaxShape{1, 33, 1}, SoftmaxShape{17, 1000, 1},   // last axis
+          SoftmaxShape{4, 9, 13}, SoftmaxShape{1, 64, 50},     // middle / first axis
+          SoftmaxShape{6, 1, 5}}) {                            // rows of length 1
+      for (const SoftmaxOptions& options :
+           {SoftmaxOptions{1.0f, false}, SoftmaxOptions{0.25f, false},
+            SoftmaxOptions{3.0f, true}, SoftmaxOptions{1.0f, true}}) {
+        std::vector<Case> cases{MakeCase(dtype, shape, options, seed++)};
+        const BatchResult result = RunBatch(backend, cases);
+        ASSERT_TRUE(result.status.ok()) << result.status;
+        ExpectMatchesReference(cases[0]);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(CpuBackendTest, MixedSegmentsInOneBatch) {
+  CpuBackend backend(CpuBackendOptions{4, 128});
+  std::vector<Case> cases;
+  cases.push_back(MakeCase(DType::kFloat32, {300, 128, 1}, {1.0f, false}, 11));
+  cases.push_back(MakeCase(DType::kFloat16, {2, 5000, 1}, {0.7f, true}, 12));
+  cases.push_back(MakeCase(DType::kBFloat16, {3, 7, 11}, {2.0f, false}, 13));
+  cases.push_back(MakeCase(DType::kFloat32, {0, 4, 1}, {1.0f, false}, 14));  // empty
+  cases.push_back(MakeCase(DType::kFloat32, {1, 1, 1}, {1.0f, true}, 15));   // scalar
+  const BatchResult result = RunBatch(backend, cases);
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  EXPECT_GT(result.compute_ns, 0);
+  for (const Case& c : cases) ExpectMatchesReference(c);
+  // The scalar: log-softmax of one element is 0.
+  EXPECT_EQ(LoadAsFloat(cases[4].output.data(), DType::kFloat32, 0), 0.0f);
+}
+
+TEST(CpuBackendTest, NaNAndInfinityRowsFollowTorch) {
+  CpuBackend backend(CpuBackendOptions{2, 1});
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> rows = {
+      {-inf, -inf, -inf, -inf},  // all -inf -> NaN
+      {1.0f, nan, 2.0f, 3.0f},   // NaN anywhere -> NaN row
+      {-inf, 0.0f, -inf, 0.0f},  // -inf entries -> exactly 0
+      {inf, 1.0f, 2.0f, 3.0f},   // +inf -> NaN (inf - inf)
+  };
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (bool log : {false, true}) {
+      Case c{dtype, SoftmaxShape{4, 4, 1}, SoftmaxOptions{1.0f, log}, {}, {}};
+      c.input.resize(16 * ItemSize(dtype));
+      for (int r = 0; r < 4; ++r) {
+        for (int k = 0; k < 4; ++k) StoreFromFloat(c.input.data(), dtype, r * 4 + k, rows[r][k]);
+      }
+      std::vector<Case> cases{c};
+      ASSERT_TRUE(RunBatch(backend, cases).status.ok());
+      ExpectMatchesReference(cases[0]);
+      const std::string& out = cases[0].output;
+      for (int k = 0; k < 4; ++k) {
+        EXPECT_TRUE(std::isnan(LoadAsFloat(out.data(), dtype, 0 * 4 + k)));
+        EXPECT_TRUE(std::isnan(LoadAsFloat(out.data(), dtype, 1 * 4 + k)));
+        EXPECT_TRUE(std::isnan(LoadAsFloat(out.data(), dtype, 3 * 4 + k)));
+      }
+      const float masked = LoadAsFloat(out.data(), dtype, 2 * 4 + 0);
+      const float kept = LoadAsFloat(out.data(), dtype, 2 * 4 + 1);
+      if (log) {
+        EXPECT_EQ(masked, -inf);
+        EXPECT_NEAR(kept, std::log(0.5), 1e-2);
+      } else {
+        EXPECT_EQ(masked, 0.0f);
+        EXPECT_EQ(kept, 0.5f);
+      }
+    }
+  }
+}
+
+TEST(CpuBackendTest, ExtremeValuesDoNotOverflow) {
+  CpuBackend backend(CpuBackendOptions{2, 16});
+  std::vector<Case> cases{MakeCase(DType::kFloat32, {8, 257, 1}, {1.0f, false}, 21, 1e4f),
+                          MakeCase(DType::kFloat32, {8, 257, 1}, {1e-3f, true}, 22, 10.0f)};
+  ASSERT_TRUE(RunBatch(backend, cases).status.ok());
+  for (const Case& c : cases) ExpectMatchesReference(c);
+}
+
+TEST(CpuBackendTest, EmptyBatchCompletesInline) {
+  CpuBackend backend(CpuBackendOptions{2, 16});
+  std::vector<Case> cases{MakeCase(DType::kFloat16, {0, 3, 1}, {}, 1),
+                          MakeCase(DType::kFloat16, {4, 0, 1}, {}, 2)};
+  const BatchResult result = RunBatch(backend, cases);
+  EXPECT_TRUE(result.status.ok());
+  EXPECT_TRUE(cases[0].output.empty());
+}
+
+TEST(CpuBackendTest, RowSumsAreOneOnLargeBatch) {
+  CpuBackend backend(CpuBackendOptions{0, 16384});
+  EXPECT_GE(backend.threads(), 1);
+  std::vector<Case> cases{MakeCase(DType::kFloat32, {512, 1024, 1}, {}, 5)};
+  ASSERT_TRUE(RunBatch(backend, cases).status.ok());
+  for (int64_t r = 0; r < 512; ++r) {
+    double sum = 0;
+    for (int64_t k = 0; k < 1024; ++k) sum += LoadAsFloat(cases[0].output.data(), DType::kFloat32, r * 1024 + k);
+    ASSERT_NEAR(sum, 1.0, 1e-4) << "row " << r;
+  }
+}
+
+}  // namespace
+}  // namespace softmax::server

@@ -1,0 +1,253 @@
+// The service over a real gRPC channel on a free loopback port, with the
+// CPU backend behind the batcher.
+#include "server/service.h"
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu_softmax.h"
+#include "server/batcher.h"
+#include "server/cpu_backend.h"
+#include "server/grpc_server.h"
+#include "server/metrics.h"
+
+namespace softmax::server {
+namespace {
+
+struct Harness {
+  explicit Harness(bool echo = false, std::chrono::microseconds delay = std::chrono::microseconds(100)) {
+    metrics = std::move(*Metrics::Create(""));
+    if (!echo) {
+      backend = std::make_unique<CpuBackend>(CpuBackendOptions{2, 4096});
+      BatcherOptions batcher_options;
+      batcher_options.max_queue_delay = delay;
+      batcher = std::make_unique<Batcher>(batcher_options, backend.get(), metrics.get());
+    }
+    ServiceOptions options;
+    options.limits.max_tensor_bytes = 1 << 20;
+    options.echo = echo;
+    options.max_stream_pending = 8;  // small, so tests exercise read pausing
+    service = std::make_unique<SoftmaxServiceImpl>(options, batcher.get(), metrics.get());
+    GrpcServerOptions grpc_options;
+    grpc_options.address = "127.0.0.1:0";
+    grpc_options.max_tensor_bytes = options.limits.max_tensor_bytes;
+    absl::StatusOr<RunningServer> started = StartGrpcServer(grpc_options, service.get());
+    EXPECT_TRUE(started.ok()) << started.status();
+    server = std::move(started->server);
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", started->port),
+                                        grpc::InsecureChannelCredentials(), args);
+    stub = v1::SoftmaxService::NewStub(channel);
+  }
+  ~Harness() {
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    server->Wait();
+    if (batcher) batcher->Stop();
+  }
+
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Batcher> batcher;
+  std::unique_ptr<SoftmaxServiceImpl> service;
+  std::unique_ptr<grpc::Server> server;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::SoftmaxService::Stub> stub;
+};
+
+v1::SoftmaxRequest RandomRequest(const std::string& id, std::vector<int64_t> shape, int axis,
+                                 uint32_t seed) {
+  v1::SoftmaxRequest request;
+  request.set_request_id(id);
+  request.set_axis(axis);
+  v1::Tensor* input = request.mutable_input();
+  input->set_dtype(v1::DTYPE_FLOAT32);
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    input->add_shape(d);
+    count *= d;
+  }
+  std::vector<float> values(static_cast<size_t>(count));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (float& v : values) v = normal(rng);
+  input->set_data(values.data(), values.size() * sizeof(float));
+  return request;
+}
+
+// Checks `response` against the float64 reference for `request` (fp32).
+void ExpectCorrect(const v1::SoftmaxRequest& request, const v1::SoftmaxResponse& response) {
+  ASSERT_EQ(response.request_id(), request.request_id());
+  ASSERT_EQ(response.output().dtype(), request.input().dtype());
+  ASSERT_EQ(response.output().shape_size(), request.input().shape_size());
+  ASSERT_EQ(response.output().data().size(), request.input().data().size());
+  const int rank = request.input().shape_size();
+  const int axis = request.axis() < 0 ? request.axis() + rank : request.axis();
+  SoftmaxShape shape{1, request.input().shape(axis), 1};
+  for (int i = 0; i < axis; ++i) shape.outer *= request.input().shape(i);
+  for (int i = axis + 1; i < rank; ++i) shape.inner *= request.input().shape(i);
+  std::vector<double> expected(static_cast<size_t>(shape.elements()));
+  ReferenceSoftmax(request.input().data().data(), DType::kFloat32, shape, SoftmaxOptions(),
+                   expected.data());
+  for (int64_t i = 0; i < shape.elements(); ++i) {
+    const float got = LoadAsFloat(response.output().data().data(), DType::kFloat32, i);
+    ASSERT_NEAR(got, expected[i], 1e-6 + 2e-6 * std::fabs(expected[i])) << "element " << i;
+  }
+}
+
+TEST(ServiceTest, UnaryComputesSoftmaxAlongAnyAxis) {
+  Harness harness;
+  for (int axis : {0, 1, -1}) {
+    const v1::SoftmaxRequest request = RandomRequest("u", {3, 17, 5}, axis, 7 + axis);
+    v1::SoftmaxResponse response;
+    grpc::ClientContext context;
+    const grpc::Status status = harness.stub->Softmax(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ExpectCorrect(request, response);
+    EXPECT_GE(response.timing().batch_requests(), 1);
+    EXPECT_GE(response.timing().batch_rows(), 15);
+    EXPECT_GT(response.timing().compute_ns(), 0);
+  }
+}
+
+TEST(ServiceTest, UnaryBadRequestIsInvalidArgumentNamingTheField) {
+  Harness harness;
+  v1::SoftmaxRequest request = RandomRequest("bad", {4, 4}, -1, 1);
+  request.mutable_input()->mutable_data()->resize(10);
+  v1::SoftmaxResponse response;
+  grpc::ClientContext context;
+  grpc::Status status = harness.stub->Softmax(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("input.data"), std::string::npos);
+
+  request = RandomRequest("bad", {4, 4}, 2, 1);
+  grpc::ClientContext context2;
+  status = harness.stub->Softmax(&context2, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("axis"), std::string::npos);
+}
+
+TEST(ServiceTest, OversizedMessageIsResourceExhausted) {
+  Harness harness;
+  // 2 MiB of data against a 1 MiB tensor limit (+ headroom).
+  const v1::SoftmaxRequest request = RandomRequest("big", {512, 1024}, -1, 3);
+  v1::SoftmaxResponse response;
+  grpc::ClientContext context;
+  const grpc::Status status = harness.stub->Softmax(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+TEST(ServiceTest, StreamAnswersEveryRequestAndReportsBadOnesInline) {
+  Harness harness;
+  grpc::ClientContext context;
+  auto stream = harness.stub->SoftmaxStream(&context);
+  constexpr int kRequests = 40;  // more than max_stream_pending
+  std::vector<v1::SoftmaxRequest> requests;
+  for (int i = 0; i < kRequests; ++i) {
+    v1::SoftmaxRequest request = RandomRequest(absl::StrCat("s", i), {2 + i % 3, 33}, -1, 100 + i);
+    if (i % 7 == 3) request.mutable_input()->set_dtype(v1::DTYPE_UNSPECIFIED);
+    requests.push_back(request);
+  }
+  std::thread writer([&] {
+    for (const auto& request : requests) ASSERT_TRUE(stream->Write(request));
+    stream->WritesDone();
+  });
+  v1::SoftmaxResponse response;
+  std::vector<bool> seen(kRequests, false);
+  int answered = 0;
+  while (stream->Read(&response)) {
+    const int index = std::stoi(response.request_id().substr(1));
+    ASSERT_FALSE(seen[index]) << "duplicate response " << index;
+    seen[index] = true;
+    ++answered;
+    if (index % 7 == 3) {
+      EXPECT_EQ(response.error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+      EXPECT_NE(response.error().message().find("input.dtype"), std::string::npos);
+      EXPECT_TRUE(response.output().data().empty());
+    } else {
+      EXPECT_EQ(response.error().code(), 0);
+      ExpectCorrect(requests[index], response);
+    }
+  }
+  writer.join();
+  EXPECT_EQ(answered, kRequests);
+  const grpc::Status status = stream->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+TEST(ServiceTest, ClientCancellingMidStreamLeavesTheServerHealthy) {
+  // A long delay keeps requests queued when the client vanishes.
+  Harness harness(false, std::chrono::milliseconds(200));
+  for (int round = 0; round < 3; ++round) {
+    grpc::ClientContext context;
+    auto stream = harness.stub->SoftmaxStream(&context);
+    for (int i = 0; i < 20; ++i) {
+      if (!stream->Write(RandomRequest("c", {4, 64}, -1, i))) break;
+    }
+    context.TryCancel();
+    stream->Finish();
+  }
+  // Unary calls still work afterwards.
+  const v1::SoftmaxRequest request = RandomRequest("after", {2, 8}, -1, 9);
+  v1::SoftmaxResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(harness.stub->Softmax(&context, request, &response).ok());
+  ExpectCorrect(request, response);
+}
+
+TEST(ServiceTest, EchoModeReturnsInputWithZeroTiming) {
+  Harness harness(/*echo=*/true);
+  const v1::SoftmaxRequest request = RandomRequest("e", {3, 5}, -1, 4);
+  v1::SoftmaxResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(harness.stub->Softmax(&context, request, &response).ok());
+  EXPECT_EQ(response.request_id(), "e");
+  EXPECT_EQ(response.output().data(), request.input().data());
+  EXPECT_EQ(response.timing().compute_ns(), 0);
+  EXPECT_EQ(response.timing().batch_requests(), 0);
+  // Still validated.
+  v1::SoftmaxRequest bad = request;
+  bad.set_temperature(-1.0f);
+  grpc::ClientContext context2;
+  const grpc::Status status = harness.stub->Softmax(&context2, bad, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("temperature"), std::string::npos);
+}
+
+TEST(ServiceTest, ShutdownFinishesRequestsInFlight) {
+  auto harness = std::make_unique<Harness>(false, std::chrono::milliseconds(300));
+  constexpr int kCalls = 8;
+  std::vector<v1::SoftmaxRequest> requests;
+  std::vector<v1::SoftmaxResponse> responses(kCalls);
+  std::vector<grpc::Status> statuses(kCalls);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCalls; ++i) requests.push_back(RandomRequest("d", {2, 16}, -1, i));
+  for (int i = 0; i < kCalls; ++i) {
+    callers.emplace_back([&, i] {
+      grpc::ClientContext context;
+      statuses[i] = harness->stub->Softmax(&context, requests[i], &responses[i]);
+    });
+  }
+  // Let the calls reach the batcher (they wait there for the 300 ms delay).
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  SetServing(harness->server.get(), false);
+  harness->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  for (auto& caller : callers) caller.join();
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].error_message();
+    ExpectCorrect(requests[i], responses[i]);
+  }
+  harness.reset();
+}
+
+}  // namespace
+}  // namespace softmax::server

@@ -1,0 +1,210 @@
+#include "server/validation.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "server/status_util.h"
+
+namespace softmax::server {
+namespace {
+
+v1::SoftmaxRequest MakeRequest(v1::DType dtype, std::vector<int64_t> shape, int64_t data_bytes) {
+  v1::SoftmaxRequest request;
+  request.mutable_input()->set_dtype(dtype);
+  for (int64_t d : shape) request.mutable_input()->add_shape(d);
+  request.mutable_input()->set_data(std::string(static_cast<size_t>(data_bytes), '\0'));
+  return request;
+}
+
+void ExpectInvalid(const v1::SoftmaxRequest& request, const std::string& field,
+                   const RequestLimits& limits = RequestLimits()) {
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, limits);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(parsed.status().message().find(field), absl::string_view::npos)
+      << "message \"" << parsed.status().message() << "\" does not name " << field;
+}
+
+TEST(ValidationTest, AcceptsFloat32MatrixWithDefaults) {
+  const v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {2, 3}, 24);
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->dtype, DType::kFloat32);
+  EXPECT_EQ(parsed->axis, 1);
+  EXPECT_EQ(parsed->shape.outer, 2);
+  EXPECT_EQ(parsed->shape.n, 3);
+  EXPECT_EQ(parsed->shape.inner, 1);
+  EXPECT_EQ(parsed->elements, 6);
+  EXPECT_EQ(parsed->bytes, 24);
+  EXPECT_EQ(parsed->options.temperature, 1.0f);
+  EXPECT_FALSE(parsed->options.log);
+  EXPECT_EQ(parsed->data.data(), request.input().data().data());  // no copy
+}
+
+TEST(ValidationTest, MiddleAndFirstAxes) {
+  v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_BFLOAT16, {2, 3, 4, 5}, 2 * 120);
+  request.set_axis(1);
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->shape.outer, 2);
+  EXPECT_EQ(parsed->shape.n, 3);
+  EXPECT_EQ(parsed->shape.inner, 20);
+  request.set_axis(-4);
+  parsed = ParseRequest(request, RequestLimits());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->axis, 0);
+  EXPECT_EQ(parsed->shape.outer, 1);
+  EXPECT_EQ(parsed->shape.n, 2);
+  EXPECT_EQ(parsed->shape.inner, 60);
+}
+
+TEST(ValidationTest, TemperatureAndLogAreCarried) {
+  v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT16, {8}, 16);
+  request.set_temperature(0.5f);
+  request.set_log(true);
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.temperature, 0.5f);
+  EXPECT_TRUE(parsed->options.log);
+}
+
+TEST(ValidationTest, ScalarIsOneRowOfOne) {
+  for (int axis : {-1, 0}) {
+    v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {}, 4);
+    request.set_axis(axis);
+    absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->axis, 0);
+    EXPECT_EQ(parsed->shape.rows(), 1);
+    EXPECT_EQ(parsed->shape.n, 1);
+    EXPECT_EQ(parsed->elements, 1);
+  }
+  v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {}, 4);
+  request.set_axis(1);
+  ExpectInvalid(request, "axis");
+  request.set_axis(-2);
+  ExpectInvalid(request, "axis");
+}
+
+TEST(ValidationTest, ZeroSizeTensorsHaveNoRows) {
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{0}, {0, 5}, {5, 0}, {3, 0, 4}}) {
+    const v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, shape, 0);
+    absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->elements, 0);
+    EXPECT_EQ(parsed->bytes, 0);
+    EXPECT_EQ(parsed->shape.rows(), 0);
+    EXPECT_EQ(parsed->shape.elements(), 0);
+  }
+}
+
+TEST(ValidationTest, ZeroSizeWithHugeOtherDimsDoesNotOverflow) {
+  // outer * inner would overflow int64 here; the tensor is still empty.
+  const int64_t big = int64_t{1} << 40;
+  v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {big, 0, big}, 0);
+  request.set_axis(1);
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->shape.rows(), 0);
+}
+
+TEST(ValidationTest, RowOfLengthOne) {
+  const v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {7, 1}, 28);
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->shape.rows(), 7);
+  EXPECT_EQ(parsed->shape.n, 1);
+}
+
+TEST(ValidationTest, RejectsUnspecifiedDType) {
+  ExpectInvalid(MakeRequest(v1::DTYPE_UNSPECIFIED, {2}, 8), "input.dtype");
+  ExpectInvalid(MakeRequest(static_cast<v1::DType>(42), {2}, 8), "input.dtype");
+}
+
+TEST(ValidationTest, RejectsNegativeDimensionNamingIndex) {
+  ExpectInvalid(MakeRequest(v1::DTYPE_FLOAT32, {2, -3}, 0), "input.shape[1]");
+  ExpectInvalid(MakeRequest(v1::DTYPE_FLOAT32, {-1}, 0), "input.shape[0]");
+}
+
+TEST(ValidationTest, RejectsElementCountOverflow) {
+  const int64_t big = int64_t{1} << 32;
+  ExpectInvalid(MakeRequest(v1::DTYPE_FLOAT32, {big, big}, 0), "input.shape");
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  ExpectInvalid(MakeRequest(v1::DTYPE_FLOAT16, {max, 2}, 0), "input.shape");
+  // Elements fit, bytes do not.
+  ExpectInvalid(MakeRequest(v1::DTYPE_FLOAT32, {max / 2}, 0), "input.shape");
+}
+
+TEST(ValidationTest, RejectsByteCountMismatchWithExpectedAndGot) {
+  const v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT16, {2, 3}, 11);
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(parsed.status().message().find("input.data"), absl::string_view::npos);
+  EXPECT_NE(parsed.status().message().find("expected 12"), absl::string_view::npos);
+  EXPECT_NE(parsed.status().message().find("got 11"), absl::string_view::npos);
+  ExpectInvalid(MakeRequest(v1::DTYPE_FLOAT32, {2}, 12), "input.data");
+  ExpectInvalid(MakeRequest(v1::DTYPE_FLOAT32, {0}, 4), "input.data");
+}
+
+TEST(ValidationTest, RejectsAxisOutOfRange) {
+  v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {2, 3}, 24);
+  for (int axis : {2, -3, 100, std::numeric_limits<int32_t>::min()}) {
+    request.set_axis(axis);
+    ExpectInvalid(request, "axis");
+  }
+}
+
+TEST(ValidationTest, RejectsBadTemperature) {
+  v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {2}, 8);
+  for (float t : {0.0f, -0.0f, -1.0f, std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()}) {
+    request.set_temperature(t);
+    ExpectInvalid(request, "temperature");
+  }
+  request.set_temperature(std::numeric_limits<float>::denorm_min());
+  EXPECT_TRUE(ParseRequest(request, RequestLimits()).ok());
+}
+
+TEST(ValidationTest, RejectsTensorOverLimit) {
+  RequestLimits limits;
+  limits.max_tensor_bytes = 64;
+  EXPECT_TRUE(ParseRequest(MakeRequest(v1::DTYPE_FLOAT32, {16}, 64), limits).ok());
+  ExpectInvalid(MakeRequest(v1::DTYPE_FLOAT32, {17}, 68), "max_tensor_bytes", limits);
+  // Declared size over the limit is refused before the data size is looked at.
+  ExpectInvalid(MakeRequest(v1::DTYPE_FLOAT32, {1 << 20}, 0), "max_tensor_bytes", limits);
+}
+
+TEST(ValidationTest, CountElementsAndNormalizeAxis) {
+  EXPECT_EQ(*CountElements({}), 1);
+  EXPECT_EQ(*CountElements({2, 3, 4}), 24);
+  EXPECT_EQ(*CountElements({0, std::numeric_limits<int64_t>::max()}), 0);
+  EXPECT_FALSE(CountElements({std::numeric_limits<int64_t>::max(), 2}).ok());
+  EXPECT_EQ(*NormalizeAxis(-1, 3), 2);
+  EXPECT_EQ(*NormalizeAxis(0, 0), 0);
+  EXPECT_FALSE(NormalizeAxis(3, 3).ok());
+}
+
+TEST(StatusUtilTest, CodesAndMessagesCarryOver) {
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  const grpc::Status invalid = ToGrpcStatus(absl::InvalidArgumentError("axis: bad"));
+  EXPECT_EQ(invalid.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(invalid.error_message(), "axis: bad");
+  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("full")).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ToGrpcStatus(absl::DeadlineExceededError("late")).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("oom")).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(ToGrpcStatus(absl::InternalError("fault")).error_code(),
+            grpc::StatusCode::INTERNAL);
+}
+
+}  // namespace
+}  // namespace softmax::server
