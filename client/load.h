@@ -105,6 +105,8 @@ struct LoadOptions {
   // existing file (the header is written only to an empty or new file).
   std::string json_path;
   std::string csv_path;
+  // Free text copied into the JSON and CSV reports (e.g. the server's device).
+  std::string label;
 };
 
 // Parses the arguments after "load" (e.g. {"--concurrency=16", "--stream"};

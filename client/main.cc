@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/load.h"
 #include "client/npy.h"
 #include "client/summary.h"
 #include "client/tensor.h"
@@ -189,6 +190,11 @@ absl::Duration TimeoutFromFlag() {
 
 int main(int argc, char** argv) {
   using namespace softmax::client;
+  // `load` takes its own arguments (its --shape is a repeatable mix entry, not
+  // the one-shot flag), so it is dispatched before the flags are parsed.
+  if (argc > 1 && std::string(argv[1]) == "load") {
+    return RunLoadCommand(std::vector<std::string>(argv + 2, argv + argc));
+  }
   absl::SetProgramUsageMessage(
       "sends tensors to softmax-server.\n"
       "  softmax-client [call] --target=HOST:PORT [--shape=2,1024 | --input=x.npy] ...\n"

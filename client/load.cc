@@ -1,0 +1,1340 @@
+#include "client/load.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "client/latency_histogram.h"
+#include "client/summary.h"
+#include "client/tensor.h"
+#include "kernels/cpu_softmax.h"
+#include "kernels/dtype.h"
+#include "softmax/v1/softmax.grpc.pb.h"
+
+namespace softmax::client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Set by SIGINT/SIGTERM while RunLoadCommand runs: stop sending, drain, report.
+std::atomic<bool> g_interrupted{false};
+
+void OnInterrupt(int) { g_interrupted.store(true, std::memory_order_relaxed); }
+
+constexpr int kStatusCodes = 17;
+
+const char* StatusCodeName(int code) {
+  static const char* const kNames[kStatusCodes] = {
+      "OK",           "CANCELLED",          "UNKNOWN",          "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",   "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",   "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",      "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  return code >= 0 && code < kStatusCodes ? kNames[code] : "UNKNOWN";
+}
+
+int ClampCode(int code) { return code >= 0 && code < kStatusCodes ? code : 2; }
+
+// Random tensors larger than this are built once per shape, not
+// payloads_per_shape times.
+constexpr int64_t kLargePayloadBytes = int64_t{16} << 20;
+// Entries in the precomputed payload schedule.
+constexpr int kScheduleLength = 1000;
+
+std::string FormatLoadShape(const LoadShape& shape) {
+  return absl::StrCat(absl::StrJoin(shape.dims, "x"), ":", WireDTypeName(shape.dtype), ":",
+                      absl::StrFormat("%g", shape.weight));
+}
+
+// "1024", "16K" (x1024), "16M" (x1048576).
+bool ParseDimension(absl::string_view text, int64_t* value) {
+  int64_t scale = 1;
+  if (!text.empty() && (text.back() == 'K' || text.back() == 'k')) {
+    scale = int64_t{1} << 10;
+    text.remove_suffix(1);
+  } else if (!text.empty() && (text.back() == 'M' || text.back() == 'm')) {
+    scale = int64_t{1} << 20;
+    text.remove_suffix(1);
+  }
+  int64_t base = 0;
+  if (!absl::SimpleAtoi(text, &base) || base < 0) return false;
+  if (base > std::numeric_limits<int64_t>::max() / scale) return false;
+  *value = base * scale;
+  return true;
+}
+
+// One prebuilt request and what the checks and counters need to know about it.
+struct Payload {
+  v1::SoftmaxRequest request;  // request_id left empty
+  SoftmaxShape view;           // [outer, n, inner] along the request's axis
+  int64_t rows = 0;
+  int64_t tensor_bytes = 0;    // input data bytes (the output has as many)
+  std::vector<double> expected;  // ReferenceSoftmax of the input; --verify only
+};
+
+absl::StatusOr<std::vector<Payload>> BuildPayloads(const LoadOptions& options,
+                                                   std::vector<uint32_t>* schedule) {
+  std::vector<LoadShape> shapes = options.shapes;
+  if (shapes.empty()) shapes.push_back(LoadShape{{1, 1024}, v1::DTYPE_FLOAT32, 1.0});
+  std::vector<Payload> payloads;
+  std::vector<std::pair<size_t, size_t>> ranges;  // per shape: [first payload, count)
+  uint64_t seed = options.seed;
+  for (const LoadShape& shape : shapes) {
+    absl::StatusOr<SoftmaxShape> view = ShapeAlongAxis(shape.dims, options.axis);
+    if (!view.ok()) return view.status();
+    absl::StatusOr<int64_t> elements = ElementCount(shape.dims);
+    if (!elements.ok()) return elements.status();
+    const int64_t bytes = *elements * WireItemSize(shape.dtype);
+    const int copies = bytes > kLargePayloadBytes ? 1 : std::max(1, options.payloads_per_shape);
+    ranges.emplace_back(payloads.size(), copies);
+    for (int c = 0; c < copies; ++c) {
+      RandomTensorOptions random;
+      random.shape = shape.dims;
+      random.dtype = shape.dtype;
+      random.seed = seed++;
+      absl::StatusOr<v1::Tensor> tensor = MakeRandomTensor(random);
+      if (!tensor.ok()) return tensor.status();
+      Payload payload;
+      *payload.request.mutable_input() = *std::move(tensor);
+      if (options.axis != -1) payload.request.set_axis(options.axis);
+      if (options.temperature != 1.0f) payload.request.set_temperature(options.temperature);
+      payload.request.set_log(options.log);
+      payload.view = *view;
+      payload.rows = view->rows();
+      payload.tensor_bytes = bytes;
+      if (options.verify) {
+        payload.expected.resize(static_cast<size_t>(*elements));
+        SoftmaxOptions softmax_options;
+        softmax_options.temperature = options.temperature;
+        softmax_options.log = options.log;
+        ReferenceSoftmax(payload.request.input().data().data(),
+                         static_cast<DType>(shape.dtype), *view, softmax_options,
+                         payload.expected.data());
+      }
+      payloads.push_back(std::move(payload));
+    }
+  }
+  // Smooth weighted round-robin: each shape appears in proportion to its
+  // weight, evenly interleaved; within a shape its copies are cycled.
+  double total_weight = 0;
+  for (const LoadShape& shape : shapes) total_weight += shape.weight;
+  std::vector<double> credit(shapes.size(), 0.0);
+  std::vector<size_t> uses(shapes.size(), 0);
+  schedule->clear();
+  for (int step = 0; step < kScheduleLength; ++step) {
+    size_t best = 0;
+    for (size_t s = 0; s < shapes.size(); ++s) {
+      credit[s] += shapes[s].weight;
+      if (credit[s] > credit[best]) best = s;
+    }
+    credit[best] -= total_weight;
+    const auto [first, count] = ranges[best];
+    schedule->push_back(static_cast<uint32_t>(first + uses[best]++ % count));
+  }
+  return payloads;
+}
+
+// Compares a response tensor with the payload's precomputed reference, using
+// the same per-element rule and tolerances as the one-shot client's check.
+// Returns an empty string when it matches, else what is wrong.
+std::string CheckOutput(const Payload& payload, const v1::Tensor& output) {
+  const v1::Tensor& input = payload.request.input();
+  if (output.dtype() != input.dtype()) {
+    return absl::StrCat("dtype ", WireDTypeName(output.dtype()), " instead of ",
+                        WireDTypeName(input.dtype()));
+  }
+  if (ShapeOf(output) != ShapeOf(input)) {
+    return absl::StrCat("shape ", FormatShape(ShapeOf(output)), " instead of ",
+                        FormatShape(ShapeOf(input)));
+  }
+  if (output.data().size() != input.data().size()) {
+    return absl::StrCat(output.data().size(), " data bytes instead of ", input.data().size());
+  }
+  const DType dtype = static_cast<DType>(output.dtype());
+  const double rtol = RelativeTolerance(output.dtype());
+  const int64_t elements = static_cast<int64_t>(payload.expected.size());
+  int64_t bad = 0;
+  std::string first;
+  for (int64_t i = 0; i < elements; ++i) {
+    const double want = payload.expected[i];
+    const double got = LoadAsFloat(output.data().data(), dtype, i);
+    bool ok;
+    if (std::isnan(want) || std::isnan(got)) {
+      ok = std::isnan(want) && std::isnan(got);
+    } else if (std::isinf(want) || std::isinf(got)) {
+      ok = want == got;
+    } else {
+      ok = std::fabs(got - want) <= 1e-6 + rtol * std::fabs(want);
+    }
+    if (!ok && bad++ == 0) {
+      first = absl::StrFormat("element %d is %.9g, reference %.9g", i, got, want);
+    }
+  }
+  if (bad == 0) return "";
+  return absl::StrCat(bad, " of ", elements, " elements out of tolerance; first: ", first);
+}
+
+// A channel with its own TCP connection. CreateChannel's channels share one
+// connection when their arguments are equal (gRPC's global subchannel pool);
+// a load test over C connections needs them separate, so each gets a local
+// subchannel pool. Limits as in CreateChannel.
+std::shared_ptr<grpc::Channel> CreateLoadChannel(const std::string& target, int index) {
+  const ChannelOptions defaults;
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(defaults.max_message_bytes);
+  arguments.SetMaxSendMessageSize(defaults.max_message_bytes);
+  arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  arguments.SetInt("softmax.load.connection", index);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
+}
+
+// Counters of one connection. Callbacks of one connection run on any of
+// gRPC's threads, so everything is a relaxed atomic.
+struct ConnectionStats {
+  LatencyHistogram latency;  // OK measured requests, nanoseconds
+  std::atomic<int64_t> ok{0};
+  std::array<std::atomic<int64_t>, kStatusCodes> errors{};
+  std::atomic<int64_t> rows{0};
+  std::atomic<int64_t> payload_bytes{0};
+  std::atomic<int64_t> timed{0};  // OK responses whose timing was summed
+  std::atomic<int64_t> batch_requests{0};
+  std::atomic<int64_t> batch_rows{0};
+  std::atomic<int64_t> queue_ns{0};
+  std::atomic<int64_t> compute_ns{0};
+  std::atomic<int64_t> warmup_requests{0};
+  std::atomic<int64_t> warmup_errors{0};
+  std::atomic<int64_t> verified{0};
+  std::atomic<int64_t> mismatches{0};
+  std::atomic<int64_t> last_completion_ns{0};  // since the run's start
+};
+
+void AtomicMax(std::atomic<int64_t>* target, int64_t value) {
+  int64_t current = target->load(std::memory_order_relaxed);
+  while (value > current &&
+         !target->compare_exchange_weak(current, value, std::memory_order_relaxed)) {
+  }
+}
+
+class StreamWorker;
+
+// State shared by every call of one run.
+class LoadRun {
+ public:
+  LoadRun(const LoadOptions& options, std::vector<Payload> payloads,
+          std::vector<uint32_t> schedule,
+          std::vector<std::unique_ptr<v1::SoftmaxService::Stub>> stubs)
+      : options_(options),
+        payloads_(std::move(payloads)),
+        schedule_(std::move(schedule)),
+        stubs_(std::move(stubs)),
+        stats_(stubs_.size()) {}
+
+  // Runs to completion; returns once every call has finished.
+  void Execute();
+  LoadReport Report() const;
+
+  // Decides whether a request intended for `intended` is sent; sets
+  // `*measured` when it belongs to the measured phase. Once it says no, it
+  // says no to every later request.
+  bool Admit(Clock::time_point intended, bool* measured) {
+    if (stopped_.load(std::memory_order_relaxed)) return false;
+    if (g_interrupted.load(std::memory_order_relaxed)) return Stop();
+    if (intended < measure_begin_) {
+      *measured = false;
+      return true;
+    }
+    if (intended >= measure_end_) return Stop();
+    if (options_.requests > 0 &&
+        measured_sent_.fetch_add(1, std::memory_order_relaxed) >= options_.requests) {
+      return Stop();
+    }
+    *measured = true;
+    return true;
+  }
+
+  const Payload* NextPayload() {
+    const uint64_t k = next_payload_.fetch_add(1, std::memory_order_relaxed);
+    return &payloads_[schedule_[k % schedule_.size()]];
+  }
+
+  v1::SoftmaxService::Stub* stub(int connection) { return stubs_[connection].get(); }
+
+  void PrepareUnaryContext(grpc::ClientContext* context) const {
+    if (options_.timeout != absl::InfiniteDuration()) {
+      context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+    }
+  }
+
+  // Accounts one finished request. `response` is set for OK answers only.
+  void Complete(int connection, const Payload& payload, Clock::time_point intended,
+                bool measured, int code, const v1::SoftmaxResponse* response) {
+    const Clock::time_point now = Clock::now();
+    ConnectionStats& stats = stats_[connection];
+    code = ClampCode(code);
+    if (code == 0 && options_.verify) {
+      stats.verified.fetch_add(1, std::memory_order_relaxed);
+      std::string problem = CheckOutput(payload, response->output());
+      if (!problem.empty()) {
+        stats.mismatches.fetch_add(1, std::memory_order_relaxed);
+        std::lock_guard<std::mutex> lock(mismatch_mutex_);
+        if (first_mismatch_.empty()) {
+          first_mismatch_ = absl::StrCat("response for ", FormatShape(ShapeOf(payload.request.input())),
+                                         " ", WireDTypeName(payload.request.input().dtype()),
+                                         ": ", problem);
+        }
+      }
+    }
+    const int64_t latency_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - intended).count();
+    if (code != 0) live_errors_.fetch_add(1, std::memory_order_relaxed);
+    if (live_ != nullptr && code == 0) live_->Record(latency_ns);
+    if (!measured) {
+      stats.warmup_requests.fetch_add(1, std::memory_order_relaxed);
+      if (code != 0) stats.warmup_errors.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    if (code != 0) {
+      stats.errors[code].fetch_add(1, std::memory_order_relaxed);
+    } else {
+      stats.latency.Record(latency_ns);
+      stats.ok.fetch_add(1, std::memory_order_relaxed);
+      stats.rows.fetch_add(payload.rows, std::memory_order_relaxed);
+      stats.payload_bytes.fetch_add(
+          payload.tensor_bytes + static_cast<int64_t>(response->output().data().size()),
+          std::memory_order_relaxed);
+      if (response->has_timing()) {
+        const v1::Timing& timing = response->timing();
+        stats.timed.fetch_add(1, std::memory_order_relaxed);
+        stats.batch_requests.fetch_add(timing.batch_requests(), std::memory_order_relaxed);
+        stats.batch_rows.fetch_add(timing.batch_rows(), std::memory_order_relaxed);
+        stats.queue_ns.fetch_add(timing.queue_ns(), std::memory_order_relaxed);
+        stats.compute_ns.fetch_add(timing.compute_ns(), std::memory_order_relaxed);
+      }
+    }
+    AtomicMax(&stats.last_completion_ns,
+              std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count());
+  }
+
+  // A stream answered with a request_id it was never sent.
+  void RecordUnmatched(const std::string& request_id) {
+    stats_[0].mismatches.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(mismatch_mutex_);
+    if (first_mismatch_.empty()) {
+      first_mismatch_ = absl::StrCat("stream response with unknown request_id \"", request_id, "\"");
+    }
+  }
+
+  // A closed-loop slot, a stream or the open-loop sender has finished.
+  void UnitDone() {
+    std::lock_guard<std::mutex> lock(done_mutex_);
+    --units_running_;
+    done_cv_.notify_all();
+  }
+
+  // Requests sent (or queued on a stream) and not yet accounted.
+  void CallStarted() { outstanding_.fetch_add(1, std::memory_order_relaxed); }
+  void CallFinished() {
+    if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(done_mutex_);
+      done_cv_.notify_all();
+    } else if (waiting_for_room_.load(std::memory_order_relaxed)) {
+      std::lock_guard<std::mutex> lock(done_mutex_);
+      done_cv_.notify_all();
+    }
+  }
+
+ private:
+  bool Stop() {
+    stopped_.store(true, std::memory_order_relaxed);
+    return false;
+  }
+
+  void RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers);
+  void IssueOpenUnary(int connection, Clock::time_point intended, bool measured);
+  void WaitForUnits(std::vector<std::unique_ptr<StreamWorker>>* workers);
+  void ProgressLoop();
+
+  const LoadOptions options_;
+  const std::vector<Payload> payloads_;
+  const std::vector<uint32_t> schedule_;
+  std::vector<std::unique_ptr<v1::SoftmaxService::Stub>> stubs_;
+  std::vector<ConnectionStats> stats_;
+
+  Clock::time_point start_;
+  Clock::time_point measure_begin_;
+  Clock::time_point measure_end_;
+  std::atomic<bool> stopped_{false};
+  std::atomic<int64_t> measured_sent_{0};
+  std::atomic<uint64_t> next_payload_{0};
+  std::atomic<int64_t> outstanding_{0};
+  std::atomic<bool> waiting_for_room_{false};
+
+  std::mutex done_mutex_;
+  std::condition_variable done_cv_;
+  int units_running_ = 0;  // GUARDED_BY(done_mutex_)
+  bool finished_ = false;  // GUARDED_BY(done_mutex_); stops the progress line
+
+  // Progress line: OK latencies of every phase since the last line.
+  std::unique_ptr<LatencyHistogram> live_;
+  std::atomic<int64_t> live_errors_{0};
+
+  mutable std::mutex mismatch_mutex_;
+  std::string first_mismatch_;  // GUARDED_BY(mismatch_mutex_)
+};
+
+// Closed loop, unary: one request in flight at a time; each completion
+// sends the next until the run stops admitting.
+class UnarySlot {
+ public:
+  UnarySlot(LoadRun* run, int connection) : run_(run), connection_(connection) {}
+
+  void SendNext() {
+    const Clock::time_point now = Clock::now();
+    if (!run_->Admit(now, &measured_)) {
+      run_->UnitDone();
+      return;
+    }
+    payload_ = run_->NextPayload();
+    intended_ = now;
+    // The previous call's context is done with: its callback is running.
+    context_ = std::make_unique<grpc::ClientContext>();
+    run_->PrepareUnaryContext(context_.get());
+    response_.Clear();
+    run_->stub(connection_)->async()->Softmax(
+        context_.get(), &payload_->request, &response_, [this](grpc::Status status) {
+          run_->Complete(connection_, *payload_, intended_, measured_, status.error_code(),
+                         status.ok() ? &response_ : nullptr);
+          SendNext();
+        });
+  }
+
+ private:
+  LoadRun* const run_;
+  const int connection_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  v1::SoftmaxResponse response_;
+  const Payload* payload_ = nullptr;
+  Clock::time_point intended_;
+  bool measured_ = false;
+};
+
+// Open loop, unary: one heap object per call, deleted by its own callback.
+struct UnaryCall {
+  grpc::ClientContext context;
+  v1::SoftmaxResponse response;
+  const Payload* payload = nullptr;
+  Clock::time_point intended;
+  bool measured = false;
+  int connection = 0;
+};
+
+// One SoftmaxStream per connection. Requests queue for the single write
+// outstanding at a time that gRPC allows; responses are matched to requests
+// by request_id (they may arrive in any order). In the closed loop each
+// response sends the next request on the same stream (`window` in flight);
+// in the open loop the sender thread calls Send. The stream half-closes once
+// it is told to close and nothing is pending or in flight.
+class StreamWorker final : public grpc::ClientBidiReactor<v1::SoftmaxRequest, v1::SoftmaxResponse> {
+ public:
+  StreamWorker(LoadRun* run, int connection, int window)
+      : run_(run), connection_(connection), window_(window) {}
+
+  void Start() {
+    run_->stub(connection_)->async()->SoftmaxStream(&context_, this);
+    StartRead(&read_);
+    StartCall();
+    for (int i = 0; i < window_; ++i) SendNextClosedLoop();
+  }
+
+  void Send(const Payload* payload, Clock::time_point intended, bool measured) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    run_->CallStarted();
+    pending_.push_back(InFlight{payload, intended, measured});
+    MaybeWriteLocked();
+  }
+
+  // No more requests will be sent; finish once the in-flight ones answered.
+  void Close() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closing_ = true;
+    MaybeWriteLocked();
+  }
+
+  void Cancel() { context_.TryCancel(); }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    writing_ = false;
+    if (!ok) {
+      // The stream is broken; OnDone accounts what is left.
+      broken_ = true;
+      return;
+    }
+    MaybeWriteLocked();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream is ending; OnDone follows
+    InFlight call;
+    bool found = false;
+    uint64_t id = 0;
+    if (absl::SimpleAtoi(read_.request_id(), &id)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = in_flight_.find(id);
+      if (it != in_flight_.end()) {
+        call = it->second;
+        in_flight_.erase(it);
+        found = true;
+      }
+    }
+    if (!found) {
+      run_->RecordUnmatched(read_.request_id());
+    } else {
+      const int code = read_.has_error() ? read_.error().code() : 0;
+      run_->Complete(connection_, *call.payload, call.intended, call.measured, code,
+                     code == 0 ? &read_ : nullptr);
+      run_->CallFinished();
+      if (window_ > 0) SendNextClosedLoop();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      MaybeWriteLocked();
+    }
+    StartRead(&read_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    // Whatever was never answered failed with the stream's status.
+    const int code = status.ok() ? static_cast<int>(grpc::StatusCode::INTERNAL)
+                                 : static_cast<int>(status.error_code());
+    std::vector<InFlight> lost;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& entry : in_flight_) lost.push_back(entry.second);
+      lost.insert(lost.end(), pending_.begin(), pending_.end());
+      in_flight_.clear();
+      pending_.clear();
+    }
+    for (const InFlight& call : lost) {
+      run_->Complete(connection_, *call.payload, call.intended, call.measured, code, nullptr);
+      run_->CallFinished();
+    }
+    run_->UnitDone();
+  }
+
+ private:
+  struct InFlight {
+    const Payload* payload = nullptr;
+    Clock::time_point intended;
+    bool measured = false;
+  };
+
+  void SendNextClosedLoop() {
+    const Clock::time_point now = Clock::now();
+    bool measured = false;
+    if (!run_->Admit(now, &measured)) {
+      Close();
+      return;
+    }
+    Send(run_->NextPayload(), now, measured);
+  }
+
+  // REQUIRES: mutex_ held.
+  void MaybeWriteLocked() {
+    if (writing_ || writes_done_ || broken_) return;
+    if (!pending_.empty()) {
+      const InFlight call = pending_.front();
+      pending_.pop_front();
+      const uint64_t id = next_id_++;
+      // The payload is shared by every stream; this stream's copy carries
+      // its request_id and lives until OnWriteDone.
+      write_ = call.payload->request;
+      write_.set_request_id(absl::StrCat(id));
+      in_flight_.emplace(id, call);
+      writing_ = true;
+      StartWrite(&write_);
+      return;
+    }
+    if (closing_ && in_flight_.empty()) {
+      writes_done_ = true;
+      StartWritesDone();
+    }
+  }
+
+  LoadRun* const run_;
+  const int connection_;
+  const int window_;  // closed loop: requests in flight; 0 in the open loop
+  grpc::ClientContext context_;
+  v1::SoftmaxResponse read_;
+  v1::SoftmaxRequest write_;  // GUARDED_BY(mutex_) while writing_
+
+  std::mutex mutex_;
+  std::deque<InFlight> pending_;                     // GUARDED_BY(mutex_)
+  std::unordered_map<uint64_t, InFlight> in_flight_;  // GUARDED_BY(mutex_)
+  uint64_t next_id_ = 0;                             // GUARDED_BY(mutex_)
+  bool writing_ = false;                             // GUARDED_BY(mutex_)
+  bool closing_ = false;                             // GUARDED_BY(mutex_)
+  bool writes_done_ = false;                         // GUARDED_BY(mutex_)
+  bool broken_ = false;                              // GUARDED_BY(mutex_)
+};
+
+void LoadRun::IssueOpenUnary(int connection, Clock::time_point intended, bool measured) {
+  auto* call = new UnaryCall;
+  call->payload = NextPayload();
+  call->intended = intended;
+  call->measured = measured;
+  call->connection = connection;
+  PrepareUnaryContext(&call->context);
+  CallStarted();
+  stub(connection)->async()->Softmax(
+      &call->context, &call->payload->request, &call->response,
+      [this, call](grpc::Status status) {
+        Complete(call->connection, *call->payload, call->intended, call->measured,
+                 status.error_code(), status.ok() ? &call->response : nullptr);
+        delete call;  // the callback holds its own reference to the call
+        CallFinished();
+      });
+}
+
+void LoadRun::RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers) {
+  std::mt19937_64 engine(options_.seed ^ 0x9e3779b97f4a7c15ull);
+  std::exponential_distribution<double> poisson_gap(options_.rate);
+  const int connections = static_cast<int>(stubs_.size());
+  Clock::time_point intended = start_;
+  double poisson_seconds = 0.0;  // sum of the gaps so far
+  uint64_t sequence = 0;  // requests sent so far
+  while (true) {
+    Clock::time_point now = Clock::now();
+    if (intended > now) {
+      std::this_thread::sleep_until(intended);
+    }
+    if (outstanding_.load(std::memory_order_relaxed) >= options_.max_outstanding) {
+      // Too many in flight: wait for room. The intended times do not move,
+      // so this wait shows up in the latency of the requests that follow.
+      std::unique_lock<std::mutex> lock(done_mutex_);
+      waiting_for_room_.store(true, std::memory_order_relaxed);
+      done_cv_.wait_for(lock, std::chrono::milliseconds(10), [this] {
+        return outstanding_.load(std::memory_order_relaxed) < options_.max_outstanding;
+      });
+      waiting_for_room_.store(false, std::memory_order_relaxed);
+      if (outstanding_.load(std::memory_order_relaxed) >= options_.max_outstanding) {
+        if (g_interrupted.load(std::memory_order_relaxed)) break;
+        continue;
+      }
+    }
+    bool measured = false;
+    if (!Admit(intended, &measured)) break;
+    const int connection = static_cast<int>(sequence % connections);
+    if (workers->empty()) {
+      IssueOpenUnary(connection, intended, measured);
+    } else {
+      (*workers)[connection]->Send(NextPayload(), intended, measured);
+    }
+    ++sequence;
+    // Offsets from start_ are computed afresh (not accumulated) and rounded
+    // to whole nanoseconds, so constant arrivals land exactly on k / rate.
+    double offset_seconds;
+    if (options_.arrival == Arrival::kPoisson) {
+      poisson_seconds += poisson_gap(engine);
+      offset_seconds = poisson_seconds;
+    } else {
+      offset_seconds = static_cast<double>(sequence) / options_.rate;
+    }
+    intended = start_ + std::chrono::nanoseconds(std::llround(offset_seconds * 1e9));
+  }
+  for (auto& worker : *workers) worker->Close();
+}
+
+void LoadRun::WaitForUnits(std::vector<std::unique_ptr<StreamWorker>>* workers) {
+  // Calls carry their own deadlines; streams do not, so if they have not
+  // drained by the end of the run plus one timeout, they are cancelled.
+  std::unique_lock<std::mutex> lock(done_mutex_);
+  const auto all_done = [this] {
+    return units_running_ == 0 && outstanding_.load(std::memory_order_relaxed) == 0;
+  };
+  bool cancelled = false;
+  while (!all_done()) {
+    done_cv_.wait_for(lock, std::chrono::milliseconds(50), all_done);
+    if (all_done() || cancelled || workers->empty()) continue;
+    const bool past_end = stopped_.load(std::memory_order_relaxed);
+    if (past_end && options_.timeout != absl::InfiniteDuration() &&
+        Clock::now() > measure_end_ + absl::ToChronoNanoseconds(options_.timeout)) {
+      for (auto& worker : *workers) worker->Cancel();
+      cancelled = true;
+    }
+  }
+}
+
+void LoadRun::ProgressLoop() {
+  LatencyHistogram interval;
+  Clock::time_point last = Clock::now();
+  std::unique_lock<std::mutex> lock(done_mutex_);
+  while (!finished_) {
+    done_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return finished_; });
+    if (finished_) break;
+    const Clock::time_point now = Clock::now();
+    interval.Reset();
+    live_->TakeInto(&interval);
+    const double seconds = std::chrono::duration<double>(now - last).count();
+    last = now;
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    std::fprintf(stderr,
+                 "\r[%6.1fs] %-9s %10.0f req/s  p50 %9.3f ms  p99 %9.3f ms  errors %lld   ",
+                 elapsed, now < measure_begin_ ? "warm-up" : "measuring",
+                 static_cast<double>(interval.count()) / seconds,
+                 interval.ValueAtQuantile(0.5) / 1e6, interval.ValueAtQuantile(0.99) / 1e6,
+                 static_cast<long long>(live_errors_.load(std::memory_order_relaxed)));
+    std::fflush(stderr);
+  }
+  std::fprintf(stderr, "\r%100s\r", "");
+  std::fflush(stderr);
+}
+
+void LoadRun::Execute() {
+  const int connections = static_cast<int>(stubs_.size());
+  std::thread progress;
+  if (options_.progress && isatty(STDERR_FILENO)) {
+    live_ = std::make_unique<LatencyHistogram>();
+  }
+  start_ = Clock::now();
+  measure_begin_ = start_ + absl::ToChronoNanoseconds(options_.warmup);
+  measure_end_ = options_.duration == absl::InfiniteDuration()
+                     ? Clock::time_point::max()
+                     : measure_begin_ + absl::ToChronoNanoseconds(options_.duration);
+  if (live_ != nullptr) progress = std::thread([this] { ProgressLoop(); });
+
+  std::vector<std::unique_ptr<UnarySlot>> slots;
+  std::vector<std::unique_ptr<StreamWorker>> workers;
+  const bool open_loop = options_.rate > 0;
+  if (options_.stream) {
+    for (int c = 0; c < connections; ++c) {
+      // Closed loop: the concurrency split as evenly as possible.
+      const int window = open_loop ? 0
+                                   : options_.concurrency / connections +
+                                         (c < options_.concurrency % connections ? 1 : 0);
+      workers.push_back(std::make_unique<StreamWorker>(this, c, window));
+    }
+    {
+      std::lock_guard<std::mutex> lock(done_mutex_);
+      units_running_ = connections;
+    }
+    for (auto& worker : workers) worker->Start();
+  }
+  if (open_loop) {
+    RunOpenLoop(&workers);
+  } else if (!options_.stream) {
+    {
+      std::lock_guard<std::mutex> lock(done_mutex_);
+      units_running_ = options_.concurrency;
+    }
+    for (int i = 0; i < options_.concurrency; ++i) {
+      slots.push_back(std::make_unique<UnarySlot>(this, i % connections));
+    }
+    for (auto& slot : slots) slot->SendNext();
+  }
+  WaitForUnits(&workers);
+  {
+    std::lock_guard<std::mutex> lock(done_mutex_);
+    finished_ = true;
+    done_cv_.notify_all();
+  }
+  if (progress.joinable()) progress.join();
+}
+
+LoadReport LoadRun::Report() const {
+  LoadReport report;
+  report.options = options_;
+  report.mode = options_.rate > 0 ? "open" : "closed";
+  report.offered_rate = options_.rate;
+  LatencyHistogram latency;
+  int64_t last_completion_ns = 0;
+  int64_t timed = 0, batch_requests = 0, batch_rows = 0, queue_ns = 0, compute_ns = 0;
+  for (const ConnectionStats& stats : stats_) {
+    latency.Merge(stats.latency);
+    report.ok += stats.ok.load();
+    for (int code = 0; code < kStatusCodes; ++code) {
+      report.errors_by_code[code] += stats.errors[code].load();
+    }
+    report.rows += stats.rows.load();
+    report.payload_bytes += stats.payload_bytes.load();
+    report.warmup_requests += stats.warmup_requests.load();
+    report.warmup_errors += stats.warmup_errors.load();
+    report.verified += stats.verified.load();
+    report.mismatches += stats.mismatches.load();
+    timed += stats.timed.load();
+    batch_requests += stats.batch_requests.load();
+    batch_rows += stats.batch_rows.load();
+    queue_ns += stats.queue_ns.load();
+    compute_ns += stats.compute_ns.load();
+    last_completion_ns = std::max(last_completion_ns, stats.last_completion_ns.load());
+  }
+  for (int64_t n : report.errors_by_code) report.errors += n;
+  report.requests = report.ok + report.errors;
+  {
+    std::lock_guard<std::mutex> lock(mismatch_mutex_);
+    report.first_mismatch = first_mismatch_;
+  }
+  const int64_t measure_begin_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(measure_begin_ - start_).count();
+  if (report.requests > 0 && last_completion_ns > measure_begin_ns) {
+    report.elapsed_seconds = static_cast<double>(last_completion_ns - measure_begin_ns) / 1e9;
+    report.requests_per_second = static_cast<double>(report.requests) / report.elapsed_seconds;
+    report.rows_per_second = static_cast<double>(report.rows) / report.elapsed_seconds;
+    report.payload_gb_per_second =
+        static_cast<double>(report.payload_bytes) / report.elapsed_seconds / 1e9;
+  }
+  report.latency.count = latency.count();
+  report.latency.min = latency.min();
+  report.latency.p50 = latency.ValueAtQuantile(0.5);
+  report.latency.p90 = latency.ValueAtQuantile(0.9);
+  report.latency.p99 = latency.ValueAtQuantile(0.99);
+  report.latency.p999 = latency.ValueAtQuantile(0.999);
+  report.latency.max = latency.max();
+  report.latency.mean = latency.mean();
+  if (timed > 0) {
+    report.mean_batch_requests = static_cast<double>(batch_requests) / timed;
+    report.mean_batch_rows = static_cast<double>(batch_rows) / timed;
+    report.mean_queue_us = static_cast<double>(queue_ns) / timed / 1e3;
+    report.mean_compute_us = static_cast<double>(compute_ns) / timed / 1e3;
+  }
+  return report;
+}
+
+absl::Status ValidateOptions(const LoadOptions& options) {
+  if (options.connections < 1) return absl::InvalidArgumentError("--connections must be >= 1");
+  if (options.concurrency < 1) return absl::InvalidArgumentError("--concurrency must be >= 1");
+  if (!(options.rate >= 0) || std::isinf(options.rate)) {
+    return absl::InvalidArgumentError("--rate must be a finite number >= 0");
+  }
+  if (options.max_outstanding < 1) {
+    return absl::InvalidArgumentError("--max_outstanding must be >= 1");
+  }
+  if (options.duration <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--duration must be > 0");
+  }
+  if (options.warmup < absl::ZeroDuration() || options.warmup == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("--warmup must be finite and >= 0");
+  }
+  if (options.requests < 0) return absl::InvalidArgumentError("--requests must be >= 0");
+  if (options.requests == 0 && options.duration == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("give --duration or --requests");
+  }
+  if (options.payloads_per_shape < 1) {
+    return absl::InvalidArgumentError("--payloads_per_shape must be >= 1");
+  }
+  if (!(options.temperature > 0) || std::isinf(options.temperature)) {
+    return absl::InvalidArgumentError("--temperature must be finite and > 0");
+  }
+  for (const LoadShape& shape : options.shapes) {
+    if (!(shape.weight > 0)) return absl::InvalidArgumentError("shape weights must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+// Parses "10s", "500ms", "2m" (absl::ParseDuration) or a plain number of seconds.
+bool ParseSeconds(absl::string_view text, absl::Duration* duration) {
+  if (absl::ParseDuration(text, duration)) return true;
+  double seconds = 0;
+  if (!absl::SimpleAtod(text, &seconds)) return false;
+  *duration = std::isinf(seconds) ? absl::InfiniteDuration() : absl::Seconds(seconds);
+  return true;
+}
+
+bool ParseBool(absl::string_view text, bool* value) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "true" || lower == "1" || lower == "yes") {
+    *value = true;
+    return true;
+  }
+  if (lower == "false" || lower == "0" || lower == "no") {
+    *value = false;
+    return true;
+  }
+  return false;
+}
+
+std::string JsonString(absl::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", static_cast<int>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// Finite doubles as JSON numbers (JSON has no inf or NaN).
+std::string JsonNumber(double value) {
+  if (!std::isfinite(value)) return "null";
+  return absl::StrFormat("%.6g", value);
+}
+
+double Micros(int64_t nanoseconds) { return static_cast<double>(nanoseconds) / 1e3; }
+
+std::vector<std::string> ShapeLabels(const LoadOptions& options) {
+  std::vector<std::string> labels;
+  for (const LoadShape& shape : options.shapes) labels.push_back(FormatLoadShape(shape));
+  if (labels.empty()) labels.push_back("1x1024:float32:1");
+  return labels;
+}
+
+double SecondsOrZero(absl::Duration duration) {
+  return duration == absl::InfiniteDuration() ? 0.0 : absl::ToDoubleSeconds(duration);
+}
+
+}  // namespace
+
+absl::StatusOr<LoadShape> ParseLoadShape(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  if (parts.empty() || parts.size() > 3 || parts[0].empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape \"", text, "\": want DIMxDIM[:DTYPE[:WEIGHT]], e.g. 8x4096:fp16:2"));
+  }
+  LoadShape shape;
+  for (absl::string_view dim_text : absl::StrSplit(parts[0], absl::ByAnyChar("x,"))) {
+    int64_t dim = 0;
+    if (!ParseDimension(absl::StripAsciiWhitespace(dim_text), &dim)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape \"", text, "\": dimension \"", dim_text, "\" is not a non-negative integer"));
+    }
+    shape.dims.push_back(dim);
+  }
+  if (parts.size() >= 2 && !parts[1].empty()) {
+    absl::StatusOr<v1::DType> dtype = ParseDType(parts[1]);
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("shape \"", text, "\": ", dtype.status().message()));
+    }
+    shape.dtype = *dtype;
+  }
+  if (parts.size() == 3) {
+    if (!absl::SimpleAtod(parts[2], &shape.weight) || !(shape.weight > 0) ||
+        std::isinf(shape.weight)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape \"", text, "\": weight \"", parts[2], "\" is not a number > 0"));
+    }
+  }
+  absl::StatusOr<int64_t> elements = ElementCount(shape.dims);
+  if (!elements.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("shape \"", text, "\": ", elements.status().message()));
+  }
+  return shape;
+}
+
+absl::StatusOr<std::vector<LoadShape>> ReadLoadShapeFile(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return absl::NotFoundError(absl::StrCat("cannot open shape file ", path));
+  std::vector<LoadShape> shapes;
+  std::string line;
+  for (int number = 1; std::getline(file, line); ++number) {
+    absl::string_view content = line;
+    const size_t hash = content.find('#');
+    if (hash != absl::string_view::npos) content = content.substr(0, hash);
+    content = absl::StripAsciiWhitespace(content);
+    if (content.empty()) continue;
+    absl::StatusOr<LoadShape> shape = ParseLoadShape(content);
+    if (!shape.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", number, ": ", shape.status().message()));
+    }
+    shapes.push_back(*std::move(shape));
+  }
+  if (shapes.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no shapes"));
+  return shapes;
+}
+
+std::string LoadUsage() {
+  return R"(usage: softmax-client load [options]
+
+Offers load to softmax-server and reports throughput and latency.
+
+Load shape:
+  --target=HOST:PORT          server (default localhost:50051)
+  --connections=C             channels, each its own TCP connection (default 1)
+  --concurrency=N             closed loop: N requests always in flight (default 1)
+  --rate=R                    open loop: R requests/s regardless of progress;
+                              latency counts from each intended send time
+  --arrival=constant|poisson  open-loop spacing (default constant)
+  --max_outstanding=K         open loop: pause sending at K in flight (default 100000)
+  --stream                    SoftmaxStream, one stream per connection (default unary)
+Length:
+  --duration=10s              measured phase (default 10s; unlimited with --requests)
+  --requests=M                stop after M measured requests
+  --warmup=1s                 leading phase excluded from the figures (default 1s)
+Payload:
+  --shape=DIMS[:DTYPE[:W]]    repeatable mix entry, e.g. --shape=1x1024:float32:3
+                              --shape=8x4096:fp16:1 (dims may end in K or M; default 1x1024)
+  --shapes_file=PATH          one such entry per line, '#' comments
+  --payloads_per_shape=4      random tensors per entry, cycled (1 above 16 MiB)
+  --seed=1  --axis=-1  --temperature=1  --log
+Checking and output:
+  --verify                    compare every response with the CPU reference; exit 1
+                              on any mismatch or failed request
+  --timeout_ms=60000          per-call deadline (0 = none)
+  --json=PATH  --csv=PATH     write the report (CSV appends a row)
+  --label=TEXT                free text copied into JSON/CSV (e.g. the server's device)
+  --quiet                     no live progress line (shown only on a terminal anyway)
+)";
+}
+
+absl::StatusOr<LoadOptions> ParseLoadArgs(const std::vector<std::string>& args, bool* help) {
+  LoadOptions options;
+  if (help != nullptr) *help = false;
+  bool duration_given = false;
+  static const char* const kBoolFlags[] = {"stream", "log", "verify", "quiet", "help"};
+  for (size_t i = 0; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    if (!absl::ConsumePrefix(&arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", args[i], "\""));
+    }
+    std::string name;
+    std::string value;
+    bool has_value = false;
+    const size_t equals = arg.find('=');
+    if (equals != absl::string_view::npos) {
+      name = std::string(arg.substr(0, equals));
+      value = std::string(arg.substr(equals + 1));
+      has_value = true;
+    } else {
+      name = std::string(arg);
+    }
+    const bool is_bool =
+        std::find(std::begin(kBoolFlags), std::end(kBoolFlags), name) != std::end(kBoolFlags);
+    if (!has_value && !is_bool) {
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+      value = args[++i];
+      has_value = true;
+    }
+    bool flag = true;
+    if (is_bool && has_value && !ParseBool(value, &flag)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": \"", value, "\" is not a boolean"));
+    }
+    const auto bad_value = [&] {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": bad value \"", value, "\""));
+    };
+    int64_t integer = 0;
+    if (name == "help") {
+      if (help != nullptr) *help = flag;
+      return LoadOptions();
+    } else if (name == "target") {
+      options.target = value;
+    } else if (name == "connections" || name == "concurrency" || name == "max_outstanding" ||
+               name == "payloads_per_shape" || name == "axis") {
+      if (!absl::SimpleAtoi(value, &integer) || integer < INT32_MIN || integer > INT32_MAX) {
+        return bad_value();
+      }
+      if (name == "connections") options.connections = static_cast<int>(integer);
+      if (name == "concurrency") options.concurrency = static_cast<int>(integer);
+      if (name == "max_outstanding") options.max_outstanding = static_cast<int>(integer);
+      if (name == "payloads_per_shape") options.payloads_per_shape = static_cast<int>(integer);
+      if (name == "axis") options.axis = static_cast<int>(integer);
+    } else if (name == "rate") {
+      if (!absl::SimpleAtod(value, &options.rate)) return bad_value();
+    } else if (name == "arrival") {
+      if (value == "constant") {
+        options.arrival = Arrival::kConstant;
+      } else if (value == "poisson") {
+        options.arrival = Arrival::kPoisson;
+      } else {
+        return bad_value();
+      }
+    } else if (name == "duration") {
+      if (!ParseSeconds(value, &options.duration)) return bad_value();
+      duration_given = true;
+    } else if (name == "warmup") {
+      if (!ParseSeconds(value, &options.warmup)) return bad_value();
+    } else if (name == "requests") {
+      if (!absl::SimpleAtoi(value, &options.requests)) return bad_value();
+    } else if (name == "seed") {
+      if (!absl::SimpleAtoi(value, &options.seed)) return bad_value();
+    } else if (name == "temperature") {
+      if (!absl::SimpleAtof(value, &options.temperature)) return bad_value();
+    } else if (name == "timeout_ms") {
+      if (!absl::SimpleAtoi(value, &integer) || integer < 0) return bad_value();
+      options.timeout = integer == 0 ? absl::InfiniteDuration() : absl::Milliseconds(integer);
+    } else if (name == "shape") {
+      absl::StatusOr<LoadShape> shape = ParseLoadShape(value);
+      if (!shape.ok()) return shape.status();
+      options.shapes.push_back(*std::move(shape));
+    } else if (name == "shapes_file") {
+      absl::StatusOr<std::vector<LoadShape>> shapes = ReadLoadShapeFile(value);
+      if (!shapes.ok()) return shapes.status();
+      options.shapes.insert(options.shapes.end(), shapes->begin(), shapes->end());
+    } else if (name == "stream") {
+      options.stream = flag;
+    } else if (name == "log") {
+      options.log = flag;
+    } else if (name == "verify") {
+      options.verify = flag;
+    } else if (name == "quiet") {
+      options.progress = !flag;
+    } else if (name == "json") {
+      options.json_path = value;
+    } else if (name == "csv") {
+      options.csv_path = value;
+    } else if (name == "label") {
+      options.label = value;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument --", name,
+                                                     " (see softmax-client load --help)"));
+    }
+  }
+  if (options.requests > 0 && !duration_given) options.duration = absl::InfiniteDuration();
+  absl::Status valid = ValidateOptions(options);
+  if (!valid.ok()) return valid;
+  return options;
+}
+
+absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
+  absl::Status valid = ValidateOptions(options);
+  if (!valid.ok()) return valid;
+  std::vector<uint32_t> schedule;
+  absl::StatusOr<std::vector<Payload>> payloads = BuildPayloads(options, &schedule);
+  if (!payloads.ok()) return payloads.status();
+
+  std::vector<std::unique_ptr<v1::SoftmaxService::Stub>> stubs;
+  const auto connect_deadline =
+      std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options.connect_timeout);
+  for (int c = 0; c < options.connections; ++c) {
+    std::shared_ptr<grpc::Channel> channel = CreateLoadChannel(options.target, c);
+    if (!channel->WaitForConnected(connect_deadline)) {
+      return absl::UnavailableError(absl::StrCat("could not connect to ", options.target,
+                                                 " within ",
+                                                 absl::FormatDuration(options.connect_timeout)));
+    }
+    stubs.push_back(v1::SoftmaxService::NewStub(channel));
+  }
+  LoadRun run(options, *std::move(payloads), std::move(schedule), std::move(stubs));
+  run.Execute();
+  return run.Report();
+}
+
+std::string FormatLoadReport(const LoadReport& report) {
+  const LoadOptions& o = report.options;
+  std::string text;
+  absl::StrAppend(&text, "target:       ", o.target, o.stream ? " (stream)" : " (unary)", "\n");
+  if (report.mode == "open") {
+    absl::StrAppend(&text, "load:         open loop, ",
+                    absl::StrFormat("%.0f", report.offered_rate), " requests/s ",
+                    o.arrival == Arrival::kPoisson ? "poisson" : "constant", ", ", o.connections,
+                    " connection(s)\n");
+  } else {
+    absl::StrAppend(&text, "load:         closed loop, concurrency ", o.concurrency, " over ",
+                    o.connections, " connection(s)\n");
+  }
+  absl::StrAppend(&text, "payloads:     ", absl::StrJoin(ShapeLabels(o), " "), "\n");
+  absl::StrAppend(&text, "requests:     ", report.requests, " (ok ", report.ok, ", errors ",
+                  report.errors, ") in ", absl::StrFormat("%.3f", report.elapsed_seconds),
+                  " s; warm-up ", report.warmup_requests, " (errors ", report.warmup_errors,
+                  ")\n");
+  for (int code = 1; code < kStatusCodes; ++code) {
+    if (report.errors_by_code[code] > 0) {
+      absl::StrAppend(&text, "  ", StatusCodeName(code), ": ", report.errors_by_code[code], "\n");
+    }
+  }
+  absl::StrAppend(&text, "throughput:   ",
+                  absl::StrFormat("%.1f requests/s, %.1f rows/s, %.4f GB/s payload\n",
+                                  report.requests_per_second, report.rows_per_second,
+                                  report.payload_gb_per_second));
+  const LatencySummary& l = report.latency;
+  absl::StrAppend(&text, "latency (ms): ",
+                  absl::StrFormat("p50 %.3f  p90 %.3f  p99 %.3f  p99.9 %.3f  max %.3f  mean %.3f\n",
+                                  l.p50 / 1e6, l.p90 / 1e6, l.p99 / 1e6, l.p999 / 1e6,
+                                  l.max / 1e6, l.mean / 1e6));
+  absl::StrAppend(&text, "server batch: ",
+                  absl::StrFormat("mean %.2f requests, %.1f rows; mean queue %.1f us, compute "
+                                  "%.1f us\n",
+                                  report.mean_batch_requests, report.mean_batch_rows,
+                                  report.mean_queue_us, report.mean_compute_us));
+  if (o.verify) {
+    absl::StrAppend(&text, "verify:       ", report.verified, " responses checked, ",
+                    report.mismatches, " mismatched\n");
+    if (!report.first_mismatch.empty()) {
+      absl::StrAppend(&text, "  first: ", report.first_mismatch, "\n");
+    }
+  }
+  return text;
+}
+
+std::string LoadReportJson(const LoadReport& report) {
+  const LoadOptions& o = report.options;
+  std::vector<std::string> shapes;
+  for (const std::string& label : ShapeLabels(o)) shapes.push_back(JsonString(label));
+  std::vector<std::string> errors;
+  for (int code = 1; code < kStatusCodes; ++code) {
+    if (report.errors_by_code[code] > 0) {
+      errors.push_back(absl::StrCat(JsonString(StatusCodeName(code)), ": ",
+                                    report.errors_by_code[code]));
+    }
+  }
+  const LatencySummary& l = report.latency;
+  std::string json = "{\n";
+  absl::StrAppend(&json, "  \"label\": ", JsonString(o.label), ",\n");
+  absl::StrAppend(&json, "  \"target\": ", JsonString(o.target), ",\n");
+  absl::StrAppend(&json, "  \"mode\": ", JsonString(report.mode), ",\n");
+  absl::StrAppend(&json, "  \"stream\": ", o.stream ? "true" : "false", ",\n");
+  absl::StrAppend(&json, "  \"connections\": ", o.connections, ",\n");
+  absl::StrAppend(&json, "  \"concurrency\": ", report.mode == "open" ? 0 : o.concurrency, ",\n");
+  absl::StrAppend(&json, "  \"offered_rate\": ", JsonNumber(report.offered_rate), ",\n");
+  absl::StrAppend(&json, "  \"arrival\": ",
+                  JsonString(o.arrival == Arrival::kPoisson ? "poisson" : "constant"), ",\n");
+  absl::StrAppend(&json, "  \"duration_s\": ", JsonNumber(SecondsOrZero(o.duration)), ",\n");
+  absl::StrAppend(&json, "  \"warmup_s\": ", JsonNumber(SecondsOrZero(o.warmup)), ",\n");
+  absl::StrAppend(&json, "  \"shapes\": [", absl::StrJoin(shapes, ", "), "],\n");
+  absl::StrAppend(&json, "  \"verify\": ", o.verify ? "true" : "false", ",\n");
+  absl::StrAppend(&json, "  \"requests\": ", report.requests, ",\n");
+  absl::StrAppend(&json, "  \"ok\": ", report.ok, ",\n");
+  absl::StrAppend(&json, "  \"errors\": ", report.errors, ",\n");
+  absl::StrAppend(&json, "  \"errors_by_code\": {", absl::StrJoin(errors, ", "), "},\n");
+  absl::StrAppend(&json, "  \"warmup_requests\": ", report.warmup_requests, ",\n");
+  absl::StrAppend(&json, "  \"warmup_errors\": ", report.warmup_errors, ",\n");
+  absl::StrAppend(&json, "  \"verified\": ", report.verified, ",\n");
+  absl::StrAppend(&json, "  \"mismatches\": ", report.mismatches, ",\n");
+  absl::StrAppend(&json, "  \"first_mismatch\": ", JsonString(report.first_mismatch), ",\n");
+  absl::StrAppend(&json, "  \"elapsed_s\": ", JsonNumber(report.elapsed_seconds), ",\n");
+  absl::StrAppend(&json, "  \"requests_per_s\": ", JsonNumber(report.requests_per_second), ",\n");
+  absl::StrAppend(&json, "  \"rows\": ", report.rows, ",\n");
+  absl::StrAppend(&json, "  \"rows_per_s\": ", JsonNumber(report.rows_per_second), ",\n");
+  absl::StrAppend(&json, "  \"payload_bytes\": ", report.payload_bytes, ",\n");
+  absl::StrAppend(&json, "  \"payload_gb_per_s\": ", JsonNumber(report.payload_gb_per_second),
+                  ",\n");
+  absl::StrAppend(&json, "  \"latency_us\": {\"count\": ", l.count,
+                  ", \"min\": ", JsonNumber(Micros(l.min)), ", \"mean\": ", JsonNumber(l.mean / 1e3),
+                  ", \"p50\": ", JsonNumber(Micros(l.p50)), ", \"p90\": ", JsonNumber(Micros(l.p90)),
+                  ", \"p99\": ", JsonNumber(Micros(l.p99)),
+                  ", \"p99.9\": ", JsonNumber(Micros(l.p999)),
+                  ", \"max\": ", JsonNumber(Micros(l.max)), "},\n");
+  absl::StrAppend(&json, "  \"batch\": {\"mean_requests\": ", JsonNumber(report.mean_batch_requests),
+                  ", \"mean_rows\": ", JsonNumber(report.mean_batch_rows),
+                  ", \"mean_queue_us\": ", JsonNumber(report.mean_queue_us),
+                  ", \"mean_compute_us\": ", JsonNumber(report.mean_compute_us), "}\n");
+  json += "}\n";
+  return json;
+}
+
+std::string LoadReportCsvHeader() {
+  return "label,mode,stream,connections,concurrency,offered_rate,shapes,requests,ok,errors,"
+         "mismatches,elapsed_s,requests_per_s,rows_per_s,payload_gb_per_s,p50_us,p90_us,p99_us,"
+         "p999_us,max_us,mean_us,mean_batch_requests,mean_batch_rows\n";
+}
+
+std::string LoadReportCsvRow(const LoadReport& report) {
+  const LoadOptions& o = report.options;
+  const LatencySummary& l = report.latency;
+  // Labels and shape lists never hold commas or quotes of their own making;
+  // a user label with either is quoted.
+  std::string label = o.label;
+  if (label.find_first_of(",\"\n") != std::string::npos) {
+    label = absl::StrCat("\"", absl::StrReplaceAll(label, {{"\"", "\"\""}}), "\"");
+  }
+  return absl::StrCat(
+      label, ",", report.mode, ",", o.stream ? 1 : 0, ",", o.connections, ",",
+      report.mode == "open" ? 0 : o.concurrency, ",", JsonNumber(report.offered_rate), ",",
+      absl::StrJoin(ShapeLabels(o), ";"), ",", report.requests, ",", report.ok, ",",
+      report.errors, ",", report.mismatches, ",", JsonNumber(report.elapsed_seconds), ",",
+      JsonNumber(report.requests_per_second), ",", JsonNumber(report.rows_per_second), ",",
+      JsonNumber(report.payload_gb_per_second), ",", JsonNumber(Micros(l.p50)), ",",
+      JsonNumber(Micros(l.p90)), ",", JsonNumber(Micros(l.p99)), ",", JsonNumber(Micros(l.p999)),
+      ",", JsonNumber(Micros(l.max)), ",", JsonNumber(l.mean / 1e3), ",",
+      JsonNumber(report.mean_batch_requests), ",", JsonNumber(report.mean_batch_rows), "\n");
+}
+
+int RunLoadCommand(const std::vector<std::string>& args) {
+  bool help = false;
+  absl::StatusOr<LoadOptions> options = ParseLoadArgs(args, &help);
+  if (help) {
+    std::fputs(LoadUsage().c_str(), stdout);
+    return 0;
+  }
+  if (!options.ok()) {
+    std::fprintf(stderr, "softmax-client load: %s\n", std::string(options.status().message()).c_str());
+    return 2;
+  }
+  g_interrupted.store(false);
+  auto previous_int = std::signal(SIGINT, OnInterrupt);
+  auto previous_term = std::signal(SIGTERM, OnInterrupt);
+  absl::StatusOr<LoadReport> report = RunLoad(*options);
+  std::signal(SIGINT, previous_int);
+  std::signal(SIGTERM, previous_term);
+  if (!report.ok()) {
+    std::fprintf(stderr, "softmax-client load: %s: %s\n",
+                 absl::StatusCodeToString(report.status().code()).c_str(),
+                 std::string(report.status().message()).c_str());
+    return 1;
+  }
+  std::fputs(FormatLoadReport(*report).c_str(), stdout);
+  std::fflush(stdout);
+  int exit_code = 0;
+  if (!options->json_path.empty()) {
+    std::ofstream file(options->json_path, std::ios::trunc);
+    file << LoadReportJson(*report);
+    if (!file) {
+      std::fprintf(stderr, "softmax-client load: cannot write %s\n", options->json_path.c_str());
+      exit_code = 1;
+    }
+  }
+  if (!options->csv_path.empty()) {
+    std::ifstream existing(options->csv_path, std::ios::ate);
+    const bool needs_header = !existing || existing.tellg() <= 0;
+    existing.close();
+    std::ofstream file(options->csv_path, std::ios::app);
+    if (needs_header) file << LoadReportCsvHeader();
+    file << LoadReportCsvRow(*report);
+    if (!file) {
+      std::fprintf(stderr, "softmax-client load: cannot write %s\n", options->csv_path.c_str());
+      exit_code = 1;
+    }
+  }
+  if (options->verify) {
+    const int64_t failed = report->errors + report->warmup_errors;
+    if (report->mismatches > 0 || failed > 0 || report->verified == 0) {
+      std::fprintf(stderr,
+                   "softmax-client load: verify failed: %lld mismatched, %lld failed, %lld "
+                   "checked\n",
+                   static_cast<long long>(report->mismatches), static_cast<long long>(failed),
+                   static_cast<long long>(report->verified));
+      exit_code = 1;
+    }
+  }
+  return exit_code;
+}
+
+}  // namespace softmax::client
