@@ -842,6 +842,9 @@ absl::Status ValidateOptions(const LoadOptions& options) {
   if (options.warmup < absl::ZeroDuration() || options.warmup == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError("--warmup must be finite and >= 0");
   }
+  if (options.connect_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--connect_timeout must be > 0");
+  }
   if (options.requests < 0) return absl::InvalidArgumentError("--requests must be >= 0");
   if (options.requests == 0 && options.duration == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError("give --duration or --requests");
@@ -1007,6 +1010,7 @@ Checking and output:
   --verify                    compare every response with the CPU reference; exit 1
                               on any mismatch or failed request
   --timeout_ms=60000          per-call deadline (0 = none)
+  --connect_timeout=10s       give up when a connection is not up by then
   --json=PATH  --csv=PATH     write the report (CSV appends a row)
   --label=TEXT                free text copied into JSON/CSV (e.g. the server's device)
   --quiet                     no live progress line (shown only on a terminal anyway)
@@ -1079,6 +1083,8 @@ absl::StatusOr<LoadOptions> ParseLoadArgs(const std::vector<std::string>& args, 
     } else if (name == "duration") {
       if (!ParseSeconds(value, &options.duration)) return bad_value();
       duration_given = true;
+    } else if (name == "connect_timeout") {
+      if (!ParseSeconds(value, &options.connect_timeout)) return bad_value();
     } else if (name == "warmup") {
       if (!ParseSeconds(value, &options.warmup)) return bad_value();
     } else if (name == "requests") {

@@ -1,0 +1,160 @@
+"""End-to-end tests of `softmax-client load` against a real CPU-backend
+softmax-server: closed and open loop, unary and streaming, every response
+verified against the float64 reference, and the JSON / CSV reports checked
+for consistency (counts add up, percentiles ordered, rates match counts)."""
+
+import csv
+import json
+import subprocess
+
+import pytest
+
+import e2e_util
+
+
+def run_load(server, *args, timeout=120):
+    """Runs `softmax-client load` against `server`; returns the process."""
+    command = [e2e_util.CLIENT_BIN, "load", f"--target={server.grpc_address}", "--quiet",
+               *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def load_report(server, tmp_path, *args, expect_rc=0):
+    path = tmp_path / "report.json"
+    result = run_load(server, f"--json={path}", *args)
+    assert result.returncode == expect_rc, (
+        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+    report = json.loads(path.read_text())
+    check_consistent(report)
+    return report, result
+
+
+def check_consistent(report):
+    assert report["requests"] == report["ok"] + report["errors"]
+    assert report["errors"] == sum(report["errors_by_code"].values())
+    latency = report["latency_us"]
+    assert latency["count"] == report["ok"]
+    if report["ok"] == 0:
+        return
+    assert 0 < latency["min"] <= latency["p50"] <= latency["p90"] <= latency["p99"]
+    assert latency["p99"] <= latency["p99.9"] <= latency["max"]
+    assert latency["min"] <= latency["mean"] <= latency["max"]
+    elapsed = report["elapsed_s"]
+    assert elapsed > 0
+    assert report["requests_per_s"] == pytest.approx(report["requests"] / elapsed, rel=1e-4)
+    assert report["rows_per_s"] == pytest.approx(report["rows"] / elapsed, rel=1e-4)
+    assert report["payload_gb_per_s"] == pytest.approx(
+        report["payload_bytes"] / elapsed / 1e9, rel=1e-4)
+
+
+def check_clean(report):
+    """No failed requests, every response checked and within tolerance."""
+    assert report["errors"] == 0, report["errors_by_code"]
+    assert report["warmup_errors"] == 0
+    assert report["mismatches"] == 0, report["first_mismatch"]
+    assert report["verified"] == report["requests"] + report["warmup_requests"]
+    assert report["requests"] > 0
+
+
+MIX = ["--shape=1x1024:float32:3", "--shape=8x4096:float16:1", "--shape=4x1000:bfloat16:1"]
+
+
+def test_closed_loop_unary(server, tmp_path):
+    report, result = load_report(server, tmp_path, "--concurrency=16", "--connections=2",
+                                 "--duration=2", "--warmup=0.5", "--verify", *MIX)
+    check_clean(report)
+    assert report["mode"] == "closed" and not report["stream"]
+    assert report["concurrency"] == 16
+    assert report["shapes"] == ["1x1024:float32:3", "8x4096:float16:1", "4x1000:bfloat16:1"]
+    # The server batches concurrent requests: at least one request per batch.
+    assert report["batch"]["mean_requests"] >= 1
+    assert report["batch"]["mean_rows"] >= 1
+    assert "latency (ms): p50" in result.stdout
+
+
+def test_closed_loop_stream_log_softmax(server, tmp_path):
+    report, _ = load_report(server, tmp_path, "--stream", "--concurrency=8",
+                            "--connections=2", "--duration=2", "--warmup=0.5", "--verify",
+                            "--log", "--temperature=0.7", *MIX)
+    check_clean(report)
+    assert report["stream"]
+
+
+def test_open_loop_constant_rate(server, tmp_path):
+    report, _ = load_report(server, tmp_path, "--rate=300", "--arrival=constant",
+                            "--duration=2", "--warmup=0.5", "--verify",
+                            "--shape=2x512:float32")
+    check_clean(report)
+    assert report["mode"] == "open"
+    assert report["offered_rate"] == 300
+    # Constant arrivals: exactly rate x duration intended send times each phase.
+    assert report["requests"] == 600
+    assert report["warmup_requests"] == 150
+    assert report["rows"] == 2 * report["ok"]
+    assert report["payload_bytes"] == report["ok"] * 2 * (2 * 512 * 4)
+
+
+def test_open_loop_poisson_stream(server, tmp_path):
+    report, _ = load_report(server, tmp_path, "--rate=400", "--arrival=poisson", "--stream",
+                            "--connections=2", "--duration=2", "--warmup=0.5", "--verify",
+                            *MIX)
+    check_clean(report)
+    assert report["mode"] == "open" and report["stream"]
+    # 800 expected; a Poisson count has standard deviation sqrt(800) ~ 28.
+    assert 650 < report["requests"] < 950
+
+
+def test_request_count_limit(server, tmp_path):
+    report, _ = load_report(server, tmp_path, "--requests=500", "--concurrency=8",
+                            "--warmup=0", "--verify")
+    check_clean(report)
+    assert report["requests"] == 500
+    assert report["warmup_requests"] == 0
+
+
+def test_verify_fails_against_echo_server(start_server, tmp_path):
+    echo = start_server(device="none")
+    report, result = load_report(echo, tmp_path, "--requests=50", "--concurrency=4",
+                                 "--warmup=0", "--verify", expect_rc=1)
+    assert report["ok"] == 50
+    assert report["mismatches"] == 50
+    assert "out of tolerance" in report["first_mismatch"]
+    assert "verify failed" in result.stderr
+
+
+def test_echo_server_without_verify_measures_the_transport(start_server, tmp_path):
+    echo = start_server(device="none")
+    report, _ = load_report(echo, tmp_path, "--concurrency=8", "--duration=1", "--warmup=0.2",
+                            "--shape=8x4096:float16")
+    assert report["errors"] == 0
+    assert report["requests"] > 0
+    assert report["payload_bytes"] == report["ok"] * 2 * (8 * 4096 * 2)
+
+
+def test_csv_appends_one_row_per_run(server, tmp_path):
+    path = tmp_path / "runs.csv"
+    for concurrency in (1, 4):
+        result = run_load(server, f"--csv={path}", f"--concurrency={concurrency}",
+                          "--requests=100", "--warmup=0", "--label=cpu")
+        assert result.returncode == 0, result.stderr
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["concurrency"] for row in rows] == ["1", "4"]
+    for row in rows:
+        assert row["label"] == "cpu"
+        assert int(row["requests"]) == 100 == int(row["ok"]) + int(row["errors"])
+        assert float(row["p50_us"]) <= float(row["p99_us"]) <= float(row["max_us"])
+
+
+def test_bad_arguments_exit_2(server):
+    result = run_load(server, "--concurrency=0")
+    assert result.returncode == 2
+    assert "--concurrency" in result.stderr
+
+
+def test_unreachable_server_exits_1(tmp_path):
+    command = [e2e_util.CLIENT_BIN, "load", "--target=127.0.0.1:1", "--quiet",
+               "--duration=1", "--connect_timeout=1s"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "UNAVAILABLE" in result.stderr
