@@ -1,0 +1,314 @@
+"""Helpers for softmax-serve's end-to-end tests: starting the real server,
+encoding tensors, the float64 reference and the tolerance check, and the raw
+health / reflection calls (Debian ships no grpc_health or grpc_reflection
+Python packages, so their few message fields are encoded by hand here).
+
+Paths come from the environment, set by tests/CMakeLists.txt:
+  SOFTMAX_SERVER_BIN  the softmax-server binary
+  SOFTMAX_CLIENT_BIN  the softmax-client binary
+  SOFTMAX_PYTHON_DIR  the folder holding the generated softmax/v1 stubs
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def _required_env(name):
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(
+            f"{name} is not set; run the end-to-end tests through ctest "
+            "(cd build && ctest), which sets it")
+    return value
+
+
+SERVER_BIN = _required_env("SOFTMAX_SERVER_BIN")
+CLIENT_BIN = _required_env("SOFTMAX_CLIENT_BIN")
+sys.path.insert(0, _required_env("SOFTMAX_PYTHON_DIR"))
+
+import grpc  # noqa: E402
+from softmax.v1 import softmax_pb2, softmax_pb2_grpc  # noqa: E402,F401
+
+LISTENING = re.compile(r"softmax-server: listening grpc=(\S+) metrics=(\S+)")
+
+DTYPES = {
+    "float32": softmax_pb2.DTYPE_FLOAT32,
+    "float16": softmax_pb2.DTYPE_FLOAT16,
+    "bfloat16": softmax_pb2.DTYPE_BFLOAT16,
+}
+RTOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+ATOL = 1e-6
+
+# Unlimited client message sizes: gRPC's Python default receive limit is 4 MiB.
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
+                   ("grpc.max_send_message_length", -1)]
+
+
+class Server:
+    """One softmax-server process on loopback with ports picked by the kernel.
+
+    Construct, then use .grpc_address / .metrics_address; stop() sends a
+    signal and returns the exit code; kill() is the always-safe cleanup.
+    """
+
+    def __init__(self, *extra_args, device="cpu", startup_timeout=30.0):
+        self.log = tempfile.NamedTemporaryFile(
+            mode="w+", prefix="softmax-server-", suffix=".log", delete=False)
+        self.args = [SERVER_BIN, "--grpc_address=127.0.0.1:0",
+                     "--metrics_address=127.0.0.1:0", f"--device={device}",
+                     *extra_args]
+        self.process = subprocess.Popen(
+            self.args, stdout=self.log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
+        self.grpc_address = None
+        self.metrics_address = None
+        deadline = time.monotonic() + startup_timeout
+        while time.monotonic() < deadline:
+            match = LISTENING.search(self.output())
+            if match:
+                self.grpc_address, self.metrics_address = match.groups()
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError(
+            f"softmax-server did not report 'listening' (exit code "
+            f"{self.process.returncode}); args {self.args}; output:\n{self.output()}")
+
+    def output(self):
+        with open(self.log.name, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def channel(self):
+        return grpc.insecure_channel(self.grpc_address, options=CHANNEL_OPTIONS)
+
+    def stub(self):
+        return softmax_pb2_grpc.SoftmaxServiceStub(self.channel())
+
+    def stop(self, sig=signal.SIGTERM, timeout=30.0):
+        """Sends `sig` and waits for the exit; returns the exit code."""
+        self.process.send_signal(sig)
+        return self.process.wait(timeout=timeout)
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.log.close()
+        if os.path.exists(self.log.name):
+            os.unlink(self.log.name)
+
+
+# ---------------------------------------------------------------- tensors
+
+def float_to_bfloat16_bits(values):
+    """float32 array -> uint16 bfloat16 bits, round to nearest even, NaN kept."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(np.asarray(values, dtype=np.float32))
+    return np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def bfloat16_bits_to_float(bits):
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def encode(values, dtype):
+    """A softmax.v1.Tensor of `dtype` from an array (rounded to nearest even)."""
+    values = np.asarray(values, dtype=np.float32)
+    if dtype == "float32":
+        data = values.astype("<f4").tobytes()
+    elif dtype == "float16":
+        data = values.astype("<f2").tobytes()
+    else:
+        data = float_to_bfloat16_bits(values).astype("<u2").tobytes()
+    return softmax_pb2.Tensor(dtype=DTYPES[dtype], shape=list(values.shape), data=data)
+
+
+def decode(tensor):
+    """float64 array of a softmax.v1.Tensor, whatever its dtype."""
+    shape = tuple(tensor.shape)
+    if tensor.dtype == softmax_pb2.DTYPE_FLOAT32:
+        flat = np.frombuffer(tensor.data, dtype="<f4")
+    elif tensor.dtype == softmax_pb2.DTYPE_FLOAT16:
+        flat = np.frombuffer(tensor.data, dtype="<f2")
+    elif tensor.dtype == softmax_pb2.DTYPE_BFLOAT16:
+        flat = bfloat16_bits_to_float(np.frombuffer(tensor.data, dtype="<u2"))
+    else:
+        raise ValueError(f"tensor with dtype {tensor.dtype}")
+    return flat.astype(np.float64).reshape(shape)
+
+
+def reference_softmax(x, axis=-1, temperature=1.0, log=False):
+    """float64 softmax with torch's semantics (NaN rows, all -inf rows -> NaN)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim == 0:
+        x = x.reshape(1)
+        return reference_softmax(x, 0, temperature, log).reshape(())
+    if x.size == 0:
+        return x.copy()
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        z = x / np.float64(np.float32(temperature))
+        m = np.max(z, axis=axis, keepdims=True)
+        shifted = z - m
+        total = np.sum(np.exp(shifted), axis=axis, keepdims=True)
+        return shifted - np.log(total) if log else np.exp(shifted) / total
+
+
+def assert_close(actual, expected, dtype, what=""):
+    """|y - ref| <= 1e-6 + rtol |ref| elementwise; NaN where ref is NaN;
+    infinities equal."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    nan_expected = np.isnan(expected)
+    assert np.array_equal(np.isnan(actual), nan_expected), (
+        f"{what}: NaN positions differ: expected {np.argwhere(nan_expected)[:5].tolist()}, "
+        f"got {np.argwhere(np.isnan(actual))[:5].tolist()}")
+    inf = np.isinf(expected) | np.isinf(actual)
+    assert np.array_equal(actual[inf], expected[inf]), f"{what}: infinities differ"
+    finite = ~nan_expected & ~inf
+    error = np.abs(actual[finite] - expected[finite])
+    bound = ATOL + RTOL[dtype] * np.abs(expected[finite])
+    bad = error > bound
+    if bad.any():
+        i = int(np.argmax(error - bound))
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {finite.sum()} elements outside tolerance; worst "
+            f"|{actual[finite][i]} - {expected[finite][i]}| = {error[i]} > {bound[i]}")
+
+
+def request(values=None, dtype="float32", tensor=None, request_id="", **fields):
+    """A SoftmaxRequest from an array (or a ready Tensor) plus optional fields
+    axis / temperature / log."""
+    if tensor is None:
+        tensor = encode(values, dtype)
+    return softmax_pb2.SoftmaxRequest(request_id=request_id, input=tensor, **fields)
+
+
+# ------------------------------------------------------- hand-encoded protos
+
+def _varint(value):
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _string_field(number, text):
+    data = text.encode()
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def parse_fields(data):
+    """Minimal protobuf wire decoder: list of (field number, value), where a
+    length-delimited value is bytes and a varint is int."""
+    fields, at = [], 0
+
+    def varint():
+        nonlocal at
+        value, shift = 0, 0
+        while True:
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while at < len(data):
+        key = varint()
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            fields.append((number, varint()))
+        elif wire_type == 2:
+            length = varint()
+            fields.append((number, bytes(data[at:at + length])))
+            at += length
+        elif wire_type == 1:
+            at += 8
+        elif wire_type == 5:
+            at += 4
+        else:
+            raise ValueError(f"wire type {wire_type}")
+    return fields
+
+
+HEALTH_STATES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def health_check(channel, service="", timeout=5.0):
+    """grpc.health.v1.Health/Check -> 'SERVING' | 'NOT_SERVING' | ...;
+    raises grpc.RpcError on failure."""
+    call = channel.unary_unary("/grpc.health.v1.Health/Check")
+    request_bytes = _string_field(1, service) if service else b""
+    response = call(request_bytes, timeout=timeout)
+    status = dict(parse_fields(response)).get(1, 0)
+    return HEALTH_STATES.get(status, str(status))
+
+
+def reflection_services(channel, timeout=5.0):
+    """Names listed by server reflection (grpc.reflection.v1alpha, the version
+    gRPC 1.51 serves)."""
+    call = channel.stream_stream(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+    list_services = _string_field(7, "*")  # ServerReflectionRequest.list_services
+    names = []
+    for response in call(iter([list_services]), timeout=timeout):
+        for number, value in parse_fields(response):
+            if number == 6:  # list_services_response
+                for inner_number, service in parse_fields(value):
+                    if inner_number == 1:
+                        names.extend(v.decode() for n, v in parse_fields(service) if n == 1)
+            if number == 7:  # error_response
+                raise AssertionError(f"reflection error: {parse_fields(value)}")
+    return names
+
+
+def reflection_file_for_symbol(channel, symbol, timeout=5.0):
+    """The serialized FileDescriptorProtos reflection returns for `symbol`."""
+    call = channel.stream_stream(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+    request_bytes = _string_field(4, symbol)  # file_containing_symbol
+    files = []
+    for response in call(iter([request_bytes]), timeout=timeout):
+        for number, value in parse_fields(response):
+            if number == 4:  # file_descriptor_response
+                files.extend(v for n, v in parse_fields(value) if n == 1)
+            if number == 7:
+                raise AssertionError(f"reflection error: {parse_fields(value)}")
+    return files
+
+
+def scrape_metrics(metrics_address, timeout=5.0):
+    """The /metrics text of a server."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=timeout) as r:
+        assert r.status == 200
+        return r.read().decode()
+
+
+def metric_value(text, name, labels=None):
+    """Sum of the samples called `name` whose labels include `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+    total, found = 0.0, False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                total += sample.value
+                found = True
+    return total if found else None

@@ -1,0 +1,151 @@
+"""SIGTERM with requests in flight: every request already on the server is
+answered OK, the server exits 0; health goes NOT_SERVING while it drains."""
+
+import signal
+import threading
+import time
+
+import grpc
+import numpy as np
+
+from e2e_util import (assert_close, decode, health_check, metric_value, reference_softmax,
+                      request, scrape_metrics)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigterm_answers_every_queued_request(start_server):
+    # A long batching delay keeps requests queued on the server, so they are
+    # certainly in flight when the signal arrives.
+    server = start_server("--max_queue_delay_us=1500000", "--max_batch_rows=1000000")
+    channel = server.channel()
+    stub = server.stub()
+    count = 120
+    rng = np.random.default_rng(0)
+    inputs = [rng.normal(size=(4, 64)) for _ in range(count)]
+    futures = [stub.Softmax.future(request(x, request_id=f"q{i}"), timeout=60)
+               for i, x in enumerate(inputs)]
+    # Two streams also hold requests in flight.
+    stream_inputs = [rng.normal(size=(2, 33)) for _ in range(20)]
+    stream_results = []
+
+    def run_stream(offset):
+        reqs = [request(x, request_id=f"s{offset + i}")
+                for i, x in enumerate(stream_inputs[offset:offset + 10])]
+        stream_results.extend(stub.SoftmaxStream(iter(reqs), timeout=60))
+
+    threads = [threading.Thread(target=run_stream, args=(o,)) for o in (0, 10)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: (metric_value(scrape_metrics(server.metrics_address),
+                                   "softmax_queue_depth") or 0) >= count + 20,
+             20, "every request to be queued")
+
+    health_seen = []
+    server.process.send_signal(signal.SIGTERM)
+    # Watch health while the server drains (it must never flip back to SERVING).
+    deadline = time.monotonic() + 30
+    while server.process.poll() is None and time.monotonic() < deadline:
+        try:
+            health_seen.append(health_check(channel, timeout=0.5))
+        except grpc.RpcError as error:
+            health_seen.append(error.code().name)
+        time.sleep(0.005)
+
+    assert server.process.wait(timeout=30) == 0, server.output()
+    for thread in threads:
+        thread.join(timeout=30)
+    for i, future in enumerate(futures):
+        response = future.result()  # raises if the RPC failed
+        assert response.request_id == f"q{i}"
+        assert_close(decode(response.output), reference_softmax(inputs[i]), "float32", f"q{i}")
+    assert sorted(r.request_id for r in stream_results) == sorted(f"s{i}" for i in range(20))
+    for response in stream_results:
+        assert response.error.code == 0, response.error
+        x = stream_inputs[int(response.request_id[1:])]
+        assert_close(decode(response.output), reference_softmax(x), "float32",
+                     response.request_id)
+    # Once it stopped answering SERVING it never said SERVING again.
+    first_not_serving = next((i for i, s in enumerate(health_seen) if s != "SERVING"),
+                             len(health_seen))
+    assert "SERVING" not in health_seen[first_not_serving:], health_seen
+    print("health during drain:", sorted(set(health_seen)))
+    assert "draining" in server.output()
+
+
+def run_callers_through_sigterm(server, callers=8):
+    """Callers send unary requests back to back until the server refuses
+    them; SIGTERM arrives once 50 were answered. Returns the exit code, the
+    outcomes by status code name, and any wrong result or hang."""
+    stub = server.stub()
+    x = np.random.default_rng(1).normal(size=(16, 512))
+    expected = reference_softmax(x)
+    outcomes = {}
+    problems = []
+    lock = threading.Lock()
+
+    def caller():
+        while True:
+            try:
+                response = stub.Softmax(request(x), timeout=30)
+                code = "OK"
+                try:
+                    assert_close(decode(response.output), expected, "float32", "under load")
+                except AssertionError as error:
+                    problems.append(error)
+            except grpc.RpcError as error:
+                code = error.code().name
+            with lock:
+                outcomes[code] = outcomes.get(code, 0) + 1
+            if code != "OK":
+                return
+
+    threads = [threading.Thread(target=caller) for _ in range(callers)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: outcomes.get("OK", 0) >= 50, 30, "50 answered requests")
+    exit_code = server.stop(signal.SIGTERM, timeout=30)
+    for thread in threads:
+        thread.join(timeout=30)
+        if thread.is_alive():
+            problems.append(AssertionError("a caller hung"))
+    return exit_code, outcomes, problems
+
+
+def test_sigterm_under_load_loses_nothing(start_server):
+    """Every call ends (no hang), every OK carries the right result, refusals
+    are UNAVAILABLE (or CANCELLED, see the next test), the server exits 0."""
+    server = start_server()
+    exit_code, outcomes, problems = run_callers_through_sigterm(server)
+    assert exit_code == 0, server.output()
+    assert not problems, problems[0]
+    assert outcomes.get("OK", 0) >= 50
+    assert set(outcomes) <= {"OK", "UNAVAILABLE", "CANCELLED"}, outcomes
+
+
+def test_refused_while_draining_is_unavailable_not_cancelled(start_server):
+    """A call that reaches the server after SIGTERM must be refused with
+    UNAVAILABLE (retryable), per the status contract. gRPC 1.51's core
+    answers CANCELLED to calls it accepted but never handed to a handler when
+    Server::Shutdown() starts (grpc/grpc#41785); a server that refuses new
+    calls itself for a moment (lame duck) before Shutdown() avoids that."""
+    server = start_server()
+    exit_code, outcomes, problems = run_callers_through_sigterm(server)
+    assert exit_code == 0, server.output()
+    assert not problems, problems[0]
+    assert "CANCELLED" not in outcomes, (
+        f"callers saw {outcomes}: CANCELLED is not retryable; draining must refuse "
+        f"with UNAVAILABLE")
+
+
+def test_sigint_also_exits_0(start_server):
+    server = start_server()
+    assert health_check(server.channel()) == "SERVING"
+    assert server.stop(signal.SIGINT, timeout=30) == 0, server.output()
