@@ -15,6 +15,18 @@ def server():
         process.kill()
 
 
+@pytest.fixture(scope="module", params=["cpu", "cuda"])
+def device_server(request):
+    """A softmax-server on each backend in turn: the CPU always, the GPU when
+    this build has CUDA and the machine a GPU (skipped with the reason
+    otherwise). Modules that want both override `server` with this."""
+    process = e2e_util.start_on_device(request.param)
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
 @pytest.fixture
 def start_server():
     """Factory for servers with extra flags; every one is killed at the end."""

@@ -78,10 +78,11 @@ class Server:
             if self.process.poll() is not None:
                 break
             time.sleep(0.02)
+        output = self.output()
         self.kill()
         raise RuntimeError(
             f"softmax-server did not report 'listening' (exit code "
-            f"{self.process.returncode}); args {self.args}; output:\n{self.output()}")
+            f"{self.process.returncode}); args {self.args}; output:\n{output}")
 
     def output(self):
         with open(self.log.name, encoding="utf-8", errors="replace") as f:
@@ -105,6 +106,24 @@ class Server:
         self.log.close()
         if os.path.exists(self.log.name):
             os.unlink(self.log.name)
+
+
+def start_on_device(device, *extra_args):
+    """A Server on `device`. For a "cuda" device, skips the calling test (with
+    the server's reason) when this build has no CUDA backend or the machine
+    has no usable GPU; any other failure to start is an error."""
+    import pytest
+    try:
+        return Server(*extra_args, device=device)
+    except RuntimeError as error:
+        reason = str(error)
+        if device.startswith("cuda") and ("no CUDA backend" in reason or
+                                          "no usable GPU" in reason or
+                                          "GPU(s) visible" in reason):
+            line = next((l for l in reason.splitlines()
+                         if l.startswith("softmax-server: error")), reason)
+            pytest.skip(f"CUDA backend not exercised: {line.strip()}")
+        raise
 
 
 # ---------------------------------------------------------------- tensors

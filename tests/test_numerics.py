@@ -12,6 +12,12 @@ from e2e_util import assert_close, decode, encode, reference_softmax, request
 DTYPES = ["float32", "float16", "bfloat16"]
 
 
+@pytest.fixture(scope="module")
+def server(device_server):
+    """Every test here runs on the CPU backend and, where present, the GPU."""
+    return device_server
+
+
 def quantized(values, dtype):
     """The values the server actually receives after rounding to `dtype`."""
     return decode(encode(values, dtype))

@@ -6,10 +6,17 @@ import threading
 
 import grpc
 import numpy as np
+import pytest
 
 from e2e_util import assert_close, decode, encode, reference_softmax, request, softmax_pb2
 
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+@pytest.fixture(scope="module")
+def server(device_server):
+    """Every test here runs on the CPU backend and, where present, the GPU."""
+    return device_server
 
 
 def mixed_requests(count, seed=0):
