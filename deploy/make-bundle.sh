@@ -72,16 +72,17 @@ declare -A packed=()
 for base in "${binaries[@]}"; do
   # "libfoo.so.1 => /usr/lib/.../libfoo.so.1 (0x...)"; fail on "not found".
   while read -r line; do
+    [[ "$line" == *" => "* ]] || continue
+    soname=${line%% =>*}
+    soname=${soname//[[:space:]]/}
+    # The driver may be absent on a build machine without a GPU; that is fine.
+    is_system_library "$soname" && continue
     if [[ "$line" == *"=> not found"* ]]; then
       echo "make-bundle: $base: unresolved library: $line" >&2
       exit 1
     fi
-    [[ "$line" == *" => /"* ]] || continue
-    soname=${line%% =>*}
-    soname=${soname//[[:space:]]/}
     target=${line#*=> }
     target=${target%% (*}
-    is_system_library "$soname" && continue
     if [[ -z "${packed[$soname]:-}" ]]; then
       cp -L "$target" "$bundle/lib/$soname"
       packed[$soname]=$target
@@ -112,7 +113,8 @@ done > "$bundle/LIBRARIES"
 
 # The packed binaries must resolve every library from lib/ or the system.
 for base in "${binaries[@]}"; do
-  if LD_LIBRARY_PATH="$bundle/lib" ldd "$bundle/bin/$base" | grep -q "not found"; then
+  if LD_LIBRARY_PATH="$bundle/lib" ldd "$bundle/bin/$base" | grep "not found" \
+      | grep -vq "^[[:space:]]*libcuda\.so"; then
     echo "make-bundle: $base has unresolved libraries inside the bundle" >&2
     exit 1
   fi
