@@ -77,7 +77,6 @@ def test_sigterm_answers_every_queued_request(start_server):
                              len(health_seen))
     assert "SERVING" not in health_seen[first_not_serving:], health_seen
     print("health during drain:", sorted(set(health_seen)))
-    assert "draining" in server.output()
 
 
 def run_callers_through_sigterm(server, callers=8):
