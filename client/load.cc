@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -360,12 +361,12 @@ class LoadRun {
 
   // Requests sent (or queued on a stream) and not yet accounted.
   void CallStarted() { outstanding_.fetch_add(1, std::memory_order_relaxed); }
+  // The decrement happens under done_mutex_: once the waiter sees zero it may
+  // destroy this object, so nothing may touch it after the lock is released.
   void CallFinished() {
-    if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(done_mutex_);
-      done_cv_.notify_all();
-    } else if (waiting_for_room_.load(std::memory_order_relaxed)) {
-      std::lock_guard<std::mutex> lock(done_mutex_);
+    std::lock_guard<std::mutex> lock(done_mutex_);
+    if (outstanding_.fetch_sub(1, std::memory_order_relaxed) == 1 ||
+        waiting_for_room_.load(std::memory_order_relaxed)) {
       done_cv_.notify_all();
     }
   }
@@ -674,18 +675,20 @@ void LoadRun::RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers) {
 
 void LoadRun::WaitForUnits(std::vector<std::unique_ptr<StreamWorker>>* workers) {
   // Calls carry their own deadlines; streams do not, so if they have not
-  // drained by the end of the run plus one timeout, they are cancelled.
+  // drained one timeout after sending stopped, they are cancelled.
   std::unique_lock<std::mutex> lock(done_mutex_);
   const auto all_done = [this] {
     return units_running_ == 0 && outstanding_.load(std::memory_order_relaxed) == 0;
   };
   bool cancelled = false;
+  std::optional<Clock::time_point> stopped_at;
   while (!all_done()) {
     done_cv_.wait_for(lock, std::chrono::milliseconds(50), all_done);
     if (all_done() || cancelled || workers->empty()) continue;
-    const bool past_end = stopped_.load(std::memory_order_relaxed);
-    if (past_end && options_.timeout != absl::InfiniteDuration() &&
-        Clock::now() > measure_end_ + absl::ToChronoNanoseconds(options_.timeout)) {
+    if (!stopped_.load(std::memory_order_relaxed)) continue;
+    if (!stopped_at.has_value()) stopped_at = Clock::now();
+    if (options_.timeout != absl::InfiniteDuration() &&
+        Clock::now() > *stopped_at + absl::ToChronoNanoseconds(options_.timeout)) {
       for (auto& worker : *workers) worker->Cancel();
       cancelled = true;
     }
@@ -699,6 +702,8 @@ void LoadRun::ProgressLoop() {
   while (!finished_) {
     done_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return finished_; });
     if (finished_) break;
+    // Completions take done_mutex_; do not hold it while printing.
+    lock.unlock();
     const Clock::time_point now = Clock::now();
     interval.Reset();
     live_->TakeInto(&interval);
@@ -712,6 +717,7 @@ void LoadRun::ProgressLoop() {
                  interval.ValueAtQuantile(0.5) / 1e6, interval.ValueAtQuantile(0.99) / 1e6,
                  static_cast<long long>(live_errors_.load(std::memory_order_relaxed)));
     std::fflush(stderr);
+    lock.lock();
   }
   std::fprintf(stderr, "\r%100s\r", "");
   std::fflush(stderr);
