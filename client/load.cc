@@ -1135,9 +1135,12 @@ absl::StatusOr<LoadOptions> ParseLoadArgs(const std::vector<std::string>& args, 
   return options;
 }
 
-absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
-  absl::Status valid = ValidateOptions(options);
+absl::StatusOr<LoadReport> RunLoad(const LoadOptions& requested) {
+  absl::Status valid = ValidateOptions(requested);
   if (!valid.ok()) return valid;
+  LoadOptions options = requested;
+  // A closed loop cannot keep more connections busy than it has requests.
+  if (options.rate == 0) options.connections = std::min(options.connections, options.concurrency);
   std::vector<uint32_t> schedule;
   absl::StatusOr<std::vector<Payload>> payloads = BuildPayloads(options, &schedule);
   if (!payloads.ok()) return payloads.status();

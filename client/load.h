@@ -61,7 +61,8 @@ struct LoadOptions {
   std::string target = "localhost:50051";
   // Channels, each with its own TCP connection. More connections spread the
   // client's and server's per-connection work over more threads; one is what
-  // a single well-behaved caller uses.
+  // a single well-behaved caller uses. A closed loop uses at most
+  // `concurrency` of them.
   int connections = 1;
   // Closed loop: requests in flight at all times. Ignored when rate > 0.
   int concurrency = 1;

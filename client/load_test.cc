@@ -172,6 +172,22 @@ TEST_F(LoadTest, ClosedLoopStreamVerifies) {
   EXPECT_EQ(report->mismatches, 0) << report->first_mismatch;
 }
 
+TEST_F(LoadTest, MoreConnectionsThanConcurrencyStillFinishes) {
+  StartServer(/*echo=*/false);
+  for (bool stream : {false, true}) {
+    LoadOptions options = BaseOptions();
+    options.stream = stream;
+    options.concurrency = 1;
+    options.connections = 4;
+    options.requests = 30;
+    options.duration = absl::InfiniteDuration();
+    absl::StatusOr<LoadReport> report = RunLoad(options);
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->ok, 30) << "stream=" << stream;
+    EXPECT_EQ(report->options.connections, 1);
+  }
+}
+
 TEST_F(LoadTest, OpenLoopOffersTheRate) {
   StartServer(/*echo=*/false);
   LoadOptions options = BaseOptions();
