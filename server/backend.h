@@ -51,6 +51,50 @@ struct BatchResult {
   // device fault, RESOURCE_EXHAUSTED when out of memory).
   absl::Status status;
   int64_t compute_ns = 0;  // time the backend spent on this batch
+  // Kernel figures for the bandwidth metrics: time between the first launch
+  // and the end of the last (CUDA events; the CPU backend reports its compute
+  // time), bytes read + written by the kernels, and the launches made.
+  int64_t kernel_ns = 0;
+  int64_t kernel_bytes = 0;
+  int launches = 0;
+  // When non-empty (one per segment), each request's own outcome; overrides
+  // `status`. Lets a backend fail only the requests that did not fit in
+  // memory while the rest of the batch succeeds.
+  std::vector<absl::Status> segment_status;
+};
+
+// What the occupancy probe found for one kernel, for the start-up log and
+// the metrics. Plain data so that this header needs no CUDA.
+struct KernelOccupancy {
+  std::string kernel;  // e.g. "on_chip<float16>/cluster4"
+  std::string dtype;
+  int threads_per_block = 0;
+  int registers_per_thread = 0;
+  int shared_bytes = 0;
+  int blocks_per_sm = 0;
+  int cluster_size = 1;
+  int grid = 0;
+};
+
+// Static facts about the device a backend runs on.
+struct DeviceInfo {
+  std::string name;                // "NVIDIA H200", or the CPU's description
+  std::string compute_capability;  // "9.0"; empty on the CPU
+  int multiprocessors = 0;         // SMs, or CPU threads
+  int64_t memory_bytes = 0;        // device memory; 0 on the CPU
+  double peak_bandwidth_bytes_per_second = 0;  // nominal, read + write counted
+  std::vector<KernelOccupancy> kernels;
+};
+
+// Memory statistics a backend can report (caching allocators).
+struct MemoryStats {
+  std::string memory;  // "device" or "pinned"
+  int64_t in_use_bytes = 0;
+  int64_t cached_bytes = 0;
+  int64_t peak_bytes = 0;
+  int64_t allocations = 0;
+  int64_t cache_hits = 0;
+  int64_t raw_allocations = 0;
 };
 
 class Backend {
@@ -71,6 +115,12 @@ class Backend {
   // Starts computing `batch`; must return promptly (no waiting for the
   // result). REQUIRES: fewer than MaxBatchesInFlight() batches outstanding.
   virtual void Submit(std::unique_ptr<Batch> batch, Done done) = 0;
+
+  // The device this backend computes on; default: nothing known.
+  virtual DeviceInfo Device() const { return {}; }
+
+  // Allocator statistics, one entry per memory kind; default: none.
+  virtual std::vector<MemoryStats> Memory() const { return {}; }
 };
 
 }  // namespace softmax::server

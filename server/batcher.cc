@@ -169,9 +169,11 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
   timing.compute_ns = result.compute_ns;
   timing.batch_requests = static_cast<int32_t>(batch->items.size());
   timing.batch_rows = batch->rows;
-  for (auto& item : batch->items) {
+  const bool per_segment = result.segment_status.size() == batch->items.size();
+  for (size_t i = 0; i < batch->items.size(); ++i) {
+    auto& item = batch->items[i];
     timing.queue_ns = item->queue_ns;
-    item->done(result.status, timing);
+    item->done(per_segment ? result.segment_status[i] : result.status, timing);
   }
   if (observer_ != nullptr) {
     BatchStats stats;
@@ -179,6 +181,9 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
     stats.rows = batch->rows;
     stats.bytes = batch->bytes;
     stats.compute_ns = result.compute_ns;
+    stats.kernel_ns = result.kernel_ns;
+    stats.kernel_bytes = result.kernel_bytes;
+    stats.launches = result.launches;
     stats.ok = result.status.ok();
     observer_->OnBatchCompleted(stats);
   }

@@ -79,6 +79,9 @@ struct BatchStats {
   int64_t rows = 0;
   int64_t bytes = 0;
   int64_t compute_ns = 0;
+  int64_t kernel_ns = 0;     // see BatchResult
+  int64_t kernel_bytes = 0;  // bytes read + written by the kernels
+  int launches = 0;
   bool ok = true;
 };
 

@@ -59,7 +59,7 @@ void CpuBackend::Submit(std::unique_ptr<Batch> batch, Done done) {
   job->done = std::move(done);
   if (tasks.empty()) {
     Done finish = std::move(job->done);
-    finish(std::move(job->batch), BatchResult{absl::OkStatus(), 0});
+    finish(std::move(job->batch), BatchResult());
     return;
   }
   job->remaining.store(static_cast<int64_t>(tasks.size()));
@@ -85,6 +85,9 @@ void CpuBackend::WorkerLoop() {
       const auto elapsed = std::chrono::steady_clock::now() - task.job->start;
       BatchResult result;
       result.compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count();
+      // The CPU computes in place of a kernel: its bandwidth is over compute time.
+      result.kernel_ns = result.compute_ns;
+      result.kernel_bytes = 2 * task.job->batch->bytes;
       Done finish = std::move(task.job->done);
       finish(std::move(task.job->batch), std::move(result));
     }

@@ -1,5 +1,7 @@
 #include "server/device.h"
 
+#include <cstdio>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -11,16 +13,24 @@
 namespace softmax::server {
 namespace {
 
-// The GPU backend's factory. The CUDA DeviceWorker is constructed here once
-// it exists; until then a build with CUDA still serves on the CPU under
-// --device=auto and refuses --device=cuda with a clear message.
+// The GPU backend's factory: a DeviceWorker when the build has CUDA.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device,
                                                            const BackendOptions& options) {
+#if SOFTMAX_HAVE_CUDA
+  DeviceWorkerOptions worker_options = options.cuda;
+  worker_options.device = device;
+  absl::StatusOr<std::unique_ptr<DeviceWorker>> worker =
+      DeviceWorker::Create(worker_options, options.on_fault);
+  if (!worker.ok()) return worker.status();
+  std::fprintf(stderr, "softmax-server: %s", (*worker)->ProbeReport().c_str());
+  return std::unique_ptr<Backend>(std::move(*worker));
+#else
   return absl::FailedPreconditionError(absl::StrCat(
       "--device=cuda:", device, ": this build has no CUDA backend; use --device=cpu"));
+#endif
 }
 
-bool HaveCudaBackend() { return false; }
+bool HaveCudaBackend() { return SOFTMAX_HAVE_CUDA != 0; }
 
 std::unique_ptr<Backend> MakeCpu(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options.cpu);

@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "server/backend.h"
 #include "server/cpu_backend.h"
+#include "server/device_worker.h"
 
 namespace softmax::server {
 
@@ -42,6 +43,10 @@ struct BackendChoice {
 // Everything a backend may need at construction.
 struct BackendOptions {
   CpuBackendOptions cpu;
+  // For the GPU backend; `device` is taken from the DeviceSpec.
+  DeviceWorkerOptions cuda;
+  // Called once if the GPU hits a fatal (sticky) error.
+  DeviceWorker::FaultHandler on_fault;
 };
 
 // Resolves `spec` to a backend. FAILED_PRECONDITION for --device=cuda when

@@ -3,11 +3,13 @@
 // and exit 0.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -22,6 +24,8 @@
 
 namespace {
 const softmax::server::ServerOptions kDefaults;
+// Raised by the GPU backend's fault handler to wake the signal loop.
+constexpr int kFaultSignal = SIGUSR1;
 }  // namespace
 
 ABSL_FLAG(std::string, grpc_address, kDefaults.grpc_address,
@@ -42,6 +46,13 @@ ABSL_FLAG(int64_t, max_queued_requests, kDefaults.max_queued_requests,
 ABSL_FLAG(int64_t, max_queued_bytes, kDefaults.max_queued_bytes,
           "queued input bytes beyond which new requests get UNAVAILABLE");
 ABSL_FLAG(int, cpu_threads, kDefaults.cpu_threads, "CPU backend threads; 0 = all cores");
+ABSL_FLAG(int, cuda_streams, kDefaults.cuda_streams,
+          "GPU backend: batches in flight, each on its own CUDA stream");
+ABSL_FLAG(int64_t, inject_fault_after_batches, kDefaults.inject_fault_after_batches,
+          "testing only: make the GPU fault for real after this many batches (0 = never)");
+ABSL_FLAG(int, lame_duck_ms, kDefaults.lame_duck_ms,
+          "after SIGINT/SIGTERM, milliseconds spent refusing new requests with UNAVAILABLE "
+          "before the listener closes");
 ABSL_FLAG(int, shutdown_grace_s, kDefaults.shutdown_grace_s,
           "seconds in-flight RPCs get to finish after SIGINT/SIGTERM");
 
@@ -60,7 +71,10 @@ ServerOptions OptionsFromFlags() {
   options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
+  options.cuda_streams = absl::GetFlag(FLAGS_cuda_streams);
+  options.inject_fault_after_batches = absl::GetFlag(FLAGS_inject_fault_after_batches);
   return options;
 }
 
@@ -73,9 +87,11 @@ int Run(const ServerOptions& options) {
   if (options.max_tensor_bytes <= 0 || options.max_batch_rows <= 0 ||
       options.max_batch_bytes <= 0 || options.max_queue_delay_us < 0 ||
       options.max_queued_requests <= 0 || options.max_queued_bytes <= 0 ||
-      options.cpu_threads < 0 || options.shutdown_grace_s < 0) {
+      options.cpu_threads < 0 || options.lame_duck_ms < 0 || options.shutdown_grace_s < 0 || options.cuda_streams < 1 ||
+      options.inject_fault_after_batches < 0) {
     return Fail(absl::InvalidArgumentError(
-        "limits must be positive (--max_queue_delay_us, --cpu_threads may be 0)"));
+        "limits must be positive (--max_queue_delay_us, --cpu_threads, --lame_duck_ms and "
+        "--shutdown_grace_s may be 0)"));
   }
   absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options.device);
   if (!spec.ok()) return Fail(spec.status());
@@ -86,10 +102,21 @@ int Run(const ServerOptions& options) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, kFaultSignal);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   BackendOptions backend_options;
   backend_options.cpu.threads = options.cpu_threads;
+  backend_options.cuda.slots = options.cuda_streams;
+  backend_options.cuda.max_staging_bytes = options.max_batch_bytes;
+  backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;
+  // A sticky GPU error: log it and wake the signal loop below, which takes
+  // the server down with a non-zero exit so its supervisor restarts it.
+  backend_options.on_fault = [](const absl::Status& status) {
+    std::fprintf(stderr, "softmax-server: fatal GPU error: %s\n",
+                 std::string(status.message()).c_str());
+    kill(getpid(), kFaultSignal);
+  };
   absl::StatusOr<BackendChoice> choice = CreateBackend(*spec, backend_options);
   if (!choice.ok()) return Fail(choice.status());
   std::fprintf(stderr, "softmax-server: device=%s %s\n", choice->device.c_str(),
@@ -130,18 +157,28 @@ int Run(const ServerOptions& options) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  std::fprintf(stderr, "softmax-server: %s received; draining (up to %d s)\n",
-               signal_number == SIGINT ? "SIGINT" : "SIGTERM", options.shutdown_grace_s);
+  const bool fault = signal_number == kFaultSignal;
+  if (fault) {
+    // Requests in flight fail INTERNAL at once (the worker refuses them);
+    // a short grace lets those answers reach their callers.
+    std::fprintf(stderr, "softmax-server: GPU fault; NOT_SERVING, exiting with status 2\n");
+  } else {
+    std::fprintf(stderr, "softmax-server: %s received; draining (up to %d s)\n",
+                 signal_number == SIGINT ? "SIGINT" : "SIGTERM", options.shutdown_grace_s);
+  }
 
-  // Health first, so balancers stop sending; then stop accepting and let the
-  // RPCs in flight finish (the batcher keeps running for them).
+  // Health first, so balancers stop sending; refuse new requests with a
+  // retryable UNAVAILABLE for the lame-duck period; then stop accepting and
+  // let the RPCs in flight finish (the batcher keeps running for them).
   SetServing(server->server.get(), false);
+  service.StartDraining();
+  std::this_thread::sleep_for(std::chrono::milliseconds(options.lame_duck_ms));
   server->server->Shutdown(std::chrono::system_clock::now() +
-                           std::chrono::seconds(options.shutdown_grace_s));
+                           std::chrono::seconds(fault ? 5 : options.shutdown_grace_s));
   server->server->Wait();
   if (batcher != nullptr) batcher->Stop();
   std::fprintf(stderr, "softmax-server: stopped\n");
-  return 0;
+  return fault ? 2 : 0;
 }
 
 }  // namespace

@@ -33,9 +33,20 @@ struct ServerOptions {
   int64_t max_queued_bytes = int64_t{4} << 30;
   // --cpu_threads: CPU backend threads; 0 = hardware concurrency.
   int cpu_threads = 0;
+  // --lame_duck_ms: on SIGINT/SIGTERM, how long the server keeps its port
+  // open refusing new requests with UNAVAILABLE (health NOT_SERVING) before
+  // it stops listening, so callers and balancers move away cleanly.
+  int lame_duck_ms = 500;
   // --shutdown_grace_s: on SIGINT/SIGTERM, how long in-flight RPCs get to
   // finish before they are cancelled.
   int shutdown_grace_s = 30;
+  // --cuda_streams: GPU backend pipeline depth (batches in flight, one CUDA
+  // stream each). 2 overlaps one batch's copies with another's compute.
+  int cuda_streams = 2;
+  // --inject_fault_after_batches: testing only; the GPU backend provokes a
+  // real sticky fault after this many batches (0 = never), to show that the
+  // server goes NOT_SERVING and exits non-zero.
+  int64_t inject_fault_after_batches = 0;
 };
 
 }  // namespace softmax::server

@@ -227,6 +227,9 @@ absl::Status SoftmaxServiceImpl::Dispatch(const v1::SoftmaxRequest& request,
                                           std::chrono::system_clock::time_point deadline,
                                           std::function<bool()> is_cancelled,
                                           std::function<void(const absl::Status&)> done) {
+  if (draining_.load(std::memory_order_relaxed)) {
+    return absl::UnavailableError("server is shutting down; retry on another replica");
+  }
   absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, options_.limits);
   if (!parsed.ok()) return parsed.status();
 

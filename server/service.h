@@ -12,6 +12,7 @@
 #ifndef SOFTMAX_SERVER_SERVICE_H_
 #define SOFTMAX_SERVER_SERVICE_H_
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 
@@ -56,12 +57,20 @@ class SoftmaxServiceImpl final : public v1::SoftmaxService::CallbackService {
                         std::function<bool()> is_cancelled,
                         std::function<void(const absl::Status&)> done);
 
+  // Lame duck: from now on every new request (unary or on a stream) is
+  // refused with UNAVAILABLE, so callers retry elsewhere, while requests
+  // already accepted run to completion. Call before grpc::Server::Shutdown,
+  // which would answer calls it accepted but never dispatched with CANCELLED
+  // (not retryable). Any thread; irreversible.
+  void StartDraining() { draining_.store(true); }
+
   Metrics* metrics() const { return metrics_; }
 
  private:
   const ServiceOptions options_;
   Batcher* const batcher_;
   Metrics* const metrics_;
+  std::atomic<bool> draining_{false};
 };
 
 }  // namespace softmax::server

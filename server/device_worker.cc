@@ -1,0 +1,387 @@
+#include "server/device_worker.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/softmax_cuda.h"
+#include "server/caching_allocator.h"
+#include "server/cuda_status.h"
+
+namespace softmax::server {
+namespace {
+
+constexpr int64_t kStagingAlignment = 256;  // keeps every segment 16-byte aligned
+
+int64_t AlignUp(int64_t value, int64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+class CudaDeviceRawAllocator final : public RawAllocator {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    void* ptr = nullptr;
+    absl::Status status = SOFTMAX_CUDA_STATUS(cudaMalloc(&ptr, bytes));
+    if (!status.ok()) return status;
+    return ptr;
+  }
+  void Free(void* ptr) override { cudaFree(ptr); }
+  std::string Name() const override { return "device"; }
+};
+
+class CudaPinnedRawAllocator final : public RawAllocator {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    void* ptr = nullptr;
+    absl::Status status = SOFTMAX_CUDA_STATUS(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable));
+    if (!status.ok()) return status;
+    return ptr;
+  }
+  void Free(void* ptr) override { cudaFreeHost(ptr); }
+  std::string Name() const override { return "pinned"; }
+};
+
+MemoryStats ToMemoryStats(const CachingAllocator& allocator) {
+  const AllocatorStats stats = allocator.stats();
+  MemoryStats out;
+  out.memory = allocator.name();
+  out.in_use_bytes = stats.in_use_bytes;
+  out.cached_bytes = stats.cached_bytes;
+  out.peak_bytes = stats.peak_in_use_bytes;
+  out.allocations = stats.allocations;
+  out.cache_hits = stats.cache_hits;
+  out.raw_allocations = stats.raw_allocations;
+  return out;
+}
+
+// A contiguous run of whole [n, inner] slabs of one segment.
+struct Piece {
+  int segment = 0;
+  int64_t outer_begin = 0;
+  int64_t outer_count = 0;
+  int64_t bytes = 0;
+  int64_t slab_bytes = 0;  // bytes of one outer index
+};
+
+}  // namespace
+
+struct DeviceWorker::Slot {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t kernel_start = nullptr;
+  cudaEvent_t kernel_end = nullptr;
+};
+
+struct DeviceWorker::State {
+  gpu::LaunchPlan plan;
+  std::unique_ptr<CachingAllocator> device_memory;
+  std::unique_ptr<CachingAllocator> pinned_memory;
+  std::vector<Slot> slots;
+};
+
+DeviceWorker::DeviceWorker(const DeviceWorkerOptions& options, FaultHandler on_fault)
+    : options_(options), on_fault_(std::move(on_fault)), state_(std::make_unique<State>()) {}
+
+absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(
+    const DeviceWorkerOptions& options, FaultHandler on_fault) {
+  if (options.slots < 1 || options.max_staging_bytes <= 0) {
+    return absl::InvalidArgumentError("DeviceWorker: slots and max_staging_bytes must be positive");
+  }
+  std::unique_ptr<DeviceWorker> worker(new DeviceWorker(options, std::move(on_fault)));
+  State& state = *worker->state_;
+  absl::Status status = SOFTMAX_CUDA_STATUS(cudaSetDevice(options.device));
+  if (!status.ok()) return absl::FailedPreconditionError(status.message());
+  status = SOFTMAX_CUDA_STATUS(gpu::LaunchPlan::Create(options.device, &state.plan));
+  if (!status.ok()) return status;
+
+  cudaDeviceProp props;
+  status = SOFTMAX_CUDA_STATUS(cudaGetDeviceProperties(&props, options.device));
+  if (!status.ok()) return status;
+  int memory_clock_khz = 0;
+  int bus_width_bits = 0;
+  cudaDeviceGetAttribute(&memory_clock_khz, cudaDevAttrMemoryClockRate, options.device);
+  cudaDeviceGetAttribute(&bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, options.device);
+  DeviceInfo& info = worker->info_;
+  info.name = props.name;
+  info.compute_capability = absl::StrCat(props.major, ".", props.minor);
+  info.multiprocessors = props.multiProcessorCount;
+  info.memory_bytes = static_cast<int64_t>(props.totalGlobalMem);
+  // Double data rate: two transfers per clock over the whole bus.
+  info.peak_bandwidth_bytes_per_second = 2.0 * memory_clock_khz * 1e3 * bus_width_bits / 8.0;
+  std::string report = absl::StrFormat(
+      "occupancy probe for %s (%d SMs, L2 %d bytes, max cluster %d):\n", info.name,
+      state.plan.multiprocessors(), state.plan.l2_bytes(), state.plan.max_cluster_size());
+  for (const gpu::KernelProbe& probe : state.plan.probes()) {
+    KernelOccupancy k;
+    k.kernel = probe.cluster_size > 1 ? absl::StrCat(probe.kernel, "/cluster", probe.cluster_size)
+                                      : probe.kernel;
+    k.dtype = DTypeName(probe.dtype);
+    k.threads_per_block = probe.threads_per_block;
+    k.registers_per_thread = probe.registers_per_thread;
+    k.shared_bytes = probe.static_shared_bytes;
+    k.blocks_per_sm = probe.blocks_per_sm;
+    k.cluster_size = probe.cluster_size;
+    k.grid = probe.grid;
+    info.kernels.push_back(k);
+  }
+  report += state.plan.ToString();
+  worker->probe_report_ = std::move(report);
+
+  state.device_memory = std::make_unique<CachingAllocator>(std::make_unique<CudaDeviceRawAllocator>());
+  state.pinned_memory = std::make_unique<CachingAllocator>(std::make_unique<CudaPinnedRawAllocator>());
+  state.slots.resize(options.slots);
+  for (Slot& slot : state.slots) {
+    status = SOFTMAX_CUDA_STATUS(cudaStreamCreateWithFlags(&slot.stream, cudaStreamNonBlocking));
+    if (status.ok()) status = SOFTMAX_CUDA_STATUS(cudaEventCreate(&slot.kernel_start));
+    if (status.ok()) status = SOFTMAX_CUDA_STATUS(cudaEventCreate(&slot.kernel_end));
+    if (!status.ok()) return status;
+  }
+  for (int i = 0; i < options.slots; ++i) {
+    worker->threads_.emplace_back([w = worker.get(), i] { w->SlotLoop(i); });
+  }
+  return worker;
+}
+
+DeviceWorker::~DeviceWorker() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  for (std::thread& thread : threads_) thread.join();
+  if (!failed_.load()) {
+    for (Slot& slot : state_->slots) {
+      if (slot.kernel_end != nullptr) cudaEventDestroy(slot.kernel_end);
+      if (slot.kernel_start != nullptr) cudaEventDestroy(slot.kernel_start);
+      if (slot.stream != nullptr) cudaStreamDestroy(slot.stream);
+    }
+  }
+}
+
+std::string DeviceWorker::Describe() const {
+  return absl::StrFormat("cuda:%d %s (sm_%s, %d SMs, %.0f GiB, nominal %.0f GB/s) slots=%d",
+                         options_.device, info_.name,
+                         absl::StrCat(info_.compute_capability.substr(0, 1),
+                                      info_.compute_capability.substr(2)),
+                         info_.multiprocessors, info_.memory_bytes / double(1 << 30),
+                         info_.peak_bandwidth_bytes_per_second / 1e9, options_.slots);
+}
+
+std::vector<MemoryStats> DeviceWorker::Memory() const {
+  return {ToMemoryStats(*state_->device_memory), ToMemoryStats(*state_->pinned_memory)};
+}
+
+void DeviceWorker::Submit(std::unique_ptr<Batch> batch, Done done) {
+  absl::MutexLock lock(&mu_);
+  pending_.emplace_back(std::move(batch), std::move(done));
+  cv_.Signal();
+}
+
+void DeviceWorker::Fault(const absl::Status& status) {
+  if (failed_.exchange(true)) return;
+  if (on_fault_) on_fault_(status);
+}
+
+void DeviceWorker::SlotLoop(int slot_index) {
+  cudaSetDevice(options_.device);
+  Slot& slot = state_->slots[slot_index];
+  for (;;) {
+    std::pair<std::unique_ptr<Batch>, Done> work;
+    {
+      absl::MutexLock lock(&mu_);
+      while (pending_.empty() && !stopping_) cv_.Wait(&mu_);
+      if (pending_.empty()) return;
+      work = std::move(pending_.front());
+      pending_.pop_front();
+    }
+    BatchResult result;
+    if (failed_.load()) {
+      result.status = absl::InternalError(
+          "the GPU failed earlier with a fatal error; the server is restarting");
+    } else {
+      result = RunBatch(slot, *work.first);
+    }
+    work.second(std::move(work.first), std::move(result));
+  }
+}
+
+namespace {
+
+// Runs `pieces` through staging once: pack, H2D, one launch per dtype, D2H,
+// wait, unpack. Adds the kernel time and launches to the totals.
+absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_memory,
+                       CachingAllocator& pinned_memory, cudaStream_t stream,
+                       cudaEvent_t kernel_start, cudaEvent_t kernel_end, Batch& batch,
+                       const std::vector<Piece>& pieces, bool inject_fault, int64_t* kernel_ns,
+                       int* launches) {
+  std::vector<int64_t> offsets;
+  offsets.reserve(pieces.size());
+  int64_t total = 0;
+  for (const Piece& piece : pieces) {
+    total = AlignUp(total, kStagingAlignment);
+    offsets.push_back(total);
+    total += piece.bytes;
+  }
+  absl::StatusOr<Block> pinned = pinned_memory.Allocate(total);
+  if (!pinned.ok()) return pinned.status();
+  absl::StatusOr<Block> device_in = device_memory.Allocate(total);
+  if (!device_in.ok()) return device_in.status();
+  absl::StatusOr<Block> device_out = device_memory.Allocate(total);
+  if (!device_out.ok()) return device_out.status();
+  char* host = static_cast<char*>(pinned->data());
+  char* in = static_cast<char*>(device_in->data());
+  char* out = static_cast<char*>(device_out->data());
+
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const Piece& piece = pieces[k];
+    const char* source = static_cast<const char*>(batch.segments[piece.segment].input);
+    std::memcpy(host + offsets[k], source + piece.outer_begin * piece.slab_bytes, piece.bytes);
+  }
+  SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(in, host, total, cudaMemcpyHostToDevice, stream));
+
+  // One segment table, and one launch, per dtype.
+  std::map<DType, std::vector<gpu::SoftmaxSegment>> tables;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const Piece& piece = pieces[k];
+    const Segment& segment = batch.segments[piece.segment];
+    gpu::SoftmaxSegment s;
+    s.input = in + offsets[k];
+    s.output = out + offsets[k];
+    s.outer = piece.outer_count;
+    s.n = segment.shape.n;
+    s.inner = segment.shape.inner;
+    s.temperature = segment.options.temperature;
+    s.log = segment.options.log;
+    if (inject_fault && k == 0) {
+      // A pointer nothing maps: the kernel's first read faults for real.
+      s.input = reinterpret_cast<const void*>(uintptr_t{1} << 47);
+    }
+    tables[segment.dtype].push_back(s);
+  }
+  std::vector<Block> scratch;
+  for (auto& [dtype, table] : tables) {
+    const int count = static_cast<int>(table.size());
+    const size_t bytes = gpu::SoftmaxScratchBytes(plan, dtype, table.data(), count);
+    absl::StatusOr<Block> block = device_memory.Allocate(bytes);
+    if (!block.ok()) return block.status();
+    scratch.push_back(std::move(*block));
+  }
+  SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_start, stream));
+  size_t table_index = 0;
+  for (auto& [dtype, table] : tables) {
+    Block& block = scratch[table_index++];
+    SOFTMAX_RETURN_IF_CUDA(gpu::LaunchSoftmax(plan, dtype, table.data(),
+                                              static_cast<int>(table.size()), block.data(),
+                                              block.size(), stream));
+    ++*launches;
+  }
+  SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_end, stream));
+  SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(host, out, total, cudaMemcpyDeviceToHost, stream));
+  SOFTMAX_RETURN_IF_CUDA(cudaStreamSynchronize(stream));
+  float kernel_ms = 0;
+  SOFTMAX_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, kernel_start, kernel_end));
+  *kernel_ns += static_cast<int64_t>(kernel_ms * 1e6);
+
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const Piece& piece = pieces[k];
+    char* destination = static_cast<char*>(batch.segments[piece.segment].output);
+    std::memcpy(destination + piece.outer_begin * piece.slab_bytes, host + offsets[k], piece.bytes);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
+  const auto start = std::chrono::steady_clock::now();
+  BatchResult result;
+  const int64_t limit = options_.max_staging_bytes;
+
+  // Cut segments into pieces of whole slabs that fit the staging limit.
+  std::vector<Piece> pieces;
+  for (int i = 0; i < static_cast<int>(batch.segments.size()); ++i) {
+    const Segment& segment = batch.segments[i];
+    if (segment.shape.elements() == 0) continue;  // empty: nothing to compute
+    Piece piece;
+    piece.segment = i;
+    piece.slab_bytes = segment.shape.n * segment.shape.inner * ItemSize(segment.dtype);
+    const int64_t per_piece = std::max<int64_t>(1, limit / piece.slab_bytes);
+    for (int64_t o = 0; o < segment.shape.outer; o += per_piece) {
+      piece.outer_begin = o;
+      piece.outer_count = std::min(per_piece, segment.shape.outer - o);
+      piece.bytes = piece.outer_count * piece.slab_bytes;
+      pieces.push_back(piece);
+    }
+  }
+  // Group consecutive pieces into runs that fit (a piece over the limit runs alone).
+  std::vector<std::vector<Piece>> runs;
+  int64_t run_bytes = 0;
+  for (const Piece& piece : pieces) {
+    const int64_t padded = AlignUp(piece.bytes, kStagingAlignment);
+    if (runs.empty() || run_bytes + padded > limit) {
+      runs.emplace_back();
+      run_bytes = 0;
+    }
+    runs.back().push_back(piece);
+    run_bytes += padded;
+  }
+
+  const bool inject = options_.inject_fault_after_batches > 0 &&
+                      batches_run_.fetch_add(1) + 1 == options_.inject_fault_after_batches;
+  std::vector<absl::Status> segment_status(batch.segments.size());
+  bool any_failed = false;
+  State& state = *state_;
+  auto run = [&](const std::vector<Piece>& run_pieces, bool fault) {
+    return RunPieces(state.plan, *state.device_memory, *state.pinned_memory, slot.stream,
+                     slot.kernel_start, slot.kernel_end, batch, run_pieces, fault,
+                     &result.kernel_ns, &result.launches);
+  };
+  for (size_t r = 0; r < runs.size(); ++r) {
+    absl::Status status = run(runs[r], inject && r == 0);
+    if (status.ok()) continue;
+    if (IsStickyCudaError(CudaErrorOf(status))) {
+      Fault(status);
+      result.status = absl::InternalError(absl::StrCat("GPU fault: ", status.message()));
+      result.segment_status.clear();
+      return result;
+    }
+    if (absl::IsResourceExhausted(status)) {
+      // Out of memory even after the caches were released: retry each
+      // request alone so that only the ones that do not fit fail.
+      std::map<int, std::vector<Piece>> by_segment;
+      for (const Piece& piece : runs[r]) by_segment[piece.segment].push_back(piece);
+      if (by_segment.size() > 1) {
+        for (auto& [segment, segment_pieces] : by_segment) {
+          absl::Status alone = run(segment_pieces, false);
+          if (!alone.ok() && IsStickyCudaError(CudaErrorOf(alone))) {
+            Fault(alone);
+            result.status = absl::InternalError(absl::StrCat("GPU fault: ", alone.message()));
+            result.segment_status.clear();
+            return result;
+          }
+          if (!alone.ok()) {
+            segment_status[segment] = alone;
+            any_failed = true;
+          }
+        }
+        continue;
+      }
+    }
+    for (const Piece& piece : runs[r]) segment_status[piece.segment] = status;
+    any_failed = true;
+  }
+  for (const Piece& piece : pieces) {
+    if (segment_status[piece.segment].ok()) result.kernel_bytes += 2 * piece.bytes;
+  }
+  if (any_failed) result.segment_status = std::move(segment_status);
+  result.compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+  return result;
+}
+
+}  // namespace softmax::server

@@ -1,0 +1,112 @@
+// DeviceWorker: the CUDA backend, one per GPU.
+//
+// Owns the device's primary context (made current on its threads), one CUDA
+// stream per pipeline slot (two by default), a caching device allocator, a
+// caching pinned-host allocator for staging, and the kernels' launch plan from
+// the start-up occupancy probe.
+//
+// The path of a batch, on the thread of the slot that took it:
+//   pack every segment's input into pinned staging (16-byte aligned offsets)
+//   -> one H2D copy -> ONE persistent softmax launch per dtype over the
+//   segment table (long rows add their split-row launches) -> one D2H copy
+//   -> wait for the slot's stream -> copy each segment's rows into its
+//   response. With two slots, batch k+1 is packed and copied while batch k
+//   computes on the other stream.
+//
+// A batch larger than `max_staging_bytes` (a large request runs alone) is
+// cut into pieces of whole [n, inner] slabs that fit, run one after another
+// through the same staging; a single slab larger than that gets staging of its
+// own size. Out of device or pinned memory: the allocators release their
+// caches and retry once; if the batch still does not fit, each request is
+// retried alone and only those that do not fit fail, RESOURCE_EXHAUSTED.
+//
+// A sticky CUDA error (illegal address, launch failure...) leaves the context
+// unusable: the batch fails INTERNAL, every later batch fails INTERNAL at
+// once, and `on_fault` is called once so that the process can go NOT_SERVING
+// and exit non-zero for its supervisor to restart it.
+//
+// Thread-safety: Submit, Device and Memory may be called from any thread.
+#ifndef SOFTMAX_SERVER_DEVICE_WORKER_H_
+#define SOFTMAX_SERVER_DEVICE_WORKER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/backend.h"
+
+namespace softmax::server {
+
+struct DeviceWorkerOptions {
+  int device = 0;
+  // Pipeline depth: batches in flight on their own streams. 2 overlaps one
+  // batch's copies with the other's compute; more rarely helps.
+  int slots = 2;
+  // Staging a batch may use before it is cut into pieces. Match the
+  // batcher's max_batch_bytes so a normal batch runs in one piece.
+  int64_t max_staging_bytes = int64_t{64} << 20;
+  // Testing only: after this many batches (0 = never), launch a kernel on an
+  // invalid address to produce a real sticky fault.
+  int64_t inject_fault_after_batches = 0;
+};
+
+class DeviceWorker final : public Backend {
+ public:
+  // Called once, from a worker thread, after a sticky CUDA error.
+  using FaultHandler = std::function<void(const absl::Status&)>;
+
+  // Makes `options.device` current, probes the kernels, creates streams and
+  // allocators, starts the slot threads. Errors: FAILED_PRECONDITION when the
+  // device cannot be used, INTERNAL for other CUDA failures.
+  static absl::StatusOr<std::unique_ptr<DeviceWorker>> Create(const DeviceWorkerOptions& options,
+                                                              FaultHandler on_fault);
+  // Finishes the batches already submitted, then releases everything.
+  ~DeviceWorker() override;
+
+  std::string Describe() const override;
+  int MaxBatchesInFlight() const override { return options_.slots; }
+  void Submit(std::unique_ptr<Batch> batch, Done done) override;
+  DeviceInfo Device() const override { return info_; }
+  std::vector<MemoryStats> Memory() const override;
+
+  // The occupancy probe, one line per kernel, for the start-up log.
+  const std::string& ProbeReport() const { return probe_report_; }
+
+ private:
+  struct State;  // CUDA objects, allocators and the plan (device_worker.cc)
+  struct Slot;
+
+  DeviceWorker(const DeviceWorkerOptions& options, FaultHandler on_fault);
+  void SlotLoop(int slot);
+  BatchResult RunBatch(Slot& slot, Batch& batch);
+  // Marks the worker failed (once) and reports the fault.
+  void Fault(const absl::Status& status);
+
+  const DeviceWorkerOptions options_;
+  FaultHandler on_fault_;
+  std::unique_ptr<State> state_;
+  DeviceInfo info_;
+  std::string probe_report_;
+  std::atomic<bool> failed_{false};
+  std::atomic<int64_t> batches_run_{0};
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<std::pair<std::unique_ptr<Batch>, Done>> pending_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace softmax::server
+
+#endif  // SOFTMAX_SERVER_DEVICE_WORKER_H_

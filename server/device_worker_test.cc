@@ -1,0 +1,198 @@
+// GPU tests of the DeviceWorker: ragged mixed batches, pieces cut through a
+// small staging limit, empty segments, allocator reuse after warm-up, and the
+// pipelining of several batches in flight. Skipped without a GPU.
+#include "server/device_worker.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu_softmax.h"
+#include "kernels/dtype.h"
+
+namespace softmax::server {
+namespace {
+
+bool HaveGpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device: DeviceWorker tests need a GPU"
+
+double Rtol(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return 1e-5;
+    case DType::kFloat16: return 2e-3;
+    case DType::kBFloat16: return 1.6e-2;
+  }
+  return 0;
+}
+
+// One request's data, kept alive beside its segment.
+struct Tensor {
+  std::string input;
+  std::string output;
+  DType dtype = DType::kFloat32;
+  SoftmaxShape shape;
+  SoftmaxOptions options;
+};
+
+Tensor MakeTensor(std::mt19937& rng, DType dtype, SoftmaxShape shape, SoftmaxOptions options) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.options = options;
+  const int64_t elements = shape.elements();
+  t.input.resize(elements * ItemSize(dtype));
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int64_t i = 0; i < elements; ++i) StoreFromFloat(t.input.data(), dtype, i, normal(rng));
+  t.output.assign(t.input.size(), '\xff');  // poison: NaN in every dtype
+  return t;
+}
+
+std::unique_ptr<Batch> MakeBatch(std::vector<Tensor>& tensors) {
+  auto batch = std::make_unique<Batch>();
+  for (Tensor& t : tensors) {
+    Segment s;
+    s.input = t.input.data();
+    s.output = t.output.data();
+    s.bytes = static_cast<int64_t>(t.input.size());
+    s.dtype = t.dtype;
+    s.shape = t.shape;
+    s.options = t.options;
+    batch->rows += t.shape.rows();
+    batch->bytes += s.bytes;
+    batch->segments.push_back(s);
+  }
+  return batch;
+}
+
+BatchResult RunAndWait(DeviceWorker& worker, std::unique_ptr<Batch> batch) {
+  std::promise<BatchResult> promise;
+  worker.Submit(std::move(batch), [&promise](std::unique_ptr<Batch>, BatchResult result) {
+    promise.set_value(std::move(result));
+  });
+  return promise.get_future().get();
+}
+
+void ExpectMatchesReference(const Tensor& t) {
+  std::vector<double> ref(t.shape.elements());
+  ReferenceSoftmax(t.input.data(), t.dtype, t.shape, t.options, ref.data());
+  const double rtol = Rtol(t.dtype);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < t.shape.elements(); ++i) {
+    const double y = LoadAsFloat(t.output.data(), t.dtype, i);
+    const double tolerance = 1e-6 + rtol * std::fabs(ref[i]) +
+                             (t.options.log ? rtol * 1.0 : 0.0);  // log values near 0
+    if (!(std::fabs(y - ref[i]) <= tolerance)) {
+      if (++bad <= 3) {
+        ADD_FAILURE() << DTypeName(t.dtype) << " [" << t.shape.outer << "," << t.shape.n << ","
+                      << t.shape.inner << "] element " << i << ": got " << y << " want "
+                      << ref[i];
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+std::unique_ptr<DeviceWorker> MakeWorker(int64_t max_staging_bytes) {
+  DeviceWorkerOptions options;
+  options.max_staging_bytes = max_staging_bytes;
+  absl::StatusOr<std::unique_ptr<DeviceWorker>> worker =
+      DeviceWorker::Create(options, [](const absl::Status& status) {
+        ADD_FAILURE() << "unexpected GPU fault: " << status;
+      });
+  EXPECT_TRUE(worker.ok()) << worker.status();
+  return worker.ok() ? std::move(*worker) : nullptr;
+}
+
+TEST(DeviceWorkerTest, RaggedMixedBatchMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  auto worker = MakeWorker(64 << 20);
+  ASSERT_NE(worker, nullptr);
+  std::mt19937 rng(1234);
+  const DType dtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+  std::uniform_int_distribution<int> rows(1, 63);
+  std::uniform_int_distribution<int> length(1, 20000);
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 48; ++i) {
+    SoftmaxOptions options;
+    options.log = i % 3 == 0;
+    options.temperature = i % 4 == 0 ? 0.5f : 1.0f;
+    tensors.push_back(MakeTensor(rng, dtypes[i % 3], {rows(rng), length(rng), 1}, options));
+  }
+  // Non-last axes and an empty tensor ride in the same batch.
+  tensors.push_back(MakeTensor(rng, DType::kFloat32, {3, 100, 37}, {}));
+  tensors.push_back(MakeTensor(rng, DType::kFloat16, {1, 4096, 5}, {1.0f, true}));
+  tensors.push_back(MakeTensor(rng, DType::kBFloat16, {2, 0, 4}, {}));
+  BatchResult result = RunAndWait(*worker, MakeBatch(tensors));
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  EXPECT_TRUE(result.segment_status.empty());
+  EXPECT_GT(result.kernel_ns, 0);
+  EXPECT_GE(result.launches, 3);  // one per dtype at least
+  for (const Tensor& t : tensors) ExpectMatchesReference(t);
+}
+
+TEST(DeviceWorkerTest, LargeTensorIsCutIntoPiecesThroughSmallStaging) {
+  SKIP_WITHOUT_GPU();
+  auto worker = MakeWorker(1 << 20);  // 1 MiB of staging per run
+  ASSERT_NE(worker, nullptr);
+  std::mt19937 rng(99);
+  std::vector<Tensor> tensors;
+  tensors.push_back(MakeTensor(rng, DType::kFloat32, {600, 4096, 1}, {}));  // 9.4 MiB: 10 runs
+  tensors.push_back(MakeTensor(rng, DType::kFloat16, {7, 300000, 1}, {}));  // slabs of 600 KB
+  tensors.push_back(MakeTensor(rng, DType::kFloat32, {1, 1 << 20, 1}, {}));  // one 4 MiB slab
+  BatchResult result = RunAndWait(*worker, MakeBatch(tensors));
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  EXPECT_GT(result.launches, 10);
+  for (const Tensor& t : tensors) ExpectMatchesReference(t);
+}
+
+TEST(DeviceWorkerTest, NoAllocationsAfterWarmUpAndPipelinedBatches) {
+  SKIP_WITHOUT_GPU();
+  auto worker = MakeWorker(64 << 20);
+  ASSERT_NE(worker, nullptr);
+  std::mt19937 rng(5);
+  auto round = [&](int batches) {
+    std::vector<std::vector<Tensor>> all(batches);
+    std::vector<std::future<BatchResult>> results;
+    std::vector<std::promise<BatchResult>> promises(batches);
+    for (int b = 0; b < batches; ++b) {
+      for (int i = 0; i < 16; ++i) {
+        all[b].push_back(MakeTensor(rng, DType::kFloat32, {4, 4096, 1}, {}));
+      }
+      results.push_back(promises[b].get_future());
+    }
+    for (int b = 0; b < batches; ++b) {
+      worker->Submit(MakeBatch(all[b]), [&promises, b](std::unique_ptr<Batch>, BatchResult r) {
+        promises[b].set_value(std::move(r));
+      });
+    }
+    for (int b = 0; b < batches; ++b) {
+      BatchResult r = results[b].get();
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      for (const Tensor& t : all[b]) ExpectMatchesReference(t);
+    }
+  };
+  round(4);  // warm-up: fills the caches
+  std::vector<MemoryStats> warm = worker->Memory();
+  round(8);
+  std::vector<MemoryStats> after = worker->Memory();
+  ASSERT_EQ(warm.size(), 2u);
+  for (size_t i = 0; i < warm.size(); ++i) {
+    EXPECT_EQ(after[i].raw_allocations, warm[i].raw_allocations) << after[i].memory;
+    EXPECT_GT(after[i].cache_hits, warm[i].cache_hits) << after[i].memory;
+    EXPECT_EQ(after[i].in_use_bytes, 0) << after[i].memory;
+  }
+}
+
+}  // namespace
+}  // namespace softmax::server
