@@ -1,0 +1,1437 @@
+// CUDA softmax kernels and their host-side planning (see softmax_cuda.h for
+// the family and when each path wins).
+//
+// Conventions shared by every kernel here:
+// - Blocks have kThreads = 256 threads (8 warps) and are persistent: the grid
+//   is what the occupancy probe says fits at once, and blocks loop over "units"
+//   of work (a tile of rows, a row, a part of a row).
+// - Each thread holds up to kSlots = 8 raw 16-byte vectors in registers (the
+//   input's own bits, converted to float32 on use), so that 8 independent
+//   loads are in flight per thread before the first reduction.
+// - Rows are padded with -inf; padding never contributes to a sum and is never
+//   stored.
+// - exp(x * t) is computed as exp2((x - max) * scale) with scale =
+//   log2(e) / temperature; log-softmax as ((x - max) * scale - log2(sum)) * ln 2.
+#include "kernels/softmax_cuda.h"
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+namespace softmax {
+namespace gpu {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kSlots = 8;         // vectors per thread: block, cluster, split paths
+constexpr int kWarpSlots = 8;     // vectors per lane: warp path
+constexpr int kStridedSlots = 8;  // rows per thread and batch: strided path
+constexpr int kBlockVectors = kThreads * kSlots;   // vectors one block holds
+constexpr int kWarpVectors = 32 * kWarpSlots;      // vectors one warp path row holds
+constexpr int kGroupWarpVectors = 32 * kSlots;     // vectors one warp of a block-path group holds
+constexpr int kMaxClusterSize = 16;
+constexpr float kLn2 = 0.693147180559945309f;
+constexpr double kLog2e = 1.4426950408889634074;
+
+// ---------------------------------------------------------------------------
+// Element types.
+
+// A thread's data is held as raw 16-byte vectors (uint4) of the input's own
+// bits; each 32-bit word holds kPerWord elements. Word access uses only
+// compile-time indices so the vectors stay in registers.
+
+__device__ __forceinline__ unsigned Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ uint4 MakeVector(unsigned a, unsigned b, unsigned c, unsigned d) {
+  uint4 v;
+  v.x = a;
+  v.y = b;
+  v.z = c;
+  v.w = d;
+  return v;
+}
+
+template <typename T>
+struct Traits;
+template <>
+struct Traits<float> {
+  using Bits = unsigned int;
+  static constexpr int kPerWord = 1;
+  static constexpr unsigned kNegInfWord = 0xff800000u;
+  __device__ static void WordToFloats(unsigned w, float* f) { f[0] = __uint_as_float(w); }
+  __device__ static unsigned FloatsToWord(const float* f) { return __float_as_uint(f[0]); }
+  __device__ static unsigned ElementsToWord(const Bits* e) { return e[0]; }
+  __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
+    return fmaxf(fmaxf(__uint_as_float(a), __uint_as_float(b)),
+                 fmaxf(__uint_as_float(c), __uint_as_float(d)));
+  }
+  __device__ static Bits Element(unsigned w, int k) { return w; }
+};
+template <>
+struct Traits<__half> {
+  using Bits = unsigned short;
+  static constexpr int kPerWord = 2;
+  static constexpr unsigned kNegInfWord = 0xfc00fc00u;
+  // volatile: each pass converts again instead of keeping 8 floats per
+  // vector alive across the reductions (which would spill).
+  __device__ static void WordToFloats(unsigned w, float* f) {
+    asm volatile(
+        "{.reg .b16 lo, hi;\n\t"
+        "mov.b32 {lo, hi}, %2;\n\t"
+        "cvt.f32.f16 %0, lo;\n\t"
+        "cvt.f32.f16 %1, hi;}"
+        : "=f"(f[0]), "=f"(f[1])
+        : "r"(w));
+  }
+  __device__ static unsigned FloatsToWord(const float* f) {
+    return static_cast<unsigned>(__half_as_ushort(__float2half_rn(f[0]))) |
+           (static_cast<unsigned>(__half_as_ushort(__float2half_rn(f[1]))) << 16);
+  }
+  __device__ static unsigned ElementsToWord(const Bits* e) {
+    return static_cast<unsigned>(e[0]) | (static_cast<unsigned>(e[1]) << 16);
+  }
+  __device__ static Bits Element(unsigned w, int k) {
+    return static_cast<Bits>(k == 0 ? (w & 0xffffu) : (w >> 16));
+  }
+  // Packed max of 8 elements (NaN is dropped, like fmaxf; sums catch NaN).
+  __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
+    unsigned ab, cd, r;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(ab) : "r"(a), "r"(b));
+    asm("max.f16x2 %0, %1, %2;" : "=r"(cd) : "r"(c), "r"(d));
+    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(ab), "r"(cd));
+    float f[2];
+    WordToFloats(r, f);
+    return fmaxf(f[0], f[1]);
+  }
+};
+template <>
+struct Traits<__nv_bfloat16> {
+  using Bits = unsigned short;
+  static constexpr int kPerWord = 2;
+  static constexpr unsigned kNegInfWord = 0xff80ff80u;
+  // volatile: see Traits<__half>::WordToFloats.
+  __device__ static void WordToFloats(unsigned w, float* f) {
+    unsigned lo, hi;
+    asm volatile("shl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;" : "=r"(lo), "=r"(hi) : "r"(w));
+    f[0] = __uint_as_float(lo);
+    f[1] = __uint_as_float(hi);
+  }
+  __device__ static unsigned FloatsToWord(const float* f) {
+    return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(f[0]))) |
+           (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(f[1]))) << 16);
+  }
+  __device__ static unsigned ElementsToWord(const Bits* e) {
+    return static_cast<unsigned>(e[0]) | (static_cast<unsigned>(e[1]) << 16);
+  }
+  __device__ static Bits Element(unsigned w, int k) {
+    return static_cast<Bits>(k == 0 ? (w & 0xffffu) : (w >> 16));
+  }
+  __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
+    unsigned ab, cd, r;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(ab) : "r"(a), "r"(b));
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(cd) : "r"(c), "r"(d));
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(ab), "r"(cd));
+    float f[2];
+    WordToFloats(r, f);
+    return fmaxf(f[0], f[1]);
+  }
+};
+
+// Max of the V elements of a vector, as float.
+template <typename T>
+__device__ __forceinline__ float VectorMax(uint4 v) {
+  return Traits<T>::MaxOfWords(v.x, v.y, v.z, v.w);
+}
+
+template <typename T>
+__host__ __device__ constexpr int VecWidth() { return 16 / static_cast<int>(sizeof(typename Traits<T>::Bits)); }
+
+template <typename T>
+__device__ __forceinline__ uint4 NegInfVector() {
+  constexpr unsigned w = Traits<T>::kNegInfWord;
+  return MakeVector(w, w, w, w);
+}
+
+template <typename T>
+__device__ __forceinline__ void Unpack(uint4 raw, float* x) {
+  constexpr int P = Traits<T>::kPerWord;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) Traits<T>::WordToFloats(Word(raw, i), x + i * P);
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 Pack(const float* y) {
+  constexpr int P = Traits<T>::kPerWord;
+  return MakeVector(Traits<T>::FloatsToWord(y), Traits<T>::FloatsToWord(y + P),
+                    Traits<T>::FloatsToWord(y + 2 * P), Traits<T>::FloatsToWord(y + 3 * P));
+}
+
+// Element-wise load of V elements starting at p[e0]; positions >= limit read -inf.
+template <typename T>
+__device__ __forceinline__ uint4 LoadElements(const typename Traits<T>::Bits* p, long long e0,
+                                              long long limit) {
+  constexpr int V = VecWidth<T>();
+  constexpr int P = Traits<T>::kPerWord;
+  using Bits = typename Traits<T>::Bits;
+  constexpr Bits kNegInf = static_cast<Bits>(Traits<T>::kNegInfWord);
+  unsigned w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    Bits e[P];
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const long long idx = e0 + i * P + k;
+      e[k] = idx < limit ? __ldg(p + idx) : kNegInf;
+    }
+    w[i] = Traits<T>::ElementsToWord(e);
+  }
+  (void)V;
+  return MakeVector(w[0], w[1], w[2], w[3]);
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreElements(typename Traits<T>::Bits* p, long long e0,
+                                              long long limit, uint4 v) {
+  constexpr int P = Traits<T>::kPerWord;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const long long idx = e0 + i * P + k;
+      if (idx < limit) p[idx] = Traits<T>::Element(Word(v, i), k);
+    }
+  }
+}
+
+// Loads vector `vi` (elements vi*V .. vi*V+V-1) of a row of n elements; lanes
+// past n read -inf. `vec`: the row start is 16-byte aligned and n % V == 0.
+template <typename T, bool kVec>
+__device__ __forceinline__ uint4 LoadVector(const void* row, long long vi, long long n) {
+  constexpr int V = VecWidth<T>();
+  if constexpr (kVec) {
+    if (vi * V < n) return __ldg(static_cast<const uint4*>(row) + vi);
+    return NegInfVector<T>();
+  }
+  return LoadElements<T>(static_cast<const typename Traits<T>::Bits*>(row), vi * V, n);
+}
+
+// Stores packed vector v as vector `vi` of a row of n elements (lanes past n dropped).
+template <typename T, bool kVec>
+__device__ __forceinline__ void StoreVector(void* row, long long vi, long long n, uint4 v) {
+  constexpr int V = VecWidth<T>();
+  if constexpr (kVec) {
+    if (vi * V < n) static_cast<uint4*>(row)[vi] = v;
+    return;
+  }
+  StoreElements<T>(static_cast<typename Traits<T>::Bits*>(row), vi * V, n, v);
+}
+
+// ---------------------------------------------------------------------------
+// (max, sum) pairs: sum = sum_i exp2((x_i - max) * scale). Merging is
+// associative (online softmax). A part with max == -inf contributes 0 * its
+// sum, so a NaN sum still poisons the row and empty parts vanish.
+
+// 2^x with one MUFU instruction; results below 2^-126 flush to 0 (far under
+// every tolerance), -inf gives 0, NaN stays NaN.
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+struct MaxSum {
+  float m;
+  float d;
+};
+
+__device__ __forceinline__ float Rescale(float m_part, float m, float scale) {
+  return m_part == -INFINITY ? 0.0f : FastExp2((m_part - m) * scale);
+}
+
+__device__ __forceinline__ MaxSum Merge(MaxSum a, MaxSum b, float scale) {
+  const float m = fmaxf(a.m, b.m);
+  return {m, a.d * Rescale(a.m, m, scale) + b.d * Rescale(b.m, m, scale)};
+}
+
+__device__ __forceinline__ MaxSum WarpMerge(MaxSum v, float scale) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    MaxSum other{__shfl_xor_sync(0xffffffffu, v.m, offset),
+                 __shfl_xor_sync(0xffffffffu, v.d, offset)};
+    v = Merge(v, other, scale);
+  }
+  return v;
+}
+
+// (max, sum) over the kSlots vectors one thread holds.
+template <typename T>
+__device__ __forceinline__ MaxSum LocalMaxSum(const uint4 (&raw)[kSlots], float scale) {
+  constexpr int V = VecWidth<T>();
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
+  // With m == -inf every value is -inf (-> 0) or NaN (-> NaN): shift by 0.
+  const float shift = m == -INFINITY ? 0.0f : m;
+  float d = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    float x[V];
+    Unpack<T>(raw[j], x);
+#pragma unroll
+    for (int k = 0; k < V; ++k) d += FastExp2((x[k] - shift) * scale);
+  }
+  return {m, d};
+}
+
+// Final values of one vector given the row's merged (max, sum), packed.
+// `factor` is log2(sum) for log-softmax and 1/sum otherwise.
+template <typename T>
+__device__ __forceinline__ uint4 NormalizeVector(uint4 raw, float m, float scale, bool log,
+                                                 float factor) {
+  constexpr int P = Traits<T>::kPerWord;
+  unsigned w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float x[P];
+    Traits<T>::WordToFloats(Word(raw, i), x);
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      x[k] = log ? ((x[k] - m) * scale - factor) * kLn2 : FastExp2((x[k] - m) * scale) * factor;
+    }
+    w[i] = Traits<T>::FloatsToWord(x);
+  }
+  return MakeVector(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ float OutputFactor(bool log, float sum) {
+  return log ? log2f(sum) : 1.0f / sum;
+}
+
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Block-wide merge; every thread gets the result. `slots` holds kWarps pairs
+// and may be reused once this returns.
+__device__ __forceinline__ MaxSum BlockMerge(MaxSum v, float scale, float2* slots) {
+  v = WarpMerge(v, scale);
+  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = make_float2(v.m, v.d);
+  __syncthreads();
+  MaxSum total{-INFINITY, 0.0f};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total = Merge(total, MaxSum{slots[w].x, slots[w].y}, scale);
+  __syncthreads();
+  return total;
+}
+
+// First unit index >= 0 that worker `worker` of `workers` owns when a segment's
+// units are numbered from `unit_begin` in a rotation shared by all segments
+// (so that small segments do not all land on worker 0).
+__device__ __forceinline__ long long FirstUnit(long long worker, long long workers,
+                                               long long unit_begin) {
+  long long r = (worker - unit_begin) % workers;
+  return r < 0 ? r + workers : r;
+}
+
+// ---------------------------------------------------------------------------
+// On-chip paths: one kernel serves a whole table of last-axis segments.
+
+enum Config : int {
+  kPathMask = 0xf,        // SoftmaxPath
+  kLogBit = 1 << 4,       // log-softmax
+  kVecBit = 1 << 5,       // 16-byte accesses
+  kShapeShift = 8,        // log2 of: lanes per row (warp path), warps per row
+                          // (block path), blocks per row (cluster path)
+  kColumnsShift = 12,     // log2 of vectors per lane per row (warp path)
+};
+
+// One segment of the on-chip kernel's table (48 bytes). The host splits
+// segments so that rows < 2^30: loop indices are 32-bit.
+struct RowSegment {
+  const void* input;
+  void* output;
+  long long unit_begin;  // rotation offset (sum of earlier segments' units)
+  int rows;
+  int units;   // work units of this segment
+  int n;
+  float scale;  // log2(e) / temperature
+  int config;   // Config bits
+  int unused;
+};
+static_assert(sizeof(RowSegment) == 48, "RowSegment layout");
+
+constexpr int kInlineSegments = 64;
+
+// Kernel argument: the table travels inline (<= kInlineSegments entries, no
+// copy) or in device memory.
+struct OnChipArgs {
+  const RowSegment* table;  // null: use inline_segments
+  int count;
+  int launch_cluster;  // cluster size of this launch (1: none)
+  RowSegment inline_segments[kInlineSegments];
+};
+
+// Warp path. A group of G = 2^lanes_log2 lanes holds a row; a warp holds
+// 32/G rows x kRows; each lane holds kColumns vectors per row (vectors
+// c*G + lane), so one load instruction covers 32 contiguous vectors when
+// kColumns == 1 (G <= 32) or G == 32. Unit = a tile of (32/G) * kRows rows;
+// worker = a warp.
+template <typename T, int kColumns, int kRows, bool kVec>
+__device__ __forceinline__ void WarpRows(const RowSegment& seg) {
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  const int lanes_log2 = (seg.config >> kShapeShift) & 0xf;
+  const bool log = seg.config & kLogBit;
+  const int lane = threadIdx.x & 31;
+  const int group_lanes = 1 << lanes_log2;
+  const int groups = 32 >> lanes_log2;
+  const int lane_in_group = lane & (group_lanes - 1);
+  const int workers = gridDim.x * kWarps;
+  const int worker = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int n = seg.n;
+  const float scale = seg.scale;
+  const size_t pitch = static_cast<size_t>(n) * sizeof(Bits);
+
+  for (int u = static_cast<int>(FirstUnit(worker, workers, seg.unit_begin)); u < seg.units;
+       u += workers) {
+    const int row0 = u * groups * kRows + (lane >> lanes_log2);
+    uint4 raw[kRows][kColumns];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = row0 + r * groups;
+      const char* in = static_cast<const char*>(seg.input) + row * pitch;
+#pragma unroll
+      for (int c = 0; c < kColumns; ++c) {
+        raw[r][c] = row < seg.rows ? LoadVector<T, kVec>(in, c * group_lanes + lane_in_group, n)
+                                   : NegInfVector<T>();
+      }
+    }
+    float m[kRows], d[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      m[r] = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kColumns; ++c) m[r] = fmaxf(m[r], VectorMax<T>(raw[r][c]));
+    }
+    for (int offset = group_lanes >> 1; offset > 0; offset >>= 1) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], offset));
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float shift = m[r] == -INFINITY ? 0.0f : m[r];
+      d[r] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kColumns; ++c) {
+        float x[V];
+        Unpack<T>(raw[r][c], x);
+#pragma unroll
+        for (int k = 0; k < V; ++k) d[r] += FastExp2((x[k] - shift) * scale);
+      }
+    }
+    for (int offset = group_lanes >> 1; offset > 0; offset >>= 1) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) d[r] += __shfl_xor_sync(0xffffffffu, d[r], offset);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = row0 + r * groups;
+      if (row >= seg.rows) continue;
+      char* out = static_cast<char*>(seg.output) + row * pitch;
+      const float factor = OutputFactor(log, d[r]);
+#pragma unroll
+      for (int c = 0; c < kColumns; ++c) {
+        StoreVector<T, kVec>(out, c * group_lanes + lane_in_group, n,
+                       NormalizeVector<T>(raw[r][c], m[r], scale, log, factor));
+      }
+    }
+  }
+}
+
+// Rows each lane holds at once in the warp path, by log2 of vectors per lane
+// per row (matches the WarpRows instantiations in OnChipKernel).
+constexpr int WarpRowsPerLane(int columns_log2) { return kWarpSlots >> columns_log2; }
+
+// Block path. A group of W = 2^warps_log2 warps (1..8) holds a row, thread t
+// holding vectors j*W*32 + t. Unit = a row; worker = a group. One named
+// barrier per row; `slots` is double-buffered by `parity`.
+template <typename T, bool kVec>
+__device__ __forceinline__ void BlockRows(const RowSegment& seg, float2 (*slots)[kWarps],
+                                          int& parity) {
+  using Bits = typename Traits<T>::Bits;
+  const int warps_log2 = (seg.config >> kShapeShift) & 0xf;
+  const bool log = seg.config & kLogBit;
+  const int group_warps = 1 << warps_log2;
+  const int group_threads = group_warps * 32;
+  const int warp = threadIdx.x >> 5;
+  const int group = warp >> warps_log2;
+  const int t = threadIdx.x & (group_threads - 1);
+  const int groups_per_block = kWarps >> warps_log2;
+  const int workers = gridDim.x * groups_per_block;
+  const int worker = blockIdx.x * groups_per_block + group;
+  const int n = seg.n;
+  const float scale = seg.scale;
+  const size_t pitch = static_cast<size_t>(n) * sizeof(Bits);
+
+  for (int row = static_cast<int>(FirstUnit(worker, workers, seg.unit_begin)); row < seg.units;
+       row += workers) {
+    const char* in = static_cast<const char*>(seg.input) + row * pitch;
+    uint4 raw[kSlots];
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) raw[j] = LoadVector<T, kVec>(in, j * group_threads + t, n);
+    MaxSum local = WarpMerge(LocalMaxSum<T>(raw, scale), scale);
+    if ((threadIdx.x & 31) == 0) slots[parity][warp] = make_float2(local.m, local.d);
+    NamedBarrier(1 + group, group_threads);
+    MaxSum total{-INFINITY, 0.0f};
+    for (int w = 0; w < group_warps; ++w) {
+      const float2 s = slots[parity][group * group_warps + w];
+      total = Merge(total, MaxSum{s.x, s.y}, scale);
+    }
+    parity ^= 1;
+    const float factor = OutputFactor(log, total.d);
+    char* out = static_cast<char*>(seg.output) + row * pitch;
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      StoreVector<T, kVec>(out, j * group_threads + t, n,
+                     NormalizeVector<T>(raw[j], total.m, scale, log, factor));
+    }
+  }
+}
+
+// Cluster path. A (sub-)cluster of S = 2^cluster_log2 blocks holds a row;
+// block rank r holds vectors [r*chunk, (r+1)*chunk), chunk <= kBlockVectors.
+// Each block merges its (max, sum), publishes it in its shared memory, and
+// after one cluster barrier every thread reads the S pairs through
+// distributed shared memory. A launch with cluster size L >= S runs L/S
+// sub-clusters per hardware cluster; all of them pass the same number of
+// cluster barriers. Unit = a row; worker = a sub-cluster.
+template <typename T, bool kVec>
+__device__ __forceinline__ void ClusterRows(const RowSegment& seg, int launch_cluster,
+                                            float2 (*warp_slots)[kWarps], float2* block_slots,
+                                            int& parity) {
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cluster_log2 = (seg.config >> kShapeShift) & 0xf;
+  const bool log = seg.config & kLogBit;
+  const int sub_size = 1 << cluster_log2;
+  const int subs = launch_cluster >> cluster_log2;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int sub = rank >> cluster_log2;
+  const int hw_cluster = blockIdx.x / launch_cluster;
+  const int workers = (gridDim.x / launch_cluster) * subs;
+  const int worker = hw_cluster * subs + sub;
+  const int n = seg.n;
+  const float scale = seg.scale;
+  const size_t pitch = static_cast<size_t>(n) * sizeof(Bits);
+  const int vectors = (n + V - 1) / V;
+  const int chunk = (vectors + sub_size - 1) / sub_size;
+  const int first_vector = (rank & (sub_size - 1)) * chunk;
+
+  int min_start = seg.units;
+  for (int k = 0; k < subs; ++k) {
+    min_start = min(min_start, static_cast<int>(FirstUnit(hw_cluster * subs + k, workers,
+                                                          seg.unit_begin)));
+  }
+  const int start = static_cast<int>(FirstUnit(worker, workers, seg.unit_begin));
+  for (int round = 0; min_start + round * workers < seg.units; ++round) {
+    const int row = start + round * workers;
+    const bool active = row < seg.units;
+    const char* in = static_cast<const char*>(seg.input) + (active ? row : 0) * pitch;
+    uint4 raw[kSlots];
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      const int local = j * kThreads + threadIdx.x;
+      raw[j] = (active && local < chunk) ? LoadVector<T, kVec>(in, first_vector + local, n)
+                                         : NegInfVector<T>();
+    }
+    MaxSum mine = WarpMerge(LocalMaxSum<T>(raw, scale), scale);
+    if ((threadIdx.x & 31) == 0) warp_slots[parity][threadIdx.x >> 5] = make_float2(mine.m, mine.d);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      MaxSum block{-INFINITY, 0.0f};
+      for (int w = 0; w < kWarps; ++w) {
+        block = Merge(block, MaxSum{warp_slots[parity][w].x, warp_slots[parity][w].y}, scale);
+      }
+      block_slots[parity] = make_float2(block.m, block.d);
+    }
+    cluster.sync();
+    if (active) {
+      MaxSum total{-INFINITY, 0.0f};
+      for (int k = 0; k < sub_size; ++k) {
+        const float2 s = *cluster.map_shared_rank(block_slots + parity, sub * sub_size + k);
+        total = Merge(total, MaxSum{s.x, s.y}, scale);
+      }
+      const float factor = OutputFactor(log, total.d);
+      char* out = static_cast<char*>(seg.output) + row * pitch;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const int local = j * kThreads + threadIdx.x;
+        if (local < chunk) {
+          StoreVector<T, kVec>(out, first_vector + local, n,
+                         NormalizeVector<T>(raw[j], total.m, scale, log, factor));
+        }
+      }
+    }
+    parity ^= 1;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2) OnChipKernel(const __grid_constant__ OnChipArgs args) {
+  __shared__ float2 warp_slots[2][kWarps];
+  __shared__ float2 block_slots[2];
+  int parity = 0;
+  const RowSegment* table = args.table != nullptr ? args.table : args.inline_segments;
+  for (int i = 0; i < args.count; ++i) {
+    const RowSegment& seg = table[i];
+    const int path = seg.config & kPathMask;
+    if (path == static_cast<int>(SoftmaxPath::kWarpRows)) {
+      const bool vec = seg.config & kVecBit;
+      switch ((seg.config >> kColumnsShift) & 0xf) {
+        case 0: vec ? WarpRows<T, 1, 8, true>(seg) : WarpRows<T, 1, 8, false>(seg); break;
+        case 1: vec ? WarpRows<T, 2, 4, true>(seg) : WarpRows<T, 2, 4, false>(seg); break;
+        case 2: vec ? WarpRows<T, 4, 2, true>(seg) : WarpRows<T, 4, 2, false>(seg); break;
+        default: vec ? WarpRows<T, 8, 1, true>(seg) : WarpRows<T, 8, 1, false>(seg); break;
+      }
+    } else {
+      // Named barriers and slots change owners between segments.
+      __syncthreads();
+      const bool vec = seg.config & kVecBit;
+      if (path == static_cast<int>(SoftmaxPath::kBlockRows)) {
+        if (vec) {
+          BlockRows<T, true>(seg, warp_slots, parity);
+        } else {
+          BlockRows<T, false>(seg, warp_slots, parity);
+        }
+      } else {
+        if (vec) {
+          ClusterRows<T, true>(seg, args.launch_cluster, warp_slots, block_slots, parity);
+        } else {
+          ClusterRows<T, false>(seg, args.launch_cluster, warp_slots, block_slots, parity);
+        }
+      }
+    }
+  }
+  // No block may leave while a peer can still read its shared memory.
+  if (args.launch_cluster > 1) cg::this_cluster().sync();
+}
+
+// ---------------------------------------------------------------------------
+// Split rows (last axis, rows too long for a cluster): a row of `vectors`
+// vectors is cut into `parts` parts of part_vectors; unit = (row, part).
+
+struct SplitArgs {
+  const void* input;
+  void* output;
+  long long rows;
+  long long n;
+  long long part_vectors;  // multiple of kBlockVectors
+  int parts;
+  float scale;
+  int log;
+  int vec;
+  float2* partials;         // rows * parts
+  float2* finals;           // rows
+  unsigned int* counters;   // rows, zero on entry; left zero
+};
+
+// Pass 1: (max, sum) per part; the last part of a row to finish merges the
+// row's partials into finals[row] (threadfence reduction, no waiting).
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads, 2) SplitStatsKernel(const SplitArgs a) {
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  __shared__ float2 slots[kWarps];
+  __shared__ int is_last;
+  const long long vectors = (a.n + V - 1) / V;
+  const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
+  const long long units = a.rows * a.parts;
+  for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+    const long long row = u / a.parts;
+    const int part = static_cast<int>(u % a.parts);
+    const char* in = static_cast<const char*>(a.input) + row * pitch;
+    const long long begin = part * a.part_vectors;
+    const long long end = min(vectors, begin + a.part_vectors);
+    MaxSum acc{-INFINITY, 0.0f};
+    for (long long base = begin; base < end; base += kBlockVectors) {
+      uint4 raw[kSlots];
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const long long vi = base + j * kThreads + threadIdx.x;
+        raw[j] = vi < end ? LoadVector<T, kVec>(in, vi, a.n) : NegInfVector<T>();
+      }
+      acc = Merge(acc, LocalMaxSum<T>(raw, a.scale), a.scale);
+    }
+    const MaxSum part_total = BlockMerge(acc, a.scale, slots);
+    if (threadIdx.x == 0) {
+      a.partials[u] = make_float2(part_total.m, part_total.d);
+      __threadfence();
+      is_last = atomicAdd(a.counters + row, 1u) == static_cast<unsigned>(a.parts - 1);
+    }
+    __syncthreads();
+    if (is_last) {
+      __threadfence();
+      MaxSum row_total{-INFINITY, 0.0f};
+      for (int k = threadIdx.x; k < a.parts; k += kThreads) {
+        const float2 p = __ldcg(a.partials + row * a.parts + k);
+        row_total = Merge(row_total, MaxSum{p.x, p.y}, a.scale);
+      }
+      row_total = BlockMerge(row_total, a.scale, slots);
+      if (threadIdx.x == 0) {
+        a.finals[row] = make_float2(row_total.m, row_total.d);
+        a.counters[row] = 0;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Pass 2: re-read and write, units and chunks in reverse order so that the
+// data pass 1 read last (most likely still in L2) is read first.
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads, 2) SplitNormalizeKernel(const SplitArgs a) {
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  const long long vectors = (a.n + V - 1) / V;
+  const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
+  const long long units = a.rows * a.parts;
+  for (long long i = blockIdx.x; i < units; i += gridDim.x) {
+    const long long u = units - 1 - i;
+    const long long row = u / a.parts;
+    const int part = static_cast<int>(u % a.parts);
+    const char* in = static_cast<const char*>(a.input) + row * pitch;
+    char* out = static_cast<char*>(a.output) + row * pitch;
+    const long long begin = part * a.part_vectors;
+    const long long end = min(vectors, begin + a.part_vectors);
+    const float2 total = a.finals[row];
+    const float factor = OutputFactor(a.log, total.y);
+    const long long chunks = (end - begin + kBlockVectors - 1) / kBlockVectors;
+    for (long long c = chunks - 1; c >= 0; --c) {
+      const long long base = begin + c * kBlockVectors;
+      uint4 raw[kSlots];
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const long long vi = base + j * kThreads + threadIdx.x;
+        raw[j] = vi < end ? LoadVector<T, kVec>(in, vi, a.n) : NegInfVector<T>();
+      }
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const long long vi = base + j * kThreads + threadIdx.x;
+        if (vi < end) {
+          StoreVector<T, kVec>(out, vi, a.n,
+                         NormalizeVector<T>(raw[j], total.x, a.scale, a.log, factor));
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Strided: softmax along n of [outer, n, inner], inner > 1. A warp covers
+// 32/L rows of n x L column vectors (L = 2^lanes_log2 lanes per row, V
+// columns per lane), a block 16 such row groups; "strip" = L*V adjacent
+// columns. Unit = (outer index, strip, part of n); per-column (max, sum)
+// partials merge like the split path.
+
+struct StridedArgs {
+  const void* input;
+  void* output;
+  long long outer;
+  long long n;
+  long long inner;
+  long long strips;
+  long long part_rows;  // multiple of rows per block pass
+  int parts;
+  int lanes_log2;
+  float scale;
+  int log;
+  int vec;                // inner % V == 0 and pointers 16-byte aligned
+  float2* partials;       // [outer * strips * parts][32 * V]
+  float2* finals;         // [outer * strips][32 * V]
+  unsigned int* counters; // [outer * strips]
+};
+
+template <typename T, bool kVec>
+__device__ __forceinline__ uint4 LoadColumns(const char* base, long long col0, long long inner) {
+  using Bits = typename Traits<T>::Bits;
+  if constexpr (kVec) {
+    if (col0 < inner) return __ldg(reinterpret_cast<const uint4*>(base + col0 * sizeof(Bits)));
+    return NegInfVector<T>();
+  }
+  return LoadElements<T>(reinterpret_cast<const Bits*>(base), col0, inner);
+}
+
+template <typename T, bool kVec>
+__device__ __forceinline__ void StoreColumns(char* base, long long col0, long long inner,
+                                             const float* y) {
+  using Bits = typename Traits<T>::Bits;
+  const uint4 v = Pack<T>(y);
+  if constexpr (kVec) {
+    if (col0 < inner) *reinterpret_cast<uint4*>(base + col0 * sizeof(Bits)) = v;
+    return;
+  }
+  StoreElements<T>(reinterpret_cast<Bits*>(base), col0, inner, v);
+}
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads, 2) StridedStatsKernel(const StridedArgs a) {
+  constexpr int V = VecWidth<T>();
+  constexpr int kStripColumns = 32 * V;
+  using Bits = typename Traits<T>::Bits;
+  __shared__ float2 tile[kWarps][kStripColumns];
+  __shared__ int is_last;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int lanes = 1 << a.lanes_log2;
+  const int column_vector = lane & (lanes - 1);
+  const int rows_per_warp = 32 >> a.lanes_log2;
+  const int row_in_pass = warp * rows_per_warp + (lane >> a.lanes_log2);
+  const int rows_per_pass = kWarps * rows_per_warp;
+  const int strip_columns = lanes * V;
+  const long long row_pitch = a.inner * static_cast<long long>(sizeof(Bits));
+  const long long units = a.outer * a.strips * a.parts;
+  for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+    const long long os = u / a.parts;
+    const int part = static_cast<int>(u % a.parts);
+    const long long o = os / a.strips;
+    const long long col0 = (os % a.strips) * strip_columns + column_vector * V;
+    const char* base = static_cast<const char*>(a.input) + o * a.n * row_pitch;
+    const long long row_begin = part * a.part_rows;
+    const long long row_end = min(a.n, row_begin + a.part_rows);
+    float m[V], d[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      m[k] = -INFINITY;
+      d[k] = 0.0f;
+    }
+    for (long long r0 = row_begin + row_in_pass; r0 < row_end;
+         r0 += static_cast<long long>(kStridedSlots) * rows_per_pass) {
+      uint4 raw[kStridedSlots];
+#pragma unroll
+      for (int j = 0; j < kStridedSlots; ++j) {
+        const long long r = r0 + static_cast<long long>(j) * rows_per_pass;
+        raw[j] = r < row_end ? LoadColumns<T, kVec>(base + r * row_pitch, col0, a.inner)
+                             : NegInfVector<T>();
+      }
+      float x[kStridedSlots][V];
+#pragma unroll
+      for (int j = 0; j < kStridedSlots; ++j) Unpack<T>(raw[j], x[j]);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        float mk = m[k];
+#pragma unroll
+        for (int j = 0; j < kStridedSlots; ++j) mk = fmaxf(mk, x[j][k]);
+        const float shift = mk == -INFINITY ? 0.0f : mk;
+        float dk = d[k] * Rescale(m[k], mk, a.scale);
+#pragma unroll
+        for (int j = 0; j < kStridedSlots; ++j) dk += FastExp2((x[j][k] - shift) * a.scale);
+        m[k] = mk;
+        d[k] = dk;
+      }
+    }
+    // Merge the rows a warp covers (lanes with the same column vector).
+    for (int offset = 16; offset >= lanes; offset >>= 1) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const MaxSum other{__shfl_xor_sync(0xffffffffu, m[k], offset),
+                           __shfl_xor_sync(0xffffffffu, d[k], offset)};
+        const MaxSum merged = Merge(MaxSum{m[k], d[k]}, other, a.scale);
+        m[k] = merged.m;
+        d[k] = merged.d;
+      }
+    }
+    if (lane < lanes) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) tile[warp][column_vector * V + k] = make_float2(m[k], d[k]);
+    }
+    __syncthreads();
+    if (threadIdx.x < strip_columns) {
+      MaxSum column{-INFINITY, 0.0f};
+      for (int w = 0; w < kWarps; ++w) {
+        column = Merge(column, MaxSum{tile[w][threadIdx.x].x, tile[w][threadIdx.x].y}, a.scale);
+      }
+      a.partials[u * kStripColumns + threadIdx.x] = make_float2(column.m, column.d);
+      __threadfence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      is_last = atomicAdd(a.counters + os, 1u) == static_cast<unsigned>(a.parts - 1);
+    }
+    __syncthreads();
+    if (is_last) {
+      __threadfence();
+      // strip_columns <= 256 columns, >= 2 threads per column.
+      const int slices = kThreads / strip_columns;
+      const int column_index = threadIdx.x % strip_columns;
+      const int slice = threadIdx.x / strip_columns;
+      MaxSum column{-INFINITY, 0.0f};
+      if (slice < slices) {
+        for (int p = slice; p < a.parts; p += slices) {
+          const float2 v = __ldcg(a.partials + (os * a.parts + p) * kStripColumns + column_index);
+          column = Merge(column, MaxSum{v.x, v.y}, a.scale);
+        }
+      }
+      float2* scratch = &tile[0][0];  // kWarps * kStripColumns >= kThreads
+      if (slice < slices) scratch[threadIdx.x] = make_float2(column.m, column.d);
+      __syncthreads();
+      if (threadIdx.x < strip_columns) {
+        MaxSum total{-INFINITY, 0.0f};
+        for (int s = 0; s < slices; ++s) {
+          const float2 v = scratch[s * strip_columns + threadIdx.x];
+          total = Merge(total, MaxSum{v.x, v.y}, a.scale);
+        }
+        a.finals[os * kStripColumns + threadIdx.x] = make_float2(total.m, total.d);
+      }
+      if (threadIdx.x == 0) a.counters[os] = 0;
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads, 2) StridedNormalizeKernel(const StridedArgs a) {
+  constexpr int V = VecWidth<T>();
+  constexpr int kStripColumns = 32 * V;
+  using Bits = typename Traits<T>::Bits;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int lanes = 1 << a.lanes_log2;
+  const int column_vector = lane & (lanes - 1);
+  const int rows_per_warp = 32 >> a.lanes_log2;
+  const int row_in_pass = warp * rows_per_warp + (lane >> a.lanes_log2);
+  const int rows_per_pass = kWarps * rows_per_warp;
+  const int strip_columns = lanes * V;
+  const long long row_pitch = a.inner * static_cast<long long>(sizeof(Bits));
+  const long long units = a.outer * a.strips * a.parts;
+  for (long long i = blockIdx.x; i < units; i += gridDim.x) {
+    const long long u = units - 1 - i;
+    const long long os = u / a.parts;
+    const int part = static_cast<int>(u % a.parts);
+    const long long o = os / a.strips;
+    const long long col0 = (os % a.strips) * strip_columns + column_vector * V;
+    const long long offset = o * a.n * row_pitch;
+    const char* in = static_cast<const char*>(a.input) + offset;
+    char* out = static_cast<char*>(a.output) + offset;
+    float m[V], factor[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float2 f = a.finals[os * kStripColumns + column_vector * V + k];
+      m[k] = f.x;
+      factor[k] = OutputFactor(a.log, f.y);
+    }
+    const long long row_begin = part * a.part_rows;
+    const long long row_end = min(a.n, row_begin + a.part_rows);
+    const long long step = static_cast<long long>(kStridedSlots) * rows_per_pass;
+    const long long passes = (row_end - row_begin + step - 1) / step;
+    for (long long p = passes - 1; p >= 0; --p) {
+      const long long r0 = row_begin + p * step + row_in_pass;
+      uint4 raw[kStridedSlots];
+#pragma unroll
+      for (int j = 0; j < kStridedSlots; ++j) {
+        const long long r = r0 + static_cast<long long>(j) * rows_per_pass;
+        raw[j] = r < row_end ? LoadColumns<T, kVec>(in + r * row_pitch, col0, a.inner)
+                             : NegInfVector<T>();
+      }
+#pragma unroll
+      for (int j = 0; j < kStridedSlots; ++j) {
+        const long long r = r0 + static_cast<long long>(j) * rows_per_pass;
+        if (r < row_end) {
+          float x[V], y[V];
+          Unpack<T>(raw[j], x);
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            y[k] = a.log ? ((x[k] - m[k]) * a.scale - factor[k]) * kLn2
+                         : FastExp2((x[k] - m[k]) * a.scale) * factor[k];
+          }
+          StoreColumns<T, kVec>(out + r * row_pitch, col0, a.inner, y);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host side.
+
+#define SOFTMAX_CUDA_RETURN_IF_ERROR(expr)   \
+  do {                                       \
+    const cudaError_t error_ = (expr);       \
+    if (error_ != cudaSuccess) return error_; \
+  } while (0)
+
+int CeilLog2(long long x) {
+  int l = 0;
+  while ((1LL << l) < x) ++l;
+  return l;
+}
+
+long long CeilDiv(long long a, long long b) { return (a + b - 1) / b; }
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <typename T>
+struct Kernels {
+  static void* OnChip() { return reinterpret_cast<void*>(&OnChipKernel<T>); }
+  static void* SplitStats() { return reinterpret_cast<void*>(&SplitStatsKernel<T, true>); }
+  static void* SplitNormalize() { return reinterpret_cast<void*>(&SplitNormalizeKernel<T, true>); }
+  static void* StridedStats() { return reinterpret_cast<void*>(&StridedStatsKernel<T, true>); }
+  static void* StridedNormalize() { return reinterpret_cast<void*>(&StridedNormalizeKernel<T, true>); }
+};
+
+cudaError_t ProbeKernel(const void* kernel, const char* family, const char* paths, DType dtype,
+                        int multiprocessors, KernelProbe* probe) {
+  cudaFuncAttributes attributes;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, kernel));
+  int blocks = 0;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0));
+  probe->kernel = std::string(family) + "<" + DTypeName(dtype) + ">";
+  probe->paths = paths;
+  probe->dtype = dtype;
+  probe->threads_per_block = kThreads;
+  probe->registers_per_thread = attributes.numRegs;
+  probe->local_bytes_per_thread = static_cast<int>(attributes.localSizeBytes);
+  probe->static_shared_bytes = static_cast<int>(attributes.sharedSizeBytes);
+  probe->blocks_per_sm = blocks;
+  probe->cluster_size = 1;
+  probe->max_active_clusters = 0;
+  probe->grid = std::max(1, blocks) * multiprocessors;
+  return cudaSuccess;
+}
+
+template <typename T>
+cudaError_t ProbeDType(DType dtype, int multiprocessors, bool clusters,
+                       std::vector<KernelProbe>* probes, int* max_cluster) {
+  KernelProbe probe;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::OnChip(), "on_chip", "warp,block", dtype,
+                                           multiprocessors, &probe));
+  probes->push_back(probe);
+  int best = 1;
+  if (clusters) {
+    for (int size = 2; size <= kMaxClusterSize; size *= 2) {
+      if (size > 8) {
+        if (cudaFuncSetAttribute(Kernels<T>::OnChip(),
+                                 cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                 1) != cudaSuccess) {
+          cudaGetLastError();
+          break;
+        }
+      }
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(size * multiprocessors, 1, 1);
+      config.blockDim = dim3(kThreads, 1, 1);
+      cudaLaunchAttribute attribute;
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = size;
+      attribute.val.clusterDim.y = 1;
+      attribute.val.clusterDim.z = 1;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      int active = 0;
+      if (cudaOccupancyMaxActiveClusters(&active, Kernels<T>::OnChip(), &config) != cudaSuccess) {
+        cudaGetLastError();
+        active = 0;
+      }
+      if (active <= 0) break;
+      KernelProbe c = probe;
+      c.paths = "warp,block,cluster";
+      c.cluster_size = size;
+      c.max_active_clusters = active;
+      c.grid = active * size;
+      probes->push_back(c);
+      best = size;
+    }
+  }
+  *max_cluster = std::min(*max_cluster, best);
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::SplitStats(), "split_stats", "split", dtype,
+                                           multiprocessors, &probe));
+  probes->push_back(probe);
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::SplitNormalize(), "split_normalize",
+                                           "split", dtype, multiprocessors, &probe));
+  probes->push_back(probe);
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::StridedStats(), "strided_stats", "strided",
+                                           dtype, multiprocessors, &probe));
+  probes->push_back(probe);
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::StridedNormalize(), "strided_normalize",
+                                           "strided", dtype, multiprocessors, &probe));
+  probes->push_back(probe);
+  return cudaSuccess;
+}
+
+int GridOf(const LaunchPlan& plan, const char* family, DType dtype, int cluster = 1) {
+  const KernelProbe* probe = plan.Find(family, dtype, cluster);
+  return probe != nullptr ? probe->grid : plan.multiprocessors();
+}
+
+// Geometry of a split-row segment.
+struct SplitShape {
+  long long part_vectors;
+  int parts;
+};
+SplitShape SplitShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  const int v = 16 / ItemSize(dtype);
+  const long long vectors = CeilDiv(s.n, v);
+  const long long chunks = CeilDiv(vectors, kBlockVectors);
+  const long long rows = s.outer;
+  const long long grid = GridOf(plan, "split_stats", dtype);
+  long long parts = std::min(chunks, std::max(1LL, CeilDiv(grid, rows)));
+  const long long part_vectors = CeilDiv(chunks, parts) * kBlockVectors;
+  parts = CeilDiv(vectors, part_vectors);
+  return {part_vectors, static_cast<int>(parts)};
+}
+
+struct StridedShape {
+  int lanes_log2;
+  long long strips;
+  long long part_rows;
+  int parts;
+};
+StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  const int v = 16 / ItemSize(dtype);
+  StridedShape shape;
+  shape.lanes_log2 = std::min(5, CeilLog2(CeilDiv(s.inner, v)));
+  const long long strip_columns = (1LL << shape.lanes_log2) * v;
+  shape.strips = CeilDiv(s.inner, strip_columns);
+  const long long rows_per_pass = kWarps * (32 >> shape.lanes_log2);
+  const long long base_units = s.outer * shape.strips;
+  const long long grid = GridOf(plan, "strided_stats", dtype);
+  long long parts = std::min(CeilDiv(s.n, rows_per_pass), std::max(1LL, CeilDiv(grid, base_units)));
+  shape.part_rows = CeilDiv(CeilDiv(s.n, parts), rows_per_pass) * rows_per_pass;
+  shape.parts = static_cast<int>(CeilDiv(s.n, shape.part_rows));
+  return shape;
+}
+
+size_t Align256(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }
+
+struct ScratchLayout {
+  size_t table_bytes = 0;
+  size_t total = 0;
+};
+
+// Scratch bytes of one split or strided segment: partials, finals, counters.
+size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
+                      SoftmaxPath path) {
+  if (path == SoftmaxPath::kSplitRows) {
+    const SplitShape shape = SplitShapeOf(plan, dtype, s);
+    return Align256(sizeof(float2) * s.outer * shape.parts) + Align256(sizeof(float2) * s.outer) +
+           Align256(sizeof(unsigned) * s.outer);
+  }
+  if (path == SoftmaxPath::kStrided) {
+    const StridedShape shape = StridedShapeOf(plan, dtype, s);
+    const size_t columns = 32 * (16 / ItemSize(dtype));
+    const size_t os = static_cast<size_t>(s.outer * shape.strips);
+    return Align256(sizeof(float2) * columns * os * shape.parts) +
+           Align256(sizeof(float2) * columns * os) + Align256(sizeof(unsigned) * os);
+  }
+  return 0;
+}
+
+bool Empty(const SoftmaxSegment& s) { return s.outer == 0 || s.inner == 0 || s.n == 0; }
+
+// On-chip segments are cut into pieces of at most this many rows.
+constexpr long long kMaxPieceRows = 1LL << 30;
+
+template <typename T>
+cudaError_t LaunchOnChip(const LaunchPlan& plan, DType dtype, const std::vector<RowSegment>& rows,
+                         int launch_cluster, void* table_scratch, cudaStream_t stream) {
+  OnChipArgs args;
+  std::memset(&args, 0, sizeof(args));
+  args.count = static_cast<int>(rows.size());
+  args.launch_cluster = launch_cluster;
+  if (rows.size() <= static_cast<size_t>(kInlineSegments)) {
+    std::copy(rows.begin(), rows.end(), args.inline_segments);
+  } else {
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(table_scratch, rows.data(),
+                                                 rows.size() * sizeof(RowSegment),
+                                                 cudaMemcpyHostToDevice, stream));
+    args.table = static_cast<const RowSegment*>(table_scratch);
+  }
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  if (launch_cluster > 1) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = launch_cluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  config.gridDim = dim3(GridOf(plan, "on_chip", dtype, launch_cluster), 1, 1);
+  SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, OnChipKernel<T>, args));
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                        int count, char* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  constexpr int V = VecWidth<T>();
+  const int item = ItemSize(dtype);
+  std::vector<RowSegment> rows;
+  int launch_cluster = 1;
+  long long unit_counter = 0;
+  for (int i = 0; i < count; ++i) {
+    const SoftmaxSegment& s = segments[i];
+    if (Empty(s)) continue;
+    const SoftmaxPath path = ChoosePath(plan, dtype, s);
+    if (path != SoftmaxPath::kWarpRows && path != SoftmaxPath::kBlockRows &&
+        path != SoftmaxPath::kClusterRows) {
+      continue;
+    }
+    const long long vectors = CeilDiv(s.n, V);
+    const bool vec = Aligned16(s.input) && Aligned16(s.output) && (s.n * item) % 16 == 0;
+    int config = static_cast<int>(path) | (s.log ? kLogBit : 0) | (vec ? kVecBit : 0);
+    long long rows_per_unit = 1;
+    if (path == SoftmaxPath::kWarpRows) {
+      const int lanes_log2 = std::min(5, CeilLog2(vectors));
+      const int columns_log2 = CeilLog2(CeilDiv(vectors, 1LL << lanes_log2));
+      rows_per_unit = (32LL >> lanes_log2) * WarpRowsPerLane(columns_log2);
+      config |= (lanes_log2 << kShapeShift) | (columns_log2 << kColumnsShift);
+    } else if (path == SoftmaxPath::kBlockRows) {
+      config |= CeilLog2(CeilDiv(vectors, kGroupWarpVectors)) << kShapeShift;
+    } else {
+      const int cluster_log2 = CeilLog2(CeilDiv(vectors, kBlockVectors));
+      config |= cluster_log2 << kShapeShift;
+      launch_cluster = std::max(launch_cluster, 1 << cluster_log2);
+    }
+    // Pieces of at most kMaxPieceRows rows keep the kernel's indices 32-bit.
+    for (long long first = 0; first < s.outer; first += kMaxPieceRows) {
+      const long long piece_rows = std::min<long long>(kMaxPieceRows, s.outer - first);
+      const size_t offset = static_cast<size_t>(first) * s.n * item;
+      RowSegment r = {};
+      r.input = static_cast<const char*>(s.input) + offset;
+      r.output = static_cast<char*>(s.output) + offset;
+      r.rows = static_cast<int>(piece_rows);
+      r.n = static_cast<int>(s.n);
+      r.scale = static_cast<float>(kLog2e / static_cast<double>(s.temperature));
+      r.units = static_cast<int>(CeilDiv(piece_rows, rows_per_unit));
+      r.config = config;
+      r.unit_begin = unit_counter;
+      unit_counter += r.units;
+      rows.push_back(r);
+    }
+  }
+  size_t offset = 0;
+  char* table_scratch = nullptr;
+  if (rows.size() > static_cast<size_t>(kInlineSegments)) {
+    table_scratch = scratch;
+    offset += Align256(rows.size() * sizeof(RowSegment));
+  }
+  if (!rows.empty()) {
+    SOFTMAX_CUDA_RETURN_IF_ERROR(
+        LaunchOnChip<T>(plan, dtype, rows, launch_cluster, table_scratch, stream));
+  }
+  for (int i = 0; i < count; ++i) {
+    const SoftmaxSegment& s = segments[i];
+    if (Empty(s)) continue;
+    const SoftmaxPath path = ChoosePath(plan, dtype, s);
+    const float scale = static_cast<float>(kLog2e / static_cast<double>(s.temperature));
+    if (path == SoftmaxPath::kSplitRows) {
+      const SplitShape shape = SplitShapeOf(plan, dtype, s);
+      SplitArgs a = {};
+      a.input = s.input;
+      a.output = s.output;
+      a.rows = s.outer;
+      a.n = s.n;
+      a.part_vectors = shape.part_vectors;
+      a.parts = shape.parts;
+      a.scale = scale;
+      a.log = s.log;
+      a.vec = Aligned16(s.input) && Aligned16(s.output) && (s.n * item) % 16 == 0;
+      a.partials = reinterpret_cast<float2*>(scratch + offset);
+      offset += Align256(sizeof(float2) * s.outer * shape.parts);
+      a.finals = reinterpret_cast<float2*>(scratch + offset);
+      offset += Align256(sizeof(float2) * s.outer);
+      a.counters = reinterpret_cast<unsigned*>(scratch + offset);
+      offset += Align256(sizeof(unsigned) * s.outer);
+      if (offset > scratch_bytes) return cudaErrorInvalidValue;
+      SOFTMAX_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(a.counters, 0, sizeof(unsigned) * s.outer, stream));
+      const long long units = s.outer * shape.parts;
+      const int stats_grid = static_cast<int>(std::min<long long>(units, GridOf(plan, "split_stats", dtype)));
+      const int norm_grid =
+          static_cast<int>(std::min<long long>(units, GridOf(plan, "split_normalize", dtype)));
+      (a.vec ? SplitStatsKernel<T, true> : SplitStatsKernel<T, false>)<<<stats_grid, kThreads, 0, stream>>>(a);
+      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      (a.vec ? SplitNormalizeKernel<T, true> : SplitNormalizeKernel<T, false>)<<<norm_grid, kThreads, 0, stream>>>(a);
+      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    } else if (path == SoftmaxPath::kStrided) {
+      const StridedShape shape = StridedShapeOf(plan, dtype, s);
+      StridedArgs a = {};
+      a.input = s.input;
+      a.output = s.output;
+      a.outer = s.outer;
+      a.n = s.n;
+      a.inner = s.inner;
+      a.strips = shape.strips;
+      a.part_rows = shape.part_rows;
+      a.parts = shape.parts;
+      a.lanes_log2 = shape.lanes_log2;
+      a.scale = scale;
+      a.log = s.log;
+      a.vec = Aligned16(s.input) && Aligned16(s.output) && (s.inner * item) % 16 == 0;
+      const size_t columns = 32 * V;
+      const size_t os = static_cast<size_t>(s.outer * shape.strips);
+      a.partials = reinterpret_cast<float2*>(scratch + offset);
+      offset += Align256(sizeof(float2) * columns * os * shape.parts);
+      a.finals = reinterpret_cast<float2*>(scratch + offset);
+      offset += Align256(sizeof(float2) * columns * os);
+      a.counters = reinterpret_cast<unsigned*>(scratch + offset);
+      offset += Align256(sizeof(unsigned) * os);
+      if (offset > scratch_bytes) return cudaErrorInvalidValue;
+      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.counters, 0, sizeof(unsigned) * os, stream));
+      const long long units = static_cast<long long>(os) * shape.parts;
+      const int stats_grid =
+          static_cast<int>(std::min<long long>(units, GridOf(plan, "strided_stats", dtype)));
+      const int norm_grid =
+          static_cast<int>(std::min<long long>(units, GridOf(plan, "strided_normalize", dtype)));
+      (a.vec ? StridedStatsKernel<T, true> : StridedStatsKernel<T, false>)<<<stats_grid, kThreads, 0, stream>>>(a);
+      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      (a.vec ? StridedNormalizeKernel<T, true> : StridedNormalizeKernel<T, false>)<<<norm_grid, kThreads, 0, stream>>>(a);
+      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    }
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+const char* SoftmaxPathName(SoftmaxPath path) {
+  switch (path) {
+    case SoftmaxPath::kWarpRows: return "warp_rows";
+    case SoftmaxPath::kBlockRows: return "block_rows";
+    case SoftmaxPath::kClusterRows: return "cluster_rows";
+    case SoftmaxPath::kSplitRows: return "split_rows";
+    case SoftmaxPath::kStrided: return "strided";
+  }
+  return "unknown";
+}
+
+cudaError_t LaunchPlan::Create(int device, LaunchPlan* plan) {
+  SOFTMAX_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaDeviceProp prop;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+  LaunchPlan p;
+  p.device_ = device;
+  p.device_name_ = prop.name;
+  p.multiprocessors_ = prop.multiProcessorCount;
+  p.l2_bytes_ = prop.l2CacheSize;
+  p.clusters_supported_ = prop.major >= 9;
+  p.max_cluster_size_ = kMaxClusterSize;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeDType<float>(DType::kFloat32, p.multiprocessors_,
+                                                 p.clusters_supported_, &p.probes_,
+                                                 &p.max_cluster_size_));
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeDType<__half>(DType::kFloat16, p.multiprocessors_,
+                                                  p.clusters_supported_, &p.probes_,
+                                                  &p.max_cluster_size_));
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeDType<__nv_bfloat16>(DType::kBFloat16, p.multiprocessors_,
+                                                         p.clusters_supported_, &p.probes_,
+                                                         &p.max_cluster_size_));
+  if (!p.clusters_supported_) p.max_cluster_size_ = 1;
+  *plan = std::move(p);
+  return cudaSuccess;
+}
+
+const KernelProbe* LaunchPlan::Find(const std::string& family, DType dtype,
+                                    int cluster_size) const {
+  const std::string name = family + "<" + DTypeName(dtype) + ">";
+  for (const KernelProbe& probe : probes_) {
+    if (probe.kernel == name && probe.cluster_size == cluster_size) return &probe;
+  }
+  return nullptr;
+}
+
+std::string LaunchPlan::ToString() const {
+  std::ostringstream out;
+  out << "softmax launch plan: device " << device_ << " (" << device_name_ << "), "
+      << multiprocessors_ << " SMs, L2 " << (l2_bytes_ >> 20) << " MiB, clusters up to "
+      << max_cluster_size_ << "\n";
+  char line[256];
+  std::snprintf(line, sizeof(line), "  %-28s %-20s %7s %5s %6s %7s %10s %8s %9s %6s\n", "kernel",
+                "paths", "threads", "regs", "local", "static", "blocks/SM", "cluster",
+                "clusters", "grid");
+  out << line;
+  for (const KernelProbe& p : probes_) {
+    std::snprintf(line, sizeof(line), "  %-28s %-20s %7d %5d %6d %7d %10d %8d %9d %6d\n",
+                  p.kernel.c_str(), p.paths.c_str(), p.threads_per_block, p.registers_per_thread,
+                  p.local_bytes_per_thread, p.static_shared_bytes, p.blocks_per_sm,
+                  p.cluster_size, p.max_active_clusters, p.grid);
+    out << line;
+  }
+  return out.str();
+}
+
+SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {
+  if (segment.inner != 1) return SoftmaxPath::kStrided;
+  const int v = 16 / ItemSize(dtype);
+  const long long vectors = CeilDiv(segment.n, v);
+  if (vectors <= kWarpVectors) return SoftmaxPath::kWarpRows;
+  if (vectors <= kBlockVectors) return SoftmaxPath::kBlockRows;
+  if (vectors <= static_cast<long long>(kBlockVectors) * plan.max_cluster_size()) {
+    return SoftmaxPath::kClusterRows;
+  }
+  return SoftmaxPath::kSplitRows;
+}
+
+size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                           int count) {
+  size_t on_chip = 0;
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    if (Empty(segments[i])) continue;
+    const SoftmaxPath path = ChoosePath(plan, dtype, segments[i]);
+    if (path == SoftmaxPath::kSplitRows || path == SoftmaxPath::kStrided) {
+      total += SegmentScratch(plan, dtype, segments[i], path);
+    } else {
+      on_chip += static_cast<size_t>(CeilDiv(segments[i].outer, kMaxPieceRows));
+    }
+  }
+  if (on_chip > static_cast<size_t>(kInlineSegments)) total += Align256(on_chip * sizeof(RowSegment));
+  return total;
+}
+
+cudaError_t LaunchSoftmax(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                          int count, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  if (count < 0 || (count > 0 && segments == nullptr) || plan.multiprocessors() == 0) {
+    return cudaErrorInvalidValue;
+  }
+  for (int i = 0; i < count; ++i) {
+    const SoftmaxSegment& s = segments[i];
+    if (s.outer < 0 || s.inner < 0 || s.n < 0 || s.n >= (1LL << 31)) return cudaErrorInvalidValue;
+    if (Empty(s)) continue;
+    if (s.input == nullptr || s.output == nullptr || !(s.temperature > 0.0f) ||
+        !std::isfinite(s.temperature)) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  if (SoftmaxScratchBytes(plan, dtype, segments, count) > scratch_bytes) {
+    return cudaErrorInvalidValue;
+  }
+  char* bytes = static_cast<char*>(scratch);
+  switch (dtype) {
+    case DType::kFloat32:
+      return LaunchTyped<float>(plan, dtype, segments, count, bytes, scratch_bytes, stream);
+    case DType::kFloat16:
+      return LaunchTyped<__half>(plan, dtype, segments, count, bytes, scratch_bytes, stream);
+    case DType::kBFloat16:
+      return LaunchTyped<__nv_bfloat16>(plan, dtype, segments, count, bytes, scratch_bytes,
+                                        stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace gpu
+}  // namespace softmax

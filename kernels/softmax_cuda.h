@@ -1,0 +1,161 @@
+// Softmax and log-softmax on an NVIDIA GPU: the launch plan built once per
+// device by an occupancy probe, and one launch function that runs a ragged
+// batch of softmax problems ("segments") of one element type.
+//
+// Usable from plain C++: this header needs only cuda_runtime_api.h (for
+// cudaStream_t and cudaError_t). No Abseil, no gRPC.
+//
+// The kernel family (kernels/softmax_cuda.cu), chosen per segment from its row
+// length N (V = 16 bytes / element size: 4 for float32, 8 for float16/bfloat16):
+//
+//   SoftmaxPath::kWarpRows     N <= 256 V. Several short rows per warp (a group
+//                              of 1..32 lanes per row), or a row per warp; the
+//                              row lives in registers, shuffle reductions. Wins
+//                              for short rows: no barriers, 8 independent
+//                              16-byte loads per thread.
+//   SoftmaxPath::kBlockRows    N <= 4096 V. A row per group of 2..16 warps of a
+//                              512-thread block, in registers, one named barrier
+//                              per row (online max/sum merge). Wins up to the
+//                              register capacity of one block.
+//   SoftmaxPath::kClusterRows  N <= 65536 V. A row per thread-block cluster of
+//                              2..16 blocks, each holding its part in registers;
+//                              the (max, sum) pairs cross blocks through
+//                              distributed shared memory. Wins for rows too long
+//                              for one SM: one read and one write per element.
+//   SoftmaxPath::kSplitRows    Longer rows. Rows split across blocks of a
+//                              persistent grid; pass 1 writes (max, sum) partials,
+//                              the last block of a row merges them; pass 2
+//                              re-reads the row (in reverse order, so that what
+//                              is still in L2 comes first) and writes it. Two
+//                              reads and one write per element.
+//   SoftmaxPath::kStrided      Softmax over a non-last axis ([outer, N, inner],
+//                              inner > 1): coalesced over inner (16-byte vectors
+//                              when aligned), rows of N split across blocks like
+//                              kSplitRows.
+//
+// Every path vectorises with 16-byte accesses when the segment's pointers and
+// row pitch are 16-byte aligned, and falls back to element accesses otherwise.
+// Arithmetic is float32 (exp2 with a log2(e)/temperature prescale).
+// Semantics match kernels/cpu_softmax.h: a NaN or +inf in a row, or a row of
+// all -inf, gives a row of NaN.
+//
+// Thread-safety: a LaunchPlan is immutable after Create and may be shared by
+// threads. LaunchSoftmax may be called concurrently on different streams with
+// different scratch buffers.
+#ifndef SOFTMAX_KERNELS_SOFTMAX_CUDA_H_
+#define SOFTMAX_KERNELS_SOFTMAX_CUDA_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace softmax {
+namespace gpu {
+
+// Kernel variants, by row-length class (see the table above).
+enum class SoftmaxPath : int {
+  kWarpRows = 0,
+  kBlockRows = 1,
+  kClusterRows = 2,
+  kSplitRows = 3,
+  kStrided = 4,
+};
+const char* SoftmaxPathName(SoftmaxPath path);
+
+// One softmax problem: a contiguous tensor viewed as [outer, n, inner],
+// normalised along n. inner == 1 is the last axis.
+struct SoftmaxSegment {
+  const void* input = nullptr;  // device pointer, outer * n * inner elements
+  void* output = nullptr;       // device pointer, same layout; may equal input
+                                // only for the single-pass paths (warp, block,
+                                // cluster); never overlap otherwise
+  int64_t outer = 1;
+  int64_t n = 1;                // 1 <= n < 2^31
+  int64_t inner = 1;
+  float temperature = 1.0f;     // finite, > 0 (validated by the caller)
+  bool log = false;             // log-softmax instead of softmax
+};
+
+// What the occupancy probe found for one kernel (one path family, one dtype,
+// one cluster size).
+struct KernelProbe {
+  std::string kernel;            // e.g. "on_chip<float16>"
+  std::string paths;             // the SoftmaxPath values it serves
+  DType dtype = DType::kFloat32;
+  int threads_per_block = 0;
+  int registers_per_thread = 0;
+  int local_bytes_per_thread = 0;  // stack / spills; 0 expected
+  int static_shared_bytes = 0;
+  int blocks_per_sm = 0;         // cudaOccupancyMaxActiveBlocksPerMultiprocessor
+  int cluster_size = 1;          // 1: launched without clusters
+  int max_active_clusters = 0;   // cudaOccupancyMaxActiveClusters (cluster_size > 1)
+  int grid = 0;                  // persistent grid used for launches
+};
+
+// Launch plan for one device: built once (it queries the device and every
+// kernel's attributes), then read-only.
+class LaunchPlan {
+ public:
+  LaunchPlan() = default;
+
+  // Probes `device` (which becomes current on the calling thread). Returns
+  // cudaSuccess and fills *plan, or the first CUDA error (the sticky error
+  // state is cleared where the error is not sticky).
+  static cudaError_t Create(int device, LaunchPlan* plan);
+
+  int device() const { return device_; }
+  const std::string& device_name() const { return device_name_; }
+  int multiprocessors() const { return multiprocessors_; }
+  int l2_bytes() const { return l2_bytes_; }
+  bool clusters_supported() const { return clusters_supported_; }
+  const std::vector<KernelProbe>& probes() const { return probes_; }
+
+  // The probe entry for `kernel` family ("on_chip", "split_stats",
+  // "split_normalize", "strided_stats", "strided_normalize"), dtype and
+  // cluster size, or nullptr.
+  const KernelProbe* Find(const std::string& family, DType dtype, int cluster_size = 1) const;
+
+  // Largest cluster size usable on this device (16, 8, ... or 1).
+  int max_cluster_size() const { return max_cluster_size_; }
+
+  // Multi-line human-readable table of the probe.
+  std::string ToString() const;
+
+ private:
+  int device_ = -1;
+  std::string device_name_;
+  int multiprocessors_ = 0;
+  int l2_bytes_ = 0;
+  bool clusters_supported_ = false;
+  int max_cluster_size_ = 1;
+  std::vector<KernelProbe> probes_;
+};
+
+// The path LaunchSoftmax takes for `segment` of `dtype` on this plan.
+SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
+
+// Device scratch (bytes) that LaunchSoftmax needs for these segments; 0 when
+// none. Scratch is owned by the caller and may be reused after the stream has
+// passed the launch.
+size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                           int count);
+
+// Enqueues softmax for `count` segments of `dtype` on `stream`. Segments of the
+// warp, block and cluster paths (any mix of n, temperature and op) share ONE
+// kernel launch; each split-row or strided segment adds a memset and two
+// launches. `scratch` must hold SoftmaxScratchBytes(...) bytes (may be null
+// when that is 0). Returns cudaSuccess, cudaErrorInvalidValue for a bad
+// argument (n out of range, null pointer, scratch too small), or the launch
+// error. Asynchronous: errors during execution surface at a later sync.
+cudaError_t LaunchSoftmax(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                          int count, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+
+}  // namespace gpu
+}  // namespace softmax
+
+#endif  // SOFTMAX_KERNELS_SOFTMAX_CUDA_H_
