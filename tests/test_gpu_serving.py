@@ -1,0 +1,145 @@
+"""The GPU serving path end to end: softmax-server --device=cuda under
+concurrent mixed-size callers (every answer checked against the float64
+reference), one 1 GiB tensor, and a real GPU fault that must take the server
+to NOT_SERVING and a non-zero exit.
+
+Every test skips, quoting the server's reason, where the build has no CUDA
+backend or the machine no GPU (as in CI).
+"""
+
+import concurrent.futures
+import random
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+import e2e_util
+from e2e_util import softmax_pb2
+
+# Log-softmax values near 0 carry the absolute error of (x - max - log sum).
+LOG_ATOL = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}
+
+
+def check(response, x, dtype, axis, temperature, log, what):
+    expected = e2e_util.reference_softmax(
+        e2e_util.decode(e2e_util.encode(x, dtype)), axis, temperature, log)
+    actual = e2e_util.decode(response.output)
+    if log:
+        np.testing.assert_allclose(actual, expected, rtol=e2e_util.RTOL[dtype],
+                                   atol=LOG_ATOL[dtype], err_msg=what)
+    else:
+        e2e_util.assert_close(actual, expected, dtype, what)
+
+
+@pytest.fixture(scope="module")
+def gpu_server():
+    process = e2e_util.start_on_device("cuda", "--max_queue_delay_us=200")
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+def test_concurrent_mixed_clients_match_reference(gpu_server):
+    rng = np.random.default_rng(2026)
+    cases = []
+    for i in range(384):
+        dtype = ["float32", "float16", "bfloat16"][i % 3]
+        ndim = 1 + i % 3
+        shape = [int(rng.integers(1, 9)) for _ in range(ndim - 1)] + [
+            int(rng.choice([1, 7, 32, 100, 1000, 1024, 4097, 20000, 70000]))]
+        axis = -1 if i % 5 else 0
+        temperature = [1.0, 0.5, 2.0][i % 3]
+        log = i % 4 == 0
+        x = rng.normal(0, 3, size=shape).astype(np.float32)
+        cases.append((x, dtype, axis, temperature, log))
+
+    def call(index):
+        x, dtype, axis, temperature, log = cases[index]
+        stub = gpu_server.stub()
+        request = softmax_pb2.SoftmaxRequest(
+            request_id=str(index), input=e2e_util.encode(x, dtype), axis=axis,
+            temperature=temperature, log=log)
+        return index, stub.Softmax(request, timeout=60)
+
+    batch_sizes = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=64) as pool:
+        for index, response in pool.map(call, range(len(cases))):
+            x, dtype, axis, temperature, log = cases[index]
+            assert response.request_id == str(index)
+            check(response, x, dtype, axis, temperature, log,
+                  f"case {index}: {dtype} {x.shape} axis={axis} T={temperature} log={log}")
+            batch_sizes.append(response.timing.batch_requests)
+    # With 64 callers at once, requests must have shared launches.
+    assert max(batch_sizes) > 1, batch_sizes
+
+
+def test_stream_of_mixed_requests_on_gpu(gpu_server):
+    rng = np.random.default_rng(7)
+    inputs = {}
+
+    def requests():
+        for i in range(200):
+            dtype = ["float32", "float16", "bfloat16"][i % 3]
+            x = rng.normal(0, 2, size=(int(rng.integers(1, 5)), int(rng.integers(1, 5000))))
+            inputs[str(i)] = (x.astype(np.float32), dtype)
+            yield softmax_pb2.SoftmaxRequest(request_id=str(i), input=e2e_util.encode(x, dtype))
+
+    seen = set()
+    for response in gpu_server.stub().SoftmaxStream(requests(), timeout=120):
+        assert not response.HasField("error"), response.error
+        x, dtype = inputs[response.request_id]
+        check(response, x, dtype, -1, 1.0, False, f"stream {response.request_id}")
+        seen.add(response.request_id)
+    assert seen == {str(i) for i in range(200)}
+
+
+def test_one_gib_tensor(gpu_server):
+    # 16 rows of 2^24 float32: 1 GiB in, 1 GiB out, larger than any batch.
+    rows, n = 16, 1 << 24
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((rows, n), dtype=np.float32)
+    request = softmax_pb2.SoftmaxRequest(
+        request_id="big", input=softmax_pb2.Tensor(
+            dtype=softmax_pb2.DTYPE_FLOAT32, shape=[rows, n], data=x.tobytes()))
+    response = gpu_server.stub().Softmax(request, timeout=300)
+    y = np.frombuffer(response.output.data, dtype="<f4").reshape(rows, n)
+    for r in (0, 7, 15):  # the float64 reference row by row, to bound memory
+        row = x[r].astype(np.float64)
+        e = np.exp(row - row.max())
+        expected = e / e.sum()
+        bound = e2e_util.ATOL + e2e_util.RTOL["float32"] * np.abs(expected)
+        assert np.all(np.abs(y[r] - expected) <= bound), f"row {r}"
+    np.testing.assert_allclose(y.astype(np.float64).sum(axis=1), 1.0, rtol=1e-4)
+    assert response.timing.batch_requests == 1
+
+
+def test_gpu_fault_goes_not_serving_and_exits_nonzero():
+    # After 3 batches the worker reads an address nothing maps: a real sticky
+    # CUDA error. Requests in flight fail INTERNAL; the process exits 2.
+    server = e2e_util.start_on_device("cuda", "--inject_fault_after_batches=3",
+                                      "--max_queue_delay_us=0")
+    try:
+        stub = server.stub()
+        x = np.random.default_rng(3).normal(size=(4, 1024)).astype(np.float32)
+        request = softmax_pb2.SoftmaxRequest(input=e2e_util.encode(x, "float32"))
+        codes = []
+        for _ in range(50):
+            try:
+                stub.Softmax(request, timeout=10)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as error:
+                codes.append(error.code())
+                if error.code() == grpc.StatusCode.INTERNAL:
+                    assert "GPU" in error.details(), error.details()
+            if server.process.poll() is not None:
+                break
+        assert codes[:2] == [grpc.StatusCode.OK, grpc.StatusCode.OK], codes
+        assert grpc.StatusCode.INTERNAL in codes, codes
+        assert server.process.wait(timeout=30) == 2, server.output()
+        assert "fatal GPU error" in server.output()
+        assert "NOT_SERVING" in server.output()
+    finally:
+        server.kill()
