@@ -7,7 +7,7 @@ CMAKE_ARGS ?=
 ARGS ?=
 VENV := $(BUILD_DIR)/venv
 
-.PHONY: all deps configure build serve test venv bundle clean
+.PHONY: all deps configure build serve test venv bundle gpu-bundle clean
 
 all: build
 
@@ -39,6 +39,14 @@ test: build venv
 
 bundle: build
 	deploy/make-bundle.sh $(BUILD_DIR) dist
+
+# The bundle plus what scripts/gpu-check.sh runs on a GPU machine: the GPU
+# unit tests and the Python stubs of the wire contract.
+gpu-bundle: build
+	deploy/make-bundle.sh $(BUILD_DIR) dist
+	b=$$(ls -d dist/softmax-serve-*-linux-* | grep -v tar.gz | head -1) && \
+	  cp $(BUILD_DIR)/bin/device_worker_test $$b/bin/ && \
+	  rm -rf $$b/python && cp -r $(BUILD_DIR)/python $$b/python
 
 clean:
 	rm -rf $(BUILD_DIR)
