@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_softmax.h"
 
@@ -35,6 +38,25 @@ CpuBackend::~CpuBackend() {
 }
 
 std::string CpuBackend::Describe() const { return absl::StrCat("cpu threads=", threads_.size()); }
+
+DeviceInfo CpuBackend::Device() const {
+  DeviceInfo info;
+  info.name = "cpu";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (!absl::StartsWith(line, "model name")) continue;
+    const size_t colon = line.find(':');
+    if (colon != std::string::npos) {
+      const absl::string_view model = absl::StripAsciiWhitespace(
+          absl::string_view(line).substr(colon + 1));
+      if (!model.empty()) info.name = std::string(model);
+    }
+    break;
+  }
+  info.multiprocessors = static_cast<int>(threads_.size());
+  return info;
+}
 
 void CpuBackend::Submit(std::unique_ptr<Batch> batch, Done done) {
   auto job = std::make_shared<Job>();

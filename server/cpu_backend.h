@@ -38,6 +38,9 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
   std::string Describe() const override;
+  // name: the processor's model (/proc/cpuinfo), multiprocessors: worker
+  // threads; no memory size, peak bandwidth or occupancy to report.
+  DeviceInfo Device() const override;
   void Submit(std::unique_ptr<Batch> batch, Done done) override;
 
   int threads() const { return static_cast<int>(threads_.size()); }

@@ -122,9 +122,16 @@ int Run(const ServerOptions& options) {
   std::fprintf(stderr, "softmax-server: device=%s %s\n", choice->device.c_str(),
                choice->description.c_str());
 
-  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(options.metrics_address);
-  if (!metrics.ok()) return Fail(metrics.status());
-  (*metrics)->SetDevice(choice->device);
+  // No --metrics_address: no Metrics object, so nothing is recorded at all.
+  // Declared after `choice`: destroyed before the backend its scrapes read.
+  std::unique_ptr<Metrics> metrics;
+  if (!options.metrics_address.empty()) {
+    absl::StatusOr<std::unique_ptr<Metrics>> created = Metrics::Create(options.metrics_address);
+    if (!created.ok()) return Fail(created.status());
+    metrics = std::move(*created);
+    metrics->SetBackend(choice->device, choice->backend.get());
+    metrics->SetQueueCapacity(options.max_queued_requests, options.max_queued_bytes);
+  }
 
   std::unique_ptr<Batcher> batcher;
   if (choice->backend != nullptr) {
@@ -134,13 +141,13 @@ int Run(const ServerOptions& options) {
     batcher_options.max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us);
     batcher_options.max_queued_requests = options.max_queued_requests;
     batcher_options.max_queued_bytes = options.max_queued_bytes;
-    batcher = std::make_unique<Batcher>(batcher_options, choice->backend.get(), metrics->get());
+    batcher = std::make_unique<Batcher>(batcher_options, choice->backend.get(), metrics.get());
   }
 
   ServiceOptions service_options;
   service_options.limits.max_tensor_bytes = options.max_tensor_bytes;
   service_options.echo = choice->backend == nullptr;
-  SoftmaxServiceImpl service(service_options, batcher.get(), metrics->get());
+  SoftmaxServiceImpl service(service_options, batcher.get(), metrics.get());
 
   GrpcServerOptions grpc_options;
   grpc_options.address = options.grpc_address;
@@ -151,8 +158,9 @@ int Run(const ServerOptions& options) {
   const size_t colon = options.grpc_address.rfind(':');
   const std::string grpc_host =
       colon == std::string::npos ? options.grpc_address : options.grpc_address.substr(0, colon);
+  if (metrics != nullptr) metrics->SetServing(true);
   std::fprintf(stderr, "softmax-server: listening grpc=%s:%d metrics=%s\n", grpc_host.c_str(),
-               server->port, (*metrics)->BoundAddress().c_str());
+               server->port, metrics != nullptr ? metrics->BoundAddress().c_str() : "off");
   std::fflush(stderr);
 
   int signal_number = 0;
@@ -171,6 +179,7 @@ int Run(const ServerOptions& options) {
   // retryable UNAVAILABLE for the lame-duck period; then stop accepting and
   // let the RPCs in flight finish (the batcher keeps running for them).
   SetServing(server->server.get(), false);
+  if (metrics != nullptr) metrics->SetServing(false);
   service.StartDraining();
   std::this_thread::sleep_for(std::chrono::milliseconds(options.lame_duck_ms));
   server->server->Shutdown(std::chrono::system_clock::now() +

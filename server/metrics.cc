@@ -1,30 +1,55 @@
 #include "server/metrics.h"
 
+#include <cstdlib>
 #include <exception>
-#include <vector>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+
+// Set by server/CMakeLists.txt for this file only (a new revision recompiles
+// one file): the CMake project version and `git describe` of the tree.
+#ifndef SOFTMAX_VERSION
+#define SOFTMAX_VERSION "unknown"
+#endif
+#ifndef SOFTMAX_GIT_REVISION
+#define SOFTMAX_GIT_REVISION "unknown"
+#endif
 
 namespace softmax::server {
 namespace {
 
-const char* CodeName(int code) {
-  static const char* const kNames[] = {
-      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  if (code < 0 || code > 16) return "UNKNOWN";
-  return kNames[code];
-}
+// gRPC status code names, indexed by code (absl and gRPC number them alike).
+constexpr const char* kCodeNames[] = {
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED"};
+constexpr const char* kMethodNames[] = {"Softmax", "SoftmaxStream"};
 
-// Exponential buckets: start, start*factor, ... (count of them).
-prometheus::Histogram::BucketBoundaries Exponential(double start, double factor, int count) {
+// 1, 2.5, 5 per decade from 10^first to 10^last inclusive. Parsed from text
+// so each bound is the double nearest its decimal (and prints as such).
+prometheus::Histogram::BucketBoundaries Decades(int first, int last) {
   prometheus::Histogram::BucketBoundaries bounds;
-  double value = start;
-  for (int i = 0; i < count; ++i, value *= factor) bounds.push_back(value);
+  for (int exponent = first; exponent <= last; ++exponent) {
+    for (const char* mantissa : {"1", "2.5", "5"}) {
+      bounds.push_back(std::strtod(absl::StrCat(mantissa, "e", exponent).c_str(), nullptr));
+      if (exponent == last) break;
+    }
+  }
   return bounds;
 }
+
+// base, base*factor, ... (count of them).
+prometheus::Histogram::BucketBoundaries Exponential(double base, double factor, int count) {
+  prometheus::Histogram::BucketBoundaries bounds;
+  for (int i = 0; i < count; ++i, base *= factor) bounds.push_back(base);
+  return bounds;
+}
+
+// Latency histograms: 10 us to 10 s.
+prometheus::Histogram::BucketBoundaries SecondsBuckets() { return Decades(-5, 1); }
+// Bandwidth histograms: 1 MB/s to 10 TB/s (an H200 peaks near 4.8 TB/s).
+prometheus::Histogram::BucketBoundaries BandwidthBuckets() { return Decades(6, 13); }
 
 // Splits "host:port" at the last colon; the host keeps IPv6 brackets.
 std::string HostOf(const std::string& address) {
@@ -32,67 +57,156 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
+prometheus::Gauge& AddGauge(prometheus::Registry& registry, const std::string& name,
+                            const std::string& help, const prometheus::Labels& labels = {}) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(labels);
+}
+
+prometheus::Counter& AddCounter(prometheus::Registry& registry, const std::string& name,
+                                const std::string& help, const prometheus::Labels& labels = {}) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add(labels);
+}
+
+prometheus::Histogram& AddHistogram(prometheus::Registry& registry, const std::string& name,
+                                    const std::string& help,
+                                    const prometheus::Histogram::BucketBoundaries& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add({}, buckets);
+}
+
 }  // namespace
 
-Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+// Reads the backend's allocator statistics when scraped. Families with no
+// samples (the CPU backend has no allocator) are left out.
+class Metrics::MemoryCollectable final : public prometheus::Collectable {
+ public:
+  void SetBackend(const Backend* backend) { backend_.store(backend); }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    const Backend* backend = backend_.load();
+    if (backend == nullptr) return {};
+    const std::vector<MemoryStats> memory = backend->Memory();
+    if (memory.empty()) return {};
+    using prometheus::MetricType;
+    std::vector<prometheus::MetricFamily> families;
+    auto add = [&](const char* name, const char* help, MetricType type,
+                   int64_t MemoryStats::*field) {
+      prometheus::MetricFamily family{name, help, type, {}};
+      for (const MemoryStats& stats : memory) {
+        prometheus::ClientMetric metric;
+        metric.label.push_back({"memory", stats.memory});
+        const double value = static_cast<double>(stats.*field);
+        if (type == MetricType::Counter) {
+          metric.counter.value = value;
+        } else {
+          metric.gauge.value = value;
+        }
+        family.metric.push_back(std::move(metric));
+      }
+      families.push_back(std::move(family));
+    };
+    add("softmax_allocator_in_use_bytes", "Bytes handed out by the caching allocator and not yet freed.",
+        MetricType::Gauge, &MemoryStats::in_use_bytes);
+    add("softmax_allocator_cached_bytes", "Bytes the caching allocator holds free for reuse.",
+        MetricType::Gauge, &MemoryStats::cached_bytes);
+    add("softmax_allocator_peak_bytes", "Highest softmax_allocator_in_use_bytes since start.",
+        MetricType::Gauge, &MemoryStats::peak_bytes);
+    add("softmax_allocator_requests_total", "Allocations asked of the caching allocator.",
+        MetricType::Counter, &MemoryStats::allocations);
+    add("softmax_allocator_cache_hits_total",
+        "Allocations served from the allocator's cache, without a backing allocation.",
+        MetricType::Counter, &MemoryStats::cache_hits);
+    add("softmax_allocator_backing_allocations_total",
+        "Backing allocations made (cudaMalloc / cudaHostAlloc); flat after warm-up.",
+        MetricType::Counter, &MemoryStats::raw_allocations);
+    for (const MemoryStats& stats : memory) {
+      if (stats.memory != "pinned") continue;
+      prometheus::ClientMetric metric;
+      metric.gauge.value = static_cast<double>(stats.in_use_bytes + stats.cached_bytes);
+      families.push_back({"softmax_pinned_staging_bytes",
+                          "Pinned host staging memory held (in use + cached of memory=\"pinned\").",
+                          MetricType::Gauge,
+                          {std::move(metric)}});
+    }
+    return families;
+  }
+
+ private:
+  std::atomic<const Backend*> backend_{nullptr};
+};
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      memory_(std::make_shared<MemoryCollectable>()) {
+  prometheus::Registry& r = *registry_;
   requests_total_ = &prometheus::BuildCounter()
                          .Name("softmax_requests_total")
-                         .Help("Softmax requests answered, by method and gRPC status code.")
-                         .Register(*registry_);
-  request_duration_ =
-      &prometheus::BuildHistogram()
-           .Name("softmax_request_duration_seconds")
-           .Help("Time from receiving a request to finishing its response, by method.")
-           .Register(*registry_);
-  build_info_ = &prometheus::BuildGauge()
-                     .Name("softmax_server_info")
-                     .Help("Constant 1, labelled with the device backend in use.")
-                     .Register(*registry_);
-  auto& batch_requests = prometheus::BuildHistogram()
-                             .Name("softmax_batch_requests")
-                             .Help("Requests per computed batch.")
-                             .Register(*registry_);
-  batch_requests_ = &batch_requests.Add({}, Exponential(1, 2, 14));
-  auto& batch_rows = prometheus::BuildHistogram()
-                         .Name("softmax_batch_rows")
-                         .Help("Rows per computed batch.")
-                         .Register(*registry_);
-  batch_rows_ = &batch_rows.Add({}, Exponential(1, 4, 12));
-  auto& batch_compute = prometheus::BuildHistogram()
-                            .Name("softmax_batch_compute_seconds")
-                            .Help("Backend compute time per batch.")
-                            .Register(*registry_);
-  batch_compute_ = &batch_compute.Add({}, Exponential(1e-6, 4, 12));
+                         .Help("Requests answered (unary calls and stream messages), by method "
+                               "and gRPC status code.")
+                         .Register(r);
+  for (auto& per_method : request_counters_) {
+    for (auto& counter : per_method) counter.store(nullptr);
+  }
+  auto& duration = prometheus::BuildHistogram()
+                       .Name("softmax_request_duration_seconds")
+                       .Help("Time from receiving a request to sending its response, by method.")
+                       .Register(r);
+  for (int m = 0; m < kMethods; ++m) {
+    request_duration_[m] = &duration.Add({{"method", kMethodNames[m]}}, SecondsBuckets());
+    // OK exists from the start, so rate() over it has a baseline.
+    RequestCounter(static_cast<RpcMethod>(m), absl::StatusCode::kOk);
+  }
+  request_bandwidth_ = &AddHistogram(
+      r, "softmax_request_bandwidth_bytes_per_second",
+      "Per OK request: input + output bytes over its latency.", BandwidthBuckets());
+  queue_duration_ = &AddHistogram(r, "softmax_queue_duration_seconds",
+                                  "Per request: time queued before its batch was submitted.",
+                                  SecondsBuckets());
+  compute_duration_ = &AddHistogram(r, "softmax_compute_duration_seconds",
+                                    "Per request: compute time of the batch it rode in.",
+                                    SecondsBuckets());
+
+  batch_requests_ = &AddHistogram(r, "softmax_batch_requests", "Requests per computed batch.",
+                                  Exponential(1, 2, 14));
+  batch_rows_ = &AddHistogram(r, "softmax_batch_rows", "Rows per computed batch.",
+                              Exponential(1, 4, 13));
+  batch_bandwidth_ = &AddHistogram(
+      r, "softmax_batch_bandwidth_bytes_per_second",
+      "Per OK batch: bytes the kernels read and wrote over kernel time (CUDA events; the CPU "
+      "backend: over compute time).",
+      BandwidthBuckets());
   auto& batches = prometheus::BuildCounter()
                       .Name("softmax_batches_total")
-                      .Help("Batches computed, by outcome.")
-                      .Register(*registry_);
-  batches_total_ = &batches.Add({{"outcome", "ok"}});
-  batch_failures_total_ = &batches.Add({{"outcome", "error"}});
+                      .Help("Batches computed, by outcome (ok, error).")
+                      .Register(r);
+  batches_ok_ = &batches.Add({{"outcome", "ok"}});
+  batches_failed_ = &batches.Add({{"outcome", "error"}});
+  kernel_launches_ = &AddCounter(r, "softmax_kernel_launches_total",
+                                 "Kernel launches made (0 on the CPU backend).");
   auto& dropped = prometheus::BuildCounter()
                       .Name("softmax_dropped_requests_total")
                       .Help("Queued requests dropped before compute, by reason.")
-                      .Register(*registry_);
+                      .Register(r);
   dropped_cancelled_ = &dropped.Add({{"reason", "cancelled"}});
   dropped_deadline_ = &dropped.Add({{"reason", "deadline_exceeded"}});
-  rejected_total_ = &prometheus::BuildCounter()
-                         .Name("softmax_rejected_requests_total")
-                         .Help("Requests refused at admission because the queue was full.")
-                         .Register(*registry_)
-                         .Add({});
-  auto& queue = prometheus::BuildGauge()
-                    .Name("softmax_queue_depth")
-                    .Help("Requests waiting in the batcher's queue.")
-                    .Register(*registry_);
-  queue_requests_ = &queue.Add({});
-  queue_bytes_ = &prometheus::BuildGauge()
-                      .Name("softmax_queue_bytes")
-                      .Help("Input bytes waiting in the batcher's queue.")
-                      .Register(*registry_)
-                      .Add({});
+  rejected_total_ = &AddCounter(r, "softmax_rejected_requests_total",
+                                "Requests refused at admission because the queue was full.");
+
+  queued_requests_ =
+      &AddGauge(r, "softmax_queued_requests", "Requests waiting in the batcher's queue.");
+  queued_bytes_ =
+      &AddGauge(r, "softmax_queued_bytes", "Input bytes waiting in the batcher's queue.");
+  queue_capacity_requests_ = &AddGauge(r, "softmax_queue_capacity_requests",
+                                       "Admission limit on queued requests (--max_queued_requests).");
+  queue_capacity_bytes_ = &AddGauge(r, "softmax_queue_capacity_bytes",
+                                    "Admission limit on queued bytes (--max_queued_bytes).");
+  serving_ = &AddGauge(r, "softmax_serving",
+                       "1 while serving; 0 while starting, draining or after a device fault.");
+  AddGauge(r, "softmax_build_info", "Constant 1, labelled with the build's version and revision.",
+           {{"version", SOFTMAX_VERSION}, {"revision", SOFTMAX_GIT_REVISION}})
+      .Set(1);
 }
 
-Metrics::~Metrics() = default;
+Metrics::~Metrics() { exposer_.reset(); }
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address) {
   std::unique_ptr<Metrics> metrics(new Metrics());
@@ -104,6 +218,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
         absl::StrCat("metrics: cannot listen on ", address, ": ", e.what()));
   }
   metrics->exposer_->RegisterCollectable(metrics->registry_);
+  metrics->exposer_->RegisterCollectable(metrics->memory_);
   const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
   if (ports.empty()) {
     return absl::UnavailableError(absl::StrCat("metrics: no port bound for ", address));
@@ -114,23 +229,99 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
 
 std::string Metrics::BoundAddress() const { return bound_address_; }
 
-void Metrics::RecordRequest(absl::string_view method, int code, double seconds) {
-  const std::string method_label(method);
-  requests_total_->Add({{"method", method_label}, {"code", CodeName(code)}}).Increment();
-  request_duration_
-      ->Add({{"method", method_label}}, Exponential(1e-5, 2, 20))
-      .Observe(seconds);
+void Metrics::SetBackend(absl::string_view device, const Backend* backend) {
+  prometheus::Registry& r = *registry_;
+  const DeviceInfo info = backend != nullptr ? backend->Device() : DeviceInfo{};
+  AddGauge(r, "softmax_device_info",
+           "Constant 1, labelled with the device the server computes on (memory_bytes 0: "
+           "host memory, not reported).",
+           {{"device", std::string(device)},
+            {"name", info.name.empty() ? std::string(device) : info.name},
+            {"compute_capability", info.compute_capability},
+            {"multiprocessors", absl::StrCat(info.multiprocessors)},
+            {"memory_bytes", absl::StrCat(info.memory_bytes)}})
+      .Set(1);
+  if (info.peak_bandwidth_bytes_per_second > 0) {
+    AddGauge(r, "softmax_device_peak_bandwidth_bytes_per_second",
+             "The device's nominal peak memory bandwidth, read + write bytes per second.")
+        .Set(info.peak_bandwidth_bytes_per_second);
+  }
+  if (!info.kernels.empty()) {
+    auto family = [&r](const char* name, const char* help) {
+      return &prometheus::BuildGauge().Name(name).Help(help).Register(r);
+    };
+    auto* blocks = family("softmax_kernel_resident_blocks_per_sm",
+                          "Occupancy probe: resident blocks per SM, by kernel path and dtype.");
+    auto* registers = family("softmax_kernel_registers_per_thread",
+                             "Occupancy probe: registers per thread, by kernel path and dtype.");
+    auto* shared = family("softmax_kernel_shared_memory_bytes",
+                          "Occupancy probe: static shared memory per block, by kernel path and dtype.");
+    auto* grid = family("softmax_kernel_grid_blocks",
+                        "Occupancy probe: persistent grid size in blocks, by kernel path and dtype.");
+    auto* threads = family("softmax_kernel_threads_per_block",
+                           "Occupancy probe: threads per block, by kernel path and dtype.");
+    auto* cluster = family("softmax_kernel_cluster_size",
+                           "Occupancy probe: thread-block cluster size, by kernel path and dtype.");
+    for (const KernelOccupancy& k : info.kernels) {
+      const prometheus::Labels labels{{"kernel", k.kernel}, {"dtype", k.dtype}};
+      blocks->Add(labels).Set(k.blocks_per_sm);
+      registers->Add(labels).Set(k.registers_per_thread);
+      shared->Add(labels).Set(k.shared_bytes);
+      grid->Add(labels).Set(k.grid);
+      threads->Add(labels).Set(k.threads_per_block);
+      cluster->Add(labels).Set(k.cluster_size);
+    }
+  }
+  memory_->SetBackend(backend);
 }
 
-void Metrics::SetDevice(absl::string_view device) {
-  build_info_->Add({{"device", std::string(device)}}).Set(1);
+void Metrics::SetQueueCapacity(int64_t requests, int64_t bytes) {
+  queue_capacity_requests_->Set(static_cast<double>(requests));
+  queue_capacity_bytes_->Set(static_cast<double>(bytes));
+}
+
+void Metrics::SetServing(bool serving) { serving_->Set(serving ? 1 : 0); }
+
+prometheus::Counter& Metrics::RequestCounter(RpcMethod method, absl::StatusCode code) {
+  const int m = static_cast<int>(method);
+  int c = static_cast<int>(code);
+  if (c < 0 || c >= kCodes) c = static_cast<int>(absl::StatusCode::kUnknown);
+  std::atomic<prometheus::Counter*>& slot = request_counters_[m][c];
+  prometheus::Counter* counter = slot.load(std::memory_order_acquire);
+  if (counter == nullptr) {
+    // First request with this code: Family::Add is thread-safe and returns
+    // the same child to racing callers, so the cache stays consistent.
+    counter = &requests_total_->Add({{"method", kMethodNames[m]}, {"code", kCodeNames[c]}});
+    slot.store(counter, std::memory_order_release);
+  }
+  return *counter;
+}
+
+void Metrics::RecordRequest(RpcMethod method, absl::StatusCode code, double seconds,
+                            int64_t bytes) {
+  RequestCounter(method, code).Increment();
+  request_duration_[static_cast<int>(method)]->Observe(seconds);
+  if (code == absl::StatusCode::kOk && bytes > 0 && seconds > 0) {
+    request_bandwidth_->Observe(static_cast<double>(bytes) / seconds);
+  }
+}
+
+void Metrics::RecordRequestTiming(const RequestTiming& timing) {
+  queue_duration_->Observe(static_cast<double>(timing.queue_ns) * 1e-9);
+  if (timing.batch_requests > 0) {
+    compute_duration_->Observe(static_cast<double>(timing.compute_ns) * 1e-9);
+  }
 }
 
 void Metrics::OnBatchCompleted(const BatchStats& stats) {
-  (stats.ok ? batches_total_ : batch_failures_total_)->Increment();
+  (stats.ok ? batches_ok_ : batches_failed_)->Increment();
   batch_requests_->Observe(stats.requests);
   batch_rows_->Observe(static_cast<double>(stats.rows));
-  batch_compute_->Observe(static_cast<double>(stats.compute_ns) * 1e-9);
+  if (stats.launches > 0) kernel_launches_->Increment(stats.launches);
+  if (stats.ok && stats.kernel_ns > 0 && stats.kernel_bytes > 0) {
+    batch_bandwidth_->Observe(static_cast<double>(stats.kernel_bytes) * 1e9 /
+                              static_cast<double>(stats.kernel_ns));
+  }
 }
 
 void Metrics::OnRequestDropped(absl::StatusCode code) {
@@ -140,8 +331,15 @@ void Metrics::OnRequestDropped(absl::StatusCode code) {
 void Metrics::OnRequestRejected() { rejected_total_->Increment(); }
 
 void Metrics::OnQueueDepth(int64_t requests, int64_t bytes) {
-  queue_requests_->Set(static_cast<double>(requests));
-  queue_bytes_->Set(static_cast<double>(bytes));
+  queued_requests_->Set(static_cast<double>(requests));
+  queued_bytes_->Set(static_cast<double>(bytes));
+}
+
+std::vector<prometheus::MetricFamily> Metrics::Collect() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  std::vector<prometheus::MetricFamily> memory = memory_->Collect();
+  for (auto& family : memory) families.push_back(std::move(family));
+  return families;
 }
 
 }  // namespace softmax::server

@@ -1,46 +1,93 @@
 // Prometheus metrics for the server: a registry, the HTTP exposer serving
 // /metrics, and typed recording methods so call sites never touch
 // prometheus-cpp directly. Names follow Prometheus conventions (base units,
-// `_seconds`, `_bytes`, `_total`).
+// `_seconds`, `_bytes`, `_total`, one unit per metric); the full list, with
+// what each measures, is in the README's "Metrics" section, and
+// deploy/prometheus/alerts.yml and the Grafana dashboard depend on them.
 //
-// Thread-safety: every method may be called from any thread.
+// Cost: per-request recording touches only label children created ahead of
+// time (or once, on first use of a status code) and cached in atomics; no
+// label strings are built per request. Allocator figures are not recorded at
+// all on the hot path: a Collectable reads Backend::Memory() when Prometheus
+// scrapes.
+//
+// Thread-safety: every method may be called from any thread. SetBackend,
+// SetQueueCapacity are meant for start-up.
 #ifndef SOFTMAX_SERVER_METRICS_H_
 #define SOFTMAX_SERVER_METRICS_H_
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include <prometheus/collectable.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/backend.h"
 #include "server/batcher.h"
 
 namespace softmax::server {
+
+// The RPC a request arrived on: the `method` label of the request metrics.
+enum class RpcMethod {
+  kSoftmax = 0,        // unary softmax.v1.SoftmaxService/Softmax
+  kSoftmaxStream = 1,  // one request (message) on SoftmaxStream
+};
 
 class Metrics final : public BatcherObserver {
  public:
   // Creates the metrics; when `address` (host:port, port 0 picks a free one)
   // is non-empty, also serves them at http://address/metrics. UNAVAILABLE
-  // when the address cannot be bound.
+  // when the address cannot be bound. (softmax-server creates no Metrics at
+  // all when --metrics_address is empty, so nothing is recorded; an empty
+  // address here gives an unexposed instance, for tests.)
   static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& address);
+  // Stops the exposer before anything it reads is destroyed.
   ~Metrics() override;
+
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
 
   // host:port actually bound, or "off" when not exposed.
   std::string BoundAddress() const;
 
-  // One finished RPC (unary) or one response on a stream. `method` is
-  // "Softmax" or "SoftmaxStream"; `code` a grpc::StatusCode value.
-  void RecordRequest(absl::string_view method, int code, double seconds);
+  // The backend chosen at start: `device` is "cpu", "cuda:0" or "none";
+  // `backend` (null for "none") supplies softmax_device_info, the peak
+  // bandwidth gauge (exported only when the backend knows it), the
+  // occupancy gauges, and, at every scrape, the allocator figures.
+  // REQUIRES: `backend` outlives this object; called at most once.
+  void SetBackend(absl::string_view device, const Backend* backend);
 
-  // The device backend chosen at start ("cpu", "cuda:0", "none").
-  void SetDevice(absl::string_view device);
+  // The batcher's admission bounds (softmax_queue_capacity_*).
+  void SetQueueCapacity(int64_t requests, int64_t bytes);
+
+  // softmax_serving: true once listening, false from the start of draining
+  // or after a device fault.
+  void SetServing(bool serving);
+
+  // One finished RPC (unary) or one response on a stream: counts it by
+  // method and status code, and observes its latency (received to response
+  // sent). `bytes` is what the request moved in and out (input + output
+  // data); for an OK request with bytes > 0 it also observes the request's
+  // bandwidth, bytes / seconds.
+  void RecordRequest(RpcMethod method, absl::StatusCode code, double seconds, int64_t bytes);
+
+  // A request leaving the batcher: its queue time always; the compute time
+  // of its batch when it rode in one (timing.batch_requests > 0; requests
+  // dropped while queued have none).
+  void RecordRequestTiming(const RequestTiming& timing);
 
   // BatcherObserver.
   void OnBatchCompleted(const BatchStats& stats) override;
@@ -48,28 +95,50 @@ class Metrics final : public BatcherObserver {
   void OnRequestRejected() override;
   void OnQueueDepth(int64_t requests, int64_t bytes) override;
 
+  // Everything /metrics serves (the registry and the allocator collectable),
+  // whether or not an exposer runs.
+  std::vector<prometheus::MetricFamily> Collect() const;
+
   prometheus::Registry& registry() { return *registry_; }
 
  private:
+  class MemoryCollectable;
+  static constexpr int kMethods = 2;
+  static constexpr int kCodes = 17;  // grpc::StatusCode OK .. UNAUTHENTICATED
+
   Metrics();
+  prometheus::Counter& RequestCounter(RpcMethod method, absl::StatusCode code);
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::string bound_address_ = "off";
+  std::shared_ptr<MemoryCollectable> memory_;
 
   prometheus::Family<prometheus::Counter>* requests_total_;
-  prometheus::Family<prometheus::Histogram>* request_duration_;
-  prometheus::Family<prometheus::Gauge>* build_info_;
+  std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kMethods> request_counters_;
+  std::array<prometheus::Histogram*, kMethods> request_duration_;
+  prometheus::Histogram* request_bandwidth_;
+  prometheus::Histogram* queue_duration_;
+  prometheus::Histogram* compute_duration_;
+
   prometheus::Histogram* batch_requests_;
   prometheus::Histogram* batch_rows_;
-  prometheus::Histogram* batch_compute_;
-  prometheus::Counter* batches_total_;
-  prometheus::Counter* batch_failures_total_;
+  prometheus::Histogram* batch_bandwidth_;
+  prometheus::Counter* batches_ok_;
+  prometheus::Counter* batches_failed_;
+  prometheus::Counter* kernel_launches_;
   prometheus::Counter* dropped_cancelled_;
   prometheus::Counter* dropped_deadline_;
   prometheus::Counter* rejected_total_;
-  prometheus::Gauge* queue_requests_;
-  prometheus::Gauge* queue_bytes_;
+
+  prometheus::Gauge* queued_requests_;
+  prometheus::Gauge* queued_bytes_;
+  prometheus::Gauge* queue_capacity_requests_;
+  prometheus::Gauge* queue_capacity_bytes_;
+  prometheus::Gauge* serving_;
+
+  // Declared last: destroyed first, so no scrape runs while the members it
+  // reads are torn down.
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string bound_address_ = "off";
 };
 
 }  // namespace softmax::server

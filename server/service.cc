@@ -29,11 +29,14 @@ void SetTiming(const RequestTiming& timing, v1::SoftmaxResponse* response) {
 // Unary call: finished from whichever thread completes the request.
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
-  explicit UnaryCall(Metrics* metrics) : metrics_(metrics), start_(SteadyClock::now()) {}
+  // `data_bytes`: the request's input data size (its output is as large).
+  UnaryCall(Metrics* metrics, int64_t data_bytes)
+      : metrics_(metrics), data_bytes_(data_bytes), start_(SteadyClock::now()) {}
 
   void Complete(const absl::Status& status) {
     if (metrics_ != nullptr) {
-      metrics_->RecordRequest("Softmax", static_cast<int>(status.code()), SecondsSince(start_));
+      metrics_->RecordRequest(RpcMethod::kSoftmax, status.code(), SecondsSince(start_),
+                              2 * data_bytes_);
     }
     Finish(ToGrpcStatus(status));  // may delete this (OnDone) before returning
   }
@@ -42,6 +45,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
 
  private:
   Metrics* const metrics_;
+  const int64_t data_bytes_;
   const SteadyClock::time_point start_;
 };
 
@@ -162,8 +166,9 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
       response.mutable_error()->set_message(std::string(status.message()));
     }
     if (service_->metrics() != nullptr) {
-      service_->metrics()->RecordRequest("SoftmaxStream", static_cast<int>(status.code()),
-                                         SecondsSince(entry->start));
+      service_->metrics()->RecordRequest(
+          RpcMethod::kSoftmaxStream, status.code(), SecondsSince(entry->start),
+          2 * static_cast<int64_t>(entry->request.input().data().size()));
     }
     Entry* next = nullptr;
     bool finish = false;
@@ -254,8 +259,9 @@ absl::Status SoftmaxServiceImpl::Dispatch(const v1::SoftmaxRequest& request,
   item->output = output->mutable_data();
   item->deadline = deadline;
   item->is_cancelled = std::move(is_cancelled);
-  item->done = [response, done = std::move(done)](const absl::Status& status,
-                                                  const RequestTiming& timing) {
+  item->done = [response, metrics = metrics_, done = std::move(done)](
+                   const absl::Status& status, const RequestTiming& timing) {
+    if (metrics != nullptr) metrics->RecordRequestTiming(timing);
     if (status.ok()) SetTiming(timing, response);
     done(status);
   };
@@ -265,7 +271,8 @@ absl::Status SoftmaxServiceImpl::Dispatch(const v1::SoftmaxRequest& request,
 grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContext* context,
                                                       const v1::SoftmaxRequest* request,
                                                       v1::SoftmaxResponse* response) {
-  auto* call = new UnaryCall(metrics_);
+  auto* call =
+      new UnaryCall(metrics_, static_cast<int64_t>(request->input().data().size()));
   const absl::Status status = Dispatch(
       *request, response, context->deadline(), [context] { return context->IsCancelled(); },
       [call](const absl::Status& outcome) { call->Complete(outcome); });

@@ -45,7 +45,7 @@ def test_sigterm_answers_every_queued_request(start_server):
     for thread in threads:
         thread.start()
     wait_for(lambda: (metric_value(scrape_metrics(server.metrics_address),
-                                   "softmax_queue_depth") or 0) >= count + 20,
+                                   "softmax_queued_requests") or 0) >= count + 20,
              20, "every request to be queued")
 
     health_seen = []
