@@ -155,7 +155,10 @@ def machine_description():
 
 def git_revision():
     try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short=12", "HEAD"],
+        # "-dirty" when the checkout has uncommitted changes (the binaries may
+        # then not match the revision exactly).
+        return subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty",
+                               "--abbrev=12"],
                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
