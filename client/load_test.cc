@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -270,6 +271,32 @@ TEST(LoadShapeTest, RejectsMalformedEntries) {
                           "1x8:fp32:1:extra", "1x8:fp32:w"}) {
     EXPECT_EQ(ParseLoadShape(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+}
+
+TEST(LoadShapeTest, ReadsAShapeFile) {
+  const std::string path = ::testing::TempDir() + "/load_shapes.txt";
+  {
+    std::ofstream file(path);
+    file << "# the production mix\n"
+         << "1x1024:float32:8   # most calls\n"
+         << "\n"
+         << "  64x32000:bf16:1\n";
+  }
+  absl::StatusOr<std::vector<LoadShape>> shapes = ReadLoadShapeFile(path);
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  ASSERT_EQ(shapes->size(), 2u);
+  EXPECT_EQ((*shapes)[0].weight, 8.0);
+  EXPECT_EQ((*shapes)[1].dims, (std::vector<int64_t>{64, 32000}));
+  EXPECT_EQ((*shapes)[1].dtype, v1::DTYPE_BFLOAT16);
+
+  {
+    std::ofstream file(path);
+    file << "1x1024\n1x:fp32\n";
+  }
+  shapes = ReadLoadShapeFile(path);
+  EXPECT_EQ(shapes.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(shapes.status().message().find(":2:"), absl::string_view::npos)
+      << shapes.status();
 }
 
 TEST(LoadArgsTest, ParsesEveryKindOfArgument) {
