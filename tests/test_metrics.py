@@ -1,0 +1,305 @@
+"""The server's metrics as a real Prometheus sees them: a softmax-server (CPU
+backend) and Debian's prometheus, both started here on free loopback ports
+(Prometheus with a temporary config and data folder, scraping every second and
+loading deploy/prometheus/alerts.yml). A known number of good and bad
+requests, unary and on a stream; then Prometheus's HTTP query API must report
+exactly those counts, and promtool must accept the scraped text and the alert
+rules."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+import e2e_util
+from e2e_util import request, scrape_metrics
+
+REPO = Path(__file__).resolve().parent.parent
+ALERT_RULES = REPO / "deploy" / "prometheus" / "alerts.yml"
+
+# What the test sends; the server is fresh, so the counts are exact.
+UNARY_OK, UNARY_BAD = 25, 7
+STREAM_OK, STREAM_BAD = 15, 5
+UNARY_SHAPE, STREAM_SHAPE = (3, 64), (2, 32)
+
+
+def tool(name):
+    path = shutil.which(name) or f"/usr/bin/{name}"
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"{name} not found; install Debian's prometheus package "
+                           "(scripts/install-deps.sh installs it)")
+    return path
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Prometheus:
+    """/usr/bin/prometheus scraping one target every second, with the alert
+    rules loaded; its config and TSDB live in a temporary folder."""
+
+    def __init__(self, target, startup_timeout=60.0):
+        self.folder = tempfile.TemporaryDirectory(prefix="softmax-prometheus-")
+        config = Path(self.folder.name) / "prometheus.yml"
+        config.write_text(
+            "global:\n"
+            "  scrape_interval: 1s\n"
+            "  evaluation_interval: 1s\n"
+            "rule_files:\n"
+            f"  - {json.dumps(str(ALERT_RULES))}\n"
+            "scrape_configs:\n"
+            "  - job_name: softmax-serve\n"
+            "    static_configs:\n"
+            f"      - targets: [{json.dumps(target)}]\n")
+        self.log = open(Path(self.folder.name) / "prometheus.log", "w+")
+        self.process = None
+        # A port picked free may be taken before Prometheus binds it: retry.
+        for _ in range(3):
+            self.address = f"127.0.0.1:{free_port()}"
+            self.process = subprocess.Popen(
+                [tool("prometheus"), f"--config.file={config}",
+                 f"--storage.tsdb.path={Path(self.folder.name) / 'data'}",
+                 f"--web.listen-address={self.address}"],
+                stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            deadline = time.monotonic() + startup_timeout
+            while time.monotonic() < deadline and self.process.poll() is None:
+                try:
+                    with urllib.request.urlopen(f"http://{self.address}/-/ready",
+                                                timeout=2) as r:
+                        if r.status == 200:
+                            return
+                except OSError:
+                    pass
+                time.sleep(0.2)
+            if self.process.poll() is None:
+                break  # running but never ready: do not retry
+        output = self.output()
+        self.kill()
+        raise RuntimeError(f"prometheus did not become ready; output:\n{output}")
+
+    def output(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def api(self, path, **params):
+        url = f"http://{self.address}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=10) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr):
+        """Instant query -> {frozenset(label items): value} (labels without
+        __name__); a scalar result under the key frozenset()."""
+        data = self.api("query", query=expr)
+        if data["resultType"] == "scalar":
+            return {frozenset(): float(data["result"][1])}
+        return {frozenset((k, v) for k, v in series["metric"].items() if k != "__name__"):
+                float(series["value"][1]) for series in data["result"]}
+
+    def value(self, expr):
+        """The single value of `expr`, or None when it has no result."""
+        result = self.query(expr)
+        assert len(result) <= 1, f"{expr}: several series {result}"
+        return next(iter(result.values())) if result else None
+
+    def kill(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.log.close()
+        self.folder.cleanup()
+
+
+def wait_until(predicate, timeout, what):
+    """Polls `predicate` (returning a truthy value when satisfied) and returns
+    its last result; raises with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}; last: {last}")
+
+
+@pytest.fixture(scope="module")
+def server():
+    process = e2e_util.Server()
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+@pytest.fixture(scope="module")
+def prometheus(server):
+    process = Prometheus(server.metrics_address)
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+@pytest.fixture(scope="module")
+def traffic(server, prometheus):
+    """Sends the known requests once, then waits until Prometheus has scraped
+    all of them."""
+    stub = server.stub()
+    rng = np.random.default_rng(5)
+    for i in range(UNARY_OK):
+        stub.Softmax(request(rng.normal(size=UNARY_SHAPE), request_id=f"u{i}"), timeout=30)
+    for i in range(UNARY_BAD):
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Softmax(request(np.zeros(UNARY_SHAPE), temperature=-1.0), timeout=30)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    stream_requests = [request(rng.normal(size=STREAM_SHAPE), request_id=f"s{i}")
+                       for i in range(STREAM_OK)]
+    stream_requests += [request(np.zeros(STREAM_SHAPE), request_id=f"b{i}", axis=7)
+                        for i in range(STREAM_BAD)]
+    responses = list(stub.SoftmaxStream(iter(stream_requests), timeout=30))
+    assert len(responses) == STREAM_OK + STREAM_BAD
+    assert sum(r.error.code == 0 for r in responses) == STREAM_OK
+    assert sum(r.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+               for r in responses) == STREAM_BAD
+
+    total = UNARY_OK + UNARY_BAD + STREAM_OK + STREAM_BAD
+    wait_until(lambda: prometheus.value("sum(softmax_requests_total)") == total, 60,
+               f"Prometheus to scrape {total} requests")
+    return total
+
+
+def test_request_counters_match_what_was_sent(prometheus, traffic):
+    counts = prometheus.query("softmax_requests_total")
+    by_method_code = {dict(labels)["method"] + "/" + dict(labels)["code"]: value
+                      for labels, value in counts.items()}
+    assert by_method_code == {
+        "Softmax/OK": UNARY_OK,
+        "Softmax/INVALID_ARGUMENT": UNARY_BAD,
+        "SoftmaxStream/OK": STREAM_OK,
+        "SoftmaxStream/INVALID_ARGUMENT": STREAM_BAD,
+    }
+    for labels in counts:
+        assert dict(labels)["job"] == "softmax-serve"
+
+
+def test_latency_histograms_count_every_request(prometheus, traffic):
+    durations = {dict(labels)["method"]: value for labels, value in
+                 prometheus.query("softmax_request_duration_seconds_count").items()}
+    assert durations == {"Softmax": UNARY_OK + UNARY_BAD,
+                         "SoftmaxStream": STREAM_OK + STREAM_BAD}
+    # The +Inf bucket is the count; every observation is under the 10 s bucket.
+    assert prometheus.value(
+        'sum(softmax_request_duration_seconds_bucket{le="+Inf"})') == traffic
+    assert prometheus.value('sum(softmax_request_duration_seconds_bucket{le="10"})') == traffic
+    # Only requests that reached the batcher (the good ones) have queue and
+    # compute times and a bandwidth.
+    good = UNARY_OK + STREAM_OK
+    assert prometheus.value("softmax_queue_duration_seconds_count") == good
+    assert prometheus.value("softmax_compute_duration_seconds_count") == good
+    assert prometheus.value("softmax_request_bandwidth_bytes_per_second_count") == good
+    # Quantiles come out of the buckets in the histogram's range.
+    p99 = prometheus.value(
+        "histogram_quantile(0.99, sum by (le) (softmax_request_duration_seconds_bucket))")
+    assert 1e-5 <= p99 <= 10, p99
+    # Queue time is part of the latency: their sums are ordered.
+    assert (prometheus.value("softmax_queue_duration_seconds_sum")
+            < prometheus.value("sum(softmax_request_duration_seconds_sum)"))
+
+
+def test_batch_histograms_are_consistent(prometheus, traffic):
+    batches = prometheus.value("sum(softmax_batches_total)")
+    assert batches > 0
+    assert prometheus.value('softmax_batches_total{outcome="error"}') == 0
+    assert prometheus.value("softmax_batch_requests_count") == batches
+    assert prometheus.value("softmax_batch_rows_count") == batches
+    assert prometheus.value("softmax_batch_bandwidth_bytes_per_second_count") == batches
+    # Every good request rode in exactly one batch, with all its rows.
+    assert prometheus.value("softmax_batch_requests_sum") == UNARY_OK + STREAM_OK
+    assert (prometheus.value("softmax_batch_rows_sum")
+            == UNARY_OK * UNARY_SHAPE[0] + STREAM_OK * STREAM_SHAPE[0])
+    assert prometheus.value("softmax_batch_bandwidth_bytes_per_second_sum") > 0
+    # The CPU backend launches no kernels.
+    assert prometheus.value("softmax_kernel_launches_total") == 0
+
+
+def test_gauges_and_info(prometheus, server, traffic):
+    assert prometheus.value('up{job="softmax-serve"}') == 1
+    assert prometheus.value("softmax_serving") == 1
+    assert prometheus.value("softmax_queued_requests") == 0
+    assert prometheus.value("softmax_queue_capacity_requests") == 8192
+    assert prometheus.value("softmax_queue_capacity_bytes") == 4 << 30
+    assert prometheus.value("softmax_rejected_requests_total") == 0
+    devices = prometheus.query("softmax_device_info")
+    assert len(devices) == 1
+    labels, value = next(iter(devices.items()))
+    labels = dict(labels)
+    assert value == 1
+    assert labels["device"] == "cpu" and labels["name"], labels
+    assert int(labels["multiprocessors"]) >= 1
+    builds = prometheus.query("softmax_build_info")
+    assert len(builds) == 1
+    labels = dict(next(iter(builds)))
+    assert labels["version"].count(".") == 2 and labels["revision"], labels
+    # The CPU backend has no caching allocator.
+    assert prometheus.query("softmax_allocator_in_use_bytes") == {}
+
+
+def test_alert_rules_load_and_evaluate(prometheus, traffic):
+    def groups_evaluated():
+        groups = prometheus.api("rules")["groups"]
+        rules = [rule for group in groups for rule in group["rules"]]
+        return groups if rules and all(rule["health"] == "ok" for rule in rules) else None
+
+    groups = wait_until(groups_evaluated, 30, "every alert rule to be evaluated")
+    assert [group["name"] for group in groups] == ["softmax-serve"]
+    rules = groups[0]["rules"]
+    assert sorted(rule["name"] for rule in rules) == [
+        "SoftmaxLatencyP99High", "SoftmaxNotServing", "SoftmaxQueueNearFull",
+        "SoftmaxServerErrorRateHigh"]
+    for rule in rules:
+        assert rule["type"] == "alerting"
+        assert not rule.get("lastError"), rule
+    # A healthy, idle server fires nothing.
+    firing = [rule["name"] for rule in rules if rule["state"] != "inactive"]
+    assert firing == []
+
+
+def test_promtool_accepts_the_scraped_text(server, traffic):
+    text = scrape_metrics(server.metrics_address)
+    result = subprocess.run([tool("promtool"), "check", "metrics"], input=text,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == "", (
+        result.stdout + result.stderr)
+
+
+def test_promtool_accepts_the_alert_rules():
+    result = subprocess.run([tool("promtool"), "check", "rules", str(ALERT_RULES)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 4 rules found" in result.stdout, result.stdout
+
+
+def test_empty_metrics_address_turns_metrics_off(start_server):
+    server = start_server("--metrics_address=")
+    assert server.metrics_address == "off"
+    response = server.stub().Softmax(request(np.zeros((1, 8))), timeout=30)
+    assert len(response.output.data) == 8 * 4
