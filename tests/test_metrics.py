@@ -303,3 +303,20 @@ def test_empty_metrics_address_turns_metrics_off(start_server):
     assert server.metrics_address == "off"
     response = server.stub().Softmax(request(np.zeros((1, 8))), timeout=30)
     assert len(response.output.data) == 8 * 4
+
+
+def test_dashboard_queries_run_and_see_data(prometheus, traffic):
+    """Every PromQL expression of the Grafana dashboard parses in Prometheus,
+    and those that do not depend on a GPU return data for this server."""
+    dashboard = json.loads(
+        (REPO / "deploy" / "grafana" / "dashboards" / "softmax-serve.json").read_text())
+    gpu_only = ("softmax_device_peak_bandwidth", "softmax_allocator_", "softmax_kernel_")
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert len(exprs) >= 8
+    for expr in exprs:
+        # Grafana's $__rate_interval: at least four scrape intervals.
+        query = expr.replace("$__rate_interval", "1m")
+        prometheus.query(query)  # fails on a syntax error
+        if not any(name in expr for name in gpu_only):
+            # rate() needs two scrapes of a series inside the window.
+            wait_until(lambda: prometheus.query(query), 15, f"data for {expr}")
