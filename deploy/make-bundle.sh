@@ -13,7 +13,7 @@
 # Usage: deploy/make-bundle.sh BUILD_DIR OUT_DIR
 #
 # Every executable in BUILD_DIR/bin is packed except unit-test binaries
-# (*_test). Libraries come from ldd; glibc's own (libc, libm, libpthread,
+# (*_test, *_tests). Libraries come from ldd; glibc's own (libc, libm, libpthread,
 # libdl, librt, ld-linux, the vDSO) stay with the target system, and so does
 # libcuda (the NVIDIA driver's, which must match the kernel module). The
 # CUDA runtime (libcudart), gRPC, protobuf, Abseil, prometheus-cpp and
@@ -63,7 +63,7 @@ binaries=()
 for path in "$build_dir"/bin/*; do
   [[ -f "$path" && -x "$path" ]] || continue
   base=$(basename "$path")
-  case "$base" in *_test) continue ;; esac
+  case "$base" in *_test|*_tests) continue ;; esac
   binaries+=("$base")
   cp "$path" "$bundle/bin/$base"
 done
