@@ -104,7 +104,8 @@ class Metrics::MemoryCollectable final : public prometheus::Collectable {
       }
       families.push_back(std::move(family));
     };
-    add("softmax_allocator_in_use_bytes", "Bytes handed out by the caching allocator and not yet freed.",
+    add("softmax_allocator_in_use_bytes",
+        "Bytes handed out by the caching allocator and not yet freed.",
         MetricType::Gauge, &MemoryStats::in_use_bytes);
     add("softmax_allocator_cached_bytes", "Bytes the caching allocator holds free for reuse.",
         MetricType::Gauge, &MemoryStats::cached_bytes);
@@ -195,8 +196,9 @@ Metrics::Metrics()
       &AddGauge(r, "softmax_queued_requests", "Requests waiting in the batcher's queue.");
   queued_bytes_ =
       &AddGauge(r, "softmax_queued_bytes", "Input bytes waiting in the batcher's queue.");
-  queue_capacity_requests_ = &AddGauge(r, "softmax_queue_capacity_requests",
-                                       "Admission limit on queued requests (--max_queued_requests).");
+  queue_capacity_requests_ =
+      &AddGauge(r, "softmax_queue_capacity_requests",
+                "Admission limit on queued requests (--max_queued_requests).");
   queue_capacity_bytes_ = &AddGauge(r, "softmax_queue_capacity_bytes",
                                     "Admission limit on queued bytes (--max_queued_bytes).");
   serving_ = &AddGauge(r, "softmax_serving",
@@ -254,10 +256,12 @@ void Metrics::SetBackend(absl::string_view device, const Backend* backend) {
                           "Occupancy probe: resident blocks per SM, by kernel path and dtype.");
     auto* registers = family("softmax_kernel_registers_per_thread",
                              "Occupancy probe: registers per thread, by kernel path and dtype.");
-    auto* shared = family("softmax_kernel_shared_memory_bytes",
-                          "Occupancy probe: static shared memory per block, by kernel path and dtype.");
-    auto* grid = family("softmax_kernel_grid_blocks",
-                        "Occupancy probe: persistent grid size in blocks, by kernel path and dtype.");
+    auto* shared = family(
+        "softmax_kernel_shared_memory_bytes",
+        "Occupancy probe: static shared memory per block, by kernel path and dtype.");
+    auto* grid = family(
+        "softmax_kernel_grid_blocks",
+        "Occupancy probe: persistent grid size in blocks, by kernel path and dtype.");
     auto* threads = family("softmax_kernel_threads_per_block",
                            "Occupancy probe: threads per block, by kernel path and dtype.");
     auto* cluster = family("softmax_kernel_cluster_size",

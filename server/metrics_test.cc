@@ -181,7 +181,8 @@ TEST(MetricsTest, LatencyBucketsSpanTenMicrosecondsToTenSeconds) {
   // Bounds print as the decimals they stand for.
   std::ostringstream text;
   prometheus::TextSerializer().Serialize(text, families);
-  EXPECT_NE(text.str().find("softmax_request_duration_seconds_bucket{method=\"Softmax\",le=\"2.5e-05\"}"),
+  EXPECT_NE(text.str().find(
+                "softmax_request_duration_seconds_bucket{method=\"Softmax\",le=\"2.5e-05\"}"),
             std::string::npos)
       << text.str();
 }
@@ -317,7 +318,8 @@ TEST(MetricsTest, DeviceInfoOccupancyAndAllocatorFromTheBackend) {
   EXPECT_EQ(GaugeValue(families, "softmax_allocator_cached_bytes", {{"memory", "device"}}), 4096);
   EXPECT_EQ(GaugeValue(families, "softmax_allocator_peak_bytes", {{"memory", "pinned"}}), 768);
   EXPECT_EQ(CounterValue(families, "softmax_allocator_requests_total", {{"memory", "device"}}), 10);
-  EXPECT_EQ(CounterValue(families, "softmax_allocator_cache_hits_total", {{"memory", "device"}}), 7);
+  EXPECT_EQ(
+      CounterValue(families, "softmax_allocator_cache_hits_total", {{"memory", "device"}}), 7);
   EXPECT_EQ(CounterValue(families, "softmax_allocator_backing_allocations_total",
                          {{"memory", "pinned"}}), 2);
   EXPECT_EQ(GaugeValue(families, "softmax_pinned_staging_bytes"), 768);
@@ -331,7 +333,8 @@ TEST(MetricsTest, DeviceInfoOccupancyAndAllocatorFromTheBackend) {
   families = metrics->Collect();
   EXPECT_EQ(GaugeValue(families, "softmax_allocator_in_use_bytes", {{"memory", "device"}}), 0);
   EXPECT_EQ(CounterValue(families, "softmax_allocator_requests_total", {{"memory", "device"}}), 11);
-  EXPECT_EQ(CounterValue(families, "softmax_allocator_cache_hits_total", {{"memory", "device"}}), 8);
+  EXPECT_EQ(
+      CounterValue(families, "softmax_allocator_cache_hits_total", {{"memory", "device"}}), 8);
   EXPECT_EQ(CounterValue(families, "softmax_allocator_backing_allocations_total",
                          {{"memory", "device"}}), 3);
 }
