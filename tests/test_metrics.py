@@ -277,9 +277,12 @@ def test_alert_rules_load_and_evaluate(prometheus, traffic):
     for rule in rules:
         assert rule["type"] == "alerting"
         assert not rule.get("lastError"), rule
-    # A healthy, idle server fires nothing.
-    firing = [rule["name"] for rule in rules if rule["state"] != "inactive"]
-    assert firing == []
+    # A serving server with an empty queue and only callers' errors
+    # (INVALID_ARGUMENT) trips none of these. (The latency rule depends on
+    # this machine's speed, so its state is not asserted.)
+    states = {rule["name"]: rule["state"] for rule in rules}
+    for name in ("SoftmaxNotServing", "SoftmaxQueueNearFull", "SoftmaxServerErrorRateHigh"):
+        assert states[name] == "inactive", states
 
 
 def test_promtool_accepts_the_scraped_text(server, traffic):
