@@ -25,6 +25,13 @@
 #include <cstring>
 #include <sstream>
 
+#ifndef SOFTMAX_STREAMING
+#define SOFTMAX_STREAMING 0
+#endif
+#ifndef SOFTMAX_PREFETCH_NEXT
+#define SOFTMAX_PREFETCH_NEXT 0
+#endif
+
 namespace softmax {
 namespace gpu {
 namespace {
@@ -39,7 +46,12 @@ constexpr int kStridedSlots = 8;  // rows per thread and batch: strided path
 constexpr int kBlockVectors = kThreads * kSlots;   // vectors one block holds
 constexpr int kWarpVectors = 32 * kWarpSlots;      // vectors one warp path row holds
 constexpr int kGroupWarpVectors = 32 * kSlots;     // vectors one warp of a block-path group holds
-constexpr int kMaxClusterSize = 16;
+constexpr int kMaxClusterSize = 16;  // probed (and reported) up to this size
+// Largest cluster a launch uses. 16-block clusters (non-portable) measured no
+// faster on the H200 than splitting the row (0.52-0.55 of copy bandwidth at
+// N = 262144 fp16 against 0.54-0.61 for the split path), so rows that would
+// need them are split.
+constexpr int kMaxUsedClusterSize = 8;
 constexpr float kLn2 = 0.693147180559945309f;
 constexpr double kLog2e = 1.4426950408889634074;
 
@@ -177,6 +189,30 @@ __device__ __forceinline__ uint4 Pack(const float* y) {
                     Traits<T>::FloatsToWord(y + 2 * P), Traits<T>::FloatsToWord(y + 3 * P));
 }
 
+// Loads (16-byte, aligned) used by every path. SOFTMAX_STREAMING selects
+// evict-first cache hints for data read and written once.
+__device__ __forceinline__ uint4 LoadGlobal16(const uint4* p) {
+#if SOFTMAX_STREAMING
+  return __ldcs(p);
+#else
+  return __ldg(p);
+#endif
+}
+__device__ __forceinline__ void StoreGlobal16(uint4* p, uint4 v) {
+#if SOFTMAX_STREAMING
+  __stcs(p, v);
+#else
+  *p = v;
+#endif
+}
+
+#if SOFTMAX_PREFETCH_NEXT
+// Per-thread L2 prefetch of one line ahead of its use.
+__device__ __forceinline__ void PrefetchLine(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+#endif
+
 // Element-wise load of V elements starting at p[e0]; positions >= limit read -inf.
 template <typename T>
 __device__ __forceinline__ uint4 LoadElements(const typename Traits<T>::Bits* p, long long e0,
@@ -220,7 +256,7 @@ template <typename T, bool kVec>
 __device__ __forceinline__ uint4 LoadVector(const void* row, long long vi, long long n) {
   constexpr int V = VecWidth<T>();
   if constexpr (kVec) {
-    if (vi * V < n) return __ldg(static_cast<const uint4*>(row) + vi);
+    if (vi * V < n) return LoadGlobal16(static_cast<const uint4*>(row) + vi);
     return NegInfVector<T>();
   }
   return LoadElements<T>(static_cast<const typename Traits<T>::Bits*>(row), vi * V, n);
@@ -231,7 +267,7 @@ template <typename T, bool kVec>
 __device__ __forceinline__ void StoreVector(void* row, long long vi, long long n, uint4 v) {
   constexpr int V = VecWidth<T>();
   if constexpr (kVec) {
-    if (vi * V < n) static_cast<uint4*>(row)[vi] = v;
+    if (vi * V < n) StoreGlobal16(static_cast<uint4*>(row) + vi, v);
     return;
   }
   StoreElements<T>(static_cast<typename Traits<T>::Bits*>(row), vi * V, n, v);
@@ -318,6 +354,18 @@ __device__ __forceinline__ float OutputFactor(bool log, float sum) {
   return log ? log2f(sum) : 1.0f / sum;
 }
 
+// Asks L2 to fetch [p, p + bytes) ahead of the loads that will read it (one
+// bulk prefetch per 64 KiB); lets a worker's next unit stream in while it
+// reduces the current one, without holding registers.
+__device__ __forceinline__ void PrefetchL2(const void* p, size_t bytes) {
+  uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~static_cast<uintptr_t>(15);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + 15) & ~static_cast<uintptr_t>(15);
+  for (; begin < end; begin += 65536) {
+    const unsigned size = static_cast<unsigned>(min(static_cast<uintptr_t>(65536), end - begin));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(begin), "r"(size) : "memory");
+  }
+}
+
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -335,12 +383,12 @@ __device__ __forceinline__ MaxSum BlockMerge(MaxSum v, float scale, float2* slot
   return total;
 }
 
-// First unit index >= 0 that worker `worker` of `workers` owns when a segment's
-// units are numbered from `unit_begin` in a rotation shared by all segments
-// (so that small segments do not all land on worker 0).
-__device__ __forceinline__ long long FirstUnit(long long worker, long long workers,
-                                               long long unit_begin) {
-  long long r = (worker - unit_begin) % workers;
+// First unit that worker `worker` of `workers` owns when unit 0 goes to worker
+// `first_worker` and unit u to worker (first_worker + u) % workers. The host
+// rotates first_worker across segments so that small segments do not all
+// land on worker 0.
+__device__ __forceinline__ int FirstUnit(int worker, int workers, int first_worker) {
+  const int r = worker - first_worker;
   return r < 0 ? r + workers : r;
 }
 
@@ -361,13 +409,13 @@ enum Config : int {
 struct RowSegment {
   const void* input;
   void* output;
-  long long unit_begin;  // rotation offset (sum of earlier segments' units)
   int rows;
-  int units;   // work units of this segment
+  int units;         // work units of this segment
   int n;
-  float scale;  // log2(e) / temperature
-  int config;   // Config bits
-  int unused;
+  int first_worker;  // the worker that takes unit 0 (rotates across segments)
+  float scale;       // log2(e) / temperature
+  int config;        // Config bits
+  int unused[2];
 };
 static_assert(sizeof(RowSegment) == 48, "RowSegment layout");
 
@@ -403,9 +451,20 @@ __device__ __forceinline__ void WarpRows(const RowSegment& seg) {
   const float scale = seg.scale;
   const size_t pitch = static_cast<size_t>(n) * sizeof(Bits);
 
-  for (int u = static_cast<int>(FirstUnit(worker, workers, seg.unit_begin)); u < seg.units;
-       u += workers) {
-    const int row0 = u * groups * kRows + (lane >> lanes_log2);
+  const int rows_per_unit = groups * kRows;
+  for (int u = FirstUnit(worker, workers, seg.first_worker); u < seg.units; u += workers) {
+    const int row0 = u * rows_per_unit + (lane >> lanes_log2);
+#if SOFTMAX_PREFETCH_NEXT
+    if (u + workers < seg.units) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int row = row0 + workers * rows_per_unit + r * groups;
+        if (row < seg.rows && static_cast<size_t>(lane_in_group) * 128 < pitch) {
+          PrefetchLine(static_cast<const char*>(seg.input) + row * pitch + lane_in_group * 128);
+        }
+      }
+    }
+#endif
     uint4 raw[kRows][kColumns];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -467,8 +526,7 @@ constexpr int WarpRowsPerLane(int columns_log2) { return kWarpSlots >> columns_l
 // holding vectors j*W*32 + t. Unit = a row; worker = a group. One named
 // barrier per row; `slots` is double-buffered by `parity`.
 template <typename T, bool kVec>
-__device__ __forceinline__ void BlockRows(const RowSegment& seg, float2 (*slots)[kWarps],
-                                          int& parity) {
+__device__ __forceinline__ void BlockRows(const RowSegment& seg, float2 (*slots)[kWarps]) {
   using Bits = typename Traits<T>::Bits;
   const int warps_log2 = (seg.config >> kShapeShift) & 0xf;
   const bool log = seg.config & kLogBit;
@@ -484,9 +542,27 @@ __device__ __forceinline__ void BlockRows(const RowSegment& seg, float2 (*slots)
   const float scale = seg.scale;
   const size_t pitch = static_cast<size_t>(n) * sizeof(Bits);
 
-  for (int row = static_cast<int>(FirstUnit(worker, workers, seg.unit_begin)); row < seg.units;
-       row += workers) {
+  // Skip (block-uniformly) a segment with no row for any group of this block.
+  int first_of_block = seg.units;
+  for (int g = 0; g < groups_per_block; ++g) {
+    first_of_block =
+        min(first_of_block, FirstUnit(blockIdx.x * groups_per_block + g, workers, seg.first_worker));
+  }
+  if (first_of_block >= seg.units) return;
+  // Named barrier ids and slots change owners between segments.
+  __syncthreads();
+  int parity = 0;
+  for (int row = FirstUnit(worker, workers, seg.first_worker); row < seg.units; row += workers) {
     const char* in = static_cast<const char*>(seg.input) + row * pitch;
+#if SOFTMAX_PREFETCH_NEXT
+    if (row + workers < seg.units) {
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const size_t offset = (static_cast<size_t>(j) * group_threads + t) * 16;
+        if ((t & 7) == 0 && offset < pitch) PrefetchLine(in + workers * pitch + offset);
+      }
+    }
+#endif
     uint4 raw[kSlots];
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) raw[j] = LoadVector<T, kVec>(in, j * group_threads + t, n);
@@ -541,14 +617,25 @@ __device__ __forceinline__ void ClusterRows(const RowSegment& seg, int launch_cl
 
   int min_start = seg.units;
   for (int k = 0; k < subs; ++k) {
-    min_start = min(min_start, static_cast<int>(FirstUnit(hw_cluster * subs + k, workers,
-                                                          seg.unit_begin)));
+    min_start = min(min_start, FirstUnit(hw_cluster * subs + k, workers, seg.first_worker));
   }
-  const int start = static_cast<int>(FirstUnit(worker, workers, seg.unit_begin));
+  // Skip (cluster-uniformly) a segment with no row for this hardware cluster.
+  if (min_start >= seg.units) return;
+  __syncthreads();
+  const int start = FirstUnit(worker, workers, seg.first_worker);
+  const size_t chunk_bytes = static_cast<size_t>(chunk) * 16;
+  if (threadIdx.x == 0 && start < seg.units) {
+    PrefetchL2(static_cast<const char*>(seg.input) + start * pitch + first_vector * 16,
+               min(chunk_bytes, pitch - min(pitch, first_vector * size_t{16})));
+  }
   for (int round = 0; min_start + round * workers < seg.units; ++round) {
     const int row = start + round * workers;
     const bool active = row < seg.units;
     const char* in = static_cast<const char*>(seg.input) + (active ? row : 0) * pitch;
+    if (threadIdx.x == 0 && row + workers < seg.units) {
+      PrefetchL2(in + workers * pitch + first_vector * 16,
+                 min(chunk_bytes, pitch - min(pitch, first_vector * size_t{16})));
+    }
     uint4 raw[kSlots];
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
@@ -592,35 +679,32 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, 2) OnChipKernel(const __grid_constant__ OnChipArgs args) {
   __shared__ float2 warp_slots[2][kWarps];
   __shared__ float2 block_slots[2];
-  int parity = 0;
+  // Toggles once per cluster round; equal in every block of a hardware
+  // cluster, since they all pass the same rounds.
+  int cluster_parity = 0;
   const RowSegment* table = args.table != nullptr ? args.table : args.inline_segments;
   for (int i = 0; i < args.count; ++i) {
     const RowSegment& seg = table[i];
     const int path = seg.config & kPathMask;
+    const bool vec = seg.config & kVecBit;
     if (path == static_cast<int>(SoftmaxPath::kWarpRows)) {
-      const bool vec = seg.config & kVecBit;
       switch ((seg.config >> kColumnsShift) & 0xf) {
         case 0: vec ? WarpRows<T, 1, 8, true>(seg) : WarpRows<T, 1, 8, false>(seg); break;
         case 1: vec ? WarpRows<T, 2, 4, true>(seg) : WarpRows<T, 2, 4, false>(seg); break;
         case 2: vec ? WarpRows<T, 4, 2, true>(seg) : WarpRows<T, 4, 2, false>(seg); break;
         default: vec ? WarpRows<T, 8, 1, true>(seg) : WarpRows<T, 8, 1, false>(seg); break;
       }
-    } else {
-      // Named barriers and slots change owners between segments.
-      __syncthreads();
-      const bool vec = seg.config & kVecBit;
-      if (path == static_cast<int>(SoftmaxPath::kBlockRows)) {
-        if (vec) {
-          BlockRows<T, true>(seg, warp_slots, parity);
-        } else {
-          BlockRows<T, false>(seg, warp_slots, parity);
-        }
+    } else if (path == static_cast<int>(SoftmaxPath::kBlockRows)) {
+      if (vec) {
+        BlockRows<T, true>(seg, warp_slots);
       } else {
-        if (vec) {
-          ClusterRows<T, true>(seg, args.launch_cluster, warp_slots, block_slots, parity);
-        } else {
-          ClusterRows<T, false>(seg, args.launch_cluster, warp_slots, block_slots, parity);
-        }
+        BlockRows<T, false>(seg, warp_slots);
+      }
+    } else {
+      if (vec) {
+        ClusterRows<T, true>(seg, args.launch_cluster, warp_slots, block_slots, cluster_parity);
+      } else {
+        ClusterRows<T, false>(seg, args.launch_cluster, warp_slots, block_slots, cluster_parity);
       }
     }
   }
@@ -666,6 +750,15 @@ __global__ void __launch_bounds__(kThreads, 2) SplitStatsKernel(const SplitArgs 
     const long long end = min(vectors, begin + a.part_vectors);
     MaxSum acc{-INFINITY, 0.0f};
     for (long long base = begin; base < end; base += kBlockVectors) {
+#if SOFTMAX_PREFETCH_NEXT
+      if (base + kBlockVectors < end) {
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j) {
+          const long long vi = base + kBlockVectors + j * kThreads + threadIdx.x;
+          if ((threadIdx.x & 7) == 0 && vi < end) PrefetchLine(in + vi * 16);
+        }
+      }
+#endif
       uint4 raw[kSlots];
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
@@ -720,6 +813,14 @@ __global__ void __launch_bounds__(kThreads, 2) SplitNormalizeKernel(const SplitA
     const long long chunks = (end - begin + kBlockVectors - 1) / kBlockVectors;
     for (long long c = chunks - 1; c >= 0; --c) {
       const long long base = begin + c * kBlockVectors;
+#if SOFTMAX_PREFETCH_NEXT
+      if (c > 0) {
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j) {
+          if ((threadIdx.x & 7) == 0) PrefetchLine(in + (base - kBlockVectors + j * kThreads + threadIdx.x) * 16);
+        }
+      }
+#endif
       uint4 raw[kSlots];
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
@@ -767,7 +868,7 @@ template <typename T, bool kVec>
 __device__ __forceinline__ uint4 LoadColumns(const char* base, long long col0, long long inner) {
   using Bits = typename Traits<T>::Bits;
   if constexpr (kVec) {
-    if (col0 < inner) return __ldg(reinterpret_cast<const uint4*>(base + col0 * sizeof(Bits)));
+    if (col0 < inner) return LoadGlobal16(reinterpret_cast<const uint4*>(base + col0 * sizeof(Bits)));
     return NegInfVector<T>();
   }
   return LoadElements<T>(reinterpret_cast<const Bits*>(base), col0, inner);
@@ -779,7 +880,7 @@ __device__ __forceinline__ void StoreColumns(char* base, long long col0, long lo
   using Bits = typename Traits<T>::Bits;
   const uint4 v = Pack<T>(y);
   if constexpr (kVec) {
-    if (col0 < inner) *reinterpret_cast<uint4*>(base + col0 * sizeof(Bits)) = v;
+    if (col0 < inner) StoreGlobal16(reinterpret_cast<uint4*>(base + col0 * sizeof(Bits)), v);
     return;
   }
   StoreElements<T>(reinterpret_cast<Bits*>(base), col0, inner, v);
@@ -1180,8 +1281,16 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
                         int count, char* scratch, size_t scratch_bytes, cudaStream_t stream) {
   constexpr int V = VecWidth<T>();
   const int item = ItemSize(dtype);
-  std::vector<RowSegment> rows;
+  // Pass 1: the cluster size of the launch (largest any segment needs).
   int launch_cluster = 1;
+  for (int i = 0; i < count; ++i) {
+    const SoftmaxSegment& s = segments[i];
+    if (Empty(s) || ChoosePath(plan, dtype, s) != SoftmaxPath::kClusterRows) continue;
+    launch_cluster = std::max(launch_cluster, 1 << CeilLog2(CeilDiv(CeilDiv(s.n, V), kBlockVectors)));
+  }
+  const int grid = GridOf(plan, "on_chip", dtype, launch_cluster);
+  // Pass 2: the table. Units are numbered in one rotation across segments.
+  std::vector<RowSegment> rows;
   long long unit_counter = 0;
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
@@ -1195,17 +1304,21 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
     const bool vec = Aligned16(s.input) && Aligned16(s.output) && (s.n * item) % 16 == 0;
     int config = static_cast<int>(path) | (s.log ? kLogBit : 0) | (vec ? kVecBit : 0);
     long long rows_per_unit = 1;
+    long long workers = 1;
     if (path == SoftmaxPath::kWarpRows) {
       const int lanes_log2 = std::min(5, CeilLog2(vectors));
       const int columns_log2 = CeilLog2(CeilDiv(vectors, 1LL << lanes_log2));
       rows_per_unit = (32LL >> lanes_log2) * WarpRowsPerLane(columns_log2);
       config |= (lanes_log2 << kShapeShift) | (columns_log2 << kColumnsShift);
+      workers = static_cast<long long>(grid) * kWarps;
     } else if (path == SoftmaxPath::kBlockRows) {
-      config |= CeilLog2(CeilDiv(vectors, kGroupWarpVectors)) << kShapeShift;
+      const int warps_log2 = CeilLog2(CeilDiv(vectors, kGroupWarpVectors));
+      config |= warps_log2 << kShapeShift;
+      workers = static_cast<long long>(grid) * (kWarps >> warps_log2);
     } else {
       const int cluster_log2 = CeilLog2(CeilDiv(vectors, kBlockVectors));
       config |= cluster_log2 << kShapeShift;
-      launch_cluster = std::max(launch_cluster, 1 << cluster_log2);
+      workers = static_cast<long long>(grid / launch_cluster) * (launch_cluster >> cluster_log2);
     }
     // Pieces of at most kMaxPieceRows rows keep the kernel's indices 32-bit.
     for (long long first = 0; first < s.outer; first += kMaxPieceRows) {
@@ -1219,7 +1332,7 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
       r.scale = static_cast<float>(kLog2e / static_cast<double>(s.temperature));
       r.units = static_cast<int>(CeilDiv(piece_rows, rows_per_unit));
       r.config = config;
-      r.unit_begin = unit_counter;
+      r.first_worker = static_cast<int>(unit_counter % workers);
       unit_counter += r.units;
       rows.push_back(r);
     }
@@ -1340,6 +1453,7 @@ cudaError_t LaunchPlan::Create(int device, LaunchPlan* plan) {
   SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeDType<__nv_bfloat16>(DType::kBFloat16, p.multiprocessors_,
                                                          p.clusters_supported_, &p.probes_,
                                                          &p.max_cluster_size_));
+  p.max_cluster_size_ = std::min(p.max_cluster_size_, kMaxUsedClusterSize);
   if (!p.clusters_supported_) p.max_cluster_size_ = 1;
   *plan = std::move(p);
   return cudaSuccess;

@@ -6,22 +6,23 @@
 // cudaStream_t and cudaError_t). No Abseil, no gRPC.
 //
 // The kernel family (kernels/softmax_cuda.cu), chosen per segment from its row
-// length N (V = 16 bytes / element size: 4 for float32, 8 for float16/bfloat16):
+// length N (V = 16 bytes / element size: 4 for float32, 8 for float16/bfloat16).
+// Blocks have 256 threads; each thread holds up to 8 16-byte vectors of a row
+// in registers, so every on-chip path reads and writes each element once.
 //
 //   SoftmaxPath::kWarpRows     N <= 256 V. Several short rows per warp (a group
-//                              of 1..32 lanes per row), or a row per warp; the
-//                              row lives in registers, shuffle reductions. Wins
-//                              for short rows: no barriers, 8 independent
-//                              16-byte loads per thread.
-//   SoftmaxPath::kBlockRows    N <= 4096 V. A row per group of 2..16 warps of a
-//                              512-thread block, in registers, one named barrier
-//                              per row (online max/sum merge). Wins up to the
-//                              register capacity of one block.
-//   SoftmaxPath::kClusterRows  N <= 65536 V. A row per thread-block cluster of
-//                              2..16 blocks, each holding its part in registers;
+//                              of 1..32 lanes per row, up to 8 rows per lane at
+//                              once), or a row per warp; shuffle reductions, no
+//                              barriers. Wins for short rows.
+//   SoftmaxPath::kBlockRows    N <= 2048 V. A row per group of 1..8 warps, one
+//                              named barrier per row (online max/sum merge).
+//                              Wins up to what one block holds in registers.
+//   SoftmaxPath::kClusterRows  N <= 16384 V. A row per thread-block cluster of
+//                              2..8 blocks, each holding its part in registers;
 //                              the (max, sum) pairs cross blocks through
-//                              distributed shared memory. Wins for rows too long
-//                              for one SM: one read and one write per element.
+//                              distributed shared memory after one cluster
+//                              barrier; the next row is prefetched into L2
+//                              meanwhile. Wins for rows too long for one SM.
 //   SoftmaxPath::kSplitRows    Longer rows. Rows split across blocks of a
 //                              persistent grid; pass 1 writes (max, sum) partials,
 //                              the last block of a row merges them; pass 2
@@ -31,7 +32,7 @@
 //   SoftmaxPath::kStrided      Softmax over a non-last axis ([outer, N, inner],
 //                              inner > 1): coalesced over inner (16-byte vectors
 //                              when aligned), rows of N split across blocks like
-//                              kSplitRows.
+//                              kSplitRows. Two reads and one write.
 //
 // Every path vectorises with 16-byte accesses when the segment's pointers and
 // row pitch are 16-byte aligned, and falls back to element accesses otherwise.
@@ -120,7 +121,8 @@ class LaunchPlan {
   // cluster size, or nullptr.
   const KernelProbe* Find(const std::string& family, DType dtype, int cluster_size = 1) const;
 
-  // Largest cluster size usable on this device (16, 8, ... or 1).
+  // Largest cluster size launches use on this device (8, 4, 2 or 1; probes
+  // also report 16-block clusters, which are not used: see softmax_cuda.cu).
   int max_cluster_size() const { return max_cluster_size_; }
 
   // Multi-line human-readable table of the probe.

@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""Softmax bandwidth on one GPU: this project's kernels, torch.softmax, a
+Triton fused-softmax kernel (one program per row, as in the public Triton
+tutorial) and a device-to-device copy, side by side with one timer.
+
+Usage (on the GPU machine; see kernels/README.md):
+    python3 kernels/bench/softmax_bench.py --lib build-kernels/lib/libsoftmax_kernels_c.so \
+        --out results/
+
+GB/s = 2 * M * N * itemsize / median time (bytes read once + written once).
+Every provider is validated against a float64 torch reference on fresh random
+normal inputs before it is timed (|y - ref| <= 1e-6 + rtol |ref|, rtol 1e-5 /
+2e-3 / 1.6e-2); a provider that fails is reported as invalid.
+Writes softmax_bench.json (one object per point) and softmax_bench.png.
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+DTYPES = {"float32": (torch.float32, 1, 1e-5), "float16": (torch.float16, 2, 2e-3),
+          "bfloat16": (torch.bfloat16, 3, 1.6e-2)}
+SWEEP_N = [32, 128, 512, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 262144, 1048576]
+TRITON_MAX_N = 16384
+
+
+class Segment(ctypes.Structure):
+    _fields_ = [("input", ctypes.c_uint64), ("output", ctypes.c_uint64), ("outer", ctypes.c_int64),
+                ("n", ctypes.c_int64), ("inner", ctypes.c_int64), ("temperature", ctypes.c_float),
+                ("log", ctypes.c_int32)]
+
+
+class Ours:
+    """The project's kernels through libsoftmax_kernels_c.so."""
+
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.softmax_plan_string.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        self.lib.softmax_scratch_bytes.restype = ctypes.c_size_t
+        self.lib.softmax_scratch_bytes.argtypes = [ctypes.c_int, ctypes.POINTER(Segment), ctypes.c_int]
+        self.lib.softmax_path.argtypes = [ctypes.c_int, ctypes.POINTER(Segment)]
+        self.lib.softmax_launch.argtypes = [ctypes.c_int, ctypes.POINTER(Segment), ctypes.c_int,
+                                            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+    def plan(self):
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = self.lib.softmax_plan_string(buf, len(buf))
+        if n < 0:
+            raise RuntimeError(f"softmax_plan_string failed: cudaError {-n}")
+        return buf.value.decode()
+
+    def prepare(self, dtype_code, tensors):
+        """tensors: list of (x, y, outer, n, inner). Returns a launch closure."""
+        segs = (Segment * len(tensors))()
+        for i, (x, y, outer, n, inner) in enumerate(tensors):
+            segs[i] = Segment(x.data_ptr(), y.data_ptr(), outer, n, inner, 1.0, 0)
+        scratch_bytes = self.lib.softmax_scratch_bytes(dtype_code, segs, len(tensors))
+        scratch = torch.empty(max(scratch_bytes, 1), dtype=torch.uint8, device="cuda")
+        paths = sorted({self.lib.softmax_path(dtype_code, ctypes.byref(segs[i]))
+                        for i in range(len(tensors))})
+        lib, count, ptr = self.lib, len(tensors), scratch.data_ptr()
+
+        def run():
+            err = lib.softmax_launch(dtype_code, segs, count, ptr, scratch_bytes, None)
+            if err != 0:
+                raise RuntimeError(f"softmax_launch failed: cudaError {err}")
+        run.keep = (segs, scratch)
+        return run, paths
+
+
+PATH_NAMES = ["warp", "block", "cluster", "split", "strided"]
+
+
+@triton.jit
+def triton_softmax_kernel(out_ptr, in_ptr, in_stride, out_stride, n_cols, BLOCK_SIZE: tl.constexpr):
+    # One program per row; the row is held in registers (public tutorial style).
+    row = tl.program_id(0).to(tl.int64)
+    offsets = tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_cols
+    x = tl.load(in_ptr + row * in_stride + offsets, mask=mask, other=-float("inf")).to(tl.float32)
+    x = x - tl.max(x, axis=0)
+    numerator = tl.exp(x)
+    y = numerator / tl.sum(numerator, axis=0)
+    tl.store(out_ptr + row * out_stride + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_softmax(x, y):
+    m, n = x.shape
+    block = triton.next_power_of_2(n)
+    warps = 4 if block <= 2048 else (8 if block <= 8192 else 16)
+    triton_softmax_kernel[(m,)](y, x, x.stride(0), y.stride(0), n, BLOCK_SIZE=block, num_warps=warps)
+
+
+def median_ms(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def check(y, x, dim, rtol):
+    """True when every element is within tolerance of the float64 reference."""
+    ref = torch.softmax(x.double(), dim=dim)
+    got = y.double()
+    ok = (got - ref).abs() <= 1e-6 + rtol * ref.abs()
+    ok |= torch.isnan(ref) & torch.isnan(got)
+    bad = int((~ok).sum())
+    del ref, got, ok
+    return bad == 0, bad
+
+
+def gbps(nbytes, ms):
+    return 2.0 * nbytes / (ms * 1e-3) / 1e9 if ms else None
+
+
+VARIANTS = {}  # name -> Ours, extra builds timed beside "ours" (--variant)
+
+
+def measure_point(ours, case, dtype_name, shape, dim, log_lines, results):
+    torch_dtype, code, rtol = DTYPES[dtype_name]
+    x = torch.randn(shape, device="cuda", dtype=torch.float32).to(torch_dtype)
+    y = torch.empty_like(x)
+    nbytes = x.numel() * x.element_size()
+    if dim == -1:
+        m, n = (shape[0], shape[1])
+        outer, axis_n, inner = m, n, 1
+    else:  # dim 0 of a 2-D tensor
+        outer, axis_n, inner = 1, shape[0], shape[1]
+    row = {"case": case, "dtype": dtype_name, "M": shape[0], "N": shape[1],
+           "shape": list(shape), "dim": dim}
+
+    run_ours, paths = ours.prepare(code, [(x, y, outer, axis_n, inner)])
+    row["ours_path"] = ",".join(PATH_NAMES[p] for p in paths)
+    # torch.softmax allocates its output; the call alone is timed, its result validated.
+    providers = [("ours", run_ours), ("torch", lambda: torch.softmax(x, dim=dim))]
+    if dim == -1 and shape[1] <= TRITON_MAX_N:
+        providers.append(("triton", lambda: triton_softmax(x, y)))
+    if case == "sweep":
+        for vname, vlib in VARIANTS.items():
+            providers.append((f"variant_{vname}", vlib.prepare(code, [(x, y, outer, axis_n, inner)])[0]))
+    for name, fn in providers:
+        y.fill_(float("nan"))
+        # fresh inputs for the check
+        x.copy_(torch.randn(shape, device="cuda", dtype=torch.float32).to(torch_dtype))
+        out = fn()
+        torch.cuda.synchronize()
+        result = out if name == "torch" else y
+        valid, bad = check(result, x, dim, rtol)
+        del out
+        ms = median_ms(fn)
+        row[f"{name}_gbps"] = gbps(nbytes, ms)
+        row[f"{name}_ms"] = ms
+        row[f"{name}_valid"] = valid
+        if not valid:
+            log_lines.append(f"INVALID {name} {case} {dtype_name} {shape}: {bad} elements off")
+    for name in ("triton",):
+        row.setdefault(f"{name}_gbps", None)
+    ms = median_ms(lambda: y.copy_(x))
+    row["copy_gbps"] = gbps(nbytes, ms)
+    row["copy_ms"] = ms
+    results.append(row)
+    del x, y
+    torch.cuda.empty_cache()
+    return row
+
+
+def measure_ragged(ours, dtype_name, log_lines, results, seed=0):
+    torch_dtype, code, rtol = DTYPES[dtype_name]
+    rng = random.Random(seed)
+    shapes = [(rng.randint(1, 63), rng.randint(16, 20000)) for _ in range(64)]
+    xs = [torch.randn(s, device="cuda", dtype=torch.float32).to(torch_dtype) for s in shapes]
+    ys = [torch.empty_like(x) for x in xs]
+    nbytes = sum(x.numel() * x.element_size() for x in xs)
+    run_ours, paths = ours.prepare(code, [(x, y, x.shape[0], x.shape[1], 1) for x, y in zip(xs, ys)])
+    row = {"case": "ragged", "dtype": dtype_name, "M": sum(s[0] for s in shapes), "N": None,
+           "tensors": len(shapes), "elements": sum(s[0] * s[1] for s in shapes),
+           "ours_path": ",".join(PATH_NAMES[p] for p in paths), "triton_gbps": None}
+
+    def torch_all():
+        return [torch.softmax(x, dim=-1) for x in xs]
+
+    providers = [("ours", run_ours), ("torch", torch_all)]
+    for vname, vlib in VARIANTS.items():
+        providers.append((f"variant_{vname}", vlib.prepare(
+            code, [(x, y, x.shape[0], x.shape[1], 1) for x, y in zip(xs, ys)])[0]))
+    for name, fn in providers:
+        for y in ys:
+            y.fill_(float("nan"))
+        out = fn()
+        torch.cuda.synchronize()
+        outs = out if name == "torch" else ys
+        bad = sum(check(o, x, -1, rtol)[1] for o, x in zip(outs, xs))
+        ms = median_ms(fn)
+        row[f"{name}_gbps"] = gbps(nbytes, ms)
+        row[f"{name}_ms"] = ms
+        row[f"{name}_valid"] = bad == 0
+        if bad:
+            log_lines.append(f"INVALID {name} ragged {dtype_name}: {bad} elements off")
+    flat_x = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    flat_y = torch.empty_like(flat_x)
+    ms = median_ms(lambda: flat_y.copy_(flat_x))
+    row["copy_gbps"] = gbps(nbytes, ms)
+    row["copy_ms"] = ms
+    results.append(row)
+    return row
+
+
+def fmt(v, w=7):
+    return f"{v:{w}.0f}" if isinstance(v, (int, float)) and v is not None else f"{'-':>{w}}"
+
+
+def print_row(r):
+    best_peer = max([v for v in (r.get("torch_gbps"), r.get("triton_gbps")) if v] or [float("nan")])
+    oc = r["ours_gbps"] / r["copy_gbps"] if r.get("copy_gbps") else float("nan")
+    op = r["ours_gbps"] / best_peer if best_peer == best_peer else float("nan")
+    shape = f"{r['M']}x{r['N']}" if r["N"] else f"{r.get('tensors')} tensors"
+    if r.get("dim", -1) == 0:
+        shape += " dim0"
+    print(f"{r['case']:7s} {r['dtype']:9s} {shape:>18s} {r.get('ours_path', ''):>8s} "
+          f"{fmt(r['ours_gbps'])} {fmt(r.get('torch_gbps'))} {fmt(r.get('triton_gbps'))} "
+          f"{fmt(r['copy_gbps'])} {oc:8.3f} {op:8.3f}"
+          + "".join(f"  {k[8:-5]}={v:.0f}" for k, v in r.items()
+                    if k.startswith("variant_") and k.endswith("_gbps")), flush=True)
+
+
+def summarize(results):
+    lines = []
+    groups = {"sweep": [r for r in results if r["case"] == "sweep"],
+              "huge+axis": [r for r in results if r["case"] in ("huge", "axis")],
+              "ragged": [r for r in results if r["case"] == "ragged"]}
+    for name, rows in groups.items():
+        if not rows:
+            continue
+        oc = [r["ours_gbps"] / r["copy_gbps"] for r in rows]
+        op = []
+        for r in rows:
+            peers = [v for v in (r.get("torch_gbps"), r.get("triton_gbps")) if v]
+            if peers:
+                op.append(r["ours_gbps"] / max(peers))
+        g = lambda v: math.exp(sum(math.log(x) for x in v) / len(v))
+        lines.append(f"{name:10s} ours/copy min {min(oc):.3f} geomean {g(oc):.3f}   "
+                     f"ours/best-peer min {min(op):.3f} geomean {g(op):.3f}")
+    return lines
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5), sharey=True)
+    for ax, dtype_name in zip(axes, DTYPES):
+        rows = sorted([r for r in results if r["case"] == "sweep" and r["dtype"] == dtype_name],
+                      key=lambda r: r["N"])
+        if not rows:
+            continue
+        ns = [r["N"] for r in rows]
+        for key, label, style in (("ours_gbps", "softmax-serve", "o-"), ("torch_gbps", "torch.softmax", "s-"),
+                                  ("triton_gbps", "Triton (one program per row)", "^-"),
+                                  ("copy_gbps", "device-to-device copy", "k--")):
+            pts = [(n, r[key]) for n, r in zip(ns, rows) if r.get(key)]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("N (row length), M*N = 2^28")
+        ax.set_title(f"softmax {dtype_name}, H200")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("GB/s (read + write)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lib", required=True, help="path of libsoftmax_kernels_c.so")
+    parser.add_argument("--out", default=".", help="folder for JSON and PNG")
+    parser.add_argument("--dtypes", default="float32,float16,bfloat16")
+    parser.add_argument("--quick", action="store_true", help="M*N = 2^24, fewer points (smoke test)")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME=path of another build of the library, timed beside ours "
+                             "(sweep and ragged points)")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    torch.manual_seed(0)
+    ours = Ours(args.lib)
+    for spec in args.variant:
+        name, path = spec.split("=", 1)
+        VARIANTS[name] = Ours(path)
+    print(ours.plan(), flush=True)
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    total = 1 << (24 if args.quick else 28)
+    dtypes = args.dtypes.split(",")
+    results, log_lines = [], []
+    print(f"{'case':7s} {'dtype':9s} {'shape':>18s} {'path':>8s} {'ours':>7s} {'torch':>7s} "
+          f"{'triton':>7s} {'copy':>7s} {'ours/cp':>8s} {'ours/pr':>8s}")
+    start = time.time()
+    json_path = os.path.join(args.out, "softmax_bench.json")
+
+    def show(row):  # print, and keep the JSON current so a cut-off run still reports
+        print_row(row)
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)
+
+    for dtype_name in dtypes:
+        for n in SWEEP_N:
+            if n > total:
+                continue
+            show(measure_point(ours, "sweep", dtype_name, (total // n, n), -1, log_lines, results))
+    huge = [(16, 1 << 24), (4, 1 << 26)] if not args.quick else [(4, 1 << 22)]
+    axis = [(4096, 65536), (65536, 4096), (1048576, 256)] if not args.quick else [(4096, 4096)]
+    for dtype_name in dtypes:
+        for shape in huge:
+            show(measure_point(ours, "huge", dtype_name, shape, -1, log_lines, results))
+        for shape in axis:
+            show(measure_point(ours, "axis", dtype_name, shape, 0, log_lines, results))
+        show(measure_ragged(ours, dtype_name, log_lines, results))
+    for line in log_lines:
+        print(line)
+    summary = summarize(results)
+    for line in summary:
+        print(line)
+    with open(json_path, "w") as f:
+        json.dump(results, f, indent=1)
+    try:
+        plot(results, os.path.join(args.out, "softmax_bench.png"))
+    except Exception as e:  # the numbers matter more than the chart
+        print(f"plot failed: {e}")
+    print(f"done in {time.time() - start:.0f} s; invalid providers: {len(log_lines)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
