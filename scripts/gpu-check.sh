@@ -5,7 +5,7 @@
 #
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
-# steps: any of unit,e2e,batching,service (default: all of them).
+# steps: any of unit,e2e,batching,small,service (default: unit,e2e,batching,service).
 # Needs python3 with grpcio, protobuf, numpy and pytest (matplotlib for plots).
 # Everything lands in OUT_DIR/gpu-check.tgz plus a summary in OUT_DIR/summary.txt.
 set -uo pipefail
@@ -40,10 +40,26 @@ if step e2e; then
 fi
 
 if step batching; then
-  note "batching benchmark"
-  python3 bench/batching/run.py --bundle="$bundle" --device=cuda --out="$work/batching" \
-    2>&1 | tee "$work/batching.log" | tail -12 | tee -a "$work/summary.txt"
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  for delay in 100 2000; do
+    note "batching benchmark, --max_queue_delay_us=$delay"
+    python3 bench/batching/run.py --bundle="$bundle" --device=cuda \
+      --server-arg=--max_queue_delay_us=$delay --out="$work/batching-delay$delay" \
+      2>&1 | tee "$work/batching-delay$delay.log" | tail -8 | tee -a "$work/summary.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
+fi
+
+if step small; then
+  # The small-payload point (1 x 1024 float32, 256 callers), unary and stream,
+  # over 16 connections.
+  for mode in unary stream; do
+    note "small payloads, $mode"
+    extra=(); [[ $mode == stream ]] && extra=(--stream)
+    python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/small-$mode" \
+      --payloads=1x1024:float32 --concurrency=256 --connections=16 --duration=4 --warmup=1 \
+      "${extra[@]}" 2>&1 | tee "$work/small-$mode.log" | tail -4 | tee -a "$work/summary.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
 fi
 
 if step service; then

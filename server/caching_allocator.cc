@@ -73,7 +73,13 @@ CachingAllocator::~CachingAllocator() {
 }
 
 size_t CachingAllocator::SizeClass(size_t bytes) {
-  if (bytes <= kMiB) return RoundUp(std::max<size_t>(bytes, 1), 512);
+  if (bytes <= kMiB) {
+    // Powers of two: a dozen classes cover every small size, so a mix of
+    // batch sizes settles into the cache quickly.
+    size_t size = 512;
+    while (size < bytes) size <<= 1;
+    return size;
+  }
   if (bytes <= 64 * kMiB) return RoundUp(bytes, 2 * kMiB);
   return RoundUp(bytes, 32 * kMiB);
 }

@@ -1,8 +1,8 @@
 // CachingAllocator: keeps freed blocks for reuse so that, after warm-up, the
 // serving hot path makes no cudaMalloc / cudaHostAlloc calls.
 //
-// Blocks are rounded up to size classes (multiples of 512 B below 1 MiB, of
-// 2 MiB up to 64 MiB, then of 32 MiB) and a freed block goes back to its
+// Blocks are rounded up to size classes (powers of two from 512 B to 1 MiB,
+// multiples of 2 MiB up to 64 MiB, then of 32 MiB) and a freed block goes back to its
 // class's free list. The memory itself comes from a RawAllocator: device
 // memory (cudaMalloc), pinned host memory (cudaHostAlloc) or, in tests, plain
 // heap memory. When the raw allocator reports out of memory, the cache is

@@ -14,6 +14,7 @@ TEST(CachingAllocatorTest, SizeClassesRoundUp) {
   EXPECT_EQ(CachingAllocator::SizeClass(1), 512u);
   EXPECT_EQ(CachingAllocator::SizeClass(512), 512u);
   EXPECT_EQ(CachingAllocator::SizeClass(513), 1024u);
+  EXPECT_EQ(CachingAllocator::SizeClass(3000), 4096u);
   EXPECT_EQ(CachingAllocator::SizeClass(1 << 20), 1u << 20);
   EXPECT_EQ(CachingAllocator::SizeClass((1 << 20) + 1), 2u << 20);
   EXPECT_EQ(CachingAllocator::SizeClass((64u << 20) + 1), 96u << 20);

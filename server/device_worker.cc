@@ -70,10 +70,15 @@ struct Piece {
 
 }  // namespace
 
+// One pipeline slot: its stream, its kernel-timing events and its staging,
+// sized once to max_staging_bytes so that normal batches never allocate.
 struct DeviceWorker::Slot {
   cudaStream_t stream = nullptr;
   cudaEvent_t kernel_start = nullptr;
   cudaEvent_t kernel_end = nullptr;
+  Block pinned;      // host staging: inputs packed here, outputs copied back here
+  Block device_in;
+  Block device_out;
 };
 
 struct DeviceWorker::State {
@@ -139,6 +144,15 @@ absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(
     if (status.ok()) status = SOFTMAX_CUDA_STATUS(cudaEventCreate(&slot.kernel_start));
     if (status.ok()) status = SOFTMAX_CUDA_STATUS(cudaEventCreate(&slot.kernel_end));
     if (!status.ok()) return status;
+    absl::StatusOr<Block> pinned = state.pinned_memory->Allocate(options.max_staging_bytes);
+    if (!pinned.ok()) return pinned.status();
+    absl::StatusOr<Block> device_in = state.device_memory->Allocate(options.max_staging_bytes);
+    if (!device_in.ok()) return device_in.status();
+    absl::StatusOr<Block> device_out = state.device_memory->Allocate(options.max_staging_bytes);
+    if (!device_out.ok()) return device_out.status();
+    slot.pinned = std::move(*pinned);
+    slot.device_in = std::move(*device_in);
+    slot.device_out = std::move(*device_out);
   }
   for (int i = 0; i < options.slots; ++i) {
     worker->threads_.emplace_back([w = worker.get(), i] { w->SlotLoop(i); });
@@ -153,6 +167,12 @@ DeviceWorker::~DeviceWorker() {
     cv_.SignalAll();
   }
   for (std::thread& thread : threads_) thread.join();
+  for (Slot& slot : state_->slots) {
+    // Back to the caches before the allocators are destroyed.
+    slot.pinned.Reset();
+    slot.device_in.Reset();
+    slot.device_out.Reset();
+  }
   if (!failed_.load()) {
     for (Slot& slot : state_->slots) {
       if (slot.kernel_end != nullptr) cudaEventDestroy(slot.kernel_end);
@@ -215,7 +235,8 @@ namespace {
 // wait, unpack. Adds the kernel time and launches to the totals.
 absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_memory,
                        CachingAllocator& pinned_memory, cudaStream_t stream,
-                       cudaEvent_t kernel_start, cudaEvent_t kernel_end, Batch& batch,
+                       cudaEvent_t kernel_start, cudaEvent_t kernel_end, const Block& slot_pinned,
+                       const Block& slot_device_in, const Block& slot_device_out, Batch& batch,
                        const std::vector<Piece>& pieces, bool inject_fault, int64_t* kernel_ns,
                        int* launches) {
   std::vector<int64_t> offsets;
@@ -226,15 +247,27 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
     offsets.push_back(total);
     total += piece.bytes;
   }
-  absl::StatusOr<Block> pinned = pinned_memory.Allocate(total);
-  if (!pinned.ok()) return pinned.status();
-  absl::StatusOr<Block> device_in = device_memory.Allocate(total);
-  if (!device_in.ok()) return device_in.status();
-  absl::StatusOr<Block> device_out = device_memory.Allocate(total);
-  if (!device_out.ok()) return device_out.status();
-  char* host = static_cast<char*>(pinned->data());
-  char* in = static_cast<char*>(device_in->data());
-  char* out = static_cast<char*>(device_out->data());
+  // The slot's own staging when the run fits it (every normal batch);
+  // otherwise staging of the run's size from the caches (a slab larger than
+  // max_staging_bytes), returned when the run ends.
+  char* host = static_cast<char*>(slot_pinned.data());
+  char* in = static_cast<char*>(slot_device_in.data());
+  char* out = static_cast<char*>(slot_device_out.data());
+  Block own_pinned, own_in, own_out;
+  if (static_cast<size_t>(total) > slot_pinned.size()) {
+    absl::StatusOr<Block> pinned = pinned_memory.Allocate(total);
+    if (!pinned.ok()) return pinned.status();
+    absl::StatusOr<Block> device_in = device_memory.Allocate(total);
+    if (!device_in.ok()) return device_in.status();
+    absl::StatusOr<Block> device_out = device_memory.Allocate(total);
+    if (!device_out.ok()) return device_out.status();
+    own_pinned = std::move(*pinned);
+    own_in = std::move(*device_in);
+    own_out = std::move(*device_out);
+    host = static_cast<char*>(own_pinned.data());
+    in = static_cast<char*>(own_in.data());
+    out = static_cast<char*>(own_out.data());
+  }
 
   for (size_t k = 0; k < pieces.size(); ++k) {
     const Piece& piece = pieces[k];
@@ -337,8 +370,9 @@ BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
   State& state = *state_;
   auto run = [&](const std::vector<Piece>& run_pieces, bool fault) {
     return RunPieces(state.plan, *state.device_memory, *state.pinned_memory, slot.stream,
-                     slot.kernel_start, slot.kernel_end, batch, run_pieces, fault,
-                     &result.kernel_ns, &result.launches);
+                     slot.kernel_start, slot.kernel_end, slot.pinned, slot.device_in,
+                     slot.device_out, batch, run_pieces, fault, &result.kernel_ns,
+                     &result.launches);
   };
   for (size_t r = 0; r < runs.size(); ++r) {
     absl::Status status = run(runs[r], inject && r == 0);

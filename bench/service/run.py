@@ -129,6 +129,8 @@ def point_args(args, spec, concurrency):
     common = [f"--shape={spec}", f"--concurrency={concurrency}",
               f"--connections={connections}", f"--warmup={args.warmup}",
               f"--timeout_ms={args.timeout_ms}"]
+    if args.stream:
+        common.append("--stream")
     if payload_bytes(spec) > args.big_bytes:
         return common + [f"--requests={max(args.big_requests, 2 * concurrency)}"]
     return common + [f"--duration={args.duration}"]
@@ -285,6 +287,8 @@ def main():
     parser.add_argument("--timeout-ms", type=int, default=600000, dest="timeout_ms")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra softmax-server flag, repeatable (e.g. --cpu_threads=2)")
+    parser.add_argument("--stream", action="store_true",
+                        help="SoftmaxStream (one stream per connection) instead of unary calls")
     parser.add_argument("--skip-none", action="store_true",
                         help="only the computing server (no echo ceiling)")
     parser.add_argument("--install-deps", action="store_true",
