@@ -31,6 +31,9 @@
 #ifndef SOFTMAX_PREFETCH_NEXT
 #define SOFTMAX_PREFETCH_NEXT 0
 #endif
+#ifndef SOFTMAX_WARP_KERNEL
+#define SOFTMAX_WARP_KERNEL 0
+#endif
 
 namespace softmax {
 namespace gpu {
@@ -44,6 +47,12 @@ constexpr int kSlots = 8;         // vectors per thread: block, cluster, split p
 constexpr int kWarpSlots = 8;     // vectors per lane: warp path
 constexpr int kStridedSlots = 8;  // rows per thread and batch: strided path
 constexpr int kBlockVectors = kThreads * kSlots;   // vectors one block holds
+// Vectors per thread of the cluster path's "wide" form, used only for rows
+// beyond 8 blocks x kSlots: measured on the H200, 16 vectors per thread
+// (fewer, larger clusters) lost 5-15% against 8 for N = 16K..64K fp32, and won
+// 14% (0.66 against 0.58 of copy) at N = 262144 fp16, which 8 cannot hold.
+constexpr int kWideSlots = 16;
+constexpr int kWideVectors = kThreads * kWideSlots;
 constexpr int kWarpVectors = 32 * kWarpSlots;      // vectors one warp path row holds
 constexpr int kGroupWarpVectors = 32 * kSlots;     // vectors one warp of a block-path group holds
 constexpr int kMaxClusterSize = 16;  // probed (and reported) up to this size
@@ -311,17 +320,17 @@ __device__ __forceinline__ MaxSum WarpMerge(MaxSum v, float scale) {
 }
 
 // (max, sum) over the kSlots vectors one thread holds.
-template <typename T>
-__device__ __forceinline__ MaxSum LocalMaxSum(const uint4 (&raw)[kSlots], float scale) {
+template <typename T, int kN>
+__device__ __forceinline__ MaxSum LocalMaxSum(const uint4 (&raw)[kN], float scale) {
   constexpr int V = VecWidth<T>();
   float m = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < kSlots; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
+  for (int j = 0; j < kN; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
   // With m == -inf every value is -inf (-> 0) or NaN (-> NaN): shift by 0.
   const float shift = m == -INFINITY ? 0.0f : m;
   float d = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kSlots; ++j) {
+  for (int j = 0; j < kN; ++j) {
     float x[V];
     Unpack<T>(raw[j], x);
 #pragma unroll
@@ -402,6 +411,7 @@ enum Config : int {
   kShapeShift = 8,        // log2 of: lanes per row (warp path), warps per row
                           // (block path), blocks per row (cluster path)
   kColumnsShift = 12,     // log2 of vectors per lane per row (warp path)
+  kWideBit = 1 << 6,      // cluster path with kWideSlots vectors per thread
 };
 
 // One segment of the on-chip kernel's table (48 bytes). The host splits
@@ -520,7 +530,12 @@ __device__ __forceinline__ void WarpRows(const RowSegment& seg) {
 
 // Rows each lane holds at once in the warp path, by log2 of vectors per lane
 // per row (matches the WarpRows instantiations in OnChipKernel).
-constexpr int WarpRowsPerLane(int columns_log2) { return kWarpSlots >> columns_log2; }
+constexpr int WarpRowsPerLane(int columns_log2, int slots = kWarpSlots) {
+  return slots >> columns_log2;
+}
+
+// Vectors per lane in the warp-only kernel: fewer registers, 4 blocks per SM.
+constexpr int kWarpKernelSlots = 4;
 
 // Block path. A group of W = 2^warps_log2 warps (1..8) holds a row, thread t
 // holding vectors j*W*32 + t. Unit = a row; worker = a group. One named
@@ -586,15 +601,19 @@ __device__ __forceinline__ void BlockRows(const RowSegment& seg, float2 (*slots)
 }
 
 // Cluster path. A (sub-)cluster of S = 2^cluster_log2 blocks holds a row;
-// block rank r holds vectors [r*chunk, (r+1)*chunk), chunk <= kBlockVectors.
-// Each block merges its (max, sum), publishes it in its shared memory, and
-// after one cluster barrier every thread reads the S pairs through
-// distributed shared memory. A launch with cluster size L >= S runs L/S
+// block rank r holds vectors [r*chunk, (r+1)*chunk), chunk <= kN * kThreads
+// (kN = kSlots, or kWideSlots for the longest rows). S == 1 (no cluster
+// barrier) is supported but not chosen by the host.
+// Each block merges its (max, sum) and writes it into the shared memory of
+// every block of its sub-cluster (distributed shared memory stores); after one
+// cluster barrier every thread reads the S pairs locally. Thread 0 prefetches
+// this block's part of the next row into L2 meanwhile (bulk prefetch). A
+// launch with cluster size L >= S runs L/S
 // sub-clusters per hardware cluster; all of them pass the same number of
 // cluster barriers. Unit = a row; worker = a sub-cluster.
-template <typename T, bool kVec>
+template <typename T, bool kVec, int kN>
 __device__ __forceinline__ void ClusterRows(const RowSegment& seg, int launch_cluster,
-                                            float2 (*warp_slots)[kWarps], float2* block_slots,
+                                            float2 (*warp_slots)[kWarps], float2* cluster_slots,
                                             int& parity) {
   constexpr int V = VecWidth<T>();
   using Bits = typename Traits<T>::Bits;
@@ -636,9 +655,9 @@ __device__ __forceinline__ void ClusterRows(const RowSegment& seg, int launch_cl
       PrefetchL2(in + workers * pitch + first_vector * 16,
                  min(chunk_bytes, pitch - min(pitch, first_vector * size_t{16})));
     }
-    uint4 raw[kSlots];
+    uint4 raw[kN];
 #pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
+    for (int j = 0; j < kN; ++j) {
       const int local = j * kThreads + threadIdx.x;
       raw[j] = (active && local < chunk) ? LoadVector<T, kVec>(in, first_vector + local, n)
                                          : NegInfVector<T>();
@@ -651,19 +670,32 @@ __device__ __forceinline__ void ClusterRows(const RowSegment& seg, int launch_cl
       for (int w = 0; w < kWarps; ++w) {
         block = Merge(block, MaxSum{warp_slots[parity][w].x, warp_slots[parity][w].y}, scale);
       }
-      block_slots[parity] = make_float2(block.m, block.d);
+      // Push this block's pair into every peer's shared memory (remote stores
+      // need no round trip); after the barrier each thread reads locally.
+      const float2 mine_pair = make_float2(block.m, block.d);
+      float2* slot = cluster_slots + parity * kMaxUsedClusterSize + (rank & (sub_size - 1));
+      if (sub_size == 1) {
+        *slot = mine_pair;
+      } else {
+        for (int k = 0; k < sub_size; ++k) *cluster.map_shared_rank(slot, sub * sub_size + k) = mine_pair;
+      }
     }
-    cluster.sync();
+    // Same sub_size in every block of the hardware cluster: uniform choice.
+    if (sub_size == 1) {
+      __syncthreads();
+    } else {
+      cluster.sync();
+    }
     if (active) {
       MaxSum total{-INFINITY, 0.0f};
       for (int k = 0; k < sub_size; ++k) {
-        const float2 s = *cluster.map_shared_rank(block_slots + parity, sub * sub_size + k);
+        const float2 s = cluster_slots[parity * kMaxUsedClusterSize + k];
         total = Merge(total, MaxSum{s.x, s.y}, scale);
       }
       const float factor = OutputFactor(log, total.d);
       char* out = static_cast<char*>(seg.output) + row * pitch;
 #pragma unroll
-      for (int j = 0; j < kSlots; ++j) {
+      for (int j = 0; j < kN; ++j) {
         const int local = j * kThreads + threadIdx.x;
         if (local < chunk) {
           StoreVector<T, kVec>(out, first_vector + local, n,
@@ -678,7 +710,7 @@ __device__ __forceinline__ void ClusterRows(const RowSegment& seg, int launch_cl
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 2) OnChipKernel(const __grid_constant__ OnChipArgs args) {
   __shared__ float2 warp_slots[2][kWarps];
-  __shared__ float2 block_slots[2];
+  __shared__ float2 cluster_slots[2 * kMaxUsedClusterSize];  // [parity][rank in sub-cluster]
   // Toggles once per cluster round; equal in every block of a hardware
   // cluster, since they all pass the same rounds.
   int cluster_parity = 0;
@@ -701,16 +733,43 @@ __global__ void __launch_bounds__(kThreads, 2) OnChipKernel(const __grid_constan
         BlockRows<T, false>(seg, warp_slots);
       }
     } else {
-      if (vec) {
-        ClusterRows<T, true>(seg, args.launch_cluster, warp_slots, block_slots, cluster_parity);
+      const bool wide = seg.config & kWideBit;
+      if (vec && !wide) {
+        ClusterRows<T, true, kSlots>(seg, args.launch_cluster, warp_slots, cluster_slots,
+                                     cluster_parity);
+      } else if (vec) {
+        ClusterRows<T, true, kWideSlots>(seg, args.launch_cluster, warp_slots, cluster_slots,
+                                         cluster_parity);
+      } else if (!wide) {
+        ClusterRows<T, false, kSlots>(seg, args.launch_cluster, warp_slots, cluster_slots,
+                                      cluster_parity);
       } else {
-        ClusterRows<T, false>(seg, args.launch_cluster, warp_slots, block_slots, cluster_parity);
+        ClusterRows<T, false, kWideSlots>(seg, args.launch_cluster, warp_slots, cluster_slots,
+                                          cluster_parity);
       }
     }
   }
   // No block may leave while a peer can still read its shared memory.
   if (args.launch_cluster > 1) cg::this_cluster().sync();
 }
+
+#if SOFTMAX_WARP_KERNEL
+// Launches whose segments all take the warp path with N <= 128 V use this
+// variant: 4 vectors per lane, so twice the warps per SM of OnChipKernel.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 4) WarpKernel(const __grid_constant__ OnChipArgs args) {
+  const RowSegment* table = args.table != nullptr ? args.table : args.inline_segments;
+  for (int i = 0; i < args.count; ++i) {
+    const RowSegment& seg = table[i];
+    const bool vec = seg.config & kVecBit;
+    switch ((seg.config >> kColumnsShift) & 0xf) {
+      case 0: vec ? WarpRows<T, 1, 4, true>(seg) : WarpRows<T, 1, 4, false>(seg); break;
+      case 1: vec ? WarpRows<T, 2, 2, true>(seg) : WarpRows<T, 2, 2, false>(seg); break;
+      default: vec ? WarpRows<T, 4, 1, true>(seg) : WarpRows<T, 4, 1, false>(seg); break;
+    }
+  }
+}
+#endif
 
 // ---------------------------------------------------------------------------
 // Split rows (last axis, rows too long for a cluster): a row of `vectors`
@@ -1085,6 +1144,9 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 template <typename T>
 struct Kernels {
   static void* OnChip() { return reinterpret_cast<void*>(&OnChipKernel<T>); }
+#if SOFTMAX_WARP_KERNEL
+  static void* Warp() { return reinterpret_cast<void*>(&WarpKernel<T>); }
+#endif
   static void* SplitStats() { return reinterpret_cast<void*>(&SplitStatsKernel<T, true>); }
   static void* SplitNormalize() { return reinterpret_cast<void*>(&SplitNormalizeKernel<T, true>); }
   static void* StridedStats() { return reinterpret_cast<void*>(&StridedStatsKernel<T, true>); }
@@ -1119,6 +1181,12 @@ cudaError_t ProbeDType(DType dtype, int multiprocessors, bool clusters,
   SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::OnChip(), "on_chip", "warp,block", dtype,
                                            multiprocessors, &probe));
   probes->push_back(probe);
+#if SOFTMAX_WARP_KERNEL
+  KernelProbe warp_probe;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::Warp(), "on_chip_warp", "warp(N<=128V)",
+                                           dtype, multiprocessors, &warp_probe));
+  probes->push_back(warp_probe);
+#endif
   int best = 1;
   if (clusters) {
     for (int size = 2; size <= kMaxClusterSize; size *= 2) {
@@ -1239,6 +1307,19 @@ size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment&
   return 0;
 }
 
+// Cluster path geometry for a row of `vectors` vectors: log2 of the cluster
+// size and whether the wide form is used.
+struct ClusterShape {
+  int log2;
+  bool wide;
+};
+ClusterShape ClusterShapeOf(long long vectors) {
+  if (vectors <= static_cast<long long>(kBlockVectors) * kMaxUsedClusterSize) {
+    return {CeilLog2(CeilDiv(vectors, kBlockVectors)), false};
+  }
+  return {CeilLog2(CeilDiv(vectors, kWideVectors)), true};
+}
+
 bool Empty(const SoftmaxSegment& s) { return s.outer == 0 || s.inner == 0 || s.n == 0; }
 
 // On-chip segments are cut into pieces of at most this many rows.
@@ -1246,7 +1327,8 @@ constexpr long long kMaxPieceRows = 1LL << 30;
 
 template <typename T>
 cudaError_t LaunchOnChip(const LaunchPlan& plan, DType dtype, const std::vector<RowSegment>& rows,
-                         int launch_cluster, void* table_scratch, cudaStream_t stream) {
+                         int launch_cluster, bool warp_kernel, void* table_scratch,
+                         cudaStream_t stream) {
   OnChipArgs args;
   std::memset(&args, 0, sizeof(args));
   args.count = static_cast<int>(rows.size());
@@ -1271,6 +1353,14 @@ cudaError_t LaunchOnChip(const LaunchPlan& plan, DType dtype, const std::vector<
     config.attrs = &attribute;
     config.numAttrs = 1;
   }
+#if SOFTMAX_WARP_KERNEL
+  if (warp_kernel) {
+    config.gridDim = dim3(GridOf(plan, "on_chip_warp", dtype), 1, 1);
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, WarpKernel<T>, args));
+    return cudaGetLastError();
+  }
+#endif
+  (void)warp_kernel;
   config.gridDim = dim3(GridOf(plan, "on_chip", dtype, launch_cluster), 1, 1);
   SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, OnChipKernel<T>, args));
   return cudaGetLastError();
@@ -1283,12 +1373,22 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
   const int item = ItemSize(dtype);
   // Pass 1: the cluster size of the launch (largest any segment needs).
   int launch_cluster = 1;
+  bool warp_kernel = SOFTMAX_WARP_KERNEL != 0;
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
-    if (Empty(s) || ChoosePath(plan, dtype, s) != SoftmaxPath::kClusterRows) continue;
-    launch_cluster = std::max(launch_cluster, 1 << CeilLog2(CeilDiv(CeilDiv(s.n, V), kBlockVectors)));
+    if (Empty(s)) continue;
+    const SoftmaxPath path = ChoosePath(plan, dtype, s);
+    if (path == SoftmaxPath::kClusterRows) {
+      launch_cluster = std::max(launch_cluster, 1 << ClusterShapeOf(CeilDiv(s.n, V)).log2);
+    }
+    if (path == SoftmaxPath::kBlockRows || path == SoftmaxPath::kClusterRows ||
+        (path == SoftmaxPath::kWarpRows && CeilDiv(s.n, V) > 32 * kWarpKernelSlots)) {
+      warp_kernel = false;
+    }
   }
-  const int grid = GridOf(plan, "on_chip", dtype, launch_cluster);
+  const int grid = warp_kernel ? GridOf(plan, "on_chip_warp", dtype)
+                               : GridOf(plan, "on_chip", dtype, launch_cluster);
+  const int lane_slots = warp_kernel ? kWarpKernelSlots : kWarpSlots;
   // Pass 2: the table. Units are numbered in one rotation across segments.
   std::vector<RowSegment> rows;
   long long unit_counter = 0;
@@ -1308,7 +1408,7 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
     if (path == SoftmaxPath::kWarpRows) {
       const int lanes_log2 = std::min(5, CeilLog2(vectors));
       const int columns_log2 = CeilLog2(CeilDiv(vectors, 1LL << lanes_log2));
-      rows_per_unit = (32LL >> lanes_log2) * WarpRowsPerLane(columns_log2);
+      rows_per_unit = (32LL >> lanes_log2) * WarpRowsPerLane(columns_log2, lane_slots);
       config |= (lanes_log2 << kShapeShift) | (columns_log2 << kColumnsShift);
       workers = static_cast<long long>(grid) * kWarps;
     } else if (path == SoftmaxPath::kBlockRows) {
@@ -1316,8 +1416,9 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
       config |= warps_log2 << kShapeShift;
       workers = static_cast<long long>(grid) * (kWarps >> warps_log2);
     } else {
-      const int cluster_log2 = CeilLog2(CeilDiv(vectors, kBlockVectors));
-      config |= cluster_log2 << kShapeShift;
+      const ClusterShape shape = ClusterShapeOf(vectors);
+      const int cluster_log2 = shape.log2;
+      config |= (cluster_log2 << kShapeShift) | (shape.wide ? kWideBit : 0);
       workers = static_cast<long long>(grid / launch_cluster) * (launch_cluster >> cluster_log2);
     }
     // Pieces of at most kMaxPieceRows rows keep the kernel's indices 32-bit.
@@ -1345,7 +1446,7 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
   }
   if (!rows.empty()) {
     SOFTMAX_CUDA_RETURN_IF_ERROR(
-        LaunchOnChip<T>(plan, dtype, rows, launch_cluster, table_scratch, stream));
+        LaunchOnChip<T>(plan, dtype, rows, launch_cluster, warp_kernel, table_scratch, stream));
   }
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
@@ -1494,10 +1595,28 @@ SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment
   const long long vectors = CeilDiv(segment.n, v);
   if (vectors <= kWarpVectors) return SoftmaxPath::kWarpRows;
   if (vectors <= kBlockVectors) return SoftmaxPath::kBlockRows;
-  if (vectors <= static_cast<long long>(kBlockVectors) * plan.max_cluster_size()) {
+  if (plan.max_cluster_size() >= 2 &&
+      vectors <= static_cast<long long>(plan.max_cluster_size() == kMaxUsedClusterSize
+                                            ? kWideVectors
+                                            : kBlockVectors) *
+                     plan.max_cluster_size()) {
     return SoftmaxPath::kClusterRows;
   }
   return SoftmaxPath::kSplitRows;
+}
+
+int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path) {
+  const int64_t v = 16 / ItemSize(dtype);
+  switch (path) {
+    case SoftmaxPath::kWarpRows: return kWarpVectors * v;
+    case SoftmaxPath::kBlockRows: return kBlockVectors * v;
+    case SoftmaxPath::kClusterRows:
+      if (plan.max_cluster_size() < 2) return 0;
+      return static_cast<int64_t>(plan.max_cluster_size() == kMaxUsedClusterSize ? kWideVectors
+                                                                                  : kBlockVectors) *
+             plan.max_cluster_size() * v;
+    default: return (int64_t{1} << 31) - 1;
+  }
 }
 
 size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,

@@ -17,8 +17,9 @@
 //   SoftmaxPath::kBlockRows    N <= 2048 V. A row per group of 1..8 warps, one
 //                              named barrier per row (online max/sum merge).
 //                              Wins up to what one block holds in registers.
-//   SoftmaxPath::kClusterRows  N <= 16384 V. A row per thread-block cluster of
-//                              2..8 blocks, each holding its part in registers;
+//   SoftmaxPath::kClusterRows  N <= 32768 V. A row per thread-block cluster of
+//                              2..8 blocks, each holding its part in registers
+//                              (8 vectors per thread; 16 beyond N = 16384 V);
 //                              the (max, sum) pairs cross blocks through
 //                              distributed shared memory after one cluster
 //                              barrier; the next row is prefetched into L2
@@ -137,6 +138,11 @@ class LaunchPlan {
   int max_cluster_size_ = 1;
   std::vector<KernelProbe> probes_;
 };
+
+// Largest last-axis row length that `path` takes for `dtype` on this plan
+// (the split path: the largest n accepted). Rows longer than the warp path's
+// limit go to the block path, and so on.
+int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path);
 
 // The path LaunchSoftmax takes for `segment` of `dtype` on this plan.
 SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);

@@ -203,22 +203,26 @@ std::string SoftmaxCudaTest::skip_reason_;
 bool SoftmaxCudaTest::create_failed_ = false;
 
 // Row lengths that land in each path, for a dtype: a few inside each class.
-std::vector<std::pair<SoftmaxPath, int64_t>> LengthsPerPath(DType dtype, int max_cluster) {
+std::vector<std::pair<SoftmaxPath, int64_t>> LengthsPerPath(const LaunchPlan& plan, DType dtype) {
   const int64_t v = VecWidth(dtype);
+  const int64_t warp = PathMaxLength(plan, dtype, SoftmaxPath::kWarpRows);
+  const int64_t block = PathMaxLength(plan, dtype, SoftmaxPath::kBlockRows);
+  const int64_t cluster = PathMaxLength(plan, dtype, SoftmaxPath::kClusterRows);
   std::vector<std::pair<SoftmaxPath, int64_t>> out = {
       {SoftmaxPath::kWarpRows, 1},          {SoftmaxPath::kWarpRows, 3},
       {SoftmaxPath::kWarpRows, v},          {SoftmaxPath::kWarpRows, 32},
       {SoftmaxPath::kWarpRows, 100},        {SoftmaxPath::kWarpRows, 1000},
-      {SoftmaxPath::kWarpRows, 256 * v},    {SoftmaxPath::kBlockRows, 256 * v + 1},
-      {SoftmaxPath::kBlockRows, 700 * v},   {SoftmaxPath::kBlockRows, 2048 * v},
+      {SoftmaxPath::kWarpRows, warp},       {SoftmaxPath::kBlockRows, warp + 1},
+      {SoftmaxPath::kBlockRows, 700 * v},   {SoftmaxPath::kBlockRows, block},
   };
-  if (max_cluster >= 2) {
-    out.push_back({SoftmaxPath::kClusterRows, 2048 * v + 1});
-    out.push_back({SoftmaxPath::kClusterRows, 5000 * v + 3});
-    out.push_back({SoftmaxPath::kClusterRows, 2048LL * max_cluster * v});
+  const int64_t split_from = std::max(block, cluster);
+  if (cluster > block) {
+    out.push_back({SoftmaxPath::kClusterRows, block + 1});
+    out.push_back({SoftmaxPath::kClusterRows, (block + cluster) / 3 + 3});
+    out.push_back({SoftmaxPath::kClusterRows, cluster});
   }
-  out.push_back({SoftmaxPath::kSplitRows, 2048LL * max_cluster * v + 1});
-  out.push_back({SoftmaxPath::kSplitRows, 2048LL * max_cluster * v * 3 + 5});
+  out.push_back({SoftmaxPath::kSplitRows, split_from + 1});
+  out.push_back({SoftmaxPath::kSplitRows, split_from * 3 + 5});
   return out;
 }
 
@@ -251,7 +255,7 @@ TEST_F(SoftmaxCudaTest, EveryPathDTypeAndOp) {
   std::mt19937_64 rng(1);
   for (DType dtype : kDTypes) {
     for (bool log : {false, true}) {
-      for (const auto& [path, n] : LengthsPerPath(dtype, plan_->max_cluster_size())) {
+      for (const auto& [path, n] : LengthsPerPath(*plan_, dtype)) {
         Problem p = MakeProblem(dtype, RowsFor(n), n, 1, rng, log ? 0.7f : 1.0f, log);
         SoftmaxSegment s;
         s.n = n;
@@ -267,12 +271,21 @@ TEST_F(SoftmaxCudaTest, EveryPathDTypeAndOp) {
 
 TEST_F(SoftmaxCudaTest, ClassBoundariesPlusMinusOne) {
   std::mt19937_64 rng(2);
-  const int64_t max_cluster = plan_->max_cluster_size();
   for (DType dtype : kDTypes) {
     const int64_t v = VecWidth(dtype);
+    // Lane-group sizes of the warp path, the three path limits, and the
+    // cluster sizes in between.
+    std::vector<int64_t> bases = {v, 2 * v, 32 * v, 64 * v};
+    for (SoftmaxPath path :
+         {SoftmaxPath::kWarpRows, SoftmaxPath::kBlockRows, SoftmaxPath::kClusterRows}) {
+      const int64_t limit = PathMaxLength(*plan_, dtype, path);
+      if (limit > 0) bases.push_back(limit);
+    }
+    const int64_t block = PathMaxLength(*plan_, dtype, SoftmaxPath::kBlockRows);
+    const int64_t cluster = PathMaxLength(*plan_, dtype, SoftmaxPath::kClusterRows);
+    for (int64_t b = 2 * block; b < cluster; b *= 2) bases.push_back(b);
     std::vector<int64_t> lengths;
-    for (int64_t b : {v, 2 * v, 32 * v, 64 * v, 256 * v, 512 * v, 2048 * v, 4096 * v,
-                      2048 * max_cluster * v}) {
+    for (int64_t b : bases) {
       for (int64_t d : {-1, 0, 1}) lengths.push_back(b + d);
     }
     for (bool log : {false, true}) {
@@ -356,7 +369,7 @@ TEST_F(SoftmaxCudaTest, SingleRowEveryPath) {
   std::mt19937_64 rng(5);
   for (DType dtype : kDTypes) {
     std::vector<Problem> problems;
-    for (const auto& [path, n] : LengthsPerPath(dtype, plan_->max_cluster_size())) {
+    for (const auto& [path, n] : LengthsPerPath(*plan_, dtype)) {
       problems.push_back(MakeProblem(dtype, 1, n, 1, rng, 1.0f, n % 2 == 0));
     }
     RunAndCheck(dtype, problems, "M=1");

@@ -201,6 +201,17 @@ def measure_ragged(ours, dtype_name, log_lines, results, seed=0):
         row[f"{name}_valid"] = bad == 0
         if bad:
             log_lines.append(f"INVALID {name} ragged {dtype_name}: {bad} elements off")
+    # Diagnostics: the same launch restricted to the segments of each path.
+    by_path = {}
+    for x, y in zip(xs, ys):
+        seg = Segment(x.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], 1, 1.0, 0)
+        by_path.setdefault(ours.lib.softmax_path(code, ctypes.byref(seg)), []).append((x, y))
+    for path, pairs in sorted(by_path.items()):
+        fn, _ = ours.prepare(code, [(x, y, x.shape[0], x.shape[1], 1) for x, y in pairs])
+        row[f"ours_{PATH_NAMES[path]}_only_us"] = median_ms(fn) * 1000
+        row[f"ours_{PATH_NAMES[path]}_only_segments"] = len(pairs)
+    log_lines.append("ragged %s parts: %s" % (dtype_name, {k: round(v, 1) if isinstance(v, float) else v
+                                                            for k, v in row.items() if "_only_" in k}))
     flat_x = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     flat_y = torch.empty_like(flat_x)
     ms = median_ms(lambda: flat_y.copy_(flat_x))
@@ -322,6 +333,7 @@ def main():
     for line in log_lines:
         print(line)
     summary = summarize(results)
+    log_lines = [l for l in log_lines if l.startswith("INVALID")]
     for line in summary:
         print(line)
     with open(json_path, "w") as f:
