@@ -35,8 +35,6 @@ Batcher::~Batcher() { Stop(); }
 absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
   item->enqueued = SteadyClock::now();
   const int64_t bytes = item->segment.bytes;
-  int64_t depth = 0;
-  int64_t depth_bytes = 0;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
@@ -56,11 +54,10 @@ absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
     queued_rows_ += item->segment.shape.rows();
     queued_bytes_ += bytes;
     queue_.push_back(std::move(item));
-    depth = static_cast<int64_t>(queue_.size());
-    depth_bytes = queued_bytes_;
+    // Reported under the lock so that the last value set is the current one.
+    if (observer_ != nullptr) observer_->OnQueueDepth(queue_.size(), queued_bytes_);
     cv_.Signal();
   }
-  if (observer_ != nullptr) observer_->OnQueueDepth(depth, depth_bytes);
   return absl::OkStatus();
 }
 
@@ -87,8 +84,6 @@ void Batcher::Run() {
   std::vector<std::pair<std::unique_ptr<WorkItem>, absl::Status>> dropped;
   for (;;) {
     auto batch = std::make_unique<Batch>();
-    int64_t depth = 0;
-    int64_t depth_bytes = 0;
     {
       absl::MutexLock lock(&mu_);
       for (;;) {
@@ -133,10 +128,8 @@ void Batcher::Run() {
         }
       }
       if (!batch->items.empty()) ++in_flight_;
-      depth = static_cast<int64_t>(queue_.size());
-      depth_bytes = queued_bytes_;
+      if (observer_ != nullptr) observer_->OnQueueDepth(queue_.size(), queued_bytes_);
     }
-    if (observer_ != nullptr) observer_->OnQueueDepth(depth, depth_bytes);
 
     for (auto& [item, status] : dropped) {
       if (observer_ != nullptr) observer_->OnRequestDropped(status.code());

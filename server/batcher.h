@@ -95,6 +95,7 @@ class BatcherObserver {
   virtual void OnRequestDropped(absl::StatusCode code) {}
   // A request refused at admission because the queue was full.
   virtual void OnRequestRejected() {}
+  // Called with the batcher's lock held: must not call back into the batcher.
   virtual void OnQueueDepth(int64_t requests, int64_t bytes) {}
 };
 

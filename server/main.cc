@@ -15,6 +15,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "server/batcher.h"
 #include "server/device.h"
 #include "server/grpc_server.h"
@@ -26,6 +28,9 @@ namespace {
 const softmax::server::ServerOptions kDefaults;
 // Raised by the GPU backend's fault handler to wake the signal loop.
 constexpr int kFaultSignal = SIGUSR1;
+// Pause between the last response and closing the connections, so callers
+// read their responses before the close (see WaitForRequestsInFlight).
+constexpr std::chrono::milliseconds kCloseLinger(200);
 }  // namespace
 
 ABSL_FLAG(std::string, grpc_address, kDefaults.grpc_address,
@@ -182,8 +187,18 @@ int Run(const ServerOptions& options) {
   if (metrics != nullptr) metrics->SetServing(false);
   service.StartDraining();
   std::this_thread::sleep_for(std::chrono::milliseconds(options.lame_duck_ms));
-  server->server->Shutdown(std::chrono::system_clock::now() +
-                           std::chrono::seconds(fault ? 5 : options.shutdown_grace_s));
+  // Let every accepted request be answered, then give the callers a moment
+  // to read their last responses before the connections close (see
+  // SoftmaxServiceImpl::WaitForRequestsInFlight).
+  const absl::Time grace_end = absl::Now() + absl::Seconds(fault ? 5 : options.shutdown_grace_s);
+  if (!service.WaitForRequestsInFlight(grace_end)) {
+    std::fprintf(stderr, "softmax-server: %d request(s) still in flight at the grace deadline\n",
+                 service.requests_in_flight());
+  }
+  std::this_thread::sleep_for(kCloseLinger);
+  // Open streams with nothing in flight get what is left of the grace period
+  // to end; then gRPC cancels them.
+  server->server->Shutdown(absl::ToChronoTime(grace_end));
   server->server->Wait();
   if (batcher != nullptr) batcher->Stop();
   std::fprintf(stderr, "softmax-server: stopped\n");

@@ -27,11 +27,26 @@ void SetTiming(const RequestTiming& timing, v1::SoftmaxResponse* response) {
 }
 
 // Unary call: finished from whichever thread completes the request.
+// Counts a unary call as a request in flight, from the reactor's
+// construction to its deletion in OnDone.
+class CallCounter {
+ public:
+  explicit CallCounter(SoftmaxServiceImpl* service) : service_(service) {
+    service_->RequestsStarted(1);
+  }
+  ~CallCounter() { service_->RequestsEnded(1); }
+  CallCounter(const CallCounter&) = delete;
+  CallCounter& operator=(const CallCounter&) = delete;
+
+ private:
+  SoftmaxServiceImpl* const service_;
+};
+
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
   // `data_bytes`: the request's input data size (its output is as large).
-  UnaryCall(Metrics* metrics, int64_t data_bytes)
-      : metrics_(metrics), data_bytes_(data_bytes), start_(SteadyClock::now()) {}
+  UnaryCall(SoftmaxServiceImpl* service, Metrics* metrics, int64_t data_bytes)
+      : counter_(service), metrics_(metrics), data_bytes_(data_bytes), start_(SteadyClock::now()) {}
 
   void Complete(const absl::Status& status) {
     if (metrics_ != nullptr) {
@@ -44,6 +59,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
+  CallCounter counter_;
   Metrics* const metrics_;
   const int64_t data_bytes_;
   const SteadyClock::time_point start_;
@@ -76,7 +92,7 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
     entry->start = SteadyClock::now();
     {
       absl::MutexLock lock(&mu_);
-      ++pending_;
+      AddPendingLocked(1);
     }
     Entry* raw = entry.release();  // owned by the completion from here on
     const absl::Status status = service_->Dispatch(
@@ -104,11 +120,11 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
     {
       absl::MutexLock lock(&mu_);
       writing_.reset();
-      --pending_;
+      AddPendingLocked(-1);
       if (!ok) {
         // The client is gone; nothing more can be written.
         write_failed_ = true;
-        pending_ -= static_cast<int>(write_queue_.size());
+        AddPendingLocked(-static_cast<int>(write_queue_.size()));
         write_queue_.clear();
       }
       next = NextWriteLocked();
@@ -175,7 +191,7 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
     {
       absl::MutexLock lock(&mu_);
       if (write_failed_) {
-        --pending_;
+        AddPendingLocked(-1);
       } else {
         write_queue_.push_back(std::move(entry));
         next = NextWriteLocked();
@@ -192,6 +208,13 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
     writing_ = std::move(write_queue_.front());
     write_queue_.pop_front();
     return writing_.get();
+  }
+
+  // Keeps the service's count of requests in flight in step with pending_.
+  void AddPendingLocked(int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    pending_ += delta;
+    if (delta > 0) service_->RequestsStarted(delta);
+    if (delta < 0) service_->RequestsEnded(-delta);
   }
 
   bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -272,7 +295,7 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
                                                       const v1::SoftmaxRequest* request,
                                                       v1::SoftmaxResponse* response) {
   auto* call =
-      new UnaryCall(metrics_, static_cast<int64_t>(request->input().data().size()));
+      new UnaryCall(this, metrics_, static_cast<int64_t>(request->input().data().size()));
   const absl::Status status = Dispatch(
       *request, response, context->deadline(), [context] { return context->IsCancelled(); },
       [call](const absl::Status& outcome) { call->Complete(outcome); });
@@ -283,6 +306,33 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
 grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::SoftmaxResponse>*
 SoftmaxServiceImpl::SoftmaxStream(grpc::CallbackServerContext* context) {
   return new StreamCall(this, context, options_.max_stream_pending);
+}
+
+}  // namespace softmax::server
+
+namespace softmax::server {
+
+void SoftmaxServiceImpl::RequestsStarted(int count) {
+  absl::MutexLock lock(&calls_mu_);
+  requests_in_flight_ += count;
+}
+
+void SoftmaxServiceImpl::RequestsEnded(int count) {
+  absl::MutexLock lock(&calls_mu_);
+  requests_in_flight_ -= count;
+}
+
+int SoftmaxServiceImpl::requests_in_flight() {
+  absl::MutexLock lock(&calls_mu_);
+  return requests_in_flight_;
+}
+
+bool SoftmaxServiceImpl::WaitForRequestsInFlight(absl::Time deadline) {
+  absl::MutexLock lock(&calls_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) {
+    return requests_in_flight_ == 0;
+  };
+  return calls_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
 }  // namespace softmax::server

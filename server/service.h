@@ -18,7 +18,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/batcher.h"
 #include "server/metrics.h"
 #include "server/validation.h"
@@ -64,6 +67,22 @@ class SoftmaxServiceImpl final : public v1::SoftmaxService::CallbackService {
   // (not retryable). Any thread; irreversible.
   void StartDraining() { draining_.store(true); }
 
+  // Waits until no request is in flight (every accepted request's response
+  // written), or until `deadline`; true when none is. Used on shutdown after
+  // StartDraining: grpc::Server::Shutdown closes each connection as soon as
+  // its last call ends, and closing a socket with unread input sends a TCP
+  // reset that makes the peer discard responses it has not read yet. So the
+  // server first waits here, then lingers briefly, then shuts down. An open
+  // stream with nothing in flight does not count.
+  bool WaitForRequestsInFlight(absl::Time deadline);
+
+  // Requests accepted and not yet answered (unary calls, stream messages).
+  int requests_in_flight();
+
+  // Bookkeeping for the above, called by the reactors. Any thread.
+  void RequestsStarted(int count);
+  void RequestsEnded(int count);
+
   Metrics* metrics() const { return metrics_; }
 
  private:
@@ -71,6 +90,8 @@ class SoftmaxServiceImpl final : public v1::SoftmaxService::CallbackService {
   Batcher* const batcher_;
   Metrics* const metrics_;
   std::atomic<bool> draining_{false};
+  absl::Mutex calls_mu_;
+  int requests_in_flight_ ABSL_GUARDED_BY(calls_mu_) = 0;
 };
 
 }  // namespace softmax::server

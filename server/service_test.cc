@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -247,6 +248,52 @@ TEST(ServiceTest, ShutdownFinishesRequestsInFlight) {
     ExpectCorrect(requests[i], responses[i]);
   }
   harness.reset();
+}
+
+TEST(ServiceTest, DrainingRefusesNewRequestsAndWaitsForThoseInFlight) {
+  Harness harness(false, std::chrono::milliseconds(300));
+  EXPECT_EQ(harness.service->requests_in_flight(), 0);
+  // Two requests wait in the batcher: one unary, one on a stream.
+  const v1::SoftmaxRequest unary_request = RandomRequest("u", {2, 16}, -1, 1);
+  v1::SoftmaxResponse unary_response;
+  grpc::Status unary_status;
+  std::thread unary([&] {
+    grpc::ClientContext context;
+    unary_status = harness.stub->Softmax(&context, unary_request, &unary_response);
+  });
+  grpc::ClientContext stream_context;
+  auto stream = harness.stub->SoftmaxStream(&stream_context);
+  const v1::SoftmaxRequest stream_request = RandomRequest("s", {3, 8}, -1, 2);
+  ASSERT_TRUE(stream->Write(stream_request));
+  const auto start = std::chrono::steady_clock::now();
+  while (harness.service->requests_in_flight() < 2 &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(harness.service->requests_in_flight(), 2);
+
+  harness.service->StartDraining();
+  // New requests are refused with a retryable status, on both methods.
+  v1::SoftmaxResponse refused;
+  grpc::ClientContext refused_context;
+  const grpc::Status refused_status =
+      harness.stub->Softmax(&refused_context, RandomRequest("r", {1, 4}, -1, 3), &refused);
+  EXPECT_EQ(refused_status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  ASSERT_TRUE(stream->Write(RandomRequest("r2", {1, 4}, -1, 4)));
+
+  EXPECT_TRUE(harness.service->WaitForRequestsInFlight(absl::Now() + absl::Seconds(10)));
+  unary.join();
+  ASSERT_TRUE(unary_status.ok()) << unary_status.error_message();
+  ExpectCorrect(unary_request, unary_response);
+  v1::SoftmaxResponse response;
+  std::map<std::string, v1::SoftmaxResponse> by_id;
+  stream->WritesDone();
+  while (stream->Read(&response)) by_id[response.request_id()] = response;
+  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(by_id.size(), 2u);
+  ExpectCorrect(stream_request, by_id["s"]);
+  EXPECT_EQ(by_id["r2"].error().code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_EQ(harness.service->requests_in_flight(), 0);
 }
 
 }  // namespace
