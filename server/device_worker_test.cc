@@ -188,8 +188,8 @@ TEST(DeviceWorkerTest, NoAllocationsAfterWarmUpAndPipelinedBatches) {
   std::vector<MemoryStats> after = worker->Memory();
   ASSERT_EQ(warm.size(), 2u);
   for (size_t i = 0; i < warm.size(); ++i) {
+    // Normal batches run in the slots' own staging: no CUDA allocations at all.
     EXPECT_EQ(after[i].raw_allocations, warm[i].raw_allocations) << after[i].memory;
-    EXPECT_GT(after[i].cache_hits, warm[i].cache_hits) << after[i].memory;
     // Only the slots' own staging stays in use between batches.
     EXPECT_EQ(after[i].in_use_bytes, warm[i].in_use_bytes) << after[i].memory;
   }
