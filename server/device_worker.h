@@ -55,6 +55,11 @@ struct DeviceWorkerOptions {
   // Staging a batch may use before it is cut into pieces. Match the
   // batcher's max_batch_bytes so a normal batch runs in one piece.
   int64_t max_staging_bytes = int64_t{64} << 20;
+  // How a slot waits for its batch: false spins on the CUDA event (lowest
+  // wake-up latency, one busy core per slot); true sleeps on it
+  // (cudaEventBlockingSync), leaving the cores to gRPC when the host's CPUs
+  // are the bottleneck.
+  bool blocking_sync = false;
   // Testing only: after this many batches (0 = never), launch a kernel on an
   // invalid address to produce a real sticky fault.
   int64_t inject_fault_after_batches = 0;

@@ -53,6 +53,8 @@ ABSL_FLAG(int64_t, max_queued_bytes, kDefaults.max_queued_bytes,
 ABSL_FLAG(int, cpu_threads, kDefaults.cpu_threads, "CPU backend threads; 0 = all cores");
 ABSL_FLAG(int, cuda_streams, kDefaults.cuda_streams,
           "GPU backend: batches in flight, each on its own CUDA stream");
+ABSL_FLAG(bool, cuda_blocking_sync, kDefaults.cuda_blocking_sync,
+          "GPU backend: sleep on each batch's CUDA event instead of spinning");
 ABSL_FLAG(int64_t, inject_fault_after_batches, kDefaults.inject_fault_after_batches,
           "testing only: make the GPU fault for real after this many batches (0 = never)");
 ABSL_FLAG(int, lame_duck_ms, kDefaults.lame_duck_ms,
@@ -79,6 +81,7 @@ ServerOptions OptionsFromFlags() {
   options.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   options.cuda_streams = absl::GetFlag(FLAGS_cuda_streams);
+  options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
   options.inject_fault_after_batches = absl::GetFlag(FLAGS_inject_fault_after_batches);
   return options;
 }
@@ -113,6 +116,7 @@ int Run(const ServerOptions& options) {
   BackendOptions backend_options;
   backend_options.cpu.threads = options.cpu_threads;
   backend_options.cuda.slots = options.cuda_streams;
+  backend_options.cuda.blocking_sync = options.cuda_blocking_sync;
   backend_options.cuda.max_staging_bytes = options.max_batch_bytes;
   backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;
   // A sticky GPU error: log it and wake the signal loop below, which takes

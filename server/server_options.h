@@ -43,6 +43,10 @@ struct ServerOptions {
   // --cuda_streams: GPU backend pipeline depth (batches in flight, one CUDA
   // stream each). 2 overlaps one batch's copies with another's compute.
   int cuda_streams = 2;
+  // --cuda_blocking_sync: GPU backend waits for each batch by sleeping on its
+  // CUDA event instead of spinning; frees cores when the host's CPUs, shared
+  // with gRPC, are the bottleneck, at some wake-up latency.
+  bool cuda_blocking_sync = false;
   // --inject_fault_after_batches: testing only; the GPU backend provokes a
   // real sticky fault after this many batches (0 = never), to show that the
   // server goes NOT_SERVING and exits non-zero.
