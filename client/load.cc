@@ -192,7 +192,7 @@ std::string CheckOutput(const Payload& payload, const v1::Tensor& output) {
     } else if (std::isinf(want) || std::isinf(got)) {
       ok = want == got;
     } else {
-      ok = std::fabs(got - want) <= 1e-6 + rtol * std::fabs(want);
+      ok = std::fabs(got - want) <= kReferenceAbsoluteTolerance + rtol * std::fabs(want);
     }
     if (!ok && bad++ == 0) {
       first = absl::StrFormat("element %d is %.9g, reference %.9g", i, got, want);

@@ -38,11 +38,10 @@ RowSums SumRows(const v1::Tensor& output, const SoftmaxShape& view, bool log) {
 }
 
 double RelativeTolerance(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT16: return 2e-3;
-    case v1::DTYPE_BFLOAT16: return 1.6e-2;
-    default: return 1e-5;
+  if (dtype == v1::DTYPE_FLOAT16 || dtype == v1::DTYPE_BFLOAT16) {
+    return ReferenceRelativeTolerance(static_cast<DType>(dtype));
   }
+  return ReferenceRelativeTolerance(DType::kFloat32);
 }
 
 Comparison CompareWithReference(const v1::Tensor& input, const v1::Tensor& output,
@@ -66,7 +65,7 @@ Comparison CompareWithReference(const v1::Tensor& input, const v1::Tensor& outpu
     } else {
       const double error = std::fabs(got - want);
       if (error > comparison.max_abs_error) comparison.max_abs_error = error;
-      ok = error <= 1e-6 + rtol * std::fabs(want);
+      ok = error <= kReferenceAbsoluteTolerance + rtol * std::fabs(want);
     }
     if (!ok) {
       if (comparison.mismatches == 0) {

@@ -31,6 +31,21 @@ struct SoftmaxOptions {
   bool log = false;          // log-softmax instead of softmax
 };
 
+// The accuracy contract against ReferenceSoftmax, shared by every test and by
+// the clients' --verify/--check: an element y passes when
+//   |y - ref| <= kReferenceAbsoluteTolerance + ReferenceRelativeTolerance(dtype) * |ref|,
+// or both are NaN, or both are the same infinity. The relative part is one
+// rounding of the output type plus float32 arithmetic.
+constexpr double kReferenceAbsoluteTolerance = 1e-6;
+inline double ReferenceRelativeTolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return 1e-5;
+    case DType::kFloat16: return 2e-3;
+    case DType::kBFloat16: return 1.6e-2;
+  }
+  return 0;
+}
+
 // Float64 reference: writes outer * n * inner doubles to `output`, in the
 // input's layout. Inputs are read as `dtype` and widened exactly.
 void ReferenceSoftmax(const void* input, DType dtype, const SoftmaxShape& shape,

@@ -34,14 +34,7 @@ constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16}
 
 int VecWidth(DType dtype) { return 16 / ItemSize(dtype); }
 
-double Rtol(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return 1e-5;
-    case DType::kFloat16: return 2e-3;
-    case DType::kBFloat16: return 1.6e-2;
-  }
-  return 0;
-}
+double Rtol(DType dtype) { return ReferenceRelativeTolerance(dtype); }
 
 // One problem of a launch: shape, options and the input's host bytes.
 struct Problem {

@@ -27,14 +27,7 @@ bool HaveGpu() {
 #define SKIP_WITHOUT_GPU() \
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device: DeviceWorker tests need a GPU"
 
-double Rtol(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return 1e-5;
-    case DType::kFloat16: return 2e-3;
-    case DType::kBFloat16: return 1.6e-2;
-  }
-  return 0;
-}
+double Rtol(DType dtype) { return ReferenceRelativeTolerance(dtype); }
 
 // One request's data, kept alive beside its segment.
 struct Tensor {
