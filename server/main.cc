@@ -190,6 +190,9 @@ int Run(const ServerOptions& options) {
   SetServing(server->server.get(), false);
   if (metrics != nullptr) metrics->SetServing(false);
   service.StartDraining();
+  // What is already queued is computed now, without waiting out the batching
+  // delay; Stop() returns once the backend has answered all of it.
+  if (batcher != nullptr) batcher->Stop();
   std::this_thread::sleep_for(std::chrono::milliseconds(options.lame_duck_ms));
   // Let every accepted request be answered, then give the callers a moment
   // to read their last responses before the connections close (see
@@ -204,7 +207,6 @@ int Run(const ServerOptions& options) {
   // to end; then gRPC cancels them.
   server->server->Shutdown(absl::ToChronoTime(grace_end));
   server->server->Wait();
-  if (batcher != nullptr) batcher->Stop();
   std::fprintf(stderr, "softmax-server: stopped\n");
   return fault ? 2 : 0;
 }
