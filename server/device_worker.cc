@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "kernels/softmax_cuda.h"
 #include "server/caching_allocator.h"
 #include "server/cuda_status.h"
@@ -230,8 +231,7 @@ DeviceWorker::~DeviceWorker() {
 std::string DeviceWorker::Describe() const {
   return absl::StrFormat("cuda:%d %s (sm_%s, %d SMs, %.0f GiB, nominal %.0f GB/s) slots=%d%s",
                          options_.device, info_.name,
-                         absl::StrCat(info_.compute_capability.substr(0, 1),
-                                      info_.compute_capability.substr(2)),
+                         absl::StrReplaceAll(info_.compute_capability, {{".", ""}}),
                          info_.multiprocessors, info_.memory_bytes / double(1 << 30),
                          info_.peak_bandwidth_bytes_per_second / 1e9, options_.slots,
                          options_.blocking_sync ? " blocking-sync" : "");
