@@ -128,15 +128,20 @@ void CachingAllocator::ReleaseCached() {
   ReleaseCachedLocked();
 }
 
-void CachingAllocator::ReleaseCachedLocked() {
-  for (auto& [size, blocks] : free_) {
-    for (void* data : blocks) {
+void CachingAllocator::ReleaseCachedAbove(size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  ReleaseCachedLocked(bytes);
+}
+
+void CachingAllocator::ReleaseCachedLocked(size_t above) {
+  for (auto it = free_.upper_bound(above); it != free_.end();) {
+    for (void* data : it->second) {
       raw_->Free(data);
       ++stats_.raw_frees;
-      stats_.cached_bytes -= size;
+      stats_.cached_bytes -= it->first;
     }
+    it = free_.erase(it);
   }
-  free_.clear();
 }
 
 AllocatorStats CachingAllocator::stats() const {

@@ -99,6 +99,9 @@ class CachingAllocator {
   // Gives every cached block back to the raw allocator.
   void ReleaseCached();
 
+  // Gives cached blocks larger than `bytes` back to the raw allocator.
+  void ReleaseCachedAbove(size_t bytes);
+
   AllocatorStats stats() const;
   std::string name() const { return raw_->Name(); }
 
@@ -108,7 +111,7 @@ class CachingAllocator {
  private:
   friend class Block;
   void Return(void* data, size_t size);
-  void ReleaseCachedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseCachedLocked(size_t above = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   std::unique_ptr<RawAllocator> raw_ ABSL_GUARDED_BY(mu_);

@@ -104,5 +104,17 @@ TEST(CachingAllocatorTest, ReleaseCachedReturnsEverything) {
   EXPECT_EQ(allocator.stats().raw_frees, 2);
 }
 
+TEST(CachingAllocatorTest, ReleaseCachedAboveKeepsSmallBlocks) {
+  CachingAllocator allocator(MakeHostRawAllocator());
+  { auto small = allocator.Allocate(4096); auto big = allocator.Allocate(8 << 20); }
+  EXPECT_EQ(allocator.stats().cached_bytes, 4096 + (8 << 20));
+  allocator.ReleaseCachedAbove(1 << 20);
+  EXPECT_EQ(allocator.stats().cached_bytes, 4096);
+  EXPECT_EQ(allocator.stats().raw_frees, 1);
+  absl::StatusOr<Block> again = allocator.Allocate(4000);  // still cached
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(allocator.stats().cache_hits, 1);
+}
+
 }  // namespace
 }  // namespace softmax

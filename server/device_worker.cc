@@ -279,53 +279,26 @@ namespace {
 
 // Runs `pieces` through staging once: pack, H2D, one launch per dtype, D2H,
 // wait, unpack. Adds the kernel time and launches to the totals.
-absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_memory,
-                       CachingAllocator& pinned_memory, cudaStream_t stream,
-                       cudaEvent_t kernel_start, cudaEvent_t kernel_end, cudaEvent_t done,
-                       const Block& slot_pinned,
-                       const Block& slot_device_in, const Block& slot_device_out, Batch& batch,
-                       const std::vector<Piece>& pieces, bool inject_fault, int64_t* kernel_ns,
-                       int* launches) {
-  std::vector<int64_t> offsets;
-  offsets.reserve(pieces.size());
-  int64_t total = 0;
-  for (const Piece& piece : pieces) {
-    total = AlignUp(total, kStagingAlignment);
-    offsets.push_back(total);
-    total += piece.bytes;
-  }
-  // The slot's own staging when the run fits it (every normal batch);
-  // otherwise staging of the run's size from the caches (a slab larger than
-  // max_staging_bytes), returned when the run ends.
-  char* host = static_cast<char*>(slot_pinned.data());
-  char* in = static_cast<char*>(slot_device_in.data());
-  char* out = static_cast<char*>(slot_device_out.data());
-  Block own_pinned, own_in, own_out;
-  if (static_cast<size_t>(total) > slot_pinned.size()) {
-    absl::StatusOr<Block> pinned = pinned_memory.Allocate(total);
-    if (!pinned.ok()) return pinned.status();
-    absl::StatusOr<Block> device_in = device_memory.Allocate(total);
-    if (!device_in.ok()) return device_in.status();
-    absl::StatusOr<Block> device_out = device_memory.Allocate(total);
-    if (!device_out.ok()) return device_out.status();
-    own_pinned = std::move(*pinned);
-    own_in = std::move(*device_in);
-    own_out = std::move(*device_out);
-    host = static_cast<char*>(own_pinned.data());
-    in = static_cast<char*>(own_in.data());
-    out = static_cast<char*>(own_out.data());
-  }
+// The three staging buffers a run goes through.
+struct Staging {
+  char* host;  // pinned
+  char* in;    // device
+  char* out;   // device
+};
 
-  std::vector<HostCopy> copies(pieces.size());
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    const Piece& piece = pieces[k];
-    const char* source = static_cast<const char*>(batch.segments[piece.segment].input);
-    copies[k] = {host + offsets[k], source + piece.outer_begin * piece.slab_bytes, piece.bytes};
-  }
-  CopyAll(copies);
-  SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(in, host, total, cudaMemcpyHostToDevice, stream));
-
-  // One segment table, and one launch, per dtype.
+// Runs `pieces` through `staging` once: pack, H2D, one launch per dtype, D2H,
+// wait, unpack. Adds the kernel time and launches to the totals.
+absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_memory,
+                         cudaStream_t stream, cudaEvent_t kernel_start, cudaEvent_t kernel_end,
+                         cudaEvent_t done, const Staging& staging, Batch& batch,
+                         const std::vector<Piece>& pieces, const std::vector<int64_t>& offsets,
+                         int64_t total, bool inject_fault, int64_t* kernel_ns, int* launches) {
+  char* const host = staging.host;
+  char* const in = staging.in;
+  char* const out = staging.out;
+  // One segment table, and one launch, per dtype. Tables and scratch are
+  // ready before anything is queued on the stream, so an allocation failure
+  // leaves no copy or kernel running on the buffers.
   std::map<DType, std::vector<gpu::SoftmaxSegment>> tables;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const Piece& piece = pieces[k];
@@ -352,19 +325,38 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
     if (!block.ok()) return block.status();
     scratch.push_back(std::move(*block));
   }
-  SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_start, stream));
-  size_t table_index = 0;
-  for (auto& [dtype, table] : tables) {
-    Block& block = scratch[table_index++];
-    SOFTMAX_RETURN_IF_CUDA(gpu::LaunchSoftmax(plan, dtype, table.data(),
-                                              static_cast<int>(table.size()), block.data(),
-                                              block.size(), stream));
-    ++*launches;
+
+  std::vector<HostCopy> copies(pieces.size());
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const Piece& piece = pieces[k];
+    const char* source = static_cast<const char*>(batch.segments[piece.segment].input);
+    copies[k] = {host + offsets[k], source + piece.outer_begin * piece.slab_bytes, piece.bytes};
   }
-  SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_end, stream));
-  SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(host, out, total, cudaMemcpyDeviceToHost, stream));
-  SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(done, stream));
-  SOFTMAX_RETURN_IF_CUDA(cudaEventSynchronize(done));
+  CopyAll(copies);
+
+  auto enqueue_and_wait = [&]() -> absl::Status {
+    SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(in, host, total, cudaMemcpyHostToDevice, stream));
+    SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_start, stream));
+    size_t table_index = 0;
+    for (auto& [dtype, table] : tables) {
+      Block& block = scratch[table_index++];
+      SOFTMAX_RETURN_IF_CUDA(gpu::LaunchSoftmax(plan, dtype, table.data(),
+                                                static_cast<int>(table.size()), block.data(),
+                                                block.size(), stream));
+      ++*launches;
+    }
+    SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_end, stream));
+    SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(host, out, total, cudaMemcpyDeviceToHost, stream));
+    SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(done, stream));
+    return SOFTMAX_CUDA_STATUS(cudaEventSynchronize(done));
+  };
+  if (absl::Status status = enqueue_and_wait(); !status.ok()) {
+    // Whatever was queued must be finished before the buffers go back to
+    // the caches, where another slot could take them.
+    cudaStreamSynchronize(stream);
+    cudaGetLastError();
+    return status;
+  }
   float kernel_ms = 0;
   SOFTMAX_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, kernel_start, kernel_end));
   *kernel_ns += static_cast<int64_t>(kernel_ms * 1e6);
@@ -376,6 +368,55 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
   }
   CopyAll(copies);
   return absl::OkStatus();
+}
+
+// Runs `pieces` in the slot's own staging when they fit it (every normal
+// batch); otherwise in staging of the run's size taken from the caches (a
+// slab larger than max_staging_bytes), which is given back to the system
+// afterwards rather than kept: such requests are rare and their blocks large.
+absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_memory,
+                       CachingAllocator& pinned_memory, cudaStream_t stream,
+                       cudaEvent_t kernel_start, cudaEvent_t kernel_end, cudaEvent_t done,
+                       const Block& slot_pinned, const Block& slot_device_in,
+                       const Block& slot_device_out, Batch& batch,
+                       const std::vector<Piece>& pieces, bool inject_fault, int64_t* kernel_ns,
+                       int* launches) {
+  std::vector<int64_t> offsets;
+  offsets.reserve(pieces.size());
+  int64_t total = 0;
+  for (const Piece& piece : pieces) {
+    total = AlignUp(total, kStagingAlignment);
+    offsets.push_back(total);
+    total += piece.bytes;
+  }
+  if (static_cast<size_t>(total) <= slot_pinned.size()) {
+    const Staging staging{static_cast<char*>(slot_pinned.data()),
+                          static_cast<char*>(slot_device_in.data()),
+                          static_cast<char*>(slot_device_out.data())};
+    return RunPiecesIn(plan, device_memory, stream, kernel_start, kernel_end, done, staging,
+                       batch, pieces, offsets, total, inject_fault, kernel_ns, launches);
+  }
+  absl::Status status;
+  {
+    absl::StatusOr<Block> pinned = pinned_memory.Allocate(total);
+    absl::StatusOr<Block> device_in =
+        pinned.ok() ? device_memory.Allocate(total) : absl::StatusOr<Block>(pinned.status());
+    absl::StatusOr<Block> device_out =
+        device_in.ok() ? device_memory.Allocate(total) : absl::StatusOr<Block>(device_in.status());
+    if (!device_out.ok()) {
+      status = device_out.status();
+    } else {
+      const Staging staging{static_cast<char*>(pinned->data()),
+                            static_cast<char*>(device_in->data()),
+                            static_cast<char*>(device_out->data())};
+      status = RunPiecesIn(plan, device_memory, stream, kernel_start, kernel_end, done, staging,
+                           batch, pieces, offsets, total, inject_fault, kernel_ns, launches);
+    }
+  }  // the blocks return to the caches here...
+  // ...and leave them, so that occasional huge requests do not pin host memory for good.
+  pinned_memory.ReleaseCachedAbove(slot_pinned.size());
+  device_memory.ReleaseCachedAbove(slot_device_in.size());
+  return status;
 }
 
 }  // namespace
@@ -426,6 +467,10 @@ BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
                      &result.launches);
   };
   for (size_t r = 0; r < runs.size(); ++r) {
+    // Pieces of a request that already failed are not worth computing.
+    bool needed = false;
+    for (const Piece& piece : runs[r]) needed = needed || segment_status[piece.segment].ok();
+    if (!needed) continue;
     absl::Status status = run(runs[r], inject && r == 0);
     if (status.ok()) continue;
     if (IsStickyCudaError(CudaErrorOf(status))) {

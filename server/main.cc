@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -28,6 +29,9 @@ namespace {
 const softmax::server::ServerOptions kDefaults;
 // Raised by the GPU backend's fault handler to wake the signal loop.
 constexpr int kFaultSignal = SIGUSR1;
+// An hour: longer batching delays are a mistake, and bounding them keeps the
+// batcher's time arithmetic far from overflow.
+constexpr int64_t kMaxQueueDelayUs = int64_t{3600} * 1000 * 1000;
 // Pause between the last response and closing the connections, so callers
 // read their responses before the close (see WaitForRequestsInFlight).
 constexpr std::chrono::milliseconds kCloseLinger(200);
@@ -95,11 +99,16 @@ int Run(const ServerOptions& options) {
   if (options.max_tensor_bytes <= 0 || options.max_batch_rows <= 0 ||
       options.max_batch_bytes <= 0 || options.max_queue_delay_us < 0 ||
       options.max_queued_requests <= 0 || options.max_queued_bytes <= 0 ||
-      options.cpu_threads < 0 || options.lame_duck_ms < 0 || options.shutdown_grace_s < 0 || options.cuda_streams < 1 ||
-      options.inject_fault_after_batches < 0) {
+      options.cpu_threads < 0 || options.lame_duck_ms < 0 || options.shutdown_grace_s < 0 ||
+      options.cuda_streams < 1 || options.inject_fault_after_batches < 0) {
     return Fail(absl::InvalidArgumentError(
         "limits must be positive (--max_queue_delay_us, --cpu_threads, --lame_duck_ms and "
         "--shutdown_grace_s may be 0)"));
+  }
+  if (options.max_queue_delay_us > kMaxQueueDelayUs) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--max_queue_delay_us: at most ", kMaxQueueDelayUs, " (an hour), got ",
+        options.max_queue_delay_us)));
   }
   absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options.device);
   if (!spec.ok()) return Fail(spec.status());
@@ -121,7 +130,10 @@ int Run(const ServerOptions& options) {
   backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;
   // A sticky GPU error: log it and wake the signal loop below, which takes
   // the server down with a non-zero exit so its supervisor restarts it.
+  // Declared before the backend, so it outlives the handler that sets it.
+  static std::atomic<bool> device_faulted{false};
   backend_options.on_fault = [](const absl::Status& status) {
+    device_faulted.store(true);
     std::fprintf(stderr, "softmax-server: fatal GPU error: %s\n",
                  std::string(status.message()).c_str());
     kill(getpid(), kFaultSignal);
@@ -208,7 +220,8 @@ int Run(const ServerOptions& options) {
   server->server->Shutdown(absl::ToChronoTime(grace_end));
   server->server->Wait();
   std::fprintf(stderr, "softmax-server: stopped\n");
-  return fault ? 2 : 0;
+  // A fault during a graceful drain still ends in the fault's exit status.
+  return fault || device_faulted.load() ? 2 : 0;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "server/service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <memory>
@@ -72,7 +73,7 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
  public:
   StreamCall(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context,
              int max_pending)
-      : service_(service), context_(context), max_pending_(max_pending) {
+      : service_(service), context_(context), max_pending_(std::max(1, max_pending)) {
     reading_ = std::make_unique<Entry>();
     StartRead(&reading_->request);
   }
@@ -102,15 +103,23 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
     if (!status.ok()) Complete(std::unique_ptr<Entry>(raw), status);
 
     bool read_more = false;
+    bool finish = false;
     {
       absl::MutexLock lock(&mu_);
-      if (pending_ >= max_pending_) {
+      if (write_failed_ || cancelled_.load(std::memory_order_relaxed)) {
+        // The client is gone. OnCancel / a failed OnWriteDone may have run
+        // while Dispatch did, before a pause existed for them to see: stop
+        // reading here, or nothing would ever mark the reads done.
+        reads_done_ = true;
+        finish = ShouldFinishLocked();
+      } else if (pending_ >= max_pending_) {
         read_paused_ = true;
       } else {
         read_more = true;
       }
     }
     if (read_more) StartNextRead();
+    if (finish) FinishStream();
   }
 
   void OnWriteDone(bool ok) override {

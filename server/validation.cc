@@ -36,10 +36,13 @@ absl::StatusOr<int64_t> CountElements(absl::Span<const int64_t> dims) {
           "input.shape[", i, "]: dimension must be >= 0, got ", dims[i]));
     }
   }
+  // A zero dimension anywhere makes the tensor empty, whatever the others
+  // are ([2^62, 2^62, 0] is as valid as [0, 2^62, 2^62], as in torch).
+  for (int64_t dim : dims) {
+    if (dim == 0) return int64_t{0};
+  }
   int64_t count = 1;
   for (size_t i = 0; i < dims.size(); ++i) {
-    // A zero dimension makes the product 0 whatever follows; checking the
-    // running product keeps [0, 2^62, 2^62] valid, as torch does.
     if (!MultiplyChecked(count, dims[i], &count)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "input.shape: element count overflows int64 at input.shape[", i, "]"));

@@ -113,6 +113,17 @@ TEST(ValidationTest, ZeroSizeWithHugeOtherDimsDoesNotOverflow) {
   EXPECT_EQ(parsed->shape.rows(), 0);
 }
 
+TEST(ValidationTest, ZeroLastDimAfterOverflowingDimsIsEmptyNotOverflow) {
+  // The product of the leading dimensions overflows int64 before the 0 is
+  // reached; the tensor is empty all the same.
+  const int64_t big = int64_t{1} << 62;
+  v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {big, big, 0}, 0);
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->elements, 0);
+  EXPECT_EQ(parsed->shape.rows(), 0);
+}
+
 TEST(ValidationTest, RowOfLengthOne) {
   const v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {7, 1}, 28);
   absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());

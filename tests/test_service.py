@@ -1,6 +1,7 @@
 """Health, reflection, metrics and the unary error path around the service."""
 
 import grpc
+import subprocess
 import time
 
 import numpy as np
@@ -72,3 +73,16 @@ def test_startup_logs_device_choice(server):
     output = server.output()
     assert "softmax-server: device=cpu" in output, output
     assert output.index("device=cpu") < output.index("listening grpc=")
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--max_batch_rows=0", "limits must be positive"),
+    ("--max_queue_delay_us=99999999999", "--max_queue_delay_us: at most"),
+    ("--device=tpu", "--device: expected"),
+])
+def test_bad_flags_exit_1_with_a_message(flag, message):
+    result = subprocess.run([e2e_util.SERVER_BIN, "--grpc_address=127.0.0.1:0",
+                             "--metrics_address=", flag],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1, result.stderr
+    assert message in result.stderr, result.stderr
