@@ -179,21 +179,13 @@ std::string CheckOutput(const Payload& payload, const v1::Tensor& output) {
     return absl::StrCat(output.data().size(), " data bytes instead of ", input.data().size());
   }
   const DType dtype = static_cast<DType>(output.dtype());
-  const double rtol = RelativeTolerance(output.dtype());
   const int64_t elements = static_cast<int64_t>(payload.expected.size());
   int64_t bad = 0;
   std::string first;
   for (int64_t i = 0; i < elements; ++i) {
     const double want = payload.expected[i];
     const double got = LoadAsFloat(output.data().data(), dtype, i);
-    bool ok;
-    if (std::isnan(want) || std::isnan(got)) {
-      ok = std::isnan(want) && std::isnan(got);
-    } else if (std::isinf(want) || std::isinf(got)) {
-      ok = want == got;
-    } else {
-      ok = std::fabs(got - want) <= kReferenceAbsoluteTolerance + rtol * std::fabs(want);
-    }
+    const bool ok = WithinReferenceTolerance(got, want, dtype);
     if (!ok && bad++ == 0) {
       first = absl::StrFormat("element %d is %.9g, reference %.9g", i, got, want);
     }

@@ -1,5 +1,6 @@
 #include "client/summary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -53,19 +54,12 @@ Comparison CompareWithReference(const v1::Tensor& input, const v1::Tensor& outpu
   ReferenceSoftmax(input.data().data(), static_cast<DType>(input.dtype()), view, options,
                    expected.data());
   const std::vector<float> actual = TensorToFloats(output);
-  const double rtol = RelativeTolerance(output.dtype());
   for (int64_t i = 0; i < comparison.elements; ++i) {
     const double want = expected[i];
     const double got = actual[i];
-    bool ok;
-    if (std::isnan(want) || std::isnan(got)) {
-      ok = std::isnan(want) && std::isnan(got);
-    } else if (std::isinf(want) || std::isinf(got)) {
-      ok = want == got;
-    } else {
-      const double error = std::fabs(got - want);
-      if (error > comparison.max_abs_error) comparison.max_abs_error = error;
-      ok = error <= kReferenceAbsoluteTolerance + rtol * std::fabs(want);
+    const bool ok = WithinReferenceTolerance(got, want, static_cast<DType>(output.dtype()));
+    if (std::isfinite(want) && std::isfinite(got)) {
+      comparison.max_abs_error = std::max(comparison.max_abs_error, std::fabs(got - want));
     }
     if (!ok) {
       if (comparison.mismatches == 0) {

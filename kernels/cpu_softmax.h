@@ -11,6 +11,7 @@
 #ifndef SOFTMAX_KERNELS_CPU_SOFTMAX_H_
 #define SOFTMAX_KERNELS_CPU_SOFTMAX_H_
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/dtype.h"
@@ -44,6 +45,14 @@ inline double ReferenceRelativeTolerance(DType dtype) {
     case DType::kBFloat16: return 1.6e-2;
   }
   return 0;
+}
+
+// True when `actual` passes against `expected` under the contract above.
+inline bool WithinReferenceTolerance(double actual, double expected, DType dtype) {
+  if (std::isnan(expected) || std::isnan(actual)) return std::isnan(expected) && std::isnan(actual);
+  if (std::isinf(expected) || std::isinf(actual)) return expected == actual;
+  return std::fabs(actual - expected) <=
+         kReferenceAbsoluteTolerance + ReferenceRelativeTolerance(dtype) * std::fabs(expected);
 }
 
 // Float64 reference: writes outer * n * inner doubles to `output`, in the

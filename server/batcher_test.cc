@@ -46,7 +46,9 @@ class FakeBackend final : public Backend {
       }
       --outstanding_;
     }
-    done(std::move(batch), BatchResult{absl::OkStatus(), 1234});
+    BatchResult result;
+    result.compute_ns = 1234;
+    done(std::move(batch), std::move(result));
   }
 
   // Completes the oldest held batch with `status` on the calling thread.
@@ -61,7 +63,10 @@ class FakeBackend final : public Backend {
       held_.pop_front();
       --outstanding_;
     }
-    done(std::move(batch), BatchResult{std::move(status), 555});
+    BatchResult result;
+    result.status = std::move(status);
+    result.compute_ns = 555;
+    done(std::move(batch), std::move(result));
   }
 
   // Waits until `count` batches have been submitted; false on timeout.
