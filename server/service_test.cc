@@ -205,6 +205,28 @@ TEST(ServiceTest, ClientCancellingMidStreamLeavesTheServerHealthy) {
   ExpectCorrect(request, response);
 }
 
+TEST(ServiceTest, StreamsOfVanishedClientsAllFinishSoShutdownIsPrompt) {
+  // Clients vanish while their streams are paused (8 pending) and while
+  // requests are being dispatched. Every stream reactor must still finish:
+  // gRPC's Shutdown waits for them, so a stuck one would hold it to its
+  // deadline.
+  Harness harness(false, std::chrono::milliseconds(20));
+  for (int round = 0; round < 30; ++round) {
+    grpc::ClientContext context;
+    auto stream = harness.stub->SoftmaxStream(&context);
+    for (int i = 0; i < 12 + round % 5; ++i) {
+      if (!stream->Write(RandomRequest("v", {2, 32}, -1, i))) break;
+    }
+    if (round % 2 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(round % 7));
+    context.TryCancel();
+    stream->Finish();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  harness.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  harness.server->Wait();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
 TEST(ServiceTest, EchoModeReturnsInputWithZeroTiming) {
   Harness harness(/*echo=*/true);
   const v1::SoftmaxRequest request = RandomRequest("e", {3, 5}, -1, 4);
