@@ -141,15 +141,6 @@ def wait_until(predicate, timeout, what):
 
 
 @pytest.fixture(scope="module")
-def server():
-    process = e2e_util.Server()
-    try:
-        yield process
-    finally:
-        process.kill()
-
-
-@pytest.fixture(scope="module")
 def prometheus(server):
     process = Prometheus(server.metrics_address)
     try:
