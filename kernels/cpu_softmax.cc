@@ -126,7 +126,9 @@ void Rows(const void* input, void* output, const SoftmaxShape& shape,
 
 void CpuSoftmaxRows(const void* input, void* output, DType dtype, const SoftmaxShape& shape,
                     const SoftmaxOptions& options, int64_t row_begin, int64_t row_end) {
-  if (shape.n == 0) return;
+  // No rows: nothing to compute, and no row buffer (an empty tensor's n may
+  // be huge).
+  if (shape.n == 0 || row_begin >= row_end) return;
   switch (dtype) {
     case DType::kFloat32:
       return Rows<Float32>(input, output, shape, options, row_begin, row_end);

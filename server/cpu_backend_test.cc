@@ -194,3 +194,20 @@ TEST(CpuBackendTest, RowSumsAreOneOnLargeBatch) {
 
 }  // namespace
 }  // namespace softmax::server
+
+namespace softmax::server {
+namespace {
+
+// Found by server/fuzz/request_fuzzer: an empty tensor whose softmax axis is
+// huge ([3, 2, 0, ..., 2164934066369]) made the row routine size its row
+// buffer for n before noticing there were no rows.
+TEST(CpuBackendTest, EmptyTensorWithHugeAxisAllocatesNoRowBuffer) {
+  const SoftmaxShape shape{0, int64_t{1} << 41, 1};
+  char input = 0;
+  char output = 0;
+  CpuSoftmaxRows(&input, &output, DType::kFloat16, shape, SoftmaxOptions{}, 0, shape.rows());
+  SUCCEED();  // reaching here: no std::bad_alloc / length_error
+}
+
+}  // namespace
+}  // namespace softmax::server
