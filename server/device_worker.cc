@@ -24,16 +24,39 @@ int64_t AlignUp(int64_t value, int64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 
+// cudaMalloc, optionally capped: past `limit_bytes` (0 = no cap) it answers
+// RESOURCE_EXHAUSTED as if the device were full, so that a server sharing its
+// GPU with other processes keeps to its share.
 class CudaDeviceRawAllocator final : public RawAllocator {
  public:
+  explicit CudaDeviceRawAllocator(int64_t limit_bytes) : limit_bytes_(limit_bytes) {}
   absl::StatusOr<void*> Allocate(size_t bytes) override {
+    if (limit_bytes_ > 0 && total_ + static_cast<int64_t>(bytes) > limit_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "device memory: ", bytes, " more bytes would pass --cuda_memory_limit_bytes=",
+          limit_bytes_, " (", total_, " held)"));
+    }
     void* ptr = nullptr;
     absl::Status status = SOFTMAX_CUDA_STATUS(cudaMalloc(&ptr, bytes));
     if (!status.ok()) return status;
+    total_ += static_cast<int64_t>(bytes);
+    sizes_[ptr] = static_cast<int64_t>(bytes);
     return ptr;
   }
-  void Free(void* ptr) override { cudaFree(ptr); }
+  void Free(void* ptr) override {
+    auto it = sizes_.find(ptr);
+    if (it != sizes_.end()) {
+      total_ -= it->second;
+      sizes_.erase(it);
+    }
+    cudaFree(ptr);
+  }
   std::string Name() const override { return "device"; }
+
+ private:
+  const int64_t limit_bytes_;
+  int64_t total_ = 0;
+  std::map<void*, int64_t> sizes_;
 };
 
 class CudaPinnedRawAllocator final : public RawAllocator {
@@ -178,7 +201,8 @@ absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(
   report += state.plan.ToString();
   worker->probe_report_ = std::move(report);
 
-  state.device_memory = std::make_unique<CachingAllocator>(std::make_unique<CudaDeviceRawAllocator>());
+  state.device_memory = std::make_unique<CachingAllocator>(
+      std::make_unique<CudaDeviceRawAllocator>(options.memory_limit_bytes));
   state.pinned_memory = std::make_unique<CachingAllocator>(std::make_unique<CudaPinnedRawAllocator>());
   state.slots.resize(options.slots);
   for (Slot& slot : state.slots) {

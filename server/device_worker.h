@@ -60,6 +60,11 @@ struct DeviceWorkerOptions {
   // (cudaEventBlockingSync), leaving the cores to gRPC when the host's CPUs
   // are the bottleneck.
   bool blocking_sync = false;
+  // Device memory the caching allocator may take from CUDA, staging
+  // included (0 = no cap). Past it, allocation fails as out of memory does:
+  // the caches are released and retried, then RESOURCE_EXHAUSTED for the
+  // requests that do not fit.
+  int64_t memory_limit_bytes = 0;
   // Testing only: after this many batches (0 = never), launch a kernel on an
   // invalid address to produce a real sticky fault.
   int64_t inject_fault_after_batches = 0;

@@ -96,9 +96,11 @@ void ExpectMatchesReference(const Tensor& t) {
   EXPECT_EQ(bad, 0);
 }
 
-std::unique_ptr<DeviceWorker> MakeWorker(int64_t max_staging_bytes) {
+std::unique_ptr<DeviceWorker> MakeWorker(int64_t max_staging_bytes,
+                                        int64_t memory_limit_bytes = 0) {
   DeviceWorkerOptions options;
   options.max_staging_bytes = max_staging_bytes;
+  options.memory_limit_bytes = memory_limit_bytes;
   absl::StatusOr<std::unique_ptr<DeviceWorker>> worker =
       DeviceWorker::Create(options, [](const absl::Status& status) {
         ADD_FAILURE() << "unexpected GPU fault: " << status;
@@ -186,6 +188,34 @@ TEST(DeviceWorkerTest, NoAllocationsAfterWarmUpAndPipelinedBatches) {
     // Only the slots' own staging stays in use between batches.
     EXPECT_EQ(after[i].in_use_bytes, warm[i].in_use_bytes) << after[i].memory;
   }
+}
+
+TEST(DeviceWorkerTest, OutOfMemoryFailsOnlyTheRequestThatDoesNotFit) {
+  SKIP_WITHOUT_GPU();
+  // 1 MiB staging per slot: 2 slots x (in + out) = 4 MiB of device memory,
+  // plus 12 MiB to spare. A 16 MiB single row needs 32 MiB of its own staging.
+  auto worker = MakeWorker(1 << 20, 16 << 20);
+  ASSERT_NE(worker, nullptr);
+  std::mt19937 rng(17);
+  std::vector<Tensor> tensors;
+  tensors.push_back(MakeTensor(rng, DType::kFloat32, {8, 1000, 1}, {}));
+  tensors.push_back(MakeTensor(rng, DType::kFloat32, {1, 4 << 20, 1}, {}));  // 16 MiB row
+  tensors.push_back(MakeTensor(rng, DType::kFloat16, {3, 5000, 1}, {}));
+  BatchResult result = RunAndWait(*worker, MakeBatch(tensors));
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  ASSERT_EQ(result.segment_status.size(), 3u);
+  EXPECT_TRUE(result.segment_status[0].ok()) << result.segment_status[0];
+  EXPECT_TRUE(absl::IsResourceExhausted(result.segment_status[1])) << result.segment_status[1];
+  EXPECT_TRUE(result.segment_status[2].ok()) << result.segment_status[2];
+  ExpectMatchesReference(tensors[0]);
+  ExpectMatchesReference(tensors[2]);
+  // The worker is still healthy: the next batch is served in full.
+  std::vector<Tensor> next;
+  next.push_back(MakeTensor(rng, DType::kBFloat16, {4, 3000, 1}, {}));
+  BatchResult again = RunAndWait(*worker, MakeBatch(next));
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_TRUE(again.segment_status.empty());
+  ExpectMatchesReference(next[0]);
 }
 
 }  // namespace

@@ -59,6 +59,8 @@ ABSL_FLAG(int, cuda_streams, kDefaults.cuda_streams,
           "GPU backend: batches in flight, each on its own CUDA stream");
 ABSL_FLAG(bool, cuda_blocking_sync, kDefaults.cuda_blocking_sync,
           "GPU backend: sleep on each batch's CUDA event instead of spinning");
+ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
+          "GPU backend: device memory it may hold, staging included; 0 = no cap");
 ABSL_FLAG(int64_t, inject_fault_after_batches, kDefaults.inject_fault_after_batches,
           "testing only: make the GPU fault for real after this many batches (0 = never)");
 ABSL_FLAG(int, lame_duck_ms, kDefaults.lame_duck_ms,
@@ -86,6 +88,7 @@ ServerOptions OptionsFromFlags() {
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   options.cuda_streams = absl::GetFlag(FLAGS_cuda_streams);
   options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
+  options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.inject_fault_after_batches = absl::GetFlag(FLAGS_inject_fault_after_batches);
   return options;
 }
@@ -100,7 +103,8 @@ int Run(const ServerOptions& options) {
       options.max_batch_bytes <= 0 || options.max_queue_delay_us < 0 ||
       options.max_queued_requests <= 0 || options.max_queued_bytes <= 0 ||
       options.cpu_threads < 0 || options.lame_duck_ms < 0 || options.shutdown_grace_s < 0 ||
-      options.cuda_streams < 1 || options.inject_fault_after_batches < 0) {
+      options.cuda_streams < 1 || options.inject_fault_after_batches < 0 ||
+      options.cuda_memory_limit_bytes < 0) {
     return Fail(absl::InvalidArgumentError(
         "limits must be positive (--max_queue_delay_us, --cpu_threads, --lame_duck_ms and "
         "--shutdown_grace_s may be 0)"));
@@ -126,6 +130,7 @@ int Run(const ServerOptions& options) {
   backend_options.cpu.threads = options.cpu_threads;
   backend_options.cuda.slots = options.cuda_streams;
   backend_options.cuda.blocking_sync = options.cuda_blocking_sync;
+  backend_options.cuda.memory_limit_bytes = options.cuda_memory_limit_bytes;
   backend_options.cuda.max_staging_bytes = options.max_batch_bytes;
   backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;
   // A sticky GPU error: log it and wake the signal loop below, which takes

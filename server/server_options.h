@@ -47,6 +47,9 @@ struct ServerOptions {
   // CUDA event instead of spinning; frees cores when the host's CPUs, shared
   // with gRPC, are the bottleneck, at some wake-up latency.
   bool cuda_blocking_sync = false;
+  // --cuda_memory_limit_bytes: device memory the GPU backend may hold (its
+  // staging included); 0 = no cap. For a GPU shared with other processes.
+  int64_t cuda_memory_limit_bytes = 0;
   // --inject_fault_after_batches: testing only; the GPU backend provokes a
   // real sticky fault after this many batches (0 = never), to show that the
   // server goes NOT_SERVING and exits non-zero.
