@@ -51,12 +51,20 @@ absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
           queued_bytes_, " bytes queued; limits ", options_.max_queued_requests, " requests, ",
           options_.max_queued_bytes, " bytes); retry with backoff"));
     }
+    const bool was_empty = queue_.empty();
     queued_rows_ += item->segment.shape.rows();
     queued_bytes_ += bytes;
     queue_.push_back(std::move(item));
     // Reported under the lock so that the last value set is the current one.
     if (observer_ != nullptr) observer_->OnQueueDepth(queue_.size(), queued_bytes_);
-    cv_.Signal();
+    // Wake the batch former only when this request can change its decision:
+    // a first request (it may be waiting with no timeout) or a full batch.
+    // Otherwise it already waits for the head's delay or for a batch to
+    // complete, and waking it per request would cost a context switch each.
+    if (was_empty || queued_rows_ >= options_.max_batch_rows ||
+        queued_bytes_ >= options_.max_batch_bytes) {
+      cv_.Signal();
+    }
   }
   return absl::OkStatus();
 }
@@ -77,6 +85,7 @@ bool Batcher::ReadyLocked(SteadyClock::time_point now) const {
   if (queued_rows_ >= options_.max_batch_rows || queued_bytes_ >= options_.max_batch_bytes) {
     return true;
   }
+  if (options_.dispatch_when_idle && in_flight_ == 0) return true;
   return now - queue_.front()->enqueued >= options_.max_queue_delay;
 }
 
@@ -141,10 +150,20 @@ void Batcher::Run() {
     if (batch->items.empty()) continue;
 
     // Outputs are sized here, off the reactor threads, so backends write
-    // straight into the response messages.
+    // straight into the response messages; where the backend allows it an
+    // output takes over its request's input buffer instead (no allocation).
     batch->segments.reserve(batch->items.size());
     for (auto& item : batch->items) {
-      item->output->resize(static_cast<size_t>(item->segment.bytes));
+      std::string* input = item->input_buffer;
+      if (options_.outputs_reuse_inputs && input != nullptr &&
+          static_cast<int64_t>(input->size()) == item->segment.bytes &&
+          input->data() == item->segment.input) {
+        *item->output = std::move(*input);
+        input->clear();
+        item->segment.input = item->output->data();
+      } else {
+        item->output->resize(static_cast<size_t>(item->segment.bytes));
+      }
       item->segment.output = item->output->data();
       batch->segments.push_back(item->segment);
     }

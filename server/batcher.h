@@ -3,8 +3,11 @@
 // temperatures.
 //
 // Formation rules (BatcherOptions): a batch is started when the queue holds
-// max_batch_rows rows or max_batch_bytes bytes, or when its oldest request has
-// waited max_queue_delay; it takes requests in arrival order while they fit.
+// max_batch_rows rows or max_batch_bytes bytes, when its oldest request has
+// waited max_queue_delay, or (dispatch_when_idle) at once when the backend
+// has no batch in flight; it takes requests in arrival order while they fit.
+// So an idle server answers a lone request without waiting for company, and
+// a busy one lets requests gather while the device works.
 // A request larger than a batch on its own runs alone. Requests whose RPC was
 // cancelled, or whose deadline passed, are dropped before compute and
 // completed with CANCELLED / DEADLINE_EXCEEDED.
@@ -40,6 +43,18 @@ struct BatcherOptions {
   // Longest time the oldest queued request waits for company before its batch
   // is formed anyway. 0 forms a batch as soon as the backend can take one.
   std::chrono::microseconds max_queue_delay{100};
+  // Form a batch as soon as a request is queued while the backend has no
+  // batch in flight, instead of waiting max_queue_delay for company: nothing
+  // is gained by waiting on an idle device. While a batch is in flight,
+  // requests gather until it completes, the delay passes or the batch is full.
+  bool dispatch_when_idle = true;
+  // Set when the backend reads every input byte of a batch before it writes
+  // the same bytes of that output (the GPU backend packs all inputs into its
+  // staging first). Then a request that offers its input buffer
+  // (WorkItem::input_buffer) gets it back as its output: no allocation,
+  // page faults or zero fill per response, and the backend computes in place
+  // (segment.output == segment.input). Otherwise outputs are freshly sized.
+  bool outputs_reuse_inputs = false;
   // Admission bounds: beyond these the request is refused with UNAVAILABLE
   // (retryable) instead of queueing without limit.
   int64_t max_queued_requests = 8192;
@@ -59,6 +74,11 @@ struct RequestTiming {
 struct WorkItem {
   Segment segment;               // segment.output is set by the batcher
   std::string* output = nullptr; // resized to segment.bytes before compute
+  // Optional: the string segment.input points into, which the batcher may
+  // move into `output` (BatcherOptions::outputs_reuse_inputs); it is empty
+  // afterwards. Only used when it holds exactly segment.bytes bytes starting
+  // at segment.input.
+  std::string* input_buffer = nullptr;
   // Past this point the request is dropped before compute.
   std::chrono::system_clock::time_point deadline =
       std::chrono::system_clock::time_point::max();

@@ -33,7 +33,10 @@ class FakeBackend final : public Backend {
 
   void Submit(std::unique_ptr<Batch> batch, Done done) override {
     for (const Segment& s : batch->segments) {
-      if (s.bytes > 0) std::memcpy(s.output, s.input, static_cast<size_t>(s.bytes));
+      // In place (outputs_reuse_inputs) the output already holds the input.
+      if (s.bytes > 0 && s.output != s.input) {
+        std::memcpy(s.output, s.input, static_cast<size_t>(s.bytes));
+      }
     }
     {
       absl::MutexLock lock(&mu_);
@@ -138,11 +141,14 @@ std::unique_ptr<WorkItem> MakeItem(TestRequest* request, int64_t rows, int64_t n
   return item;
 }
 
+// The size and delay rules alone: dispatch_when_idle off, unless a test
+// turns it on.
 BatcherOptions Options(int64_t rows, int64_t bytes, microseconds delay) {
   BatcherOptions options;
   options.max_batch_rows = rows;
   options.max_batch_bytes = bytes;
   options.max_queue_delay = delay;
+  options.dispatch_when_idle = false;
   return options;
 }
 
@@ -432,6 +438,107 @@ TEST(BatcherTest, ManyConcurrentProducersAllComplete) {
   for (const auto& batch : backend.batches()) batched_requests += batch.size();
   EXPECT_EQ(batched_requests, kThreads * kPerThread);
   EXPECT_LT(backend.batches().size(), static_cast<size_t>(kThreads * kPerThread));
+}
+
+TEST(BatcherTest, IdleBackendGetsALoneRequestAtOnceBusyOneLetsRequestsGather) {
+  FakeBackend backend(2, /*hold=*/true);
+  BatcherOptions options = Options(1000, 1 << 30, kForever);
+  options.dispatch_when_idle = true;
+  Batcher batcher(options, &backend);
+  TestRequest r[4];
+  // Nothing in flight: the first request is not kept waiting for the (very
+  // long) delay.
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[0], 1, 4)).ok());
+  ASSERT_TRUE(backend.WaitForBatches(1));
+  // One batch in flight: a second slot is free, but the device is busy, so
+  // the next requests gather instead of going one by one.
+  for (int i = 1; i < 4; ++i) ASSERT_TRUE(batcher.Enqueue(MakeItem(&r[i], 1, 4)).ok());
+  EXPECT_FALSE(backend.WaitForBatches(2, absl::Milliseconds(50)));
+  // The device goes idle: everything gathered leaves as one batch.
+  backend.ReleaseOne();
+  ASSERT_TRUE(backend.WaitForBatches(2));
+  backend.ReleaseOne();
+  const auto batches = backend.batches();
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[0].size(), 1u);
+  EXPECT_EQ(batches[1].size(), 3u);
+  for (TestRequest& request : r) {
+    ASSERT_TRUE(request.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_TRUE(request.status.ok()) << request.status;
+    EXPECT_EQ(request.output, request.input);
+  }
+  EXPECT_LT(r[0].timing.queue_ns, 5LL * 1000 * 1000 * 1000);
+  EXPECT_EQ(r[1].timing.batch_requests, 3);
+}
+
+TEST(BatcherTest, WithoutIdleDispatchALoneRequestWaitsForTheDelay) {
+  FakeBackend backend(1, /*hold=*/false);
+  Batcher batcher(Options(1000, 1 << 30, kForever), &backend);
+  TestRequest r;
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&r, 1, 4)).ok());
+  EXPECT_FALSE(backend.WaitForBatches(1, absl::Milliseconds(50)));
+  batcher.Stop();
+  EXPECT_TRUE(r.done.HasBeenNotified());
+}
+
+TEST(BatcherTest, OutputsTakeOverInputBuffersWhenTheBackendComputesInPlace) {
+  FakeBackend backend(1, /*hold=*/false);
+  BatcherOptions options = Options(1000, 1 << 30, milliseconds(20));
+  options.outputs_reuse_inputs = true;
+  Batcher batcher(options, &backend);
+  // A large tensor, one small enough for the string's inline storage, and
+  // one whose offered buffer does not match its segment (not taken over).
+  TestRequest big, tiny, mismatched;
+  std::string mismatched_buffer = "not the input";
+  auto big_item = MakeItem(&big, 64, 1024);
+  auto tiny_item = MakeItem(&tiny, 1, 1);
+  auto mismatched_item = MakeItem(&mismatched, 2, 8);
+  big_item->input_buffer = &big.input;
+  tiny_item->input_buffer = &tiny.input;
+  mismatched_item->input_buffer = &mismatched_buffer;
+  const std::string big_bytes = big.input;
+  const std::string tiny_bytes = tiny.input;
+  const char* const big_data = big.input.data();
+  ASSERT_TRUE(batcher.Enqueue(std::move(big_item)).ok());
+  ASSERT_TRUE(batcher.Enqueue(std::move(tiny_item)).ok());
+  ASSERT_TRUE(batcher.Enqueue(std::move(mismatched_item)).ok());
+  for (TestRequest* r : {&big, &tiny, &mismatched}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_TRUE(r->status.ok()) << r->status;
+  }
+  const auto batches = backend.batches();
+  ASSERT_EQ(batches.size(), 1u);
+  ASSERT_EQ(batches[0].size(), 3u);
+  // The big request's response owns its input's very buffer: computed in
+  // place, nothing allocated.
+  EXPECT_EQ(big.output.data(), big_data);
+  EXPECT_EQ(batches[0][0].input, big_data);
+  EXPECT_EQ(batches[0][0].output, big_data);
+  EXPECT_TRUE(big.input.empty());
+  EXPECT_EQ(big.output, big_bytes);
+  EXPECT_EQ(batches[0][1].input, batches[0][1].output);
+  EXPECT_EQ(batches[0][1].output, tiny.output.data());
+  EXPECT_EQ(tiny.output, tiny_bytes);
+  // Not its input's buffer: a fresh output, the input left alone.
+  EXPECT_NE(batches[0][2].output, batches[0][2].input);
+  EXPECT_EQ(batches[0][2].input, mismatched.input.data());
+  EXPECT_EQ(mismatched.output, mismatched.input);
+  EXPECT_EQ(mismatched_buffer, "not the input");
+}
+
+TEST(BatcherTest, OutputsAreFreshBuffersUnlessTheBackendComputesInPlace) {
+  FakeBackend backend(1, /*hold=*/false);
+  Batcher batcher(Options(1000, 1 << 30, milliseconds(1)), &backend);
+  TestRequest r;
+  auto item = MakeItem(&r, 8, 64);
+  item->input_buffer = &r.input;
+  ASSERT_TRUE(batcher.Enqueue(std::move(item)).ok());
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(r.status.ok());
+  ASSERT_EQ(backend.batches().size(), 1u);
+  EXPECT_NE(backend.batches()[0][0].output, backend.batches()[0][0].input);
+  EXPECT_EQ(r.input.size(), 8u * 64 * 4);
+  EXPECT_EQ(r.output, r.input);
 }
 
 }  // namespace

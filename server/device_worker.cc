@@ -123,6 +123,26 @@ void CopyAll(const std::vector<HostCopy>& copies) {
   for (std::thread& helper : helpers) helper.join();
 }
 
+// Waits for `event`. spin_us < 0: cudaEventSynchronize alone (it spins
+// unless the event was created with cudaEventBlockingSync). Otherwise polls
+// the event for up to spin_us microseconds, then sleeps on it (such events
+// are created with cudaEventBlockingSync).
+absl::Status WaitForEvent(cudaEvent_t event, int64_t spin_us) {
+  if (spin_us > 0) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+    for (;;) {
+      const cudaError_t error = cudaEventQuery(event);
+      if (error == cudaSuccess) return absl::OkStatus();
+      if (error != cudaErrorNotReady) return SOFTMAX_CUDA_STATUS(error);
+      // "Not ready" is no error: keep it out of the thread's last-error slot,
+      // which the kernel launches check.
+      if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+      if (std::chrono::steady_clock::now() >= until) break;
+    }
+  }
+  return SOFTMAX_CUDA_STATUS(cudaEventSynchronize(event));
+}
+
 // A contiguous run of whole [n, inner] slabs of one segment.
 struct Piece {
   int segment = 0;
@@ -258,7 +278,9 @@ std::string DeviceWorker::Describe() const {
                          absl::StrReplaceAll(info_.compute_capability, {{".", ""}}),
                          info_.multiprocessors, info_.memory_bytes / double(1 << 30),
                          info_.peak_bandwidth_bytes_per_second / 1e9, options_.slots,
-                         options_.blocking_sync ? " blocking-sync" : "");
+                         options_.blocking_sync
+                             ? absl::StrCat(" blocking-sync spin=", options_.spin_us, "us")
+                             : std::string());
 }
 
 std::vector<MemoryStats> DeviceWorker::Memory() const {
@@ -314,9 +336,10 @@ struct Staging {
 // wait, unpack. Adds the kernel time and launches to the totals.
 absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_memory,
                          cudaStream_t stream, cudaEvent_t kernel_start, cudaEvent_t kernel_end,
-                         cudaEvent_t done, const Staging& staging, Batch& batch,
-                         const std::vector<Piece>& pieces, const std::vector<int64_t>& offsets,
-                         int64_t total, bool inject_fault, int64_t* kernel_ns, int* launches) {
+                         cudaEvent_t done, int64_t spin_us, const Staging& staging,
+                         Batch& batch, const std::vector<Piece>& pieces,
+                         const std::vector<int64_t>& offsets, int64_t total, bool inject_fault,
+                         int64_t* kernel_ns, int* launches) {
   char* const host = staging.host;
   char* const in = staging.in;
   char* const out = staging.out;
@@ -372,7 +395,7 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_end, stream));
     SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(host, out, total, cudaMemcpyDeviceToHost, stream));
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(done, stream));
-    return SOFTMAX_CUDA_STATUS(cudaEventSynchronize(done));
+    return WaitForEvent(done, spin_us);
   };
   if (absl::Status status = enqueue_and_wait(); !status.ok()) {
     // Whatever was queued must be finished before the buffers go back to
@@ -401,7 +424,7 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
 absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_memory,
                        CachingAllocator& pinned_memory, cudaStream_t stream,
                        cudaEvent_t kernel_start, cudaEvent_t kernel_end, cudaEvent_t done,
-                       const Block& slot_pinned, const Block& slot_device_in,
+                       int64_t spin_us, const Block& slot_pinned, const Block& slot_device_in,
                        const Block& slot_device_out, Batch& batch,
                        const std::vector<Piece>& pieces, bool inject_fault, int64_t* kernel_ns,
                        int* launches) {
@@ -417,8 +440,8 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
     const Staging staging{static_cast<char*>(slot_pinned.data()),
                           static_cast<char*>(slot_device_in.data()),
                           static_cast<char*>(slot_device_out.data())};
-    return RunPiecesIn(plan, device_memory, stream, kernel_start, kernel_end, done, staging,
-                       batch, pieces, offsets, total, inject_fault, kernel_ns, launches);
+    return RunPiecesIn(plan, device_memory, stream, kernel_start, kernel_end, done, spin_us,
+                       staging, batch, pieces, offsets, total, inject_fault, kernel_ns, launches);
   }
   absl::Status status;
   {
@@ -433,8 +456,9 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
       const Staging staging{static_cast<char*>(pinned->data()),
                             static_cast<char*>(device_in->data()),
                             static_cast<char*>(device_out->data())};
-      status = RunPiecesIn(plan, device_memory, stream, kernel_start, kernel_end, done, staging,
-                           batch, pieces, offsets, total, inject_fault, kernel_ns, launches);
+      status = RunPiecesIn(plan, device_memory, stream, kernel_start, kernel_end, done, spin_us,
+                           staging, batch, pieces, offsets, total, inject_fault, kernel_ns,
+                           launches);
     }
   }  // the blocks return to the caches here...
   // ...and leave them, so that occasional huge requests do not pin host memory for good.
@@ -486,7 +510,9 @@ BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
   State& state = *state_;
   auto run = [&](const std::vector<Piece>& run_pieces, bool fault) {
     return RunPieces(state.plan, *state.device_memory, *state.pinned_memory, slot.stream,
-                     slot.kernel_start, slot.kernel_end, slot.done, slot.pinned, slot.device_in,
+                     slot.kernel_start, slot.kernel_end, slot.done,
+                     options_.blocking_sync ? std::max<int64_t>(0, options_.spin_us) : -1,
+                     slot.pinned, slot.device_in,
                      slot.device_out, batch, run_pieces, fault, &result.kernel_ns,
                      &result.launches);
   };

@@ -56,10 +56,13 @@ struct DeviceWorkerOptions {
   // batcher's max_batch_bytes so a normal batch runs in one piece.
   int64_t max_staging_bytes = int64_t{64} << 20;
   // How a slot waits for its batch: false spins on the CUDA event (lowest
-  // wake-up latency, one busy core per slot); true sleeps on it
-  // (cudaEventBlockingSync), leaving the cores to gRPC when the host's CPUs
-  // are the bottleneck.
+  // wake-up latency, one busy core per slot); true polls it for `spin_us`
+  // microseconds, then sleeps on it (cudaEventBlockingSync), leaving the
+  // cores to gRPC when the host's CPUs are the bottleneck. A short poll
+  // keeps the wake-up latency of small batches (a GPU round trip of tens of
+  // microseconds) while the long waits of big copies sleep.
   bool blocking_sync = false;
+  int64_t spin_us = 0;
   // Device memory the caching allocator may take from CUDA, staging
   // included (0 = no cap). Past it, allocation fails as out of memory does:
   // the caches are released and retried, then RESOURCE_EXHAUSTED for the
@@ -82,6 +85,11 @@ class DeviceWorker final : public Backend {
                                                               FaultHandler on_fault);
   // Finishes the batches already submitted, then releases everything.
   ~DeviceWorker() override;
+
+  // A run of pieces packs all of its inputs into staging before any of its
+  // outputs is written back, and pieces never overlap, so a segment may be
+  // computed in place (output == input): the batcher's outputs_reuse_inputs.
+  static constexpr bool kComputesInPlace = true;
 
   std::string Describe() const override;
   int MaxBatchesInFlight() const override { return options_.slots; }

@@ -151,6 +151,36 @@ TEST(DeviceWorkerTest, LargeTensorIsCutIntoPiecesThroughSmallStaging) {
   for (const Tensor& t : tensors) ExpectMatchesReference(t);
 }
 
+TEST(DeviceWorkerTest, InPlaceSegmentsMatchReferenceAlsoWhenCutIntoPieces) {
+  SKIP_WITHOUT_GPU();
+  static_assert(DeviceWorker::kComputesInPlace, "the batcher relies on it on the GPU");
+  // The batcher's outputs_reuse_inputs: each segment's output is its input.
+  // Once with staging that holds the whole batch, once with 1 MiB of staging
+  // so that the large tensors go through in several runs.
+  for (const int64_t staging : {int64_t{64} << 20, int64_t{1} << 20}) {
+    auto worker = MakeWorker(staging);
+    ASSERT_NE(worker, nullptr);
+    std::mt19937 rng(static_cast<uint32_t>(staging));
+    std::vector<Tensor> tensors;
+    tensors.push_back(MakeTensor(rng, DType::kFloat32, {600, 4096, 1}, {}));  // 9.4 MiB
+    tensors.push_back(MakeTensor(rng, DType::kFloat16, {7, 300000, 1}, {1.0f, true}));
+    tensors.push_back(MakeTensor(rng, DType::kBFloat16, {64, 32000, 1}, {}));
+    tensors.push_back(MakeTensor(rng, DType::kFloat32, {3, 100, 37}, {0.5f, false}));
+    tensors.push_back(MakeTensor(rng, DType::kFloat32, {1, 3, 1}, {}));
+    const std::vector<Tensor> originals = tensors;
+    std::unique_ptr<Batch> batch = MakeBatch(tensors);
+    for (Segment& segment : batch->segments) segment.output = const_cast<void*>(segment.input);
+    BatchResult result = RunAndWait(*worker, std::move(batch));
+    ASSERT_TRUE(result.status.ok()) << result.status;
+    EXPECT_TRUE(result.segment_status.empty());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      Tensor computed = originals[i];
+      computed.output = tensors[i].input;  // where the worker wrote
+      ExpectMatchesReference(computed);
+    }
+  }
+}
+
 TEST(DeviceWorkerTest, NoAllocationsAfterWarmUpAndPipelinedBatches) {
   SKIP_WITHOUT_GPU();
   auto worker = MakeWorker(64 << 20);

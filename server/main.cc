@@ -15,6 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -50,6 +51,9 @@ ABSL_FLAG(int64_t, max_batch_bytes, kDefaults.max_batch_bytes,
           "a batch closes at this many input bytes");
 ABSL_FLAG(int64_t, max_queue_delay_us, kDefaults.max_queue_delay_us,
           "longest wait of the oldest queued request before its batch is formed");
+ABSL_FLAG(bool, dispatch_when_idle, kDefaults.dispatch_when_idle,
+          "form a batch at once when the device has none in flight; requests wait for "
+          "company (up to --max_queue_delay_us) only while it is busy");
 ABSL_FLAG(int64_t, max_queued_requests, kDefaults.max_queued_requests,
           "queued requests beyond which new ones get UNAVAILABLE");
 ABSL_FLAG(int64_t, max_queued_bytes, kDefaults.max_queued_bytes,
@@ -59,6 +63,9 @@ ABSL_FLAG(int, cuda_streams, kDefaults.cuda_streams,
           "GPU backend: batches in flight, each on its own CUDA stream");
 ABSL_FLAG(bool, cuda_blocking_sync, kDefaults.cuda_blocking_sync,
           "GPU backend: sleep on each batch's CUDA event instead of spinning");
+ABSL_FLAG(int64_t, cuda_spin_us, kDefaults.cuda_spin_us,
+          "GPU backend, with --cuda_blocking_sync: microseconds each batch's completion is "
+          "polled before the stream's thread sleeps on it");
 ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
           "GPU backend: device memory it may hold, staging included; 0 = no cap");
 ABSL_FLAG(int64_t, inject_fault_after_batches, kDefaults.inject_fault_after_batches,
@@ -81,6 +88,7 @@ ServerOptions OptionsFromFlags() {
   options.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
   options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
   options.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
+  options.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
   options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
@@ -88,6 +96,7 @@ ServerOptions OptionsFromFlags() {
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   options.cuda_streams = absl::GetFlag(FLAGS_cuda_streams);
   options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
+  options.cuda_spin_us = absl::GetFlag(FLAGS_cuda_spin_us);
   options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.inject_fault_after_batches = absl::GetFlag(FLAGS_inject_fault_after_batches);
   return options;
@@ -104,10 +113,10 @@ int Run(const ServerOptions& options) {
       options.max_queued_requests <= 0 || options.max_queued_bytes <= 0 ||
       options.cpu_threads < 0 || options.lame_duck_ms < 0 || options.shutdown_grace_s < 0 ||
       options.cuda_streams < 1 || options.inject_fault_after_batches < 0 ||
-      options.cuda_memory_limit_bytes < 0) {
+      options.cuda_memory_limit_bytes < 0 || options.cuda_spin_us < 0) {
     return Fail(absl::InvalidArgumentError(
-        "limits must be positive (--max_queue_delay_us, --cpu_threads, --lame_duck_ms and "
-        "--shutdown_grace_s may be 0)"));
+        "limits must be positive (--max_queue_delay_us, --cpu_threads, --lame_duck_ms, "
+        "--shutdown_grace_s and --cuda_spin_us may be 0)"));
   }
   if (options.max_queue_delay_us > kMaxQueueDelayUs) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -130,6 +139,7 @@ int Run(const ServerOptions& options) {
   backend_options.cpu.threads = options.cpu_threads;
   backend_options.cuda.slots = options.cuda_streams;
   backend_options.cuda.blocking_sync = options.cuda_blocking_sync;
+  backend_options.cuda.spin_us = options.cuda_spin_us;
   backend_options.cuda.memory_limit_bytes = options.cuda_memory_limit_bytes;
   backend_options.cuda.max_staging_bytes = options.max_batch_bytes;
   backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;
@@ -165,6 +175,12 @@ int Run(const ServerOptions& options) {
     batcher_options.max_batch_rows = options.max_batch_rows;
     batcher_options.max_batch_bytes = options.max_batch_bytes;
     batcher_options.max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us);
+    batcher_options.dispatch_when_idle = options.dispatch_when_idle;
+    // The GPU backend packs every input of a batch into its staging before
+    // it writes any output, so responses can take over the requests' input
+    // buffers (no allocation, page faults or zero fill per response).
+    batcher_options.outputs_reuse_inputs = DeviceWorker::kComputesInPlace &&
+                                           absl::StartsWith(choice->device, "cuda");
     batcher_options.max_queued_requests = options.max_queued_requests;
     batcher_options.max_queued_bytes = options.max_queued_bytes;
     batcher = std::make_unique<Batcher>(batcher_options, choice->backend.get(), metrics.get());

@@ -27,6 +27,10 @@ struct ServerOptions {
   int64_t max_batch_rows = 8192;
   int64_t max_batch_bytes = int64_t{64} << 20;
   int64_t max_queue_delay_us = 100;
+  // --dispatch_when_idle: form a batch at once when the backend has nothing
+  // in flight instead of waiting max_queue_delay_us for company; requests
+  // gather only while the device is busy.
+  bool dispatch_when_idle = true;
   // --max_queued_requests / --max_queued_bytes: admission bounds; beyond
   // them requests fail fast with UNAVAILABLE instead of queueing.
   int64_t max_queued_requests = 8192;
@@ -47,6 +51,9 @@ struct ServerOptions {
   // CUDA event instead of spinning; frees cores when the host's CPUs, shared
   // with gRPC, are the bottleneck, at some wake-up latency.
   bool cuda_blocking_sync = false;
+  // --cuda_spin_us: with --cuda_blocking_sync, how long a batch's completion
+  // is polled before the slot sleeps on it (small batches finish within it).
+  int64_t cuda_spin_us = 0;
   // --cuda_memory_limit_bytes: device memory the GPU backend may hold (its
   // staging included); 0 = no cap. For a GPU shared with other processes.
   int64_t cuda_memory_limit_bytes = 0;

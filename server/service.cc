@@ -91,13 +91,15 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
     }
     std::unique_ptr<Entry> entry = std::move(reading_);
     entry->start = SteadyClock::now();
+    // Read before Dispatch, which may move the input bytes into the output.
+    entry->data_bytes = static_cast<int64_t>(entry->request.input().data().size());
     {
       absl::MutexLock lock(&mu_);
       AddPendingLocked(1);
     }
     Entry* raw = entry.release();  // owned by the completion from here on
     const absl::Status status = service_->Dispatch(
-        raw->request, &raw->response, context_->deadline(),
+        &raw->request, &raw->response, context_->deadline(),
         [this] { return cancelled_.load(std::memory_order_relaxed) || context_->IsCancelled(); },
         [this, raw](const absl::Status& outcome) { Complete(std::unique_ptr<Entry>(raw), outcome); });
     if (!status.ok()) Complete(std::unique_ptr<Entry>(raw), status);
@@ -173,6 +175,7 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
     v1::SoftmaxRequest request;
     v1::SoftmaxResponse response;
     SteadyClock::time_point start;
+    int64_t data_bytes = 0;  // the request's input bytes, as received
   };
 
   void StartNextRead() {
@@ -193,7 +196,7 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
     if (service_->metrics() != nullptr) {
       service_->metrics()->RecordRequest(
           RpcMethod::kSoftmaxStream, status.code(), SecondsSince(entry->start),
-          2 * static_cast<int64_t>(entry->request.input().data().size()));
+          2 * entry->data_bytes);
     }
     Entry* next = nullptr;
     bool finish = false;
@@ -259,7 +262,7 @@ SoftmaxServiceImpl::SoftmaxServiceImpl(const ServiceOptions& options, Batcher* b
                                        Metrics* metrics)
     : options_(options), batcher_(batcher), metrics_(metrics) {}
 
-absl::Status SoftmaxServiceImpl::Dispatch(const v1::SoftmaxRequest& request,
+absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
                                           v1::SoftmaxResponse* response,
                                           std::chrono::system_clock::time_point deadline,
                                           std::function<bool()> is_cancelled,
@@ -267,16 +270,16 @@ absl::Status SoftmaxServiceImpl::Dispatch(const v1::SoftmaxRequest& request,
   if (draining_.load(std::memory_order_relaxed)) {
     return absl::UnavailableError("server is shutting down; retry on another replica");
   }
-  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, options_.limits);
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(*request, options_.limits);
   if (!parsed.ok()) return parsed.status();
 
-  response->set_request_id(request.request_id());
+  response->set_request_id(request->request_id());
   v1::Tensor* output = response->mutable_output();
-  output->set_dtype(request.input().dtype());
-  output->mutable_shape()->CopyFrom(request.input().shape());
+  output->set_dtype(request->input().dtype());
+  output->mutable_shape()->CopyFrom(request->input().shape());
 
   if (options_.echo || batcher_ == nullptr) {
-    output->set_data(request.input().data());
+    output->set_data(request->input().data());
     SetTiming(RequestTiming{}, response);
     done(absl::OkStatus());
     return absl::OkStatus();
@@ -289,6 +292,7 @@ absl::Status SoftmaxServiceImpl::Dispatch(const v1::SoftmaxRequest& request,
   item->segment.shape = parsed->shape;
   item->segment.options = parsed->options;
   item->output = output->mutable_data();
+  item->input_buffer = request->mutable_input()->mutable_data();
   item->deadline = deadline;
   item->is_cancelled = std::move(is_cancelled);
   item->done = [response, metrics = metrics_, done = std::move(done)](
@@ -305,8 +309,12 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
                                                       v1::SoftmaxResponse* response) {
   auto* call =
       new UnaryCall(this, metrics_, static_cast<int64_t>(request->input().data().size()));
+  // gRPC hands the request as const, but it is a plain message that the call
+  // owns (created by its message holder, destroyed after OnDone) and that
+  // gRPC does not read again once this handler has it; Dispatch may move its
+  // input bytes into the response instead of allocating a copy.
   const absl::Status status = Dispatch(
-      *request, response, context->deadline(), [context] { return context->IsCancelled(); },
+      const_cast<v1::SoftmaxRequest*>(request), response, context->deadline(), [context] { return context->IsCancelled(); },
       [call](const absl::Status& outcome) { call->Complete(outcome); });
   if (!status.ok()) call->Complete(status);
   return call;

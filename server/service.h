@@ -51,11 +51,14 @@ class SoftmaxServiceImpl final : public v1::SoftmaxService::CallbackService {
   grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::SoftmaxResponse>* SoftmaxStream(
       grpc::CallbackServerContext* context) override;
 
-  // Validates `request` and starts it. Returns an error (done not called) for
-  // a bad request or a full queue; otherwise `done` is called exactly once
-  // with the outcome, possibly before Dispatch returns. On success `response`
-  // holds request_id, output and timing.
-  absl::Status Dispatch(const v1::SoftmaxRequest& request, v1::SoftmaxResponse* response,
+  // Validates `*request` and starts it. Returns an error (done not called)
+  // for a bad request or a full queue; otherwise `done` is called exactly
+  // once with the outcome, possibly before Dispatch returns. On success
+  // `response` holds request_id, output and timing. Both messages must live
+  // until `done` has run. Once accepted, the request's input data may be
+  // moved into the response's output (the batcher's outputs_reuse_inputs):
+  // callers must not read request->input().data() after an OK return.
+  absl::Status Dispatch(v1::SoftmaxRequest* request, v1::SoftmaxResponse* response,
                         std::chrono::system_clock::time_point deadline,
                         std::function<bool()> is_cancelled,
                         std::function<void(const absl::Status&)> done);

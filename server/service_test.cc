@@ -2,6 +2,7 @@
 // CPU backend behind the batcher.
 #include "server/service.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -24,13 +25,50 @@
 namespace softmax::server {
 namespace {
 
+// Computes as the GPU backend does: every input of the batch is copied out
+// (staged) before any output is written, so segments may be in place.
+// Counts the segments that were.
+class StagingBackend final : public Backend {
+ public:
+  std::string Describe() const override { return "staging"; }
+  void Submit(std::unique_ptr<Batch> batch, Done done) override {
+    std::vector<std::string> staged;
+    for (const Segment& s : batch->segments) {
+      staged.emplace_back(static_cast<const char*>(s.input), static_cast<size_t>(s.bytes));
+    }
+    for (size_t i = 0; i < batch->segments.size(); ++i) {
+      const Segment& s = batch->segments[i];
+      segments.fetch_add(1);
+      if (s.output == s.input) in_place.fetch_add(1);
+      CpuSoftmaxRows(staged[i].data(), s.output, s.dtype, s.shape, s.options, 0, s.shape.rows());
+    }
+    BatchResult result;
+    result.compute_ns = 1;
+    done(std::move(batch), std::move(result));
+  }
+  std::atomic<int> segments{0};
+  std::atomic<int> in_place{0};
+};
+
 struct Harness {
-  explicit Harness(bool echo = false, std::chrono::microseconds delay = std::chrono::microseconds(100)) {
+  // A delay of a millisecond or more is there to hold requests in the queue,
+  // so those harnesses batch by the delay alone (no dispatch when idle).
+  // `in_place`: a StagingBackend with outputs_reuse_inputs, as on the GPU.
+  explicit Harness(bool echo = false, std::chrono::microseconds delay = std::chrono::microseconds(100),
+                   bool in_place = false) {
     metrics = std::move(*Metrics::Create(""));
     if (!echo) {
-      backend = std::make_unique<CpuBackend>(CpuBackendOptions{2, 4096});
       BatcherOptions batcher_options;
       batcher_options.max_queue_delay = delay;
+      batcher_options.dispatch_when_idle = delay < std::chrono::milliseconds(1);
+      if (in_place) {
+        auto staging_backend = std::make_unique<StagingBackend>();
+        staging = staging_backend.get();
+        backend = std::move(staging_backend);
+        batcher_options.outputs_reuse_inputs = true;
+      } else {
+        backend = std::make_unique<CpuBackend>(CpuBackendOptions{2, 4096});
+      }
       batcher = std::make_unique<Batcher>(batcher_options, backend.get(), metrics.get());
     }
     ServiceOptions options;
@@ -57,7 +95,8 @@ struct Harness {
   }
 
   std::unique_ptr<Metrics> metrics;
-  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Backend> backend;
+  StagingBackend* staging = nullptr;  // when in_place
   std::unique_ptr<Batcher> batcher;
   std::unique_ptr<SoftmaxServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
@@ -316,6 +355,45 @@ TEST(ServiceTest, DrainingRefusesNewRequestsAndWaitsForThoseInFlight) {
   ExpectCorrect(stream_request, by_id["s"]);
   EXPECT_EQ(by_id["r2"].error().code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
   EXPECT_EQ(harness.service->requests_in_flight(), 0);
+}
+
+TEST(ServiceTest, InPlaceBackendComputesIntoTheRequestsOwnBuffers) {
+  Harness harness(false, std::chrono::microseconds(100), /*in_place=*/true);
+  int sent = 0;
+  for (int axis : {0, 1, -1}) {
+    const v1::SoftmaxRequest request = RandomRequest("u", {3, 17, 5}, axis, 70 + axis);
+    v1::SoftmaxResponse response;
+    grpc::ClientContext context;
+    const grpc::Status status = harness.stub->Softmax(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ExpectCorrect(request, response);
+    ++sent;
+  }
+  // On a stream too, with sizes on both sides of std::string's inline buffer.
+  grpc::ClientContext context;
+  auto stream = harness.stub->SoftmaxStream(&context);
+  std::vector<v1::SoftmaxRequest> requests;
+  for (int i = 0; i < 12; ++i) {
+    requests.push_back(RandomRequest(absl::StrCat("s", i), {1 + i % 2, 1 + (i * 37) % 300}, -1, i));
+  }
+  std::thread writer([&] {
+    for (const auto& request : requests) ASSERT_TRUE(stream->Write(request));
+    stream->WritesDone();
+  });
+  v1::SoftmaxResponse response;
+  int answered = 0;
+  while (stream->Read(&response)) {
+    const int index = std::stoi(response.request_id().substr(1));
+    EXPECT_EQ(response.error().code(), 0) << response.error().message();
+    ExpectCorrect(requests[index], response);
+    ++answered;
+  }
+  writer.join();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(answered, 12);
+  sent += answered;
+  EXPECT_EQ(harness.staging->segments.load(), sent);
+  EXPECT_EQ(harness.staging->in_place.load(), sent);
 }
 
 }  // namespace

@@ -59,7 +59,7 @@ def test_deadline_exceeded_is_reported_not_hung(start_server):
     # The batcher holds requests for 300 ms; a 50 ms deadline expires while
     # queued: the caller sees DEADLINE_EXCEEDED promptly, and the server drops
     # the request before compute and stays healthy.
-    slow = start_server("--max_queue_delay_us=300000")
+    slow = start_server("--max_queue_delay_us=300000", "--dispatch_when_idle=false")
     stub = slow.stub()
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as caught:

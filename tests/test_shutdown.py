@@ -25,7 +25,8 @@ def test_sigterm_answers_every_queued_request(start_server):
     # A long batching delay keeps requests queued on the server, so they are
     # certainly in flight when the signal arrives; the drain computes them at
     # once instead of waiting the delay out.
-    server = start_server("--max_queue_delay_us=60000000", "--max_batch_rows=1000000")
+    server = start_server("--max_queue_delay_us=60000000", "--max_batch_rows=1000000",
+                          "--dispatch_when_idle=false")
     channel = server.channel()
     stub = server.stub()
     count = 120
