@@ -35,6 +35,8 @@ Batcher::~Batcher() { Stop(); }
 absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
   item->enqueued = SteadyClock::now();
   const int64_t bytes = item->segment.bytes;
+  std::unique_ptr<Batch> batch;
+  std::vector<Dropped> dropped;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
@@ -57,15 +59,24 @@ absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
     queue_.push_back(std::move(item));
     // Reported under the lock so that the last value set is the current one.
     if (observer_ != nullptr) observer_->OnQueueDepth(queue_.size(), queued_bytes_);
-    // Wake the batch former only when this request can change its decision:
-    // a first request (it may be waiting with no timeout) or a full batch.
-    // Otherwise it already waits for the head's delay or for a batch to
-    // complete, and waking it per request would cost a context switch each.
-    if (was_empty || queued_rows_ >= options_.max_batch_rows ||
-        queued_bytes_ >= options_.max_batch_bytes) {
+    if (options_.dispatch_when_idle && in_flight_ == 0) {
+      // The backend is idle: this caller forms and submits the batch itself,
+      // sparing the request a hand-off to the batch-forming thread.
+      batch = TakeBatchLocked(&dropped);
+      // What did not fit is the batch former's (a first batch was taken, so
+      // the device is busy now and the rest may gather).
+      if (!queue_.empty()) cv_.Signal();
+    } else if (was_empty || queued_rows_ >= options_.max_batch_rows ||
+               queued_bytes_ >= options_.max_batch_bytes) {
+      // Wake the batch former only when this request can change its
+      // decision: a first request (it may be waiting with no timeout) or a
+      // full batch. Otherwise it already waits for the head's delay or for a
+      // batch to complete, and a wake-up per request would cost a context
+      // switch each.
       cv_.Signal();
     }
   }
+  if (batch != nullptr || !dropped.empty()) Launch(std::move(batch), &dropped);
   return absl::OkStatus();
 }
 
@@ -89,10 +100,84 @@ bool Batcher::ReadyLocked(SteadyClock::time_point now) const {
   return now - queue_.front()->enqueued >= options_.max_queue_delay;
 }
 
+std::unique_ptr<Batch> Batcher::TakeBatchLocked(std::vector<Dropped>* dropped) {
+  auto batch = std::make_unique<Batch>();
+  // Take requests in arrival order while they fit; drop dead ones.
+  const auto wall_now = std::chrono::system_clock::now();
+  while (!queue_.empty()) {
+    WorkItem& head = *queue_.front();
+    const int64_t rows = head.segment.shape.rows();
+    const int64_t bytes = head.segment.bytes;
+    absl::Status drop;
+    if (head.is_cancelled && head.is_cancelled()) {
+      drop = absl::CancelledError("request cancelled while queued");
+    } else if (wall_now >= head.deadline) {
+      drop = absl::DeadlineExceededError("deadline passed while the request was queued");
+    } else if (!batch->items.empty() && (batch->rows + rows > options_.max_batch_rows ||
+                                         batch->bytes + bytes > options_.max_batch_bytes)) {
+      break;
+    }
+    queued_rows_ -= rows;
+    queued_bytes_ -= bytes;
+    if (!drop.ok()) {
+      dropped->emplace_back(std::move(queue_.front()), std::move(drop));
+    } else {
+      batch->rows += rows;
+      batch->bytes += bytes;
+      batch->items.push_back(std::move(queue_.front()));
+    }
+    queue_.pop_front();
+    // A request larger than a batch by itself closes its batch at once.
+    if (batch->rows >= options_.max_batch_rows || batch->bytes >= options_.max_batch_bytes) {
+      break;
+    }
+  }
+  if (observer_ != nullptr) observer_->OnQueueDepth(queue_.size(), queued_bytes_);
+  if (batch->items.empty()) return nullptr;
+  ++in_flight_;
+  return batch;
+}
+
+void Batcher::Launch(std::unique_ptr<Batch> batch, std::vector<Dropped>* dropped) {
+  for (auto& [item, status] : *dropped) {
+    if (observer_ != nullptr) observer_->OnRequestDropped(status.code());
+    RequestTiming timing;
+    timing.queue_ns = Nanos(SteadyClock::now() - item->enqueued);
+    item->done(status, timing);
+  }
+  dropped->clear();
+  if (batch == nullptr) return;
+
+  // Outputs are sized here, off the reactor threads, so backends write
+  // straight into the response messages; where the backend allows it an
+  // output takes over its request's input buffer instead (no allocation).
+  batch->segments.reserve(batch->items.size());
+  for (auto& item : batch->items) {
+    std::string* input = item->input_buffer;
+    if (options_.outputs_reuse_inputs && input != nullptr &&
+        static_cast<int64_t>(input->size()) == item->segment.bytes &&
+        input->data() == item->segment.input) {
+      *item->output = std::move(*input);
+      input->clear();
+      item->segment.input = item->output->data();
+    } else {
+      item->output->resize(static_cast<size_t>(item->segment.bytes));
+    }
+    item->segment.output = item->output->data();
+    batch->segments.push_back(item->segment);
+  }
+  const SteadyClock::time_point submit = SteadyClock::now();
+  for (auto& item : batch->items) item->queue_ns = Nanos(submit - item->enqueued);
+  backend_->Submit(std::move(batch), [this](std::unique_ptr<Batch> done_batch,
+                                            BatchResult result) {
+    OnBatchDone(std::move(done_batch), std::move(result));
+  });
+}
+
 void Batcher::Run() {
-  std::vector<std::pair<std::unique_ptr<WorkItem>, absl::Status>> dropped;
+  std::vector<Dropped> dropped;
   for (;;) {
-    auto batch = std::make_unique<Batch>();
+    std::unique_ptr<Batch> batch;
     {
       absl::MutexLock lock(&mu_);
       for (;;) {
@@ -106,73 +191,9 @@ void Batcher::Run() {
           cv_.Wait(&mu_);
         }
       }
-      // Take requests in arrival order while they fit; drop dead ones.
-      const auto wall_now = std::chrono::system_clock::now();
-      while (!queue_.empty()) {
-        WorkItem& head = *queue_.front();
-        const int64_t rows = head.segment.shape.rows();
-        const int64_t bytes = head.segment.bytes;
-        absl::Status drop;
-        if (head.is_cancelled && head.is_cancelled()) {
-          drop = absl::CancelledError("request cancelled while queued");
-        } else if (wall_now >= head.deadline) {
-          drop = absl::DeadlineExceededError("deadline passed while the request was queued");
-        } else if (!batch->items.empty() && (batch->rows + rows > options_.max_batch_rows ||
-                                             batch->bytes + bytes > options_.max_batch_bytes)) {
-          break;
-        }
-        queued_rows_ -= rows;
-        queued_bytes_ -= bytes;
-        if (!drop.ok()) {
-          dropped.emplace_back(std::move(queue_.front()), std::move(drop));
-        } else {
-          batch->rows += rows;
-          batch->bytes += bytes;
-          batch->items.push_back(std::move(queue_.front()));
-        }
-        queue_.pop_front();
-        // A request larger than a batch by itself closes its batch at once.
-        if (batch->rows >= options_.max_batch_rows || batch->bytes >= options_.max_batch_bytes) {
-          break;
-        }
-      }
-      if (!batch->items.empty()) ++in_flight_;
-      if (observer_ != nullptr) observer_->OnQueueDepth(queue_.size(), queued_bytes_);
+      batch = TakeBatchLocked(&dropped);
     }
-
-    for (auto& [item, status] : dropped) {
-      if (observer_ != nullptr) observer_->OnRequestDropped(status.code());
-      RequestTiming timing;
-      timing.queue_ns = Nanos(SteadyClock::now() - item->enqueued);
-      item->done(status, timing);
-    }
-    dropped.clear();
-    if (batch->items.empty()) continue;
-
-    // Outputs are sized here, off the reactor threads, so backends write
-    // straight into the response messages; where the backend allows it an
-    // output takes over its request's input buffer instead (no allocation).
-    batch->segments.reserve(batch->items.size());
-    for (auto& item : batch->items) {
-      std::string* input = item->input_buffer;
-      if (options_.outputs_reuse_inputs && input != nullptr &&
-          static_cast<int64_t>(input->size()) == item->segment.bytes &&
-          input->data() == item->segment.input) {
-        *item->output = std::move(*input);
-        input->clear();
-        item->segment.input = item->output->data();
-      } else {
-        item->output->resize(static_cast<size_t>(item->segment.bytes));
-      }
-      item->segment.output = item->output->data();
-      batch->segments.push_back(item->segment);
-    }
-    const SteadyClock::time_point submit = SteadyClock::now();
-    for (auto& item : batch->items) item->queue_ns = Nanos(submit - item->enqueued);
-    backend_->Submit(std::move(batch), [this](std::unique_ptr<Batch> done_batch,
-                                              BatchResult result) {
-      OnBatchDone(std::move(done_batch), std::move(result));
-    });
+    Launch(std::move(batch), &dropped);
   }
 }
 

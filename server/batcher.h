@@ -13,8 +13,10 @@
 // completed with CANCELLED / DEADLINE_EXCEEDED.
 //
 // Thread-safety: Enqueue may be called from any thread (gRPC reactors); it
-// never blocks on compute. One internal thread forms batches; completions run
-// on the backend's threads.
+// never blocks on compute. One internal thread forms batches, except that a
+// request arriving while the backend is idle (dispatch_when_idle) is formed
+// into a batch and submitted by the Enqueue caller itself; completions run on
+// the backend's threads.
 #ifndef SOFTMAX_SERVER_BATCHER_H_
 #define SOFTMAX_SERVER_BATCHER_H_
 
@@ -25,6 +27,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -84,9 +88,11 @@ struct WorkItem {
       std::chrono::system_clock::time_point::max();
   // Polled (from the batcher thread) just before compute; may be empty.
   std::function<bool()> is_cancelled;
-  // Called exactly once, never on the caller of Enqueue's stack frame unless
-  // from a backend that completes inline, and never while a batcher lock is
-  // held. OK means `*output` holds the result.
+  // Called exactly once, never while a batcher lock is held. It may run on
+  // the caller of Enqueue's stack frame: when the request was dispatched
+  // inline (dispatch_when_idle) and was already cancelled or expired, or
+  // from a backend that completes inline. OK means `*output` holds the
+  // result.
   std::function<void(const absl::Status&, const RequestTiming&)> done;
 
   std::chrono::steady_clock::time_point enqueued;  // set by Enqueue
@@ -131,7 +137,8 @@ class Batcher {
   Batcher& operator=(const Batcher&) = delete;
 
   // Admits `item`. OK: `item->done` will be called exactly once (possibly
-  // before Enqueue returns, from another thread). UNAVAILABLE when the queue
+  // before Enqueue returns, from another thread or from this one; see
+  // WorkItem::done). UNAVAILABLE when the queue
   // is full or the batcher is stopping: `item` is destroyed, `done` is not
   // called, and the caller reports the returned status.
   absl::Status Enqueue(std::unique_ptr<WorkItem> item);
@@ -144,7 +151,17 @@ class Batcher {
   const BatcherOptions& options() const { return options_; }
 
  private:
+  using Dropped = std::pair<std::unique_ptr<WorkItem>, absl::Status>;
+
   void Run();
+  // Moves the next batch off the queue (arrival order, while requests fit;
+  // cancelled and expired ones go to `dropped`) and counts it in flight.
+  // Null when nothing live was queued.
+  std::unique_ptr<Batch> TakeBatchLocked(std::vector<Dropped>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Without the lock: completes `dropped`, sizes the outputs and submits
+  // `batch` (may be null).
+  void Launch(std::unique_ptr<Batch> batch, std::vector<Dropped>* dropped);
   void OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result);
   // True when a batch should be formed now.
   bool ReadyLocked(std::chrono::steady_clock::time_point now) const

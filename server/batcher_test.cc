@@ -41,6 +41,7 @@ class FakeBackend final : public Backend {
     {
       absl::MutexLock lock(&mu_);
       batches_.push_back(batch->segments);
+      submit_threads_.push_back(std::this_thread::get_id());
       ++outstanding_;
       max_outstanding_ = std::max(max_outstanding_, outstanding_);
       if (hold_) {
@@ -89,12 +90,17 @@ class FakeBackend final : public Backend {
     absl::MutexLock lock(&mu_);
     return max_outstanding_;
   }
+  std::vector<std::thread::id> submit_threads() {
+    absl::MutexLock lock(&mu_);
+    return submit_threads_;
+  }
 
  private:
   const int max_in_flight_;
   const bool hold_;
   absl::Mutex mu_;
   std::vector<std::vector<Segment>> batches_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread::id> submit_threads_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<std::unique_ptr<Batch>, Done>> held_ ABSL_GUARDED_BY(mu_);
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   int max_outstanding_ ABSL_GUARDED_BY(mu_) = 0;
@@ -539,6 +545,65 @@ TEST(BatcherTest, OutputsAreFreshBuffersUnlessTheBackendComputesInPlace) {
   EXPECT_NE(backend.batches()[0][0].output, backend.batches()[0][0].input);
   EXPECT_EQ(r.input.size(), 8u * 64 * 4);
   EXPECT_EQ(r.output, r.input);
+}
+
+TEST(BatcherTest, IdleDispatchSubmitsFromTheEnqueuingThread) {
+  FakeBackend backend(2, /*hold=*/true);
+  BatcherOptions options = Options(1000, 1 << 30, kForever);
+  options.dispatch_when_idle = true;
+  Batcher batcher(options, &backend);
+  TestRequest first, cancelled;
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&first, 1, 4)).ok());
+  // Submitted before Enqueue returned, by this thread: no hand-off.
+  ASSERT_EQ(backend.batches().size(), 1u);
+  EXPECT_EQ(backend.submit_threads()[0], std::this_thread::get_id());
+  backend.ReleaseOne();
+  ASSERT_TRUE(first.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(first.status.ok());
+  // Idle again: a request already cancelled is answered at once, here.
+  auto item = MakeItem(&cancelled, 1, 4);
+  item->is_cancelled = [] { return true; };
+  ASSERT_TRUE(batcher.Enqueue(std::move(item)).ok());
+  EXPECT_TRUE(cancelled.done.HasBeenNotified());
+  EXPECT_EQ(cancelled.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(backend.batches().size(), 1u);
+}
+
+TEST(BatcherTest, ManyConcurrentProducersAllCompleteWithIdleDispatch) {
+  FakeBackend backend(2, /*hold=*/false);
+  BatcherOptions options = Options(64, 1 << 30, microseconds(200));
+  options.dispatch_when_idle = true;
+  options.outputs_reuse_inputs = true;
+  Batcher batcher(options, &backend);
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 500;
+  std::vector<std::unique_ptr<TestRequest>> requests;
+  for (int i = 0; i < kThreads * kPerThread; ++i) requests.push_back(std::make_unique<TestRequest>());
+  std::vector<std::string> expected(requests.size());
+  std::vector<std::thread> producers;
+  for (int t = 0; t < kThreads; ++t) {
+    producers.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const int index = t * kPerThread + i;
+        TestRequest* request = requests[index].get();
+        auto item = MakeItem(request, 1 + i % 5, 8);
+        item->input_buffer = &request->input;
+        expected[index] = request->input;
+        ASSERT_TRUE(batcher.Enqueue(std::move(item)).ok());
+      }
+    });
+  }
+  for (auto& producer : producers) producer.join();
+  int64_t batched_requests = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(requests[i]->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    ASSERT_TRUE(requests[i]->status.ok());
+    ASSERT_EQ(requests[i]->output, expected[i]);
+    ASSERT_LE(requests[i]->timing.batch_rows, 64);
+  }
+  for (const auto& batch : backend.batches()) batched_requests += batch.size();
+  EXPECT_EQ(batched_requests, kThreads * kPerThread);
+  batcher.Stop();
 }
 
 }  // namespace
