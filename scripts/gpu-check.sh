@@ -5,9 +5,14 @@
 #
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
-# steps: any of unit,e2e,batching,small,service (default: unit,e2e,batching,service).
+# steps: any of unit,e2e,batching,small,service,ab,malloc (default:
+# unit,e2e,batching,service); they run in the order listed here.
+# SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
+# step's time per point.
 # Needs python3 with grpcio, protobuf, numpy and pytest (matplotlib for plots).
-# Everything lands in OUT_DIR/gpu-check.tgz plus a summary in OUT_DIR/summary.txt.
+# Everything lands in OUT_DIR/gpu-check.tgz plus a summary in OUT_DIR/summary.txt;
+# both are rewritten after every step, so a run stopped at a time limit keeps
+# the steps it finished.
 set -uo pipefail
 bundle=$(cd "$1" && pwd)
 out=$2
@@ -18,6 +23,10 @@ status=0
 
 step() { [[ ",$steps," == *",$1,"* ]]; }
 note() { echo "== $*" | tee -a "$work/summary.txt"; }
+snapshot() {
+  cp "$work/summary.txt" "$out/summary.txt"
+  tar -C "$work" -czf "$out/gpu-check.tgz" .
+}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv \
   | tee "$work/gpu.txt"
@@ -27,6 +36,7 @@ if step unit; then
   LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/device_worker_test" 2>&1 | tee "$work/device_worker_test.log" \
     | tail -8 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  snapshot
 fi
 
 if step e2e; then
@@ -37,6 +47,7 @@ if step e2e; then
       tests/test_gpu_serving.py tests/test_numerics.py tests/test_stream.py \
       2>&1 | tee "$work/e2e.log" | tail -15 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  snapshot
 fi
 
 if step batching; then
@@ -47,6 +58,7 @@ if step batching; then
       2>&1 | tee "$work/batching-delay$delay.log" | tail -8 | tee -a "$work/summary.txt"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   done
+  snapshot
 fi
 
 if step small; then
@@ -60,16 +72,51 @@ if step small; then
       "${extra[@]}" 2>&1 | tee "$work/small-$mode.log" | tail -4 | tee -a "$work/summary.txt"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   done
+  snapshot
 fi
 
 if step service; then
   note "service benchmark"
   python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/service" \
-    --duration=3 --warmup=1 2>&1 | tee "$work/service.log" | tail -30 | tee -a "$work/summary.txt"
+    --duration="${SERVICE_DURATION:-3}" --warmup="${SERVICE_WARMUP:-1}" 2>&1 \
+    | tee "$work/service.log" | tail -30 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  snapshot
 fi
 
-cp "$work/summary.txt" "$out/summary.txt"
-tar -C "$work" -czf "$out/gpu-check.tgz" .
+if step ab; then
+  # The settings behind the server's defaults, one server each, softmax only:
+  # spinning vs sleeping (at once, or after a 50 us poll) on a batch's
+  # completion, and dispatch when idle off.
+  for setting in default blocking blocking-spin50 no-idle-dispatch; do
+    case $setting in
+      default) extra=() ;;
+      blocking) extra=(--server-arg=--cuda_blocking_sync=true) ;;
+      blocking-spin50) extra=(--server-arg=--cuda_blocking_sync=true --server-arg=--cuda_spin_us=50) ;;
+      no-idle-dispatch) extra=(--server-arg=--dispatch_when_idle=false) ;;
+    esac
+    note "A/B $setting"
+    python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/ab-$setting" \
+      --payloads=1x1024:float32,64x32000:bfloat16 --concurrency=1,16,256 --duration=2 \
+      --warmup=0.5 --skip-none "${extra[@]}" 2>&1 | tee "$work/ab-$setting.log" \
+      | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    snapshot
+  done
+fi
+
+if step malloc; then
+  # glibc keeping freed memory instead of returning it (fewer page faults on
+  # large messages), for both servers: the tunables a deployment could set.
+  note "GLIBC_TUNABLES mmap_threshold=32 MiB, trim_threshold=4 GiB"
+  GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296 \
+    python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/malloc" \
+    --payloads=64x32000:bfloat16,1x16M:float32 --concurrency=16 --duration=2 --warmup=0.5 \
+    2>&1 | tee "$work/malloc.log" | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  snapshot
+fi
+
+snapshot
 rm -rf "$work"
 exit $status
