@@ -1,5 +1,6 @@
 #include "server/batcher.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -27,6 +28,9 @@ Batcher::Batcher(const BatcherOptions& options, Backend* backend, BatcherObserve
       backend_(backend),
       observer_(observer),
       max_in_flight_(backend->MaxBatchesInFlight() < 1 ? 1 : backend->MaxBatchesInFlight()) {
+  for (int i = 0; i < options_.completion_threads; ++i) {
+    completion_threads_.emplace_back([this] { CompletionLoop(); });
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -88,6 +92,15 @@ void Batcher::Stop() {
     cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
+  // Every request is answered now (the batch former waited for that).
+  {
+    absl::MutexLock lock(&mu_);
+    completion_stop_ = true;
+    completion_cv_.SignalAll();
+  }
+  for (std::thread& thread : completion_threads_) {
+    if (thread.joinable()) thread.join();
+  }
 }
 
 bool Batcher::ReadyLocked(SteadyClock::time_point now) const {
@@ -181,7 +194,7 @@ void Batcher::Run() {
     {
       absl::MutexLock lock(&mu_);
       for (;;) {
-        if (stopping_ && queue_.empty() && in_flight_ == 0) return;
+        if (stopping_ && queue_.empty() && in_flight_ == 0 && completing_ == 0) return;
         const SteadyClock::time_point now = SteadyClock::now();
         if (in_flight_ < max_in_flight_ && ReadyLocked(now)) break;
         if (in_flight_ < max_in_flight_ && !queue_.empty()) {
@@ -202,12 +215,6 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
   timing.compute_ns = result.compute_ns;
   timing.batch_requests = static_cast<int32_t>(batch->items.size());
   timing.batch_rows = batch->rows;
-  const bool per_segment = result.segment_status.size() == batch->items.size();
-  for (size_t i = 0; i < batch->items.size(); ++i) {
-    auto& item = batch->items[i];
-    timing.queue_ns = item->queue_ns;
-    item->done(per_segment ? result.segment_status[i] : result.status, timing);
-  }
   if (observer_ != nullptr) {
     BatchStats stats;
     stats.requests = timing.batch_requests;
@@ -220,10 +227,71 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
     stats.ok = result.status.ok();
     observer_->OnBatchCompleted(stats);
   }
+  const bool per_segment = result.segment_status.size() == batch->items.size();
+  const int workers = static_cast<int>(completion_threads_.size());
+  if (workers == 0 || batch->bytes < options_.offload_completion_bytes) {
+    // Small: answered here, the backend's thread, with no hand-off.
+    for (size_t i = 0; i < batch->items.size(); ++i) {
+      auto& item = batch->items[i];
+      timing.queue_ns = item->queue_ns;
+      item->done(per_segment ? result.segment_status[i] : result.status, timing);
+    }
+    batch.reset();
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+    cv_.Signal();
+    return;
+  }
+  // Large: answering means serialising and sending as many bytes as were
+  // computed, which would hold the backend's thread (and the batch's place
+  // in flight) for longer than the compute. The backend is free for the
+  // next batch at once; the requests are answered by the completion threads,
+  // in up to `workers` groups of about equal bytes.
+  const int64_t groups = std::min<int64_t>(
+      {workers, static_cast<int64_t>(batch->items.size()),
+       (batch->bytes + options_.offload_completion_bytes - 1) / options_.offload_completion_bytes});
+  std::vector<CompletionGroup> pending(static_cast<size_t>(groups));
+  int64_t bytes_so_far = 0;
+  for (size_t i = 0; i < batch->items.size(); ++i) {
+    // The group is decided by where the request's bytes start in the batch.
+    const size_t g = static_cast<size_t>(bytes_so_far * groups / std::max<int64_t>(1, batch->bytes));
+    CompletionGroup& group = pending[std::min(g, pending.size() - 1)];
+    bytes_so_far += batch->items[i]->segment.bytes;
+    group.timing = timing;
+    group.items.emplace_back(std::move(batch->items[i]),
+                             per_segment ? result.segment_status[i] : result.status);
+  }
   batch.reset();
   absl::MutexLock lock(&mu_);
+  for (CompletionGroup& group : pending) {
+    if (group.items.empty()) continue;
+    ++completing_;
+    completions_.push_back(std::move(group));
+    completion_cv_.Signal();
+  }
   --in_flight_;
   cv_.Signal();
+}
+
+void Batcher::CompletionLoop() {
+  for (;;) {
+    CompletionGroup group;
+    {
+      absl::MutexLock lock(&mu_);
+      while (completions_.empty() && !completion_stop_) completion_cv_.Wait(&mu_);
+      if (completions_.empty()) return;
+      group = std::move(completions_.front());
+      completions_.pop_front();
+    }
+    for (auto& [item, status] : group.items) {
+      group.timing.queue_ns = item->queue_ns;
+      item->done(status, group.timing);
+      item.reset();
+    }
+    absl::MutexLock lock(&mu_);
+    // The batch former exits (Stop) only once every request is answered.
+    if (--completing_ == 0) cv_.Signal();
+  }
 }
 
 }  // namespace softmax::server

@@ -16,7 +16,8 @@
 // never blocks on compute. One internal thread forms batches, except that a
 // request arriving while the backend is idle (dispatch_when_idle) is formed
 // into a batch and submitted by the Enqueue caller itself; completions run on
-// the backend's threads.
+// the backend's threads, or, for large batches, on the batcher's completion
+// threads.
 #ifndef SOFTMAX_SERVER_BATCHER_H_
 #define SOFTMAX_SERVER_BATCHER_H_
 
@@ -63,6 +64,15 @@ struct BatcherOptions {
   // (retryable) instead of queueing without limit.
   int64_t max_queued_requests = 8192;
   int64_t max_queued_bytes = int64_t{4} << 30;
+  // Threads that answer the requests of large batches. Answering a request
+  // serialises and sends its output; for a batch of many megabytes that
+  // takes longer than the compute, so batches of offload_completion_bytes
+  // or more are answered here, in parallel, and the backend's thread (and
+  // the batch's place in flight) is free for the next batch at once.
+  // Smaller batches are answered on the backend's thread, with no hand-off.
+  // 0 answers every batch on the backend's thread.
+  int completion_threads = 4;
+  int64_t offload_completion_bytes = int64_t{1} << 20;
 };
 
 // Per-request timing, reported on the response.
@@ -163,6 +173,14 @@ class Batcher {
   // `batch` (may be null).
   void Launch(std::unique_ptr<Batch> batch, std::vector<Dropped>* dropped);
   void OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result);
+  // A completion thread: answers the requests of groups in completions_.
+  void CompletionLoop();
+
+  // Requests of one large batch answered together by a completion thread.
+  struct CompletionGroup {
+    std::vector<std::pair<std::unique_ptr<WorkItem>, absl::Status>> items;
+    RequestTiming timing;  // the batch's; queue_ns is set per request
+  };
   // True when a batch should be formed now.
   bool ReadyLocked(std::chrono::steady_clock::time_point now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -177,8 +195,15 @@ class Batcher {
   std::deque<std::unique_ptr<WorkItem>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_rows_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Batches submitted to the backend and not yet reported done by it.
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Groups of requests handed to the completion threads, not yet answered.
+  std::deque<CompletionGroup> completions_ ABSL_GUARDED_BY(mu_);
+  int completing_ ABSL_GUARDED_BY(mu_) = 0;
+  bool completion_stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar completion_cv_;
+  std::vector<std::thread> completion_threads_;
 
   absl::Mutex stop_mu_;  // serialises Stop() callers around the join
   std::thread thread_;

@@ -606,5 +606,97 @@ TEST(BatcherTest, ManyConcurrentProducersAllCompleteWithIdleDispatch) {
   batcher.Stop();
 }
 
+TEST(BatcherTest, LargeBatchesAreAnsweredOffTheBackendThreadWhichIsFreedAtOnce) {
+  FakeBackend backend(1, /*hold=*/true);
+  BatcherOptions options = Options(1 << 20, 1 << 30, kForever);
+  options.dispatch_when_idle = true;
+  options.completion_threads = 3;
+  options.offload_completion_bytes = 1000;
+  Batcher batcher(options, &backend);
+  // Answering the first batch's requests is held up until `gate` opens, as a
+  // slow serialisation of large responses would be.
+  absl::Notification gate;
+  std::vector<std::unique_ptr<TestRequest>> first(6);
+  absl::Mutex threads_mu;
+  std::vector<std::thread::id> answered_on;
+  // Six requests of 1 KiB each: queued while nothing is in flight would
+  // dispatch the first at once, so the backend is made busy first.
+  TestRequest opener;
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&opener, 1, 4)).ok());
+  ASSERT_TRUE(backend.WaitForBatches(1));
+  for (auto& request : first) {
+    request = std::make_unique<TestRequest>();
+    auto item = MakeItem(request.get(), 1, 256);
+    auto answer = std::move(item->done);
+    item->done = [&, answer = std::move(answer)](const absl::Status& status,
+                                                  const RequestTiming& timing) {
+      {
+        absl::MutexLock lock(&threads_mu);
+        answered_on.push_back(std::this_thread::get_id());
+      }
+      gate.WaitForNotificationWithTimeout(absl::Seconds(10));
+      answer(status, timing);
+    };
+    ASSERT_TRUE(batcher.Enqueue(std::move(item)).ok());
+  }
+  backend.ReleaseOne();  // the opener; the six leave as one 6 KiB batch
+  ASSERT_TRUE(backend.WaitForBatches(2));
+  ASSERT_EQ(backend.batches()[1].size(), 6u);
+  backend.ReleaseOne();  // returns although none of the six is answered yet
+  EXPECT_FALSE(first[0]->done.HasBeenNotified());
+  // The backend is free: the next request is computed while the six wait.
+  TestRequest next;
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&next, 1, 4)).ok());
+  ASSERT_TRUE(backend.WaitForBatches(3, absl::Seconds(5)));
+  backend.ReleaseOne();
+  ASSERT_TRUE(next.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  {
+    // Each of the three groups is held at its first request, each on its
+    // own completion thread.
+    absl::MutexLock lock(&threads_mu);
+    auto three_started = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(threads_mu) {
+      return answered_on.size() >= 3;
+    };
+    ASSERT_TRUE(threads_mu.AwaitWithTimeout(absl::Condition(&three_started), absl::Seconds(10)));
+    EXPECT_EQ(answered_on.size(), 3u);
+  }
+  gate.Notify();
+  for (auto& request : first) {
+    ASSERT_TRUE(request->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_TRUE(request->status.ok());
+    EXPECT_EQ(request->output, request->input);
+    EXPECT_EQ(request->timing.batch_requests, 6);
+  }
+  absl::MutexLock lock(&threads_mu);
+  ASSERT_EQ(answered_on.size(), 6u);
+  std::vector<std::thread::id> distinct(answered_on.begin(), answered_on.begin() + 3);
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  EXPECT_EQ(distinct.size(), 3u);  // 6 KiB in groups of at least 1000 bytes, 3 threads
+  for (const std::thread::id id : distinct) EXPECT_NE(id, std::this_thread::get_id());
+}
+
+TEST(BatcherTest, StopReturnsOnlyOnceLargeBatchesAreAnswered) {
+  FakeBackend backend(1, /*hold=*/false);
+  BatcherOptions options = Options(1 << 20, 1 << 30, milliseconds(1));
+  options.completion_threads = 2;
+  options.offload_completion_bytes = 100;
+  auto batcher = std::make_unique<Batcher>(options, &backend);
+  TestRequest slow;
+  auto item = MakeItem(&slow, 4, 64);
+  auto answer = std::move(item->done);
+  item->done = [answer = std::move(answer)](const absl::Status& status,
+                                            const RequestTiming& timing) {
+    std::this_thread::sleep_for(milliseconds(100));
+    answer(status, timing);
+  };
+  ASSERT_TRUE(batcher->Enqueue(std::move(item)).ok());
+  ASSERT_TRUE(backend.WaitForBatches(1));
+  batcher->Stop();
+  EXPECT_TRUE(slow.done.HasBeenNotified());
+  EXPECT_TRUE(slow.status.ok());
+  batcher.reset();
+}
+
 }  // namespace
 }  // namespace softmax::server

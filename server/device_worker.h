@@ -61,8 +61,8 @@ struct DeviceWorkerOptions {
   // cores to gRPC when the host's CPUs are the bottleneck. A short poll
   // keeps the wake-up latency of small batches (a GPU round trip of tens of
   // microseconds) while the long waits of big copies sleep.
-  bool blocking_sync = false;
-  int64_t spin_us = 0;
+  bool blocking_sync = true;
+  int64_t spin_us = 50;
   // Device memory the caching allocator may take from CUDA, staging
   // included (0 = no cap). Past it, allocation fails as out of memory does:
   // the caches are released and retried, then RESOURCE_EXHAUSTED for the

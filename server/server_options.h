@@ -50,10 +50,11 @@ struct ServerOptions {
   // --cuda_blocking_sync: GPU backend waits for each batch by sleeping on its
   // CUDA event instead of spinning; frees cores when the host's CPUs, shared
   // with gRPC, are the bottleneck, at some wake-up latency.
-  bool cuda_blocking_sync = false;
+  bool cuda_blocking_sync = true;
   // --cuda_spin_us: with --cuda_blocking_sync, how long a batch's completion
-  // is polled before the slot sleeps on it (small batches finish within it).
-  int64_t cuda_spin_us = 0;
+  // is polled before the slot sleeps on it (small batches finish within it,
+  // so they keep the wake-up latency of spinning).
+  int64_t cuda_spin_us = 50;
   // --cuda_memory_limit_bytes: device memory the GPU backend may hold (its
   // staging included); 0 = no cap. For a GPU shared with other processes.
   int64_t cuda_memory_limit_bytes = 0;
