@@ -62,7 +62,8 @@ ABSL_FLAG(int, cpu_threads, kDefaults.cpu_threads, "CPU backend threads; 0 = all
 ABSL_FLAG(int, cuda_streams, kDefaults.cuda_streams,
           "GPU backend: batches in flight, each on its own CUDA stream");
 ABSL_FLAG(bool, cuda_blocking_sync, kDefaults.cuda_blocking_sync,
-          "GPU backend: sleep on each batch's CUDA event instead of spinning");
+          "GPU backend: sleep on each batch's CUDA event (after --cuda_spin_us of polling) "
+          "instead of spinning until it completes");
 ABSL_FLAG(int64_t, cuda_spin_us, kDefaults.cuda_spin_us,
           "GPU backend, with --cuda_blocking_sync: microseconds each batch's completion is "
           "polled before the stream's thread sleeps on it");
