@@ -34,6 +34,18 @@
 #ifndef SOFTMAX_WARP_KERNEL
 #define SOFTMAX_WARP_KERNEL 0
 #endif
+// The flat kernel for launches of one segment (see FlatKernel).
+#ifndef SOFTMAX_FLAT_KERNEL
+#define SOFTMAX_FLAT_KERNEL 1
+#endif
+// Row lengths (in vectors) it takes: up to SOFTMAX_FLAT_SHORT_MAX, and from
+// SOFTMAX_FLAT_LONG_MIN to 4096 (by default all rows up to 4096 vectors).
+#ifndef SOFTMAX_FLAT_SHORT_MAX
+#define SOFTMAX_FLAT_SHORT_MAX 4096
+#endif
+#ifndef SOFTMAX_FLAT_LONG_MIN
+#define SOFTMAX_FLAT_LONG_MIN 4097
+#endif
 
 namespace softmax {
 namespace gpu {
@@ -61,6 +73,12 @@ constexpr int kMaxClusterSize = 16;  // probed (and reported) up to this size
 // N = 262144 fp16 against 0.54-0.61 for the split path), so rows that would
 // need them are split.
 constexpr int kMaxUsedClusterSize = 8;
+// Rows of at least this many vectors take the split path even where a
+// cluster could hold them (0: only rows too long for a cluster).
+#ifndef SOFTMAX_SPLIT_FROM_VECTORS
+#define SOFTMAX_SPLIT_FROM_VECTORS 0
+#endif
+constexpr long long kSplitFromVectors = SOFTMAX_SPLIT_FROM_VECTORS;
 constexpr float kLn2 = 0.693147180559945309f;
 constexpr double kLog2e = 1.4426950408889634074;
 
@@ -772,6 +790,136 @@ __global__ void __launch_bounds__(kThreads, 4) WarpKernel(const __grid_constant_
 #endif
 
 // ---------------------------------------------------------------------------
+// Flat path: a launch of ONE last-axis segment whose rows fit in kS vectors
+// per thread of at most 1024 threads. A group of R = 2^group_log2 threads
+// holds a row (thread t of the group holding vectors j*R + t, so each load
+// instruction of a group covers R contiguous vectors); a block holds
+// blockDim/R groups (R <= 32) or is one group (R >= 64). Each thread holds
+// only kS (2 or 4) vectors, so the kernel runs at up to 64 warps per SM
+// against the on-chip kernel's 16: many blocks in different phases (load,
+// reduce, store) keep the memory busy, which the one-row-per-program kernels
+// of Triton's tutorial also rely on. The grid is persistent (what the probe
+// says fits); blocks loop over groups of rows.
+//
+// With so few elements per thread, merging (max, sum) pairs (two exp2 per
+// merge) would cost more exp2 than the elements themselves, so the row's max
+// is reduced first, then exp2 is taken once per element, kept, summed and
+// reduced, and softmax is that value times 1/sum: one exp2 per element.
+struct FlatArgs {
+  const void* input;
+  void* output;
+  long long rows;
+  long long n;
+  float scale;
+  int group_log2;
+};
+
+// Reduces v over the group (op: max or sum). Groups of <= 32 lanes use
+// shuffles; a group spanning the block goes through `slots` (one barrier).
+template <bool kMax>
+__device__ __forceinline__ float FlatReduce(float v, int r_threads, float* slots) {
+  const int width = r_threads < 32 ? r_threads : 32;
+  for (int offset = width >> 1; offset > 0; offset >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = kMax ? fmaxf(v, o) : v + o;
+  }
+  if (r_threads <= 32) return v;
+  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = v;
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  v = lane < (r_threads >> 5) ? slots[lane] : (kMax ? -INFINITY : 0.0f);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = kMax ? fmaxf(v, o) : v + o;
+  }
+  return v;
+}
+
+// kPipeline: load the block's next rows before reducing the current ones
+// (used with 4 vectors per thread, where one 1024-thread block fills an SM).
+template <typename T, int kS, bool kVec, bool kLog>
+__global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
+  constexpr bool kPipeline = kS == 4;
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  // [parity][max, sum][warp]: double-buffered, so rows need no barrier of
+  // their own beyond the two reductions'.
+  __shared__ float slots[2][2][32];
+  const int group_log2 = a.group_log2;
+  const int r_threads = 1 << group_log2;
+  const int t = threadIdx.x & (r_threads - 1);
+  const int groups = blockDim.x >> group_log2;
+  const int group = threadIdx.x >> group_log2;
+  const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
+  int parity = 0;
+  const long long stride = static_cast<long long>(gridDim.x) * groups;
+  uint4 next[kS];
+  if constexpr (kPipeline) {
+    const long long row = static_cast<long long>(blockIdx.x) * groups + group;
+    const char* in = static_cast<const char*>(a.input) + row * pitch;
+#pragma unroll
+    for (int j = 0; j < kS; ++j) {
+      next[j] = row < a.rows ? LoadVector<T, kVec>(in, j * r_threads + t, a.n) : NegInfVector<T>();
+    }
+  }
+  for (long long base = static_cast<long long>(blockIdx.x) * groups; base < a.rows;
+       base += stride) {
+    const long long row = base + group;
+    const bool valid = row < a.rows;
+    uint4 raw[kS];
+    if constexpr (kPipeline) {
+      const long long row2 = row + stride;
+      const char* in2 = static_cast<const char*>(a.input) + row2 * pitch;
+#pragma unroll
+      for (int j = 0; j < kS; ++j) {
+        raw[j] = next[j];
+        next[j] = row2 < a.rows ? LoadVector<T, kVec>(in2, j * r_threads + t, a.n)
+                                : NegInfVector<T>();
+      }
+    } else {
+      const char* in = static_cast<const char*>(a.input) + row * pitch;
+#pragma unroll
+      for (int j = 0; j < kS; ++j) {
+        raw[j] = valid ? LoadVector<T, kVec>(in, j * r_threads + t, a.n) : NegInfVector<T>();
+      }
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kS; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
+    m = FlatReduce<true>(m, r_threads, slots[parity][0]);
+    // With m == -inf every value is -inf (-> 0) or NaN: shift by 0 (the sum
+    // is then 0 or NaN and the row comes out NaN, as in the reference).
+    const float shift = m == -INFINITY ? 0.0f : m;
+    float e[kS][V];
+    float d = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kS; ++j) {
+      float x[V];
+      Unpack<T>(raw[j], x);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        e[j][k] = kLog ? (x[k] - shift) * a.scale : FastExp2((x[k] - shift) * a.scale);
+        d += kLog ? FastExp2(e[j][k]) : e[j][k];
+      }
+    }
+    d = FlatReduce<false>(d, r_threads, slots[parity][1]);
+    parity ^= 1;
+    if (valid) {
+      char* out = static_cast<char*>(a.output) + row * pitch;
+      const float factor = kLog ? log2f(d) : 1.0f / d;
+#pragma unroll
+      for (int j = 0; j < kS; ++j) {
+        float y[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) y[k] = kLog ? (e[j][k] - factor) * kLn2 : e[j][k] * factor;
+        StoreVector<T, kVec>(out, j * r_threads + t, a.n, Pack<T>(y));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Split rows (last axis, rows too long for a cluster): a row of `vectors`
 // vectors is cut into `parts` parts of part_vectors; unit = (row, part).
 
@@ -895,6 +1043,91 @@ __global__ void __launch_bounds__(kThreads, 2) SplitNormalizeKernel(const SplitA
         }
       }
     }
+  }
+}
+
+// Single-pass split rows: used when every part of a row can be held at once
+// by the grid (parts <= grid) and each part is one block's worth of vectors
+// (part_vectors == kBlockVectors). Unit u = (row, part) goes to block
+// u % grid, as its (u / grid)-th unit. A block loads unit u into registers,
+// then finishes its previous unit while those loads are in flight: it waits
+// until every part of that unit's row has published its (max, sum) partial,
+// merges them, and writes the previous unit's part from registers. Then it
+// publishes unit u's partial. Each element is read once and written once.
+//
+// Why it cannot deadlock: the grid is launched cooperatively (all blocks
+// resident). A block waiting at its k-th unit needs the partials of a row
+// whose units lie in steps k-1 and k (parts <= grid); a step-k unit v of that
+// row has v - grid in an earlier row (otherwise the row would have more than
+// grid parts), so its owner waits only on earlier rows: waits follow rows in
+// increasing order and the first row waits on nothing.
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads, 2) SplitFusedKernel(const SplitArgs a) {
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  __shared__ float2 slots[kWarps];
+  const long long vectors = (a.n + V - 1) / V;
+  const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
+  const long long units = a.rows * a.parts;
+  uint4 prev[kSlots];
+  long long prev_u = -1;
+  MaxSum prev_total{-INFINITY, 0.0f};  // the row's total when parts == 1
+  for (long long u = blockIdx.x;; u += gridDim.x) {
+    const bool have = u < units;
+    const long long row = u / a.parts;
+    const long long begin = (u % a.parts) * kBlockVectors;
+    const char* in = static_cast<const char*>(a.input) + row * pitch;
+    uint4 cur[kSlots];
+    if (have) {
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const long long vi = begin + j * kThreads + threadIdx.x;
+        cur[j] = vi < vectors ? LoadVector<T, kVec>(in, vi, a.n) : NegInfVector<T>();
+      }
+    }
+    if (prev_u >= 0) {
+      const long long prow = prev_u / a.parts;
+      const long long pbegin = (prev_u % a.parts) * kBlockVectors;
+      MaxSum total = prev_total;
+      if (a.parts > 1) {
+        if (threadIdx.x == 0) {
+          const volatile unsigned* counter = a.counters + prow;
+          while (*counter < static_cast<unsigned>(a.parts)) __nanosleep(100);
+          __threadfence();
+        }
+        __syncthreads();
+        MaxSum t{-INFINITY, 0.0f};
+        for (int k = threadIdx.x; k < a.parts; k += kThreads) {
+          const float2 p = __ldcg(a.partials + prow * a.parts + k);
+          t = Merge(t, MaxSum{p.x, p.y}, a.scale);
+        }
+        total = BlockMerge(t, a.scale, slots);
+      }
+      const float factor = OutputFactor(a.log, total.d);
+      char* out = static_cast<char*>(a.output) + prow * pitch;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const long long vi = pbegin + j * kThreads + threadIdx.x;
+        if (vi < vectors) {
+          StoreVector<T, kVec>(out, vi, a.n,
+                               NormalizeVector<T>(prev[j], total.m, a.scale, a.log, factor));
+        }
+      }
+    }
+    if (!have) break;
+    const MaxSum part_total = BlockMerge(LocalMaxSum<T>(cur, a.scale), a.scale, slots);
+    if (a.parts > 1) {
+      if (threadIdx.x == 0) {
+        a.partials[u] = make_float2(part_total.m, part_total.d);
+        __threadfence();
+        atomicAdd(a.counters + row, 1u);
+      }
+    } else {
+      prev_total = part_total;
+    }
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) prev[j] = cur[j];
+    prev_u = u;
   }
 }
 
@@ -1141,29 +1374,60 @@ long long CeilDiv(long long a, long long b) { return (a + b - 1) / b; }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Flat kernel configurations: vectors per thread and block size. Rows of up
+// to 2048 vectors use 2 vectors per thread, up to 4096 use 4; a group of
+// R = 2^k threads holds a row; blocks are 256 threads for R <= 32, else R.
+struct FlatConfig {
+  int slots;
+  int threads;
+};
+constexpr FlatConfig kFlatConfigs[] = {{2, 64}, {2, 128}, {2, 256}, {2, 512}, {2, 1024}, {4, 1024}};
+constexpr long long kFlatMaxVectors = 4096;
+
+std::string FlatFamily(const FlatConfig& f) {
+  return "flat" + std::to_string(f.slots) + "_b" + std::to_string(f.threads);
+}
+
+struct FlatShape {
+  FlatConfig config;
+  int group_log2;
+};
+FlatShape FlatShapeOf(long long vectors) {
+  const int slots = vectors <= 2048 ? 2 : 4;
+  const int group_log2 = CeilLog2(CeilDiv(vectors, slots));
+  const int threads = group_log2 <= 5 ? 256 : std::max(64, 1 << group_log2);
+  return {{slots, threads}, group_log2};
+}
+
 template <typename T>
 struct Kernels {
   static void* OnChip() { return reinterpret_cast<void*>(&OnChipKernel<T>); }
 #if SOFTMAX_WARP_KERNEL
   static void* Warp() { return reinterpret_cast<void*>(&WarpKernel<T>); }
 #endif
+  static void* Flat(int slots) {
+    return slots == 2 ? reinterpret_cast<void*>(&FlatKernel<T, 2, true, false>)
+                      : reinterpret_cast<void*>(&FlatKernel<T, 4, true, false>);
+  }
+  static void* SplitFused() { return reinterpret_cast<void*>(&SplitFusedKernel<T, true>); }
   static void* SplitStats() { return reinterpret_cast<void*>(&SplitStatsKernel<T, true>); }
   static void* SplitNormalize() { return reinterpret_cast<void*>(&SplitNormalizeKernel<T, true>); }
   static void* StridedStats() { return reinterpret_cast<void*>(&StridedStatsKernel<T, true>); }
   static void* StridedNormalize() { return reinterpret_cast<void*>(&StridedNormalizeKernel<T, true>); }
 };
 
-cudaError_t ProbeKernel(const void* kernel, const char* family, const char* paths, DType dtype,
-                        int multiprocessors, KernelProbe* probe) {
+cudaError_t ProbeKernel(const void* kernel, const std::string& family, const char* paths,
+                        DType dtype, int multiprocessors, KernelProbe* probe,
+                        int threads = kThreads) {
   cudaFuncAttributes attributes;
   SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, kernel));
   int blocks = 0;
   SOFTMAX_CUDA_RETURN_IF_ERROR(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0));
-  probe->kernel = std::string(family) + "<" + DTypeName(dtype) + ">";
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0));
+  probe->kernel = family + "<" + DTypeName(dtype) + ">";
   probe->paths = paths;
   probe->dtype = dtype;
-  probe->threads_per_block = kThreads;
+  probe->threads_per_block = threads;
   probe->registers_per_thread = attributes.numRegs;
   probe->local_bytes_per_thread = static_cast<int>(attributes.localSizeBytes);
   probe->static_shared_bytes = static_cast<int>(attributes.sharedSizeBytes);
@@ -1186,6 +1450,14 @@ cudaError_t ProbeDType(DType dtype, int multiprocessors, bool clusters,
   SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::Warp(), "on_chip_warp", "warp(N<=128V)",
                                            dtype, multiprocessors, &warp_probe));
   probes->push_back(warp_probe);
+#endif
+#if SOFTMAX_FLAT_KERNEL
+  for (const FlatConfig& f : kFlatConfigs) {
+    KernelProbe flat;
+    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::Flat(f.slots), FlatFamily(f), "flat", dtype,
+                                             multiprocessors, &flat, f.threads));
+    probes->push_back(flat);
+  }
 #endif
   int best = 1;
   if (clusters) {
@@ -1224,6 +1496,9 @@ cudaError_t ProbeDType(DType dtype, int multiprocessors, bool clusters,
     }
   }
   *max_cluster = std::min(*max_cluster, best);
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::SplitFused(), "split_fused", "split(1 pass)",
+                                           dtype, multiprocessors, &probe));
+  probes->push_back(probe);
   SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::SplitStats(), "split_stats", "split", dtype,
                                            multiprocessors, &probe));
   probes->push_back(probe);
@@ -1239,7 +1514,7 @@ cudaError_t ProbeDType(DType dtype, int multiprocessors, bool clusters,
   return cudaSuccess;
 }
 
-int GridOf(const LaunchPlan& plan, const char* family, DType dtype, int cluster = 1) {
+int GridOf(const LaunchPlan& plan, const std::string& family, DType dtype, int cluster = 1) {
   const KernelProbe* probe = plan.Find(family, dtype, cluster);
   return probe != nullptr ? probe->grid : plan.multiprocessors();
 }
@@ -1248,17 +1523,21 @@ int GridOf(const LaunchPlan& plan, const char* family, DType dtype, int cluster 
 struct SplitShape {
   long long part_vectors;
   int parts;
+  bool fused;  // single pass (SplitFusedKernel): parts of one block each, parts <= grid
 };
 SplitShape SplitShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
   const int v = 16 / ItemSize(dtype);
   const long long vectors = CeilDiv(s.n, v);
   const long long chunks = CeilDiv(vectors, kBlockVectors);
+  if (chunks <= GridOf(plan, "split_fused", dtype)) {
+    return {kBlockVectors, static_cast<int>(chunks), true};
+  }
   const long long rows = s.outer;
   const long long grid = GridOf(plan, "split_stats", dtype);
   long long parts = std::min(chunks, std::max(1LL, CeilDiv(grid, rows)));
   const long long part_vectors = CeilDiv(chunks, parts) * kBlockVectors;
   parts = CeilDiv(vectors, part_vectors);
-  return {part_vectors, static_cast<int>(parts)};
+  return {part_vectors, static_cast<int>(parts), false};
 }
 
 struct StridedShape {
@@ -1366,11 +1645,72 @@ cudaError_t LaunchOnChip(const LaunchPlan& plan, DType dtype, const std::vector<
   return cudaGetLastError();
 }
 
+// The one non-empty segment of a launch that the flat kernel takes, or null.
+const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, int count,
+                                  bool allow_flat) {
+  if (!SOFTMAX_FLAT_KERNEL || !allow_flat) return nullptr;
+  const SoftmaxSegment* only = nullptr;
+  for (int i = 0; i < count; ++i) {
+    if (Empty(segments[i])) continue;
+    if (only != nullptr) return nullptr;
+    only = &segments[i];
+  }
+  if (only == nullptr || only->inner != 1) return nullptr;
+  const long long vectors = CeilDiv(only->n, 16 / ItemSize(dtype));
+  if (vectors > kFlatMaxVectors) return nullptr;
+  if (vectors > SOFTMAX_FLAT_SHORT_MAX && vectors < SOFTMAX_FLAT_LONG_MIN) return nullptr;
+  return only;
+}
+
+template <typename T, int kS>
+cudaError_t LaunchFlatSlots(const FlatArgs& a, bool vec, bool log, int grid, int threads,
+                            cudaStream_t stream) {
+  auto kernel = vec ? (log ? FlatKernel<T, kS, true, true> : FlatKernel<T, kS, true, false>)
+                    : (log ? FlatKernel<T, kS, false, true> : FlatKernel<T, kS, false, false>);
+  kernel<<<grid, threads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchFlat(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
+                       cudaStream_t stream) {
+  constexpr int V = VecWidth<T>();
+  const FlatShape shape = FlatShapeOf(CeilDiv(s.n, V));
+  FlatArgs a = {};
+  a.input = s.input;
+  a.output = s.output;
+  a.rows = s.outer;
+  a.n = s.n;
+  a.scale = static_cast<float>(kLog2e / static_cast<double>(s.temperature));
+  a.group_log2 = shape.group_log2;
+  const bool vec = Aligned16(s.input) && Aligned16(s.output) && (s.n * ItemSize(dtype)) % 16 == 0;
+  const long long groups = shape.config.threads >> std::min(shape.group_log2, 30);
+  // Grid: with 2 vectors per thread, one pass over the rows (each block one
+  // group of rows); with 4, the persistent grid of the probe. Measured on
+  // the H200 (M x N = 2^28): a one-pass grid is 3-9% faster than the
+  // persistent one for 2 vectors per thread (0.97-1.02 of copy bandwidth
+  // against 0.89-0.94) and 6-10% slower for 4, where the persistent kernel
+  // overlaps the next rows' loads with the current rows' reduction.
+  long long grid = CeilDiv(s.outer, std::max(1LL, groups));
+  if (shape.config.slots == 4) {
+    grid = std::min<long long>(grid, GridOf(plan, FlatFamily(shape.config), dtype));
+  }
+  grid = std::min<long long>(grid, 0x7fffffffLL);
+  const int threads = shape.config.threads;
+  const int blocks = static_cast<int>(grid);
+  return shape.config.slots == 2 ? LaunchFlatSlots<T, 2>(a, vec, s.log, blocks, threads, stream)
+                                 : LaunchFlatSlots<T, 4>(a, vec, s.log, blocks, threads, stream);
+}
+
 template <typename T>
 cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
-                        int count, char* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                        int count, char* scratch, size_t scratch_bytes, cudaStream_t stream,
+                        bool allow_flat) {
   constexpr int V = VecWidth<T>();
   const int item = ItemSize(dtype);
+  if (const SoftmaxSegment* flat = FlatSegment(dtype, segments, count, allow_flat)) {
+    return LaunchFlat<T>(plan, dtype, *flat, stream);
+  }
   // Pass 1: the cluster size of the launch (largest any segment needs).
   int launch_cluster = 1;
   bool warp_kernel = SOFTMAX_WARP_KERNEL != 0;
@@ -1475,6 +1815,25 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
       SOFTMAX_CUDA_RETURN_IF_ERROR(
           cudaMemsetAsync(a.counters, 0, sizeof(unsigned) * s.outer, stream));
       const long long units = s.outer * shape.parts;
+      if (shape.fused) {
+        // Cooperative launch: every block resident at once, which the
+        // kernel's waits between blocks rely on.
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3(static_cast<unsigned>(
+                                  std::min<long long>(units, GridOf(plan, "split_fused", dtype))),
+                              1, 1);
+        config.blockDim = dim3(kThreads, 1, 1);
+        config.stream = stream;
+        cudaLaunchAttribute attribute;
+        attribute.id = cudaLaunchAttributeCooperative;
+        attribute.val.cooperative = 1;
+        config.attrs = &attribute;
+        config.numAttrs = 1;
+        SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(
+            &config, a.vec ? SplitFusedKernel<T, true> : SplitFusedKernel<T, false>, a));
+        SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+        continue;
+      }
       const int stats_grid = static_cast<int>(std::min<long long>(units, GridOf(plan, "split_stats", dtype)));
       const int norm_grid =
           static_cast<int>(std::min<long long>(units, GridOf(plan, "split_normalize", dtype)));
@@ -1589,20 +1948,42 @@ std::string LaunchPlan::ToString() const {
   return out.str();
 }
 
+namespace {
+// Longest row (in vectors) the cluster path takes; <= kBlockVectors when the
+// cluster path is not used.
+long long ClusterMaxVectors(const LaunchPlan& plan) {
+  if (plan.max_cluster_size() < 2) return 0;
+  long long limit = static_cast<long long>(plan.max_cluster_size() == kMaxUsedClusterSize
+                                               ? kWideVectors
+                                               : kBlockVectors) *
+                    plan.max_cluster_size();
+  if (kSplitFromVectors > 0) limit = std::min(limit, kSplitFromVectors - 1);
+  return limit > kBlockVectors ? limit : 0;
+}
+}  // namespace
+
 SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {
   if (segment.inner != 1) return SoftmaxPath::kStrided;
   const int v = 16 / ItemSize(dtype);
   const long long vectors = CeilDiv(segment.n, v);
   if (vectors <= kWarpVectors) return SoftmaxPath::kWarpRows;
   if (vectors <= kBlockVectors) return SoftmaxPath::kBlockRows;
-  if (plan.max_cluster_size() >= 2 &&
-      vectors <= static_cast<long long>(plan.max_cluster_size() == kMaxUsedClusterSize
-                                            ? kWideVectors
-                                            : kBlockVectors) *
-                     plan.max_cluster_size()) {
-    return SoftmaxPath::kClusterRows;
-  }
+  if (vectors <= ClusterMaxVectors(plan)) return SoftmaxPath::kClusterRows;
   return SoftmaxPath::kSplitRows;
+}
+
+bool FlatKernelTakes(DType dtype, int64_t n) {
+  SoftmaxSegment s;
+  s.n = n;
+  s.input = &s;
+  s.output = &s;
+  return FlatSegment(dtype, &s, 1, true) != nullptr;
+}
+
+int64_t SplitSinglePassMaxLength(const LaunchPlan& plan, DType dtype) {
+  const KernelProbe* probe = plan.Find("split_fused", dtype);
+  if (probe == nullptr) return 0;
+  return static_cast<int64_t>(probe->grid) * kBlockVectors * (16 / ItemSize(dtype));
 }
 
 int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path) {
@@ -1610,11 +1991,7 @@ int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path) {
   switch (path) {
     case SoftmaxPath::kWarpRows: return kWarpVectors * v;
     case SoftmaxPath::kBlockRows: return kBlockVectors * v;
-    case SoftmaxPath::kClusterRows:
-      if (plan.max_cluster_size() < 2) return 0;
-      return static_cast<int64_t>(plan.max_cluster_size() == kMaxUsedClusterSize ? kWideVectors
-                                                                                  : kBlockVectors) *
-             plan.max_cluster_size() * v;
+    case SoftmaxPath::kClusterRows: return ClusterMaxVectors(plan) * v;
     default: return (int64_t{1} << 31) - 1;
   }
 }
@@ -1637,7 +2014,8 @@ size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSeg
 }
 
 cudaError_t LaunchSoftmax(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
-                          int count, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                          int count, void* scratch, size_t scratch_bytes, cudaStream_t stream,
+                          bool allow_flat) {
   if (count < 0 || (count > 0 && segments == nullptr) || plan.multiprocessors() == 0) {
     return cudaErrorInvalidValue;
   }
@@ -1656,12 +2034,12 @@ cudaError_t LaunchSoftmax(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
   char* bytes = static_cast<char*>(scratch);
   switch (dtype) {
     case DType::kFloat32:
-      return LaunchTyped<float>(plan, dtype, segments, count, bytes, scratch_bytes, stream);
+      return LaunchTyped<float>(plan, dtype, segments, count, bytes, scratch_bytes, stream, allow_flat);
     case DType::kFloat16:
-      return LaunchTyped<__half>(plan, dtype, segments, count, bytes, scratch_bytes, stream);
+      return LaunchTyped<__half>(plan, dtype, segments, count, bytes, scratch_bytes, stream, allow_flat);
     case DType::kBFloat16:
       return LaunchTyped<__nv_bfloat16>(plan, dtype, segments, count, bytes, scratch_bytes,
-                                        stream);
+                                        stream, allow_flat);
   }
   return cudaErrorInvalidValue;
 }

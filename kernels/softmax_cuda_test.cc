@@ -96,7 +96,9 @@ class SoftmaxCudaTest : public ::testing::Test {
 
   // Runs all problems as one LaunchSoftmax call (twice, re-poisoning), and
   // checks every element of every problem against the float64 reference.
-  void RunAndCheck(DType dtype, std::vector<Problem>& problems, const std::string& label) {
+  // `allow_flat` false keeps a one-segment launch on the on-chip kernel.
+  void RunAndCheck(DType dtype, std::vector<Problem>& problems, const std::string& label,
+                   bool allow_flat = true) {
     const size_t item = ItemSize(dtype);
     std::vector<size_t> in_offsets, out_offsets;
     size_t in_total = 0, out_total = 0;
@@ -147,7 +149,7 @@ class SoftmaxCudaTest : public ::testing::Test {
     for (int run = 0; run < 2; ++run) {
       ASSERT_EQ(cudaMemset(d_out, 0x7B, std::max<size_t>(out_total, 1)), cudaSuccess);
       ASSERT_EQ(LaunchSoftmax(*plan_, dtype, segments.data(), static_cast<int>(segments.size()),
-                              scratch, scratch_bytes, nullptr),
+                              scratch, scratch_bytes, nullptr, allow_flat),
                 cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       std::vector<uint8_t> host(out_total);
@@ -227,7 +229,8 @@ TEST_F(SoftmaxCudaTest, PlanDescribesEveryKernel) {
   const std::string text = plan_->ToString();
   for (DType dtype : kDTypes) {
     for (const char* family :
-         {"on_chip", "split_stats", "split_normalize", "strided_stats", "strided_normalize"}) {
+         {"on_chip", "split_fused", "split_stats", "split_normalize", "strided_stats",
+          "strided_normalize"}) {
       const KernelProbe* probe = plan_->Find(family, dtype);
       ASSERT_NE(probe, nullptr) << family << " " << DTypeName(dtype);
       EXPECT_GT(probe->registers_per_thread, 0);
@@ -253,10 +256,11 @@ TEST_F(SoftmaxCudaTest, EveryPathDTypeAndOp) {
         SoftmaxSegment s;
         s.n = n;
         EXPECT_EQ(ChoosePath(*plan_, dtype, s), path) << "n=" << n;
-        // One launch per problem: each path on its own.
+        // One launch per problem: each path on its own (the flat kernel
+        // takes one-segment launches of short rows; FlatKernel tests it).
         std::vector<Problem> one;
         one.push_back(std::move(p));
-        RunAndCheck(dtype, one, std::string("path ") + SoftmaxPathName(path));
+        RunAndCheck(dtype, one, std::string("path ") + SoftmaxPathName(path), false);
       }
     }
   }
@@ -366,6 +370,70 @@ TEST_F(SoftmaxCudaTest, SingleRowEveryPath) {
       problems.push_back(MakeProblem(dtype, 1, n, 1, rng, 1.0f, n % 2 == 0));
     }
     RunAndCheck(dtype, problems, "M=1");
+  }
+}
+
+// The flat kernel (one-segment launches of rows of up to 4096 vectors): every
+// group size (1..1024 threads), both vector counts per thread (one-pass and
+// persistent pipelined grids), lengths at its limits and +-1 (just beyond,
+// the on-chip kernel runs), unaligned lengths and pointers, and more rows
+// than the persistent grid covers at once.
+TEST_F(SoftmaxCudaTest, FlatKernel) {
+  std::mt19937_64 rng(9);
+  for (DType dtype : kDTypes) {
+    const int64_t v = VecWidth(dtype);
+    struct Case {
+      int64_t rows, n;
+      bool flat;
+    };
+    std::vector<Case> cases = {
+        {1, 1, true},          {5, 3, true},          {9, v, true},
+        {7, 2 * v + 1, true},  {3, 16 * v, true},     {3, 16 * v + 1, true},
+        {2, 1023 * v, true},  {4, 1023 * v + 1, true}, {5, 2048 * v - 1, true},
+        {3, 2048 * v, true},   {2, 2048 * v + 1, true}, {3, 3000 * v + 3, true},
+        {2, 4096 * v - 1, true}, {3, 4096 * v, true},  {2, 4096 * v + 1, false},
+        {40000, 3 * v, true},  {301, 1500 * v, true}, {611, 3001 * v, true},  // many passes of the grid
+    };
+    for (bool log : {false, true}) {
+      for (const Case& c : cases) {
+        EXPECT_EQ(FlatKernelTakes(dtype, c.n), c.flat) << "n=" << c.n;
+        std::vector<Problem> one;
+        one.push_back(MakeProblem(dtype, c.rows, c.n, 1, rng, 0.8f, log));
+        if (c.n % 5 == 0) one[0].input_offset_elements = 1;  // unaligned input
+        RunAndCheck(dtype, one, "flat n=" + std::to_string(c.n));
+      }
+    }
+  }
+}
+
+// The split path's two forms: one pass while the grid holds every part of a
+// row (up to SplitSinglePassMaxLength), two passes beyond. Rows of a few
+// parts over many grid strides exercise the single pass's waits between
+// blocks, also with a part count that does not divide the grid.
+TEST_F(SoftmaxCudaTest, SplitSingleAndTwoPass) {
+  std::mt19937_64 rng(8);
+  for (DType dtype : kDTypes) {
+    const int64_t one_pass = SplitSinglePassMaxLength(*plan_, dtype);
+    ASSERT_GT(one_pass, PathMaxLength(*plan_, dtype, SoftmaxPath::kBlockRows)) << DTypeName(dtype);
+    const int64_t part = 2048 * VecWidth(dtype);  // elements one block holds
+    int64_t few_parts = 3 * part + 5;
+    SoftmaxSegment probe;
+    probe.n = few_parts;
+    if (ChoosePath(*plan_, dtype, probe) != SoftmaxPath::kSplitRows) {
+      few_parts = PathMaxLength(*plan_, dtype, SoftmaxPath::kClusterRows) + 7;
+    }
+    for (bool log : {false, true}) {
+      std::vector<Problem> problems;
+      problems.push_back(MakeProblem(dtype, 1, one_pass, 1, rng, 1.0f, log));
+      problems.push_back(MakeProblem(dtype, 2, one_pass + 1, 1, rng, 0.9f, log));
+      problems.push_back(MakeProblem(dtype, 97, few_parts, 1, rng, 1.1f, log));
+      for (const Problem& p : problems) {
+        SoftmaxSegment s;
+        s.n = p.shape.n;
+        EXPECT_EQ(ChoosePath(*plan_, dtype, s), SoftmaxPath::kSplitRows) << "n=" << s.n;
+      }
+      RunAndCheck(dtype, problems, "split one/two pass");
+    }
   }
 }
 
