@@ -103,6 +103,26 @@ int softmax_path(int dtype, const SoftmaxCSegment* segment) {
       softmax::gpu::ChoosePath(*plan, static_cast<softmax::DType>(dtype), converted[0]));
 }
 
+// Writes the kernels a launch of these segments runs (see
+// softmax::gpu::LaunchKernels; NUL-terminated, truncated to `size`) and
+// returns the full length, or -(cudaError_t) on error.
+int softmax_launch_kernels(int dtype, const SoftmaxCSegment* segments, int count, char* buffer,
+                           size_t size) {
+  if (dtype < 1 || dtype > 3) return -static_cast<int>(cudaErrorInvalidValue);
+  cudaError_t error;
+  const softmax::gpu::LaunchPlan* plan = CurrentPlan(&error);
+  if (plan == nullptr) return -static_cast<int>(error);
+  const auto converted = Convert(segments, count);
+  const std::string text = softmax::gpu::LaunchKernels(
+      *plan, static_cast<softmax::DType>(dtype), converted.data(), count);
+  if (buffer != nullptr && size > 0) {
+    const size_t n = text.size() < size - 1 ? text.size() : size - 1;
+    std::memcpy(buffer, text.data(), n);
+    buffer[n] = '\0';
+  }
+  return static_cast<int>(text.size());
+}
+
 // Enqueues the segments on `stream` (a cudaStream_t; null = legacy default
 // stream). Returns a cudaError_t value (0 on success).
 int softmax_launch(int dtype, const SoftmaxCSegment* segments, int count, void* scratch,

@@ -40,6 +40,11 @@
 #endif
 // Row lengths (in vectors) it takes: up to SOFTMAX_FLAT_SHORT_MAX, and from
 // SOFTMAX_FLAT_LONG_MIN to 4096 (by default all rows up to 4096 vectors).
+// The flat table kernel for ragged launches whose rows all hold at most 8192
+// vectors (see FlatTableKernel).
+#ifndef SOFTMAX_FLAT_TABLE
+#define SOFTMAX_FLAT_TABLE 1
+#endif
 #ifndef SOFTMAX_FLAT_SHORT_MAX
 #define SOFTMAX_FLAT_SHORT_MAX 4096
 #endif
@@ -454,7 +459,8 @@ constexpr int kInlineSegments = 64;
 struct OnChipArgs {
   const RowSegment* table;  // null: use inline_segments
   int count;
-  int launch_cluster;  // cluster size of this launch (1: none)
+  int launch_cluster;  // cluster size of this launch (1: none); FlatTableKernel:
+                       // the table's total units
   RowSegment inline_segments[kInlineSegments];
 };
 
@@ -916,6 +922,127 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
         StoreVector<T, kVec>(out, j * r_threads + t, a.n, Pack<T>(y));
       }
     }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Flat table kernel: the flat kernel's way (a group of threads per row, max
+// first, few vectors per thread, one pass of the grid) for a ragged table of
+// last-axis segments whose rows hold at most 8192 vectors, in one launch.
+// Blocks have 1024 threads; a segment's rows get groups of R = 2^k threads
+// (R <= 32, or 128..1024) so that each thread holds at most 8 vectors; a unit
+// is one block's worth of a segment's rows (1024 / R rows). Table entries are
+// RowSegment with `first_worker` holding the segment's first unit and the
+// shape bits holding log2 R. Blocks find their segment by binary search.
+constexpr int kTableThreads = 1024;
+constexpr int kTableSlots = 8;
+constexpr long long kTableMaxVectors = static_cast<long long>(kTableThreads) * kTableSlots;
+
+// Reduces v over a group of r_threads (max or sum): shuffles within a warp,
+// and for groups of whole warps the warps' values through `slots` after a
+// named barrier of the group (id 1 + group).
+template <bool kMax>
+__device__ __forceinline__ float GroupReduce(float v, int r_threads, int group, float* slots) {
+  const int width = r_threads < 32 ? r_threads : 32;
+  for (int offset = width >> 1; offset > 0; offset >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = kMax ? fmaxf(v, o) : v + o;
+  }
+  if (r_threads <= 32) return v;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) slots[warp] = v;
+  NamedBarrier(1 + group, r_threads);
+  const int warps = r_threads >> 5;
+  v = lane < warps ? slots[group * warps + lane] : (kMax ? -INFINITY : 0.0f);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = kMax ? fmaxf(v, o) : v + o;
+  }
+  return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
+    const __grid_constant__ OnChipArgs args) {
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  __shared__ float max_slots[32];
+  __shared__ float sum_slots[32];
+  const RowSegment* table = args.table != nullptr ? args.table : args.inline_segments;
+  const int total_units = args.launch_cluster;  // total units of the table
+  for (int u = blockIdx.x; u < total_units; u += gridDim.x) {
+    int lo = 0;
+    int hi = args.count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (table[mid].first_worker <= u) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const RowSegment seg = table[lo];
+    const int group_log2 = (seg.config >> kShapeShift) & 0xf;
+    const int r_threads = 1 << group_log2;
+    const int group = threadIdx.x >> group_log2;
+    const int t = threadIdx.x & (r_threads - 1);
+    const int row = (u - seg.first_worker) * (kTableThreads >> group_log2) + group;
+    const bool valid = row < seg.rows;
+    const bool log = seg.config & kLogBit;
+    const bool vec = seg.config & kVecBit;
+    const int vectors = (seg.n + V - 1) / V;
+    const int slots_used = (vectors + r_threads - 1) >> group_log2;  // <= kTableSlots
+    const char* in = static_cast<const char*>(seg.input) +
+                     static_cast<long long>(row) * seg.n * static_cast<long long>(sizeof(Bits));
+    uint4 raw[kTableSlots];
+#pragma unroll
+    for (int j = 0; j < kTableSlots; ++j) {
+      const int vi = j * r_threads + t;
+      raw[j] = NegInfVector<T>();
+      if (valid && j < slots_used) {
+        raw[j] = vec ? LoadVector<T, true>(in, vi, seg.n) : LoadVector<T, false>(in, vi, seg.n);
+      }
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTableSlots; ++j) {
+      if (j < slots_used) m = fmaxf(m, VectorMax<T>(raw[j]));
+    }
+    m = GroupReduce<true>(m, r_threads, group, max_slots);
+    const float shift = m == -INFINITY ? 0.0f : m;
+    float d = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTableSlots; ++j) {
+      if (j < slots_used) {
+        float x[V];
+        Unpack<T>(raw[j], x);
+#pragma unroll
+        for (int k = 0; k < V; ++k) d += FastExp2((x[k] - shift) * seg.scale);
+      }
+    }
+    d = GroupReduce<false>(d, r_threads, group, sum_slots);
+    if (valid) {
+      const float factor = OutputFactor(log, d);
+      char* out = static_cast<char*>(seg.output) +
+                  static_cast<long long>(row) * seg.n * static_cast<long long>(sizeof(Bits));
+#pragma unroll
+      for (int j = 0; j < kTableSlots; ++j) {
+        if (j < slots_used) {
+          const uint4 y = NormalizeVector<T>(raw[j], shift, seg.scale, log, factor);
+          const int vi = j * r_threads + t;
+          if (vec) {
+            StoreVector<T, true>(out, vi, seg.n, y);
+          } else {
+            StoreVector<T, false>(out, vi, seg.n, y);
+          }
+        }
+      }
+    }
+    // Group shapes may change with the next unit's segment: no warp may
+    // write a slot that another group of this unit still reads.
+    __syncthreads();
   }
 }
 
@@ -1409,6 +1536,7 @@ struct Kernels {
     return slots == 2 ? reinterpret_cast<void*>(&FlatKernel<T, 2, true, false>)
                       : reinterpret_cast<void*>(&FlatKernel<T, 4, true, false>);
   }
+  static void* FlatTable() { return reinterpret_cast<void*>(&FlatTableKernel<T>); }
   static void* SplitFused() { return reinterpret_cast<void*>(&SplitFusedKernel<T, true>); }
   static void* SplitStats() { return reinterpret_cast<void*>(&SplitStatsKernel<T, true>); }
   static void* SplitNormalize() { return reinterpret_cast<void*>(&SplitNormalizeKernel<T, true>); }
@@ -1457,6 +1585,15 @@ cudaError_t ProbeDType(DType dtype, int multiprocessors, bool clusters,
     SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::Flat(f.slots), FlatFamily(f), "flat", dtype,
                                              multiprocessors, &flat, f.threads));
     probes->push_back(flat);
+  }
+#endif
+#if SOFTMAX_FLAT_TABLE
+  {
+    KernelProbe table;
+    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(Kernels<T>::FlatTable(), "flat_table",
+                                             "ragged <= 8192V", dtype, multiprocessors, &table,
+                                             kTableThreads));
+    probes->push_back(table);
   }
 #endif
   int best = 1;
@@ -1645,6 +1782,52 @@ cudaError_t LaunchOnChip(const LaunchPlan& plan, DType dtype, const std::vector<
   return cudaGetLastError();
 }
 
+// Whether every on-chip table entry has rows of at most kTableMaxVectors
+// vectors and the table's units fit the flat table kernel's int indices.
+bool FlatTableFits(const std::vector<RowSegment>& rows, int v) {
+  long long units = 0;
+  for (const RowSegment& r : rows) {
+    const long long vectors = CeilDiv(r.n, v);
+    if (vectors > kTableMaxVectors) return false;
+    int group_log2 = CeilLog2(CeilDiv(vectors, kTableSlots));
+    if (group_log2 > 5 && group_log2 < 7) group_log2 = 7;
+    units += CeilDiv(r.rows, kTableThreads >> group_log2);
+  }
+  return units <= 0x7fffffffLL;
+}
+
+// Rewrites an on-chip table for FlatTableKernel (group shape, first unit)
+// and launches it with a one-pass grid.
+template <typename T>
+cudaError_t LaunchFlatTable(std::vector<RowSegment>* rows, void* table_scratch,
+                            cudaStream_t stream) {
+  constexpr int V = VecWidth<T>();
+  long long units = 0;
+  for (RowSegment& r : *rows) {
+    const long long vectors = CeilDiv(r.n, V);
+    int group_log2 = CeilLog2(CeilDiv(vectors, kTableSlots));
+    if (group_log2 > 5 && group_log2 < 7) group_log2 = 7;  // no 64-thread groups
+    r.config = (r.config & (kLogBit | kVecBit)) | (group_log2 << kShapeShift);
+    r.units = static_cast<int>(CeilDiv(r.rows, kTableThreads >> group_log2));
+    r.first_worker = static_cast<int>(units);
+    units += r.units;
+  }
+  OnChipArgs args;
+  std::memset(&args, 0, sizeof(args));
+  args.count = static_cast<int>(rows->size());
+  args.launch_cluster = static_cast<int>(units);
+  if (rows->size() <= static_cast<size_t>(kInlineSegments)) {
+    std::copy(rows->begin(), rows->end(), args.inline_segments);
+  } else {
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(table_scratch, rows->data(),
+                                                 rows->size() * sizeof(RowSegment),
+                                                 cudaMemcpyHostToDevice, stream));
+    args.table = static_cast<const RowSegment*>(table_scratch);
+  }
+  FlatTableKernel<T><<<static_cast<unsigned>(units), kTableThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
 // The one non-empty segment of a launch that the flat kernel takes, or null.
 const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, int count,
                                   bool allow_flat) {
@@ -1784,7 +1967,9 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
     table_scratch = scratch;
     offset += Align256(rows.size() * sizeof(RowSegment));
   }
-  if (!rows.empty()) {
+  if (!rows.empty() && allow_flat && SOFTMAX_FLAT_TABLE && FlatTableFits(rows, V)) {
+    SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchFlatTable<T>(&rows, table_scratch, stream));
+  } else if (!rows.empty()) {
     SOFTMAX_CUDA_RETURN_IF_ERROR(
         LaunchOnChip<T>(plan, dtype, rows, launch_cluster, warp_kernel, table_scratch, stream));
   }
@@ -1970,6 +2155,38 @@ SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment
   if (vectors <= kBlockVectors) return SoftmaxPath::kBlockRows;
   if (vectors <= ClusterMaxVectors(plan)) return SoftmaxPath::kClusterRows;
   return SoftmaxPath::kSplitRows;
+}
+
+std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                          int count, bool allow_flat) {
+  if (FlatSegment(dtype, segments, count, allow_flat) != nullptr) return "flat";
+  const int v = 16 / ItemSize(dtype);
+  std::vector<std::string> kernels;
+  bool on_chip = false;
+  bool table_fits = true;
+  auto add = [&kernels](const std::string& k) {
+    if (std::find(kernels.begin(), kernels.end(), k) == kernels.end()) kernels.push_back(k);
+  };
+  for (int i = 0; i < count; ++i) {
+    const SoftmaxSegment& s = segments[i];
+    if (Empty(s)) continue;
+    const SoftmaxPath path = ChoosePath(plan, dtype, s);
+    if (path == SoftmaxPath::kSplitRows) {
+      add(SplitShapeOf(plan, dtype, s).fused ? "split_fused" : "split_two_pass");
+    } else if (path == SoftmaxPath::kStrided) {
+      add("strided");
+    } else {
+      on_chip = true;
+      table_fits = table_fits && CeilDiv(s.n, v) <= kTableMaxVectors;
+    }
+  }
+  if (on_chip) {
+    kernels.insert(kernels.begin(),
+                   allow_flat && SOFTMAX_FLAT_TABLE && table_fits ? "flat_table" : "on_chip");
+  }
+  std::string out;
+  for (const std::string& k : kernels) out += (out.empty() ? "" : ",") + k;
+  return out;
 }
 
 bool FlatKernelTakes(DType dtype, int64_t n) {

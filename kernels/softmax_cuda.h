@@ -160,6 +160,11 @@ class LaunchPlan {
 // limit go to the block path, and so on.
 int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path);
 
+// The kernels a LaunchSoftmax call with these arguments runs, comma-separated,
+// from: flat, flat_table, on_chip, split_fused, split_two_pass, strided.
+std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                          int count, bool allow_flat = true);
+
 // Whether a launch whose only segment has last-axis rows of n elements runs
 // the flat kernel (when allowed; see LaunchSoftmax).
 bool FlatKernelTakes(DType dtype, int64_t n);

@@ -228,9 +228,8 @@ int64_t RowsFor(int64_t n, int64_t budget = 1 << 20) {
 TEST_F(SoftmaxCudaTest, PlanDescribesEveryKernel) {
   const std::string text = plan_->ToString();
   for (DType dtype : kDTypes) {
-    for (const char* family :
-         {"on_chip", "split_fused", "split_stats", "split_normalize", "strided_stats",
-          "strided_normalize"}) {
+    for (const char* family : {"on_chip", "flat_table", "split_fused", "split_stats",
+                               "split_normalize", "strided_stats", "strided_normalize"}) {
       const KernelProbe* probe = plan_->Find(family, dtype);
       ASSERT_NE(probe, nullptr) << family << " " << DTypeName(dtype);
       EXPECT_GT(probe->registers_per_thread, 0);
@@ -397,6 +396,10 @@ TEST_F(SoftmaxCudaTest, FlatKernel) {
     for (bool log : {false, true}) {
       for (const Case& c : cases) {
         EXPECT_EQ(FlatKernelTakes(dtype, c.n), c.flat) << "n=" << c.n;
+        SoftmaxSegment seg;
+        seg.outer = c.rows;
+        seg.n = c.n;
+        if (c.flat) EXPECT_EQ(LaunchKernels(*plan_, dtype, &seg, 1), "flat") << "n=" << c.n;
         std::vector<Problem> one;
         one.push_back(MakeProblem(dtype, c.rows, c.n, 1, rng, 0.8f, log));
         if (c.n % 5 == 0) one[0].input_offset_elements = 1;  // unaligned input
@@ -470,6 +473,45 @@ TEST_F(SoftmaxCudaTest, RaggedSegmentTables) {
             MakeProblem(dtype, outer, n, inner, rng, temperature(rng), kind(rng) % 2 == 0));
       }
       RunAndCheck(dtype, problems, "ragged " + std::to_string(count));
+    }
+  }
+}
+
+// Ragged tables whose rows all fit the flat table kernel (<= 8192 vectors),
+// run by it and, with allow_flat false, by the on-chip kernel: every group
+// shape (1..32 threads, 128..1024), mixed ops and temperatures, inline and
+// scratch tables, unaligned segments.
+TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
+  std::mt19937_64 rng(10);
+  for (DType dtype : kDTypes) {
+    const int64_t v = VecWidth(dtype);
+    for (int count : {2, 9, 70}) {
+      std::vector<Problem> problems;
+      std::uniform_real_distribution<float> temperature(0.3f, 3.0f);
+      for (int i = 0; i < count; ++i) {
+        const int64_t max_n = (i % 3 == 0) ? 8192 * v : (i % 3 == 1 ? 300 * v : 16 * v);
+        const int64_t n = std::uniform_int_distribution<int64_t>(1, max_n)(rng);
+        const int64_t outer = std::uniform_int_distribution<int64_t>(1, n > 1000 ? 9 : 700)(rng);
+        problems.push_back(MakeProblem(dtype, outer, n, 1, rng, temperature(rng), i % 2 == 0));
+        if (i % 4 == 1) problems.back().input_offset_elements = 3;
+      }
+      problems.push_back(MakeProblem(dtype, 3, 8192 * v, 1, rng));  // the table's limit
+      std::vector<SoftmaxSegment> described(problems.size());
+      for (size_t i = 0; i < problems.size(); ++i) {
+        described[i].outer = problems[i].shape.outer;
+        described[i].n = problems[i].shape.n;
+      }
+      const int described_count = static_cast<int>(described.size());
+      EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count), "flat_table");
+      EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count, false), "on_chip");
+      described.back().n = 8192 * v + 1;  // one row too long: the on-chip kernel takes the table
+      EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count), "on_chip");
+      for (bool allow_flat : {true, false}) {
+        RunAndCheck(dtype, problems,
+                    std::string(allow_flat ? "flat table " : "on-chip table ") +
+                        std::to_string(count),
+                    allow_flat);
+      }
     }
   }
 }

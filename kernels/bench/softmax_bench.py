@@ -49,6 +49,18 @@ class Ours:
         self.lib.softmax_path.argtypes = [ctypes.c_int, ctypes.POINTER(Segment)]
         self.lib.softmax_launch.argtypes = [ctypes.c_int, ctypes.POINTER(Segment), ctypes.c_int,
                                             ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        self.has_kernels = hasattr(self.lib, "softmax_launch_kernels")
+        if self.has_kernels:
+            self.lib.softmax_launch_kernels.argtypes = [ctypes.c_int, ctypes.POINTER(Segment),
+                                                        ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+
+    def kernels(self, dtype_code, segs, count):
+        """The kernels a launch of these segments runs (e.g. "flat"), or None."""
+        if not self.has_kernels:
+            return None
+        buf = ctypes.create_string_buffer(256)
+        n = self.lib.softmax_launch_kernels(dtype_code, segs, count, buf, len(buf))
+        return buf.value.decode() if n >= 0 else None
 
     def plan(self):
         buf = ctypes.create_string_buffer(1 << 16)
@@ -73,6 +85,7 @@ class Ours:
             if err != 0:
                 raise RuntimeError(f"softmax_launch failed: cudaError {err}")
         run.keep = (segs, scratch)
+        run.kernels = self.kernels(dtype_code, segs, count)
         return run, paths
 
 
@@ -136,6 +149,7 @@ def measure_point(ours, case, dtype_name, shape, dim, log_lines, results):
 
     run_ours, paths = ours.prepare(code, [(x, y, outer, axis_n, inner)])
     row["ours_path"] = ",".join(PATH_NAMES[p] for p in paths)
+    row["ours_kernels"] = run_ours.kernels
     # torch.softmax allocates its output; the call alone is timed, its result validated.
     providers = [("ours", run_ours), ("torch", lambda: torch.softmax(x, dim=dim))]
     if dim == -1 and shape[1] <= TRITON_MAX_N:
@@ -179,7 +193,8 @@ def measure_ragged(ours, dtype_name, log_lines, results, seed=0):
     run_ours, paths = ours.prepare(code, [(x, y, x.shape[0], x.shape[1], 1) for x, y in zip(xs, ys)])
     row = {"case": "ragged", "dtype": dtype_name, "M": sum(s[0] for s in shapes), "N": None,
            "tensors": len(shapes), "elements": sum(s[0] * s[1] for s in shapes),
-           "ours_path": ",".join(PATH_NAMES[p] for p in paths), "triton_gbps": None}
+           "ours_path": ",".join(PATH_NAMES[p] for p in paths), "triton_gbps": None,
+           "ours_kernels": run_ours.kernels}
 
     def torch_all():
         return [torch.softmax(x, dim=-1) for x in xs]
@@ -232,7 +247,8 @@ def print_row(r):
     shape = f"{r['M']}x{r['N']}" if r["N"] else f"{r.get('tensors')} tensors"
     if r.get("dim", -1) == 0:
         shape += " dim0"
-    print(f"{r['case']:7s} {r['dtype']:9s} {shape:>18s} {r.get('ours_path', ''):>8s} "
+    kernels = r.get("ours_kernels") or r.get("ours_path", "")
+    print(f"{r['case']:7s} {r['dtype']:9s} {shape:>18s} {kernels:>12s} "
           f"{fmt(r['ours_gbps'])} {fmt(r.get('torch_gbps'))} {fmt(r.get('triton_gbps'))} "
           f"{fmt(r['copy_gbps'])} {oc:8.3f} {op:8.3f}"
           + "".join(f"  {k[8:-5]}={v:.0f}" for k, v in r.items()
@@ -307,7 +323,7 @@ def main():
     total = 1 << (24 if args.quick else 28)
     dtypes = args.dtypes.split(",")
     results, log_lines = [], []
-    print(f"{'case':7s} {'dtype':9s} {'shape':>18s} {'path':>8s} {'ours':>7s} {'torch':>7s} "
+    print(f"{'case':7s} {'dtype':9s} {'shape':>18s} {'kernel':>12s} {'ours':>7s} {'torch':>7s} "
           f"{'triton':>7s} {'copy':>7s} {'ours/cp':>8s} {'ours/pr':>8s}")
     start = time.time()
     json_path = os.path.join(args.out, "softmax_bench.json")

@@ -7,7 +7,7 @@ import sys
 
 def main(path):
     rows = json.load(open(path))
-    print("| case | dtype | shape | path | ours | torch | triton | copy | ours/copy | ours/best peer |")
+    print("| case | dtype | shape | kernel | ours | torch | triton | copy | ours/copy | ours/best peer |")
     print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         peers = [v for v in (r.get("torch_gbps"), r.get("triton_gbps")) if v]
@@ -16,7 +16,7 @@ def main(path):
         if r.get("dim") == 0:
             shape = f"dim 0 of [{r['M']}, {r['N']}]"
         f = lambda v: f"{v:.0f}" if v else "-"
-        print(f"| {r['case']} | {r['dtype']} | {shape} | {r.get('ours_path', '')} | {f(r['ours_gbps'])} | "
+        print(f"| {r['case']} | {r['dtype']} | {shape} | {r.get('ours_kernels') or r.get('ours_path', '')} | {f(r['ours_gbps'])} | "
               f"{f(r.get('torch_gbps'))} | {f(r.get('triton_gbps'))} | {f(r['copy_gbps'])} | "
               f"{r['ours_gbps'] / r['copy_gbps']:.3f} | {r['ours_gbps'] / best:.3f} |")
     print()
