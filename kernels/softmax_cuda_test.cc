@@ -399,7 +399,9 @@ TEST_F(SoftmaxCudaTest, FlatKernel) {
         SoftmaxSegment seg;
         seg.outer = c.rows;
         seg.n = c.n;
-        if (c.flat) EXPECT_EQ(LaunchKernels(*plan_, dtype, &seg, 1), "flat") << "n=" << c.n;
+        if (c.flat) {
+          EXPECT_EQ(LaunchKernels(*plan_, dtype, &seg, 1), "flat") << "n=" << c.n;
+        }
         std::vector<Problem> one;
         one.push_back(MakeProblem(dtype, c.rows, c.n, 1, rng, 0.8f, log));
         if (c.n % 5 == 0) one[0].input_offset_elements = 1;  // unaligned input
