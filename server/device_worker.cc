@@ -243,6 +243,10 @@ absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(
     slot.device_in = std::move(*device_in);
     slot.device_out = std::move(*device_out);
   }
+  {
+    absl::MutexLock lock(&worker->mu_);
+    worker->slot_busy_.assign(static_cast<size_t>(options.slots), false);
+  }
   for (int i = 0; i < options.slots; ++i) {
     worker->threads_.emplace_back([w = worker.get(), i] { w->SlotLoop(i); });
   }
@@ -288,9 +292,44 @@ std::vector<MemoryStats> DeviceWorker::Memory() const {
 }
 
 void DeviceWorker::Submit(std::unique_ptr<Batch> batch, Done done) {
-  absl::MutexLock lock(&mu_);
-  pending_.emplace_back(std::move(batch), std::move(done));
-  cv_.Signal();
+  int slot_index = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    if (batch->bytes <= options_.inline_max_bytes && pending_.empty() && !stopping_) {
+      for (size_t i = 0; i < slot_busy_.size(); ++i) {
+        if (!slot_busy_[i]) {
+          slot_busy_[i] = true;
+          slot_index = static_cast<int>(i);
+          break;
+        }
+      }
+    }
+    if (slot_index < 0) {
+      pending_.emplace_back(std::move(batch), std::move(done));
+      // All: a woken thread whose slot is lent out goes back to waiting.
+      cv_.SignalAll();
+      return;
+    }
+  }
+  // A small batch and an idle slot: run it here (see inline_max_bytes).
+  cudaSetDevice(options_.device);
+  BatchResult result = Run(state_->slots[slot_index], *batch);
+  {
+    absl::MutexLock lock(&mu_);
+    slot_busy_[slot_index] = false;
+    if (!pending_.empty() || stopping_) cv_.SignalAll();
+  }
+  done(std::move(batch), std::move(result));
+}
+
+BatchResult DeviceWorker::Run(Slot& slot, Batch& batch) {
+  if (failed_.load()) {
+    BatchResult result;
+    result.status =
+        absl::InternalError("the GPU failed earlier with a fatal error; the server is restarting");
+    return result;
+  }
+  return RunBatch(slot, batch);
 }
 
 void DeviceWorker::Fault(const absl::Status& status) {
@@ -305,17 +344,22 @@ void DeviceWorker::SlotLoop(int slot_index) {
     std::pair<std::unique_ptr<Batch>, Done> work;
     {
       absl::MutexLock lock(&mu_);
-      while (pending_.empty() && !stopping_) cv_.Wait(&mu_);
+      // Wait while there is no work, or while a submitting thread has this
+      // slot (it signals when it gives the slot back). A slot lent out at
+      // shutdown is waited for too: its staging must not be released under it.
+      while ((pending_.empty() || slot_busy_[slot_index]) &&
+             !(stopping_ && !slot_busy_[slot_index])) {
+        cv_.Wait(&mu_);
+      }
       if (pending_.empty()) return;
       work = std::move(pending_.front());
       pending_.pop_front();
+      slot_busy_[slot_index] = true;
     }
-    BatchResult result;
-    if (failed_.load()) {
-      result.status = absl::InternalError(
-          "the GPU failed earlier with a fatal error; the server is restarting");
-    } else {
-      result = RunBatch(slot, *work.first);
+    BatchResult result = Run(slot, *work.first);
+    {
+      absl::MutexLock lock(&mu_);
+      slot_busy_[slot_index] = false;
     }
     work.second(std::move(work.first), std::move(result));
   }

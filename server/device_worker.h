@@ -63,6 +63,11 @@ struct DeviceWorkerOptions {
   // microseconds) while the long waits of big copies sleep.
   bool blocking_sync = true;
   int64_t spin_us = 50;
+  // A batch of at most this many bytes that finds a slot idle (and nothing
+  // waiting) runs on the submitting thread instead of being handed to the
+  // slot's thread: a lone small request then skips one thread wake-up on its
+  // way to the GPU and one on its way back. 0 = always hand off.
+  int64_t inline_max_bytes = 65536;
   // Device memory the caching allocator may take from CUDA, staging
   // included (0 = no cap). Past it, allocation fails as out of memory does:
   // the caches are released and retried, then RESOURCE_EXHAUSTED for the
@@ -107,6 +112,8 @@ class DeviceWorker final : public Backend {
   DeviceWorker(const DeviceWorkerOptions& options, FaultHandler on_fault);
   void SlotLoop(int slot);
   BatchResult RunBatch(Slot& slot, Batch& batch);
+  // RunBatch, or INTERNAL at once after a fault.
+  BatchResult Run(Slot& slot, Batch& batch);
   // Marks the worker failed (once) and reports the fault.
   void Fault(const absl::Status& status);
 
@@ -121,6 +128,8 @@ class DeviceWorker final : public Backend {
   absl::Mutex mu_;
   absl::CondVar cv_;
   std::deque<std::pair<std::unique_ptr<Batch>, Done>> pending_ ABSL_GUARDED_BY(mu_);
+  // Per slot: running a batch (on its own thread or on a submitting one).
+  std::vector<bool> slot_busy_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };

@@ -5,11 +5,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <future>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -246,6 +248,64 @@ TEST(DeviceWorkerTest, OutOfMemoryFailsOnlyTheRequestThatDoesNotFit) {
   ASSERT_TRUE(again.status.ok()) << again.status;
   EXPECT_TRUE(again.segment_status.empty());
   ExpectMatchesReference(next[0]);
+}
+
+// Small batches that find a slot idle run on the submitting thread (their
+// completion too); with inline_max_bytes = 0, or when too large, they are
+// handed to a slot's thread. Many threads submitting small and large
+// batches at once all get correct results, and the worker then shuts down.
+TEST(DeviceWorkerTest, SmallBatchesRunOnTheSubmittingThreadWhenASlotIsIdle) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t inline_max : {int64_t{65536}, int64_t{0}}) {
+    DeviceWorkerOptions options;
+    options.max_staging_bytes = 8 << 20;
+    options.inline_max_bytes = inline_max;
+    auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
+      ADD_FAILURE() << "unexpected GPU fault: " << status;
+    });
+    ASSERT_TRUE(created.ok()) << created.status();
+    std::unique_ptr<DeviceWorker> worker = std::move(*created);
+    std::mt19937 rng(99);
+    for (int64_t n : {int64_t{1000}, int64_t{100000}}) {  // 4 KB: inline; 400 KB: handed off
+      std::vector<Tensor> one;
+      one.push_back(MakeTensor(rng, DType::kFloat32, {1, n, 1}, {}));
+      std::thread::id ran_on;
+      std::promise<BatchResult> promise;
+      worker->Submit(MakeBatch(one), [&](std::unique_ptr<Batch>, BatchResult result) {
+        ran_on = std::this_thread::get_id();
+        promise.set_value(std::move(result));
+      });
+      BatchResult result = promise.get_future().get();
+      ASSERT_TRUE(result.status.ok()) << result.status;
+      const bool expect_inline = inline_max > 0 && n == 1000;
+      EXPECT_EQ(ran_on == std::this_thread::get_id(), expect_inline)
+          << "inline_max_bytes=" << inline_max << " n=" << n;
+      ExpectMatchesReference(one[0]);
+    }
+    // Concurrent submitters, small and large batches mixed.
+    constexpr int kThreads = 8;
+    constexpr int kPerThread = 40;
+    std::vector<std::vector<Tensor>> tensors(kThreads * kPerThread);
+    for (int i = 0; i < kThreads * kPerThread; ++i) {
+      const int64_t n = i % 5 == 0 ? 70000 : std::uniform_int_distribution<int64_t>(1, 3000)(rng);
+      const DType dtype = i % 2 == 0 ? DType::kFloat32 : DType::kBFloat16;
+      tensors[i].push_back(MakeTensor(rng, dtype, {1 + i % 3, n, 1}, {1.0f, i % 4 == 0}));
+    }
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int k = 0; k < kPerThread; ++k) {
+          BatchResult r = RunAndWait(*worker, MakeBatch(tensors[t * kPerThread + k]));
+          if (!r.status.ok()) failures.fetch_add(1);
+        }
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    EXPECT_EQ(failures.load(), 0);
+    for (const auto& t : tensors) ExpectMatchesReference(t[0]);
+    worker.reset();  // must not hang with slots lent and returned
+  }
 }
 
 }  // namespace

@@ -67,6 +67,9 @@ ABSL_FLAG(bool, cuda_blocking_sync, kDefaults.cuda_blocking_sync,
 ABSL_FLAG(int64_t, cuda_spin_us, kDefaults.cuda_spin_us,
           "GPU backend, with --cuda_blocking_sync: microseconds each batch's completion is "
           "polled before the stream's thread sleeps on it");
+ABSL_FLAG(int64_t, cuda_inline_max_bytes, kDefaults.cuda_inline_max_bytes,
+          "GPU backend: a batch of at most this many bytes that finds a stream idle runs on "
+          "the thread that submits it instead of the stream's thread (0 = never)");
 ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
           "GPU backend: device memory it may hold, staging included; 0 = no cap");
 ABSL_FLAG(int64_t, inject_fault_after_batches, kDefaults.inject_fault_after_batches,
@@ -98,6 +101,7 @@ ServerOptions OptionsFromFlags() {
   options.cuda_streams = absl::GetFlag(FLAGS_cuda_streams);
   options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
   options.cuda_spin_us = absl::GetFlag(FLAGS_cuda_spin_us);
+  options.cuda_inline_max_bytes = absl::GetFlag(FLAGS_cuda_inline_max_bytes);
   options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.inject_fault_after_batches = absl::GetFlag(FLAGS_inject_fault_after_batches);
   return options;
@@ -114,10 +118,11 @@ int Run(const ServerOptions& options) {
       options.max_queued_requests <= 0 || options.max_queued_bytes <= 0 ||
       options.cpu_threads < 0 || options.lame_duck_ms < 0 || options.shutdown_grace_s < 0 ||
       options.cuda_streams < 1 || options.inject_fault_after_batches < 0 ||
-      options.cuda_memory_limit_bytes < 0 || options.cuda_spin_us < 0) {
+      options.cuda_memory_limit_bytes < 0 || options.cuda_spin_us < 0 ||
+      options.cuda_inline_max_bytes < 0) {
     return Fail(absl::InvalidArgumentError(
         "limits must be positive (--max_queue_delay_us, --cpu_threads, --lame_duck_ms, "
-        "--shutdown_grace_s and --cuda_spin_us may be 0)"));
+        "--shutdown_grace_s, --cuda_spin_us and --cuda_inline_max_bytes may be 0)"));
   }
   if (options.max_queue_delay_us > kMaxQueueDelayUs) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -141,6 +146,7 @@ int Run(const ServerOptions& options) {
   backend_options.cuda.slots = options.cuda_streams;
   backend_options.cuda.blocking_sync = options.cuda_blocking_sync;
   backend_options.cuda.spin_us = options.cuda_spin_us;
+  backend_options.cuda.inline_max_bytes = options.cuda_inline_max_bytes;
   backend_options.cuda.memory_limit_bytes = options.cuda_memory_limit_bytes;
   backend_options.cuda.max_staging_bytes = options.max_batch_bytes;
   backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;
