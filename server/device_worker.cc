@@ -295,14 +295,14 @@ void DeviceWorker::Submit(std::unique_ptr<Batch> batch, Done done) {
   int slot_index = -1;
   {
     absl::MutexLock lock(&mu_);
-    if (batch->bytes <= options_.inline_max_bytes && pending_.empty() && !stopping_) {
-      for (size_t i = 0; i < slot_busy_.size(); ++i) {
-        if (!slot_busy_[i]) {
-          slot_busy_[i] = true;
-          slot_index = static_cast<int>(i);
-          break;
-        }
-      }
+    // Only when the whole device is idle: a submitter that ran a batch while
+    // another was in flight (the batch former, say) would stop feeding the
+    // pipeline for that long (measured: -12% at 16 callers).
+    const bool idle =
+        pending_.empty() && std::find(slot_busy_.begin(), slot_busy_.end(), true) == slot_busy_.end();
+    if (batch->bytes <= options_.inline_max_bytes && idle && !stopping_) {
+      slot_busy_[0] = true;
+      slot_index = 0;
     }
     if (slot_index < 0) {
       pending_.emplace_back(std::move(batch), std::move(done));

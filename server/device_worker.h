@@ -63,11 +63,12 @@ struct DeviceWorkerOptions {
   // microseconds) while the long waits of big copies sleep.
   bool blocking_sync = true;
   int64_t spin_us = 50;
-  // A batch of at most this many bytes that finds a slot idle (and nothing
-  // waiting) runs on the submitting thread instead of being handed to the
-  // slot's thread: a lone small request then skips one thread wake-up on its
-  // way to the GPU and one on its way back. 0 = always hand off.
-  int64_t inline_max_bytes = 65536;
+  // A batch of at most this many bytes that finds the device idle (no slot
+  // busy, nothing waiting) runs on the submitting thread instead of being
+  // handed to a slot's thread: a lone small request then skips one thread
+  // wake-up on its way to the GPU and one on its way back. 0 = always hand
+  // off (the default: see bench/service/results/README.md, h200-3).
+  int64_t inline_max_bytes = 0;
   // Device memory the caching allocator may take from CUDA, staging
   // included (0 = no cap). Past it, allocation fails as out of memory does:
   // the caches are released and retried, then RESOURCE_EXHAUSTED for the

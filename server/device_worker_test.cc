@@ -250,13 +250,13 @@ TEST(DeviceWorkerTest, OutOfMemoryFailsOnlyTheRequestThatDoesNotFit) {
   ExpectMatchesReference(next[0]);
 }
 
-// Small batches that find a slot idle run on the submitting thread (their
-// completion too); with inline_max_bytes = 0, or when too large, they are
-// handed to a slot's thread. Many threads submitting small and large
+// Small batches that find the device idle run on the submitting thread
+// (their completion too); with inline_max_bytes = 0, or when too large, they
+// are handed to a slot's thread. Many threads submitting small and large
 // batches at once all get correct results, and the worker then shuts down.
 TEST(DeviceWorkerTest, SmallBatchesRunOnTheSubmittingThreadWhenASlotIsIdle) {
   SKIP_WITHOUT_GPU();
-  for (int64_t inline_max : {int64_t{65536}, int64_t{0}}) {
+  for (int64_t inline_max : {int64_t{65536}, int64_t{0}}) {  // on, off (the default)
     DeviceWorkerOptions options;
     options.max_staging_bytes = 8 << 20;
     options.inline_max_bytes = inline_max;

@@ -68,8 +68,8 @@ ABSL_FLAG(int64_t, cuda_spin_us, kDefaults.cuda_spin_us,
           "GPU backend, with --cuda_blocking_sync: microseconds each batch's completion is "
           "polled before the stream's thread sleeps on it");
 ABSL_FLAG(int64_t, cuda_inline_max_bytes, kDefaults.cuda_inline_max_bytes,
-          "GPU backend: a batch of at most this many bytes that finds a stream idle runs on "
-          "the thread that submits it instead of the stream's thread (0 = never)");
+          "GPU backend: a batch of at most this many bytes that finds the GPU idle runs on "
+          "the thread that submits it instead of a stream's thread (0 = never)");
 ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
           "GPU backend: device memory it may hold, staging included; 0 = no cap");
 ABSL_FLAG(int64_t, inject_fault_after_batches, kDefaults.inject_fault_after_batches,

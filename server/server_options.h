@@ -55,9 +55,9 @@ struct ServerOptions {
   // is polled before the slot sleeps on it (small batches finish within it,
   // so they keep the wake-up latency of spinning).
   int64_t cuda_spin_us = 50;
-  // --cuda_inline_max_bytes: batches up to this size that find a CUDA stream
-  // idle run on the thread that submits them (no hand-off); 0 = never.
-  int64_t cuda_inline_max_bytes = 65536;
+  // --cuda_inline_max_bytes: batches up to this size that find the GPU idle
+  // run on the thread that submits them (no hand-off); 0 = never.
+  int64_t cuda_inline_max_bytes = 0;
   // --cuda_memory_limit_bytes: device memory the GPU backend may hold (its
   // staging included); 0 = no cap. For a GPU shared with other processes.
   int64_t cuda_memory_limit_bytes = 0;
