@@ -415,6 +415,18 @@ __device__ __forceinline__ MaxSum BlockMerge(MaxSum v, float scale, float2* slot
   return total;
 }
 
+// Block-wide merge of `parts` (max, sum) partials written by other blocks
+// (read through L2); every thread gets the result.
+__device__ __forceinline__ MaxSum MergePartials(const float2* partials, int parts, float scale,
+                                                float2* slots) {
+  MaxSum total{-INFINITY, 0.0f};
+  for (int k = threadIdx.x; k < parts; k += kThreads) {
+    const float2 p = __ldcg(partials + k);
+    total = Merge(total, MaxSum{p.x, p.y}, scale);
+  }
+  return BlockMerge(total, scale, slots);
+}
+
 // First unit that worker `worker` of `workers` owns when unit 0 goes to worker
 // `first_worker` and unit u to worker (first_worker + u) % workers. The host
 // rotates first_worker across segments so that small segments do not all
@@ -1110,12 +1122,7 @@ __global__ void __launch_bounds__(kThreads, 2) SplitStatsKernel(const SplitArgs 
     __syncthreads();
     if (is_last) {
       __threadfence();
-      MaxSum row_total{-INFINITY, 0.0f};
-      for (int k = threadIdx.x; k < a.parts; k += kThreads) {
-        const float2 p = __ldcg(a.partials + row * a.parts + k);
-        row_total = Merge(row_total, MaxSum{p.x, p.y}, a.scale);
-      }
-      row_total = BlockMerge(row_total, a.scale, slots);
+      const MaxSum row_total = MergePartials(a.partials + row * a.parts, a.parts, a.scale, slots);
       if (threadIdx.x == 0) {
         a.finals[row] = make_float2(row_total.m, row_total.d);
         a.counters[row] = 0;
@@ -1223,12 +1230,7 @@ __global__ void __launch_bounds__(kThreads, 2) SplitFusedKernel(const SplitArgs 
           __threadfence();
         }
         __syncthreads();
-        MaxSum t{-INFINITY, 0.0f};
-        for (int k = threadIdx.x; k < a.parts; k += kThreads) {
-          const float2 p = __ldcg(a.partials + prow * a.parts + k);
-          t = Merge(t, MaxSum{p.x, p.y}, a.scale);
-        }
-        total = BlockMerge(t, a.scale, slots);
+        total = MergePartials(a.partials + prow * a.parts, a.parts, a.scale, slots);
       }
       const float factor = OutputFactor(a.log, total.d);
       char* out = static_cast<char*>(a.output) + prow * pitch;
