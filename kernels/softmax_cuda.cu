@@ -835,8 +835,9 @@ struct FlatArgs {
 // Reduces v over the group (op: max or sum). Groups of <= 32 lanes use
 // shuffles; a group spanning the block goes through `slots` (one barrier).
 // GroupReduce below does the same for several groups per block, but its
-// named barrier with a run-time id makes ptxas reserve all 16 barriers and
-// costs this kernel registers (spills in its 4-vector forms).
+// named barrier with a run-time id makes ptxas reserve all 16 barriers, and
+// in this kernel it added spills to the 4-vector forms; the measured build
+// uses this one.
 template <bool kMax>
 __device__ __forceinline__ float FlatReduce(float v, int r_threads, float* slots) {
   const int width = r_threads < 32 ? r_threads : 32;
