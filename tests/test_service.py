@@ -79,6 +79,8 @@ def test_startup_logs_device_choice(server):
     ("--max_batch_rows=0", "limits must be positive"),
     ("--cuda_streams=0", "limits must be positive"),
     ("--cuda_memory_limit_bytes=-1", "limits must be positive"),
+    ("--cuda_spin_us=-1", "limits must be positive"),
+    ("--cuda_inline_max_bytes=-1", "limits must be positive"),
     ("--inject_fault_after_batches=-1", "limits must be positive"),
     ("--max_queue_delay_us=99999999999", "--max_queue_delay_us: at most"),
     ("--device=tpu", "--device: expected"),
