@@ -38,18 +38,10 @@
 #ifndef SOFTMAX_FLAT_KERNEL
 #define SOFTMAX_FLAT_KERNEL 1
 #endif
-// Row lengths (in vectors) it takes: up to SOFTMAX_FLAT_SHORT_MAX, and from
-// SOFTMAX_FLAT_LONG_MIN to 4096 (by default all rows up to 4096 vectors).
 // The flat table kernel for ragged launches whose rows all hold at most 8192
 // vectors (see FlatTableKernel).
 #ifndef SOFTMAX_FLAT_TABLE
 #define SOFTMAX_FLAT_TABLE 1
-#endif
-#ifndef SOFTMAX_FLAT_SHORT_MAX
-#define SOFTMAX_FLAT_SHORT_MAX 4096
-#endif
-#ifndef SOFTMAX_FLAT_LONG_MIN
-#define SOFTMAX_FLAT_LONG_MIN 4097
 #endif
 
 namespace softmax {
@@ -1742,6 +1734,11 @@ ClusterShape ClusterShapeOf(long long vectors) {
   return {CeilLog2(CeilDiv(vectors, kWideVectors)), true};
 }
 
+// The kernels' exponent prescale: exp(x / t) = exp2(x * log2(e) / t).
+float Log2Scale(const SoftmaxSegment& s) {
+  return static_cast<float>(kLog2e / static_cast<double>(s.temperature));
+}
+
 bool Empty(const SoftmaxSegment& s) { return s.outer == 0 || s.inner == 0 || s.n == 0; }
 
 // On-chip segments are cut into pieces of at most this many rows.
@@ -1788,6 +1785,14 @@ cudaError_t LaunchOnChip(const LaunchPlan& plan, DType dtype, const std::vector<
   return cudaGetLastError();
 }
 
+// log2 of the group size FlatTableKernel gives rows of `vectors` vectors: at
+// most kTableSlots vectors per thread, no 64-thread groups (at most 8 groups
+// of whole warps per block, one named barrier each).
+int TableGroupLog2(long long vectors) {
+  const int group_log2 = CeilLog2(CeilDiv(vectors, kTableSlots));
+  return group_log2 > 5 && group_log2 < 7 ? 7 : group_log2;
+}
+
 // Whether every on-chip table entry has rows of at most kTableMaxVectors
 // vectors and the table's units fit the flat table kernel's int indices.
 bool FlatTableFits(const std::vector<RowSegment>& rows, int v) {
@@ -1795,9 +1800,7 @@ bool FlatTableFits(const std::vector<RowSegment>& rows, int v) {
   for (const RowSegment& r : rows) {
     const long long vectors = CeilDiv(r.n, v);
     if (vectors > kTableMaxVectors) return false;
-    int group_log2 = CeilLog2(CeilDiv(vectors, kTableSlots));
-    if (group_log2 > 5 && group_log2 < 7) group_log2 = 7;
-    units += CeilDiv(r.rows, kTableThreads >> group_log2);
+    units += CeilDiv(r.rows, kTableThreads >> TableGroupLog2(vectors));
   }
   return units <= 0x7fffffffLL;
 }
@@ -1810,9 +1813,7 @@ cudaError_t LaunchFlatTable(std::vector<RowSegment>* rows, void* table_scratch,
   constexpr int V = VecWidth<T>();
   long long units = 0;
   for (RowSegment& r : *rows) {
-    const long long vectors = CeilDiv(r.n, V);
-    int group_log2 = CeilLog2(CeilDiv(vectors, kTableSlots));
-    if (group_log2 > 5 && group_log2 < 7) group_log2 = 7;  // no 64-thread groups
+    const int group_log2 = TableGroupLog2(CeilDiv(r.n, V));
     r.config = (r.config & (kLogBit | kVecBit)) | (group_log2 << kShapeShift);
     r.units = static_cast<int>(CeilDiv(r.rows, kTableThreads >> group_log2));
     r.first_worker = static_cast<int>(units);
@@ -1847,7 +1848,6 @@ const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, i
   if (only == nullptr || only->inner != 1) return nullptr;
   const long long vectors = CeilDiv(only->n, 16 / ItemSize(dtype));
   if (vectors > kFlatMaxVectors) return nullptr;
-  if (vectors > SOFTMAX_FLAT_SHORT_MAX && vectors < SOFTMAX_FLAT_LONG_MIN) return nullptr;
   return only;
 }
 
@@ -1870,15 +1870,15 @@ cudaError_t LaunchFlat(const LaunchPlan& plan, DType dtype, const SoftmaxSegment
   a.output = s.output;
   a.rows = s.outer;
   a.n = s.n;
-  a.scale = static_cast<float>(kLog2e / static_cast<double>(s.temperature));
+  a.scale = Log2Scale(s);
   a.group_log2 = shape.group_log2;
   const bool vec = Aligned16(s.input) && Aligned16(s.output) && (s.n * ItemSize(dtype)) % 16 == 0;
   const long long groups = shape.config.threads >> std::min(shape.group_log2, 30);
   // Grid: with 2 vectors per thread, one pass over the rows (each block one
   // group of rows); with 4, the persistent grid of the probe. Measured on
   // the H200 (M x N = 2^28): a one-pass grid is 3-9% faster than the
-  // persistent one for 2 vectors per thread (0.97-1.02 of copy bandwidth
-  // against 0.89-0.94) and 6-10% slower for 4, where the persistent kernel
+  // persistent one for 2 vectors per thread (0.90-1.01 of copy bandwidth
+  // against 0.87-0.94) and 6-10% slower for 4, where the persistent kernel
   // overlaps the next rows' loads with the current rows' reduction.
   long long grid = CeilDiv(s.outer, std::max(1LL, groups));
   if (shape.config.slots == 4) {
@@ -1959,7 +1959,7 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
       r.output = static_cast<char*>(s.output) + offset;
       r.rows = static_cast<int>(piece_rows);
       r.n = static_cast<int>(s.n);
-      r.scale = static_cast<float>(kLog2e / static_cast<double>(s.temperature));
+      r.scale = Log2Scale(s);
       r.units = static_cast<int>(CeilDiv(piece_rows, rows_per_unit));
       r.config = config;
       r.first_worker = static_cast<int>(unit_counter % workers);
@@ -1983,7 +1983,7 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
     const SoftmaxPath path = ChoosePath(plan, dtype, s);
-    const float scale = static_cast<float>(kLog2e / static_cast<double>(s.temperature));
+    const float scale = Log2Scale(s);
     if (path == SoftmaxPath::kSplitRows) {
       const SplitShape shape = SplitShapeOf(plan, dtype, s);
       SplitArgs a = {};
@@ -2198,8 +2198,6 @@ std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
 bool FlatKernelTakes(DType dtype, int64_t n) {
   SoftmaxSegment s;
   s.n = n;
-  s.input = &s;
-  s.output = &s;
   return FlatSegment(dtype, &s, 1, true) != nullptr;
 }
 

@@ -254,7 +254,7 @@ TEST(DeviceWorkerTest, OutOfMemoryFailsOnlyTheRequestThatDoesNotFit) {
 // (their completion too); with inline_max_bytes = 0, or when too large, they
 // are handed to a slot's thread. Many threads submitting small and large
 // batches at once all get correct results, and the worker then shuts down.
-TEST(DeviceWorkerTest, SmallBatchesRunOnTheSubmittingThreadWhenASlotIsIdle) {
+TEST(DeviceWorkerTest, SmallBatchesRunOnTheSubmittingThreadWhenTheDeviceIsIdle) {
   SKIP_WITHOUT_GPU();
   for (int64_t inline_max : {int64_t{65536}, int64_t{0}}) {  // on, off (the default)
     DeviceWorkerOptions options;
