@@ -27,6 +27,7 @@
 #include "absl/strings/match.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -190,6 +191,10 @@ absl::Duration TimeoutFromFlag() {
 
 int main(int argc, char** argv) {
   using namespace softmax::client;
+  // Debian's Abseil keeps the Mutex deadlock detector on (no NDEBUG): every
+  // lock, gRPC's included, would update one process-wide graph. The load
+  // mode's figures are the server's, not that bookkeeping's.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // `load` takes its own arguments (its --shape is a repeatable mix entry, not
   // the one-shot flag), so it is dispatched before the flags are parsed.
   if (argc > 1 && std::string(argv[1]) == "load") {

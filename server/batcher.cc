@@ -229,7 +229,10 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
   }
   const bool per_segment = result.segment_status.size() == batch->items.size();
   const int workers = static_cast<int>(completion_threads_.size());
-  if (workers == 0 || batch->bytes < options_.offload_completion_bytes) {
+  const int64_t requests = static_cast<int64_t>(batch->items.size());
+  const bool many = options_.offload_completion_requests > 0 &&
+                    requests >= options_.offload_completion_requests;
+  if (workers == 0 || (batch->bytes < options_.offload_completion_bytes && !many)) {
     // Small: answered here, the backend's thread, with no hand-off.
     for (size_t i = 0; i < batch->items.size(); ++i) {
       auto& item = batch->items[i];
@@ -242,14 +245,18 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
     cv_.Signal();
     return;
   }
-  // Large: answering means serialising and sending as many bytes as were
-  // computed, which would hold the backend's thread (and the batch's place
-  // in flight) for longer than the compute. The backend is free for the
-  // next batch at once; the requests are answered by the completion threads,
-  // in up to `workers` groups of about equal bytes.
-  const int64_t groups = std::min<int64_t>(
-      {workers, static_cast<int64_t>(batch->items.size()),
-       (batch->bytes + options_.offload_completion_bytes - 1) / options_.offload_completion_bytes});
+  // Large, or many requests: answering means serialising and sending as
+  // many bytes as were computed, or queueing one write per request, which
+  // would hold the backend's thread (and the batch's place in flight) for
+  // longer than the compute. The backend is free for the next batch at once;
+  // the requests are answered by the completion threads, in up to `workers`
+  // groups of about equal bytes (each at least offload_completion_bytes, or
+  // offload_completion_requests requests).
+  const int64_t by_bytes =
+      (batch->bytes + options_.offload_completion_bytes - 1) / options_.offload_completion_bytes;
+  const int64_t by_requests = many ? requests / options_.offload_completion_requests : 0;
+  const int64_t groups =
+      std::min<int64_t>({workers, requests, std::max<int64_t>({1, by_bytes, by_requests})});
   std::vector<CompletionGroup> pending(static_cast<size_t>(groups));
   int64_t bytes_so_far = 0;
   for (size_t i = 0; i < batch->items.size(); ++i) {

@@ -73,6 +73,12 @@ struct BatcherOptions {
   // 0 answers every batch on the backend's thread.
   int completion_threads = 4;
   int64_t offload_completion_bytes = int64_t{1} << 20;
+  // Batches of at least this many requests are answered by the completion
+  // threads too, whatever their bytes: each answer queues a gRPC write
+  // (several microseconds of the answering thread), so a batch of a hundred
+  // small requests would otherwise hold the backend's thread for far longer
+  // than the GPU needed for it. 0 = by bytes only.
+  int offload_completion_requests = 32;
 };
 
 // Per-request timing, reported on the response.

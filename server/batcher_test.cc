@@ -676,6 +676,67 @@ TEST(BatcherTest, LargeBatchesAreAnsweredOffTheBackendThreadWhichIsFreedAtOnce) 
   for (const std::thread::id id : distinct) EXPECT_NE(id, std::this_thread::get_id());
 }
 
+TEST(BatcherTest, BatchesOfManySmallRequestsAreAnsweredByTheCompletionThreads) {
+  FakeBackend backend(1, /*hold=*/true);
+  BatcherOptions options = Options(1 << 20, 1 << 30, kForever);
+  options.dispatch_when_idle = true;
+  options.completion_threads = 2;
+  options.offload_completion_bytes = int64_t{1} << 40;  // never by bytes
+  options.offload_completion_requests = 4;
+  Batcher batcher(options, &backend);
+  absl::Mutex threads_mu;
+  std::vector<std::thread::id> answered_on;
+  auto enqueue = [&](std::vector<std::unique_ptr<TestRequest>>& requests) {
+    for (auto& request : requests) {
+      request = std::make_unique<TestRequest>();
+      auto item = MakeItem(request.get(), 1, 4);
+      auto answer = std::move(item->done);
+      item->done = [&, answer = std::move(answer)](const absl::Status& status,
+                                                    const RequestTiming& timing) {
+        {
+          absl::MutexLock lock(&threads_mu);
+          answered_on.push_back(std::this_thread::get_id());
+        }
+        answer(status, timing);
+      };
+      ASSERT_TRUE(batcher.Enqueue(std::move(item)).ok());
+    }
+  };
+  // The first request dispatches alone (idle backend); the next eight
+  // gather behind it into one batch of 8 (2 groups of 4), then three more
+  // into a batch below the threshold.
+  std::vector<std::unique_ptr<TestRequest>> opener(1), many(8), few(3);
+  enqueue(opener);
+  ASSERT_TRUE(backend.WaitForBatches(1));
+  enqueue(many);
+  // Released from this thread, so a batch answered "on the backend's
+  // thread" is answered on this one.
+  backend.ReleaseOne();
+  ASSERT_TRUE(backend.WaitForBatches(2));
+  ASSERT_EQ(backend.batches()[1].size(), 8u);
+  enqueue(few);
+  backend.ReleaseOne();
+  ASSERT_TRUE(backend.WaitForBatches(3));
+  ASSERT_EQ(backend.batches()[2].size(), 3u);
+  backend.ReleaseOne();
+  for (auto* group : {&opener, &many, &few}) {
+    for (auto& request : *group) {
+      ASSERT_TRUE(request->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      EXPECT_TRUE(request->status.ok());
+      EXPECT_EQ(request->output, request->input);
+    }
+  }
+  absl::MutexLock lock(&threads_mu);
+  ASSERT_EQ(answered_on.size(), 12u);
+  const std::thread::id here = std::this_thread::get_id();
+  // The opener and the batch of three: on the releasing (backend) thread.
+  EXPECT_EQ(answered_on.front(), here);
+  int elsewhere = 0;
+  for (const std::thread::id id : answered_on) elsewhere += id != here;
+  EXPECT_EQ(elsewhere, 8);  // exactly the batch of eight went to the completion threads
+  for (auto& request : many) EXPECT_EQ(request->timing.batch_requests, 8);
+}
+
 TEST(BatcherTest, StopReturnsOnlyOnceLargeBatchesAreAnswered) {
   FakeBackend backend(1, /*hold=*/false);
   BatcherOptions options = Options(1 << 20, 1 << 30, milliseconds(1));

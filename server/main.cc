@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/batcher.h"
@@ -32,6 +34,8 @@ const softmax::server::ServerOptions kDefaults;
 constexpr int kFaultSignal = SIGUSR1;
 // An hour: longer batching delays are a mistake, and bounding them keeps the
 // batcher's time arithmetic far from overflow.
+// More answering threads than this only add contention on the transport.
+constexpr int kMaxCompletionThreads = 256;
 constexpr int64_t kMaxQueueDelayUs = int64_t{3600} * 1000 * 1000;
 // Pause between the last response and closing the connections, so callers
 // read their responses before the close (see WaitForRequestsInFlight).
@@ -58,6 +62,14 @@ ABSL_FLAG(int64_t, max_queued_requests, kDefaults.max_queued_requests,
           "queued requests beyond which new ones get UNAVAILABLE");
 ABSL_FLAG(int64_t, max_queued_bytes, kDefaults.max_queued_bytes,
           "queued input bytes beyond which new requests get UNAVAILABLE");
+ABSL_FLAG(int, completion_threads, kDefaults.completion_threads,
+          "threads that answer the requests of large batches in parallel; 0 = answer every "
+          "batch on the backend's thread");
+ABSL_FLAG(int64_t, offload_completion_bytes, kDefaults.offload_completion_bytes,
+          "batches of at least this many input bytes are answered by the completion threads");
+ABSL_FLAG(int64_t, offload_completion_requests, kDefaults.offload_completion_requests,
+          "batches of at least this many requests are answered by the completion threads; "
+          "0 = by bytes only");
 ABSL_FLAG(int, cpu_threads, kDefaults.cpu_threads, "CPU backend threads; 0 = all cores");
 ABSL_FLAG(int, cuda_streams, kDefaults.cuda_streams,
           "GPU backend: batches in flight, each on its own CUDA stream");
@@ -95,6 +107,9 @@ ServerOptions OptionsFromFlags() {
   options.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
   options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
+  options.completion_threads = absl::GetFlag(FLAGS_completion_threads);
+  options.offload_completion_bytes = absl::GetFlag(FLAGS_offload_completion_bytes);
+  options.offload_completion_requests = absl::GetFlag(FLAGS_offload_completion_requests);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
@@ -119,10 +134,17 @@ int Run(const ServerOptions& options) {
       options.cpu_threads < 0 || options.lame_duck_ms < 0 || options.shutdown_grace_s < 0 ||
       options.cuda_streams < 1 || options.inject_fault_after_batches < 0 ||
       options.cuda_memory_limit_bytes < 0 || options.cuda_spin_us < 0 ||
-      options.cuda_inline_max_bytes < 0) {
+      options.cuda_inline_max_bytes < 0 || options.completion_threads < 0 ||
+      options.offload_completion_bytes <= 0 || options.offload_completion_requests < 0) {
     return Fail(absl::InvalidArgumentError(
         "limits must be positive (--max_queue_delay_us, --cpu_threads, --lame_duck_ms, "
-        "--shutdown_grace_s, --cuda_spin_us and --cuda_inline_max_bytes may be 0)"));
+        "--shutdown_grace_s, --cuda_spin_us, --cuda_inline_max_bytes, --completion_threads "
+        "and --offload_completion_requests may be 0)"));
+  }
+  if (options.completion_threads > kMaxCompletionThreads) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--completion_threads: at most ", kMaxCompletionThreads, ", got ",
+        options.completion_threads)));
   }
   if (options.max_queue_delay_us > kMaxQueueDelayUs) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -188,6 +210,10 @@ int Run(const ServerOptions& options) {
     // buffers (no allocation, page faults or zero fill per response).
     batcher_options.outputs_reuse_inputs = DeviceWorker::kComputesInPlace &&
                                            absl::StartsWith(choice->device, "cuda");
+    batcher_options.completion_threads = options.completion_threads;
+    batcher_options.offload_completion_bytes = options.offload_completion_bytes;
+    batcher_options.offload_completion_requests =
+        static_cast<int>(std::min<int64_t>(options.offload_completion_requests, 1 << 30));
     batcher_options.max_queued_requests = options.max_queued_requests;
     batcher_options.max_queued_bytes = options.max_queued_bytes;
     batcher = std::make_unique<Batcher>(batcher_options, choice->backend.get(), metrics.get());
@@ -256,6 +282,11 @@ int Run(const ServerOptions& options) {
 }  // namespace softmax::server
 
 int main(int argc, char** argv) {
+  // Debian builds Abseil without NDEBUG, which leaves the Mutex deadlock
+  // detector on: every lock and unlock, gRPC's included, then updates a
+  // process-wide lock graph under one global spinlock. A serving process
+  // pays for that on every request; the tests keep it on.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "softmax-server: softmax / log-softmax over gRPC (softmax.v1.SoftmaxService).\n"
       "Usage: softmax-server [--grpc_address=0.0.0.0:50051] [--device=auto] ...");

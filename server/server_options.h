@@ -35,6 +35,15 @@ struct ServerOptions {
   // them requests fail fast with UNAVAILABLE instead of queueing.
   int64_t max_queued_requests = 8192;
   int64_t max_queued_bytes = int64_t{4} << 30;
+  // --completion_threads / --offload_completion_bytes /
+  // --offload_completion_requests: batches of at least that many input bytes
+  // or requests are answered (responses serialised and queued for writing)
+  // by this many threads in parallel, freeing the backend for the next batch
+  // at once; smaller batches are answered on the backend's thread.
+  // --completion_threads=0 answers every batch there.
+  int completion_threads = 4;
+  int64_t offload_completion_bytes = int64_t{1} << 20;
+  int64_t offload_completion_requests = 32;
   // --cpu_threads: CPU backend threads; 0 = hardware concurrency.
   int cpu_threads = 0;
   // --lame_duck_ms: on SIGINT/SIGTERM, how long the server keeps its port

@@ -82,6 +82,10 @@ def test_startup_logs_device_choice(server):
     ("--cuda_spin_us=-1", "limits must be positive"),
     ("--cuda_inline_max_bytes=-1", "limits must be positive"),
     ("--inject_fault_after_batches=-1", "limits must be positive"),
+    ("--completion_threads=-1", "limits must be positive"),
+    ("--completion_threads=100000", "--completion_threads: at most"),
+    ("--offload_completion_bytes=0", "limits must be positive"),
+    ("--offload_completion_requests=-1", "limits must be positive"),
     ("--max_queue_delay_us=99999999999", "--max_queue_delay_us: at most"),
     ("--device=tpu", "--device: expected"),
 ])
