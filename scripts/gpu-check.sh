@@ -86,20 +86,33 @@ fi
 
 if step ab; then
   # The settings behind the server's defaults, one server each, softmax only:
-  # spinning vs sleeping (at once, or after a 50 us poll) on a batch's
-  # completion, and dispatch when idle off.
-  for setting in default blocking blocking-spin50 no-idle-dispatch; do
+  #   before     small batches copied to and from the GPU, and batches of many
+  #              requests answered on the stream's thread (both switched off);
+  #   copies     only the copies back;
+  #   no-offload only the answering on the stream's thread back;
+  #   default    the defaults;
+  #   inline     the defaults plus a lone small batch run on the receiving thread.
+  # Small payloads at 1-64 callers (8 connections, unary), then the small
+  # payload at 256 callers streamed over 16 connections.
+  for setting in before copies no-offload default inline; do
     case $setting in
+      before) extra=(--server-arg=--cuda_zero_copy_max_bytes=0
+                     --server-arg=--offload_completion_requests=0) ;;
+      copies) extra=(--server-arg=--cuda_zero_copy_max_bytes=0) ;;
+      no-offload) extra=(--server-arg=--offload_completion_requests=0) ;;
       default) extra=() ;;
-      blocking) extra=(--server-arg=--cuda_blocking_sync=true) ;;
-      blocking-spin50) extra=(--server-arg=--cuda_blocking_sync=true --server-arg=--cuda_spin_us=50) ;;
-      no-idle-dispatch) extra=(--server-arg=--dispatch_when_idle=false) ;;
+      inline) extra=(--server-arg=--cuda_inline_max_bytes=65536) ;;
     esac
     note "A/B $setting"
     python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/ab-$setting" \
-      --payloads=1x1024:float32,64x32000:bfloat16 --concurrency=1,16,256 --duration=2 \
+      --payloads=1x1024:float32,8x4096:float16 --concurrency=1,16,64 --duration=2 \
       --warmup=0.5 --skip-none "${extra[@]}" 2>&1 | tee "$work/ab-$setting.log" \
       | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    python3 bench/service/run.py --bundle="$bundle" --device=cuda \
+      --out="$work/ab-$setting-stream" --payloads=1x1024:float32 --concurrency=256 \
+      --connections=16 --stream --duration=3 --warmup=1 --skip-none "${extra[@]}" 2>&1 \
+      | tee "$work/ab-$setting-stream.log" | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     snapshot
   done

@@ -367,26 +367,37 @@ void DeviceWorker::SlotLoop(int slot_index) {
 
 namespace {
 
-// Runs `pieces` through staging once: pack, H2D, one launch per dtype, D2H,
-// wait, unpack. Adds the kernel time and launches to the totals.
 // The three staging buffers a run goes through.
 struct Staging {
   char* host;  // pinned
+  int64_t host_bytes;
   char* in;    // device
   char* out;   // device
 };
 
 // Runs `pieces` through `staging` once: pack, H2D, one launch per dtype, D2H,
 // wait, unpack. Adds the kernel time and launches to the totals.
+//
+// A run of at most `zero_copy_max_bytes` skips both copies: the kernels read
+// the packed inputs straight from the pinned staging and write the outputs
+// right behind them, over the bus (pinned memory is mapped into the device's
+// address space under unified addressing). For a few kilobytes the two DMA
+// copies cost more than the data: each is an API call, a copy-engine start
+// and a dependency on the stream, some 10 us together against a kernel of a
+// few microseconds.
 absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_memory,
                          cudaStream_t stream, cudaEvent_t kernel_start, cudaEvent_t kernel_end,
-                         cudaEvent_t done, int64_t spin_us, const Staging& staging,
-                         Batch& batch, const std::vector<Piece>& pieces,
+                         cudaEvent_t done, int64_t spin_us, int64_t zero_copy_max_bytes,
+                         const Staging& staging, Batch& batch, const std::vector<Piece>& pieces,
                          const std::vector<int64_t>& offsets, int64_t total, bool inject_fault,
                          int64_t* kernel_ns, int* launches) {
   char* const host = staging.host;
-  char* const in = staging.in;
-  char* const out = staging.out;
+  const int64_t host_out_offset = AlignUp(total, kStagingAlignment);
+  const bool zero_copy =
+      total <= zero_copy_max_bytes && host_out_offset + total <= staging.host_bytes;
+  char* const in = zero_copy ? host : staging.in;
+  char* const out = zero_copy ? host + host_out_offset : staging.out;
+  char* const host_out = zero_copy ? out : host;
   // One segment table, and one launch, per dtype. Tables and scratch are
   // ready before anything is queued on the stream, so an allocation failure
   // leaves no copy or kernel running on the buffers.
@@ -426,7 +437,9 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
   CopyAll(copies);
 
   auto enqueue_and_wait = [&]() -> absl::Status {
-    SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(in, host, total, cudaMemcpyHostToDevice, stream));
+    if (!zero_copy) {
+      SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(in, host, total, cudaMemcpyHostToDevice, stream));
+    }
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_start, stream));
     size_t table_index = 0;
     for (auto& [dtype, table] : tables) {
@@ -437,6 +450,7 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
       ++*launches;
     }
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_end, stream));
+    if (zero_copy) return WaitForEvent(kernel_end, spin_us);
     SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(host, out, total, cudaMemcpyDeviceToHost, stream));
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(done, stream));
     return WaitForEvent(done, spin_us);
@@ -455,7 +469,8 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
   for (size_t k = 0; k < pieces.size(); ++k) {
     const Piece& piece = pieces[k];
     char* destination = static_cast<char*>(batch.segments[piece.segment].output);
-    copies[k] = {destination + piece.outer_begin * piece.slab_bytes, host + offsets[k], piece.bytes};
+    copies[k] = {destination + piece.outer_begin * piece.slab_bytes, host_out + offsets[k],
+                 piece.bytes};
   }
   CopyAll(copies);
   return absl::OkStatus();
@@ -468,7 +483,7 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
 absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_memory,
                        CachingAllocator& pinned_memory, cudaStream_t stream,
                        cudaEvent_t kernel_start, cudaEvent_t kernel_end, cudaEvent_t done,
-                       int64_t spin_us, const Block& slot_pinned, const Block& slot_device_in,
+                       int64_t spin_us, int64_t zero_copy_max_bytes, const Block& slot_pinned, const Block& slot_device_in,
                        const Block& slot_device_out, Batch& batch,
                        const std::vector<Piece>& pieces, bool inject_fault, int64_t* kernel_ns,
                        int* launches) {
@@ -482,10 +497,12 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
   }
   if (static_cast<size_t>(total) <= slot_pinned.size()) {
     const Staging staging{static_cast<char*>(slot_pinned.data()),
+                          static_cast<int64_t>(slot_pinned.size()),
                           static_cast<char*>(slot_device_in.data()),
                           static_cast<char*>(slot_device_out.data())};
     return RunPiecesIn(plan, device_memory, stream, kernel_start, kernel_end, done, spin_us,
-                       staging, batch, pieces, offsets, total, inject_fault, kernel_ns, launches);
+                       zero_copy_max_bytes, staging, batch, pieces, offsets, total, inject_fault,
+                       kernel_ns, launches);
   }
   absl::Status status;
   {
@@ -498,10 +515,11 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
       status = device_out.status();
     } else {
       const Staging staging{static_cast<char*>(pinned->data()),
+                            static_cast<int64_t>(pinned->size()),
                             static_cast<char*>(device_in->data()),
                             static_cast<char*>(device_out->data())};
       status = RunPiecesIn(plan, device_memory, stream, kernel_start, kernel_end, done, spin_us,
-                           staging, batch, pieces, offsets, total, inject_fault, kernel_ns,
+                           zero_copy_max_bytes, staging, batch, pieces, offsets, total, inject_fault, kernel_ns,
                            launches);
     }
   }  // the blocks return to the caches here...
@@ -556,7 +574,7 @@ BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
     return RunPieces(state.plan, *state.device_memory, *state.pinned_memory, slot.stream,
                      slot.kernel_start, slot.kernel_end, slot.done,
                      options_.blocking_sync ? std::max<int64_t>(0, options_.spin_us) : -1,
-                     slot.pinned, slot.device_in,
+                     options_.zero_copy_max_bytes, slot.pinned, slot.device_in,
                      slot.device_out, batch, run_pieces, fault, &result.kernel_ns,
                      &result.launches);
   };

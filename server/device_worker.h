@@ -7,7 +7,7 @@
 //
 // The path of a batch, on the thread of the slot that took it:
 //   pack every segment's input into pinned staging (16-byte aligned offsets)
-//   -> one H2D copy -> ONE persistent softmax launch per dtype over the
+//   -> one H2D copy (none for a small batch: see zero_copy_max_bytes) -> ONE persistent softmax launch per dtype over the
 //   segment table (long rows add their split-row launches) -> one D2H copy
 //   -> wait for the slot's stream -> copy each segment's rows into its
 //   response. With two slots, batch k+1 is packed and copied while batch k
@@ -69,6 +69,11 @@ struct DeviceWorkerOptions {
   // wake-up on its way to the GPU and one on its way back. 0 = always hand
   // off (the default: see bench/service/results/README.md, h200-3).
   int64_t inline_max_bytes = 0;
+  // A batch of at most this many input bytes skips the host<->device copies:
+  // the kernels read its inputs from the pinned staging and write its
+  // outputs there, over the bus. Two DMA copies and their stream
+  // dependencies cost more than a few kilobytes of data. 0 = always copy.
+  int64_t zero_copy_max_bytes = int64_t{64} << 10;
   // Device memory the caching allocator may take from CUDA, staging
   // included (0 = no cap). Past it, allocation fails as out of memory does:
   // the caches are released and retried, then RESOURCE_EXHAUSTED for the

@@ -250,6 +250,57 @@ TEST(DeviceWorkerTest, OutOfMemoryFailsOnlyTheRequestThatDoesNotFit) {
   ExpectMatchesReference(next[0]);
 }
 
+// Batches within zero_copy_max_bytes are computed straight in pinned host
+// memory (no DMA copies). Raised to 48 MiB here so that every kernel path
+// reads and writes host memory over the bus: flat and table rows, cluster
+// rows, split rows, non-last axes, several dtypes, log-softmax, an empty
+// tensor; separate outputs and in place (the batcher's outputs_reuse_inputs).
+// The default (64 KiB) is covered by every small batch of the other tests.
+TEST(DeviceWorkerTest, ZeroCopyBatchesMatchReferenceOnEveryKernelPath) {
+  SKIP_WITHOUT_GPU();
+  for (const bool in_place : {false, true}) {
+    DeviceWorkerOptions options;
+    options.max_staging_bytes = 96 << 20;  // the outputs go right behind the inputs
+    options.zero_copy_max_bytes = 48 << 20;
+    auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
+      ADD_FAILURE() << "unexpected GPU fault: " << status;
+    });
+    ASSERT_TRUE(created.ok()) << created.status();
+    std::unique_ptr<DeviceWorker> worker = std::move(*created);
+    std::mt19937 rng(in_place ? 7 : 8);
+    std::vector<Tensor> tensors;
+    tensors.push_back(MakeTensor(rng, DType::kFloat32, {1, 1024, 1}, {}));
+    tensors.push_back(MakeTensor(rng, DType::kFloat16, {8, 4096, 1}, {1.0f, true}));
+    tensors.push_back(MakeTensor(rng, DType::kBFloat16, {64, 32000, 1}, {0.7f, false}));
+    tensors.push_back(MakeTensor(rng, DType::kFloat32, {2, 65536, 1}, {}));      // cluster rows
+    tensors.push_back(MakeTensor(rng, DType::kFloat32, {1, 1 << 20, 1}, {}));    // split row
+    tensors.push_back(MakeTensor(rng, DType::kFloat16, {3, 300000, 1}, {}));     // split rows
+    tensors.push_back(MakeTensor(rng, DType::kFloat32, {3, 100, 37}, {0.5f, true}));
+    tensors.push_back(MakeTensor(rng, DType::kBFloat16, {1, 4096, 5}, {}));
+    tensors.push_back(MakeTensor(rng, DType::kFloat32, {2, 0, 4}, {}));
+    for (int i = 0; i < 20; ++i) {
+      const int64_t n = std::uniform_int_distribution<int64_t>(1, 20000)(rng);
+      tensors.push_back(MakeTensor(rng, i % 2 ? DType::kFloat16 : DType::kFloat32,
+                                   {1 + i % 4, n, 1}, {1.0f, i % 3 == 0}));
+    }
+    const std::vector<Tensor> originals = tensors;
+    std::unique_ptr<Batch> batch = MakeBatch(tensors);
+    ASSERT_LE(batch->bytes, options.zero_copy_max_bytes);
+    if (in_place) {
+      for (Segment& segment : batch->segments) segment.output = const_cast<void*>(segment.input);
+    }
+    BatchResult result = RunAndWait(*worker, std::move(batch));
+    ASSERT_TRUE(result.status.ok()) << result.status;
+    EXPECT_TRUE(result.segment_status.empty());
+    EXPECT_GT(result.kernel_ns, 0);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      Tensor computed = originals[i];
+      computed.output = in_place ? tensors[i].input : tensors[i].output;
+      ExpectMatchesReference(computed);
+    }
+  }
+}
+
 // Small batches that find the device idle run on the submitting thread
 // (their completion too); with inline_max_bytes = 0, or when too large, they
 // are handed to a slot's thread. Many threads submitting small and large

@@ -82,6 +82,9 @@ ABSL_FLAG(int64_t, cuda_spin_us, kDefaults.cuda_spin_us,
 ABSL_FLAG(int64_t, cuda_inline_max_bytes, kDefaults.cuda_inline_max_bytes,
           "GPU backend: a batch of at most this many bytes that finds the GPU idle runs on "
           "the thread that submits it instead of a stream's thread (0 = never)");
+ABSL_FLAG(int64_t, cuda_zero_copy_max_bytes, kDefaults.cuda_zero_copy_max_bytes,
+          "GPU backend: batches of at most this many input bytes skip the host<->device "
+          "copies (the kernels read and write pinned host memory directly); 0 = always copy");
 ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
           "GPU backend: device memory it may hold, staging included; 0 = no cap");
 ABSL_FLAG(int64_t, inject_fault_after_batches, kDefaults.inject_fault_after_batches,
@@ -117,6 +120,7 @@ ServerOptions OptionsFromFlags() {
   options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
   options.cuda_spin_us = absl::GetFlag(FLAGS_cuda_spin_us);
   options.cuda_inline_max_bytes = absl::GetFlag(FLAGS_cuda_inline_max_bytes);
+  options.cuda_zero_copy_max_bytes = absl::GetFlag(FLAGS_cuda_zero_copy_max_bytes);
   options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.inject_fault_after_batches = absl::GetFlag(FLAGS_inject_fault_after_batches);
   return options;
@@ -134,12 +138,14 @@ int Run(const ServerOptions& options) {
       options.cpu_threads < 0 || options.lame_duck_ms < 0 || options.shutdown_grace_s < 0 ||
       options.cuda_streams < 1 || options.inject_fault_after_batches < 0 ||
       options.cuda_memory_limit_bytes < 0 || options.cuda_spin_us < 0 ||
-      options.cuda_inline_max_bytes < 0 || options.completion_threads < 0 ||
+      options.cuda_inline_max_bytes < 0 || options.cuda_zero_copy_max_bytes < 0 ||
+      options.completion_threads < 0 ||
       options.offload_completion_bytes <= 0 || options.offload_completion_requests < 0) {
     return Fail(absl::InvalidArgumentError(
         "limits must be positive (--max_queue_delay_us, --cpu_threads, --lame_duck_ms, "
-        "--shutdown_grace_s, --cuda_spin_us, --cuda_inline_max_bytes, --completion_threads "
-        "and --offload_completion_requests may be 0)"));
+        "--shutdown_grace_s, --cuda_spin_us, --cuda_inline_max_bytes, "
+        "--cuda_zero_copy_max_bytes, --completion_threads and --offload_completion_requests "
+        "may be 0)"));
   }
   if (options.completion_threads > kMaxCompletionThreads) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -169,6 +175,7 @@ int Run(const ServerOptions& options) {
   backend_options.cuda.blocking_sync = options.cuda_blocking_sync;
   backend_options.cuda.spin_us = options.cuda_spin_us;
   backend_options.cuda.inline_max_bytes = options.cuda_inline_max_bytes;
+  backend_options.cuda.zero_copy_max_bytes = options.cuda_zero_copy_max_bytes;
   backend_options.cuda.memory_limit_bytes = options.cuda_memory_limit_bytes;
   backend_options.cuda.max_staging_bytes = options.max_batch_bytes;
   backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;

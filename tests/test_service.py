@@ -81,6 +81,7 @@ def test_startup_logs_device_choice(server):
     ("--cuda_memory_limit_bytes=-1", "limits must be positive"),
     ("--cuda_spin_us=-1", "limits must be positive"),
     ("--cuda_inline_max_bytes=-1", "limits must be positive"),
+    ("--cuda_zero_copy_max_bytes=-1", "limits must be positive"),
     ("--inject_fault_after_batches=-1", "limits must be positive"),
     ("--completion_threads=-1", "limits must be positive"),
     ("--completion_threads=100000", "--completion_threads: at most"),
