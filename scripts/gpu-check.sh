@@ -5,7 +5,7 @@
 #
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
-# steps: any of unit,e2e,batching,small,service,ab,malloc (default:
+# steps: any of unit,e2e,batching,small,service,ab,ab-inline,malloc (default:
 # unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
 # step's time per point.
@@ -114,6 +114,28 @@ if step ab; then
       --connections=16 --stream --duration=3 --warmup=1 --skip-none "${extra[@]}" 2>&1 \
       | tee "$work/ab-$setting-stream.log" | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    snapshot
+  done
+fi
+
+if step ab-inline; then
+  # A lone small request run on the receiving thread (the default) against
+  # handed to a stream's thread, at 1 caller, in alternating rounds with the
+  # echo beside the first, so that drift between server starts shows.
+  for round in 1 2 3; do
+    for setting in inline hand-off; do
+      case $setting in
+        inline) extra=() ;;
+        hand-off) extra=(--skip-none --server-arg=--cuda_inline_max_bytes=0) ;;
+      esac
+      note "A/B round $round $setting"
+      python3 bench/service/run.py --bundle="$bundle" --device=cuda \
+        --out="$work/ab-inline-$round-$setting" --payloads=1x1024:float32,8x4096:float16 \
+        --concurrency=1 --duration=2 --warmup=0.5 "${extra[@]}" 2>&1 \
+        | tee "$work/ab-inline-$round-$setting.log" | grep -E "req/s|FAILED" \
+        | tee -a "$work/summary.txt"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    done
     snapshot
   done
 fi

@@ -66,9 +66,11 @@ struct DeviceWorkerOptions {
   // A batch of at most this many bytes that finds the device idle (no slot
   // busy, nothing waiting) runs on the submitting thread instead of being
   // handed to a slot's thread: a lone small request then skips one thread
-  // wake-up on its way to the GPU and one on its way back. 0 = always hand
-  // off (the default: see bench/service/results/README.md, h200-3).
-  int64_t inline_max_bytes = 0;
+  // wake-up on its way to the GPU and one on its way back. Only when the
+  // whole device is idle: a submitter that ran a batch while another was in
+  // flight would stop feeding the pipeline meanwhile. 0 = always hand off.
+  // (bench/service/results/README.md, h200-4: the A/B behind the default.)
+  int64_t inline_max_bytes = int64_t{64} << 10;
   // A batch of at most this many input bytes skips the host<->device copies:
   // the kernels read its inputs from the pinned staging and write its
   // outputs there, over the bus. Two DMA copies and their stream

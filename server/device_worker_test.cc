@@ -307,7 +307,7 @@ TEST(DeviceWorkerTest, ZeroCopyBatchesMatchReferenceOnEveryKernelPath) {
 // batches at once all get correct results, and the worker then shuts down.
 TEST(DeviceWorkerTest, SmallBatchesRunOnTheSubmittingThreadWhenTheDeviceIsIdle) {
   SKIP_WITHOUT_GPU();
-  for (int64_t inline_max : {int64_t{65536}, int64_t{0}}) {  // on, off (the default)
+  for (int64_t inline_max : {int64_t{65536}, int64_t{0}}) {  // on (the default), off
     DeviceWorkerOptions options;
     options.max_staging_bytes = 8 << 20;
     options.inline_max_bytes = inline_max;

@@ -66,7 +66,7 @@ struct ServerOptions {
   int64_t cuda_spin_us = 50;
   // --cuda_inline_max_bytes: batches up to this size that find the GPU idle
   // run on the thread that submits them (no hand-off); 0 = never.
-  int64_t cuda_inline_max_bytes = 0;
+  int64_t cuda_inline_max_bytes = int64_t{64} << 10;
   // --cuda_zero_copy_max_bytes: batches up to this many input bytes skip the
   // host<->device copies; the kernels read and write the pinned staging
   // directly over the bus. 0 = always copy.
