@@ -5,8 +5,8 @@
 #
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
-# steps: any of unit,e2e,batching,small,service,ab,ab-inline,malloc (default:
-# unit,e2e,batching,service); they run in the order listed here.
+# steps: any of unit,e2e,batching,small,service,ab,ab-inline,ab-batching,malloc
+# (default: unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
 # step's time per point.
 # Needs python3 with grpcio, protobuf, numpy and pytest (matplotlib for plots).
@@ -136,6 +136,36 @@ if step ab-inline; then
         | tee -a "$work/summary.txt"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     done
+    snapshot
+  done
+fi
+
+if step ab-batching; then
+  # How batches are formed and answered at 16-256 callers: the default
+  # (requests gather up to --max_queue_delay_us=100 while the GPU is busy)
+  # against no delay (a batch whenever a stream is free), and with it, the
+  # completion threads taking batches from 16 requests, or 8 of them. The
+  # echo runs beside the first setting.
+  for setting in default delay0 delay0-offload16 delay0-threads8; do
+    case $setting in
+      default) extra=() ;;
+      delay0) extra=(--skip-none --server-arg=--max_queue_delay_us=0) ;;
+      delay0-offload16) extra=(--skip-none --server-arg=--max_queue_delay_us=0
+                               --server-arg=--offload_completion_requests=16) ;;
+      delay0-threads8) extra=(--skip-none --server-arg=--max_queue_delay_us=0
+                              --server-arg=--completion_threads=8) ;;
+    esac
+    note "A/B $setting"
+    python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/ab-$setting" \
+      --payloads=1x1024:float32,8x4096:float16 --concurrency=16,64 --duration=2 \
+      --warmup=0.5 "${extra[@]}" 2>&1 | tee "$work/ab-$setting.log" \
+      | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    python3 bench/service/run.py --bundle="$bundle" --device=cuda \
+      --out="$work/ab-$setting-stream" --payloads=1x1024:float32 --concurrency=256 \
+      --connections=16 --stream --duration=3 --warmup=1 "${extra[@]}" 2>&1 \
+      | tee "$work/ab-$setting-stream.log" | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     snapshot
   done
 fi

@@ -63,20 +63,22 @@ absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
     queue_.push_back(std::move(item));
     // Reported under the lock so that the last value set is the current one.
     if (observer_ != nullptr) observer_->OnQueueDepth(queue_.size(), queued_bytes_);
-    if (options_.dispatch_when_idle && in_flight_ == 0) {
-      // The backend is idle: this caller forms and submits the batch itself,
-      // sparing the request a hand-off to the batch-forming thread.
+    if (in_flight_ < max_in_flight_ && ReadyLocked(SteadyClock::now())) {
+      // The batch former would form a batch now (the backend is idle, or
+      // has room and the batch is full or its delay, perhaps 0, has passed):
+      // this caller forms and submits it itself, sparing the request a
+      // hand-off to the batch-forming thread.
       batch = TakeBatchLocked(&dropped);
-      // What did not fit is the batch former's (a first batch was taken, so
-      // the device is busy now and the rest may gather).
+      // What did not fit is the batch former's.
       if (!queue_.empty()) cv_.Signal();
-    } else if (was_empty || queued_rows_ >= options_.max_batch_rows ||
-               queued_bytes_ >= options_.max_batch_bytes) {
+    } else if (in_flight_ < max_in_flight_ &&
+               (was_empty || queued_rows_ >= options_.max_batch_rows ||
+                queued_bytes_ >= options_.max_batch_bytes)) {
       // Wake the batch former only when this request can change its
       // decision: a first request (it may be waiting with no timeout) or a
-      // full batch. Otherwise it already waits for the head's delay or for a
-      // batch to complete, and a wake-up per request would cost a context
-      // switch each.
+      // full batch, while the backend has room. Otherwise it already waits
+      // for the head's delay or for a batch to complete (which wakes it),
+      // and a wake-up per request would cost a context switch each.
       cv_.Signal();
     }
   }
@@ -296,8 +298,9 @@ void Batcher::CompletionLoop() {
       item.reset();
     }
     absl::MutexLock lock(&mu_);
-    // The batch former exits (Stop) only once every request is answered.
-    if (--completing_ == 0) cv_.Signal();
+    // The batch former exits (Stop) only once every request is answered;
+    // before Stop it has no use for this wake-up.
+    if (--completing_ == 0 && stopping_) cv_.Signal();
   }
 }
 

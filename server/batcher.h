@@ -13,9 +13,11 @@
 // completed with CANCELLED / DEADLINE_EXCEEDED.
 //
 // Thread-safety: Enqueue may be called from any thread (gRPC reactors); it
-// never blocks on compute. One internal thread forms batches, except that a
-// request arriving while the backend is idle (dispatch_when_idle) is formed
-// into a batch and submitted by the Enqueue caller itself; completions run on
+// never blocks on compute. One internal thread forms batches, except that
+// when a request's arrival makes a batch ready while the backend has room
+// for one (the backend is idle and dispatch_when_idle, or max_queue_delay is
+// 0, or the batch is full), the Enqueue caller forms and submits it itself;
+// completions run on
 // the backend's threads, or, for large batches, on the batcher's completion
 // threads.
 #ifndef SOFTMAX_SERVER_BATCHER_H_

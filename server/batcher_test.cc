@@ -569,6 +569,43 @@ TEST(BatcherTest, IdleDispatchSubmitsFromTheEnqueuingThread) {
   EXPECT_EQ(backend.batches().size(), 1u);
 }
 
+TEST(BatcherTest, WithNoDelayTheEnqueuingThreadFillsEveryFreeSlot) {
+  for (const bool no_delay : {true, false}) {
+    FakeBackend backend(2, /*hold=*/true);
+    BatcherOptions options = Options(1000, 1 << 30, no_delay ? microseconds(0) : kForever);
+    options.dispatch_when_idle = true;
+    Batcher batcher(options, &backend);
+    TestRequest a, b, c;
+    ASSERT_TRUE(batcher.Enqueue(MakeItem(&a, 1, 4)).ok());
+    ASSERT_EQ(backend.batches().size(), 1u);  // idle: submitted here either way
+    ASSERT_TRUE(batcher.Enqueue(MakeItem(&b, 1, 4)).ok());
+    if (no_delay) {
+      // A slot is free and nothing is worth waiting for: submitted here too.
+      ASSERT_EQ(backend.batches().size(), 2u);
+      EXPECT_EQ(backend.submit_threads()[1], std::this_thread::get_id());
+    } else {
+      // The device is busy, so the request waits for company.
+      EXPECT_EQ(backend.batches().size(), 1u);
+    }
+    ASSERT_TRUE(batcher.Enqueue(MakeItem(&c, 1, 4)).ok());
+    // Both slots taken (no delay), or still gathering: c is queued.
+    EXPECT_EQ(backend.batches().size(), no_delay ? 2u : 1u);
+    backend.ReleaseOne();  // the former takes what is queued
+    ASSERT_TRUE(backend.WaitForBatches(no_delay ? 3 : 2));
+    EXPECT_NE(backend.submit_threads().back(), std::this_thread::get_id());
+    if (!no_delay) {
+      EXPECT_EQ(backend.batches()[1].size(), 2u);  // b and c together
+    }
+    backend.ReleaseOne();
+    if (no_delay) backend.ReleaseOne();
+    for (TestRequest* r : {&a, &b, &c}) {
+      ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      EXPECT_TRUE(r->status.ok());
+      EXPECT_EQ(r->output, r->input);
+    }
+  }
+}
+
 TEST(BatcherTest, ManyConcurrentProducersAllCompleteWithIdleDispatch) {
   FakeBackend backend(2, /*hold=*/false);
   BatcherOptions options = Options(64, 1 << 30, microseconds(200));
