@@ -5,8 +5,8 @@
 #
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
-# steps: any of unit,e2e,batching,small,service,ab,ab-inline,ab-batching,malloc
-# (default: unit,e2e,batching,service); they run in the order listed here.
+# steps: any of unit,roundtrip,e2e,batching,small,service,ab,ab-inline,ab-batching,
+# malloc (default: unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
 # step's time per point.
 # Needs python3 with grpcio, protobuf, numpy and pytest (matplotlib for plots).
@@ -35,6 +35,14 @@ if step unit; then
   note "DeviceWorker GPU unit tests"
   LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/device_worker_test" 2>&1 | tee "$work/device_worker_test.log" \
     | tail -8 | tee -a "$work/summary.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  snapshot
+fi
+
+if step roundtrip; then
+  note "GPU round trip of a small batch, link by link"
+  "$bundle/device_worker_bench" --iterations=3000 --json="$work/roundtrip.json" 2>&1 \
+    | tee "$work/roundtrip.md" | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   snapshot
 fi
@@ -141,19 +149,15 @@ if step ab-inline; then
 fi
 
 if step ab-batching; then
-  # How batches are formed and answered at 16-256 callers: the default
-  # (requests gather up to --max_queue_delay_us=100 while the GPU is busy)
-  # against no delay (a batch whenever a stream is free), and with it, the
-  # completion threads taking batches from 16 requests, or 8 of them. The
-  # echo runs beside the first setting.
-  for setting in default delay0 delay0-offload16 delay0-threads8; do
+  # How batches are formed at 16-256 callers: the default (no delay: a
+  # batch whenever a stream is free) against requests gathering for up to
+  # 100 us while the GPU is busy, and against three streams. The echo runs
+  # beside the first setting.
+  for setting in default delay100 streams3; do
     case $setting in
       default) extra=() ;;
-      delay0) extra=(--skip-none --server-arg=--max_queue_delay_us=0) ;;
-      delay0-offload16) extra=(--skip-none --server-arg=--max_queue_delay_us=0
-                               --server-arg=--offload_completion_requests=16) ;;
-      delay0-threads8) extra=(--skip-none --server-arg=--max_queue_delay_us=0
-                              --server-arg=--completion_threads=8) ;;
+      delay100) extra=(--skip-none --server-arg=--max_queue_delay_us=100) ;;
+      streams3) extra=(--skip-none --server-arg=--cuda_streams=3) ;;
     esac
     note "A/B $setting"
     python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/ab-$setting" \

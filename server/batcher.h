@@ -48,8 +48,9 @@ struct BatcherOptions {
   // A batch closes at this many input bytes. Bounds staging memory per batch.
   int64_t max_batch_bytes = int64_t{64} << 20;
   // Longest time the oldest queued request waits for company before its batch
-  // is formed anyway. 0 forms a batch as soon as the backend can take one.
-  std::chrono::microseconds max_queue_delay{100};
+  // is formed anyway. 0 forms a batch as soon as the backend can take one
+  // (requests then gather only while every stream is busy).
+  std::chrono::microseconds max_queue_delay{0};
   // Form a batch as soon as a request is queued while the backend has no
   // batch in flight, instead of waiting max_queue_delay for company: nothing
   // is gained by waiting on an idle device. While a batch is in flight,

@@ -22,11 +22,13 @@ struct ServerOptions {
   // limits (plus a small headroom). Bounds memory per request.
   int64_t max_tensor_bytes = int64_t{1} << 30;
   // --max_batch_rows / --max_batch_bytes / --max_queue_delay_us: when a
-  // batch closes. Bigger batches raise throughput, a longer delay raises
-  // batch sizes at light load at the cost of latency.
+  // batch closes. Bigger batches raise throughput; a delay makes requests
+  // wait for company while the device is busy. 0 (the default) forms a batch
+  // whenever the device can take one: requests gather only while every
+  // stream is busy.
   int64_t max_batch_rows = 8192;
   int64_t max_batch_bytes = int64_t{64} << 20;
-  int64_t max_queue_delay_us = 100;
+  int64_t max_queue_delay_us = 0;
   // --dispatch_when_idle: form a batch at once when the backend has nothing
   // in flight instead of waiting max_queue_delay_us for company; requests
   // gather only while the device is busy.

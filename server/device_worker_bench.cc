@@ -1,0 +1,319 @@
+// device_worker_bench: the GPU round trip of a small batch, taken apart.
+//
+// A lone small request on the GPU backend pays for a chain of CUDA calls
+// and, in the server, thread hand-offs. This program times each link on its
+// own, from the floor up, so that the service benchmark's figures can be
+// read against them:
+//   event            an event recorded on an idle stream, polled until done
+//   kernel 1x1       the smallest softmax launch (device memory), polled
+//   kernel 1x1024    a 1 x 1024 float32 softmax in device memory
+//   zero-copy 1x1024 the same kernel reading and writing pinned host memory
+//   copies 1x1024    pinned -> device copy, kernel, device -> pinned copy
+//   worker ...       DeviceWorker::Submit to its done callback (what the
+//                    server's batcher sees), with the backend's settings
+//                    varied: inline (the default) or handed to a stream's
+//                    thread, zero copy (the default) or DMA copies; and a
+//                    batch of 8 requests.
+// Every variant's output is checked against the CPU reference first.
+// Figures are microseconds per round trip over --iterations runs after a
+// warm-up (p10 / p50 / p90 / mean); --json writes them.
+//
+// Usage: device_worker_bench [--iterations=2000] [--json=PATH]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cpu_softmax.h"
+#include "kernels/dtype.h"
+#include "kernels/softmax_cuda.h"
+#include "server/device_worker.h"
+
+namespace softmax::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Figures {
+  std::string name;
+  double p10 = 0, p50 = 0, p90 = 0, mean = 0;
+};
+
+Figures Summarise(const std::string& name, std::vector<double> us) {
+  std::sort(us.begin(), us.end());
+  Figures f;
+  f.name = name;
+  auto at = [&us](double q) { return us[static_cast<size_t>(q * (us.size() - 1))]; };
+  f.p10 = at(0.1);
+  f.p50 = at(0.5);
+  f.p90 = at(0.9);
+  for (double v : us) f.mean += v;
+  f.mean /= static_cast<double>(us.size());
+  return f;
+}
+
+bool Check(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return true;
+  std::fprintf(stderr, "device_worker_bench: %s: %s\n", what, cudaGetErrorString(error));
+  return false;
+}
+
+// Polls `event` until it completes (the backend's wait for a small batch).
+void Spin(cudaEvent_t event) {
+  while (cudaEventQuery(event) == cudaErrorNotReady) {
+  }
+}
+
+// Times `once` (one round trip, returns when complete) `iterations` times
+// after a tenth as many warm-up runs.
+Figures Time(const std::string& name, int iterations, const std::function<void()>& once) {
+  for (int i = 0; i < std::max(10, iterations / 10); ++i) once();
+  std::vector<double> us(static_cast<size_t>(iterations));
+  for (int i = 0; i < iterations; ++i) {
+    const Clock::time_point start = Clock::now();
+    once();
+    us[static_cast<size_t>(i)] =
+        std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  }
+  return Summarise(name, std::move(us));
+}
+
+// Largest error of `output` (float32, n values) against the reference.
+double MaxError(const std::vector<float>& input, const float* output) {
+  const SoftmaxShape shape{1, static_cast<int64_t>(input.size()), 1};
+  std::vector<double> ref(input.size());
+  ReferenceSoftmax(input.data(), DType::kFloat32, shape, SoftmaxOptions(), ref.data());
+  double worst = 0;
+  for (size_t i = 0; i < input.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(output[i]) - ref[i]) /
+                                std::max(1e-30, std::fabs(ref[i])));
+  }
+  return worst;
+}
+
+int Run(int iterations, const std::string& json_path) {
+  constexpr int kN = 1024;
+  constexpr size_t kBytes = kN * sizeof(float);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> input(kN);
+  for (float& x : input) x = normal(rng);
+  const double tolerance = 10 * ReferenceRelativeTolerance(DType::kFloat32);
+
+  if (!Check(cudaSetDevice(0), "cudaSetDevice")) return 2;
+  gpu::LaunchPlan plan;
+  if (!Check(gpu::LaunchPlan::Create(0, &plan), "LaunchPlan::Create")) return 2;
+  cudaStream_t stream;
+  cudaEvent_t event;
+  float *pinned_in, *pinned_out, *device_in, *device_out;
+  if (!Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream") ||
+      !Check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event") ||
+      !Check(cudaHostAlloc(reinterpret_cast<void**>(&pinned_in), kBytes, cudaHostAllocPortable), "cudaHostAlloc") ||
+      !Check(cudaHostAlloc(reinterpret_cast<void**>(&pinned_out), kBytes, cudaHostAllocPortable), "cudaHostAlloc") ||
+      !Check(cudaMalloc(reinterpret_cast<void**>(&device_in), kBytes), "cudaMalloc") ||
+      !Check(cudaMalloc(reinterpret_cast<void**>(&device_out), kBytes), "cudaMalloc")) {
+    return 2;
+  }
+  std::memcpy(pinned_in, input.data(), kBytes);
+  if (!Check(cudaMemcpy(device_in, input.data(), kBytes, cudaMemcpyHostToDevice), "copy")) {
+    return 2;
+  }
+  auto segment = [](const void* in, void* out, int64_t n) {
+    gpu::SoftmaxSegment s;
+    s.input = in;
+    s.output = out;
+    s.outer = 1;
+    s.n = n;
+    s.inner = 1;
+    return s;
+  };
+  auto launch = [&](const gpu::SoftmaxSegment& s) {
+    return gpu::LaunchSoftmax(plan, DType::kFloat32, &s, 1, nullptr, 0, stream);
+  };
+  const gpu::SoftmaxSegment tiny = segment(device_in, device_out, 1);
+  const gpu::SoftmaxSegment on_device = segment(device_in, device_out, kN);
+  const gpu::SoftmaxSegment zero_copy = segment(pinned_in, pinned_out, kN);
+
+  // Validate the raw paths first.
+  bool ok = true;
+  std::vector<float> check(kN);
+  ok &= Check(launch(on_device), "launch") && Check(cudaStreamSynchronize(stream), "sync") &&
+        Check(cudaMemcpy(check.data(), device_out, kBytes, cudaMemcpyDeviceToHost), "copy");
+  const double error_device = MaxError(input, check.data());
+  std::memset(pinned_out, 0xff, kBytes);
+  ok &= Check(launch(zero_copy), "launch") && Check(cudaStreamSynchronize(stream), "sync");
+  const double error_zero_copy = MaxError(input, pinned_out);
+  if (!ok || !(error_device <= tolerance) || !(error_zero_copy <= tolerance)) {
+    std::fprintf(stderr, "device_worker_bench: validation failed (device %g, zero copy %g)\n",
+                 error_device, error_zero_copy);
+    return 1;
+  }
+
+  std::vector<Figures> all;
+  all.push_back(Time("event", iterations, [&] {
+    cudaEventRecord(event, stream);
+    Spin(event);
+  }));
+  all.push_back(Time("kernel 1x1", iterations, [&] {
+    launch(tiny);
+    cudaEventRecord(event, stream);
+    Spin(event);
+  }));
+  all.push_back(Time("kernel 1x1024", iterations, [&] {
+    launch(on_device);
+    cudaEventRecord(event, stream);
+    Spin(event);
+  }));
+  all.push_back(Time("zero-copy 1x1024", iterations, [&] {
+    launch(zero_copy);
+    cudaEventRecord(event, stream);
+    Spin(event);
+  }));
+  all.push_back(Time("copies 1x1024", iterations, [&] {
+    cudaMemcpyAsync(device_in, pinned_in, kBytes, cudaMemcpyHostToDevice, stream);
+    launch(on_device);
+    cudaMemcpyAsync(pinned_out, device_out, kBytes, cudaMemcpyDeviceToHost, stream);
+    cudaEventRecord(event, stream);
+    Spin(event);
+  }));
+
+  // The backend, Submit to done, with its settings varied.
+  struct Variant {
+    const char* name;
+    int64_t inline_max_bytes;
+    int64_t zero_copy_max_bytes;
+    int requests;
+  };
+  const DeviceWorkerOptions defaults;
+  const Variant variants[] = {
+      {"worker 1x1024 (defaults)", defaults.inline_max_bytes, defaults.zero_copy_max_bytes, 1},
+      {"worker 1x1024 hand-off", 0, defaults.zero_copy_max_bytes, 1},
+      {"worker 1x1024 copies", defaults.inline_max_bytes, 0, 1},
+      {"worker 1x1024 hand-off, copies", 0, 0, 1},
+      {"worker 8 x 1x1024 (defaults)", defaults.inline_max_bytes, defaults.zero_copy_max_bytes,
+       8},
+      {"worker 8 x 1x1024 copies", defaults.inline_max_bytes, 0, 8},
+  };
+  for (const Variant& v : variants) {
+    DeviceWorkerOptions options;
+    options.max_staging_bytes = 8 << 20;
+    options.inline_max_bytes = v.inline_max_bytes;
+    options.zero_copy_max_bytes = v.zero_copy_max_bytes;
+    auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
+      std::fprintf(stderr, "device_worker_bench: GPU fault: %s\n",
+                   std::string(status.message()).c_str());
+    });
+    if (!created.ok()) {
+      std::fprintf(stderr, "device_worker_bench: %s\n", created.status().ToString().c_str());
+      return 2;
+    }
+    std::unique_ptr<DeviceWorker> worker = std::move(*created);
+    std::vector<std::vector<float>> outputs(v.requests, std::vector<float>(kN));
+    std::atomic<bool> done{false};
+    absl::Status status;
+    Clock::time_point finished;
+    auto once = [&] {
+      auto batch = std::make_unique<Batch>();
+      for (int r = 0; r < v.requests; ++r) {
+        Segment s;
+        s.input = input.data();
+        s.output = outputs[r].data();
+        s.bytes = kBytes;
+        s.dtype = DType::kFloat32;
+        s.shape = {1, kN, 1};
+        batch->segments.push_back(s);
+        batch->rows += 1;
+        batch->bytes += kBytes;
+      }
+      done.store(false, std::memory_order_relaxed);
+      worker->Submit(std::move(batch), [&](std::unique_ptr<Batch>, BatchResult result) {
+        status = result.status;
+        finished = Clock::now();
+        done.store(true, std::memory_order_release);
+      });
+      // The done callback's time is what counts, not this thread's wake-up.
+      while (!done.load(std::memory_order_acquire)) {
+      }
+    };
+    once();
+    for (int r = 0; r < v.requests; ++r) {
+      const double error = MaxError(input, outputs[r].data());
+      if (!status.ok() || !(error <= tolerance)) {
+        std::fprintf(stderr, "device_worker_bench: %s: validation failed (%s, error %g)\n",
+                     v.name, status.ToString().c_str(), error);
+        return 1;
+      }
+    }
+    for (int i = 0; i < std::max(10, iterations / 10); ++i) once();
+    std::vector<double> us(static_cast<size_t>(iterations));
+    for (int i = 0; i < iterations; ++i) {
+      const Clock::time_point start = Clock::now();
+      once();
+      us[static_cast<size_t>(i)] = std::chrono::duration<double, std::micro>(finished - start).count();
+    }
+    all.push_back(Summarise(v.name, std::move(us)));
+  }
+
+  cudaDeviceProp props;
+  cudaGetDeviceProperties(&props, 0);
+  std::printf("GPU round trips on %s, microseconds (%d iterations each)\n\n", props.name,
+              iterations);
+  std::printf("| what | p10 | p50 | p90 | mean |\n|---|---:|---:|---:|---:|\n");
+  for (const Figures& f : all) {
+    std::printf("| %s | %.1f | %.1f | %.1f | %.1f |\n", f.name.c_str(), f.p10, f.p50, f.p90,
+                f.mean);
+  }
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << "{\"device\": \"" << props.name << "\", \"iterations\": " << iterations
+        << ", \"unit\": \"us\", \"figures\": [";
+    for (size_t i = 0; i < all.size(); ++i) {
+      const Figures& f = all[i];
+      out << (i ? ", " : "")
+          << absl::StrFormat(
+                 "{\"name\": \"%s\", \"p10\": %.3f, \"p50\": %.3f, \"p90\": %.3f, \"mean\": %.3f}",
+                 f.name, f.p10, f.p50, f.p90, f.mean);
+    }
+    out << "]}\n";
+    if (!out) {
+      std::fprintf(stderr, "device_worker_bench: cannot write %s\n", json_path.c_str());
+      return 2;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace softmax::server
+
+int main(int argc, char** argv) {
+  int iterations = 2000;
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--iterations=", 0) == 0) {
+      iterations = std::atoi(arg.c_str() + 13);
+    } else if (arg.rfind("--json=", 0) == 0) {
+      json = arg.substr(7);
+    } else {
+      std::fprintf(stderr, "usage: device_worker_bench [--iterations=2000] [--json=PATH]\n");
+      return 2;
+    }
+  }
+  if (iterations < 10) {
+    std::fprintf(stderr, "device_worker_bench: --iterations must be at least 10\n");
+    return 2;
+  }
+  return softmax::server::Run(iterations, json);
+}
