@@ -149,15 +149,16 @@ if step ab-inline; then
 fi
 
 if step ab-batching; then
-  # How batches are formed at 16-256 callers: the default (no delay: a
-  # batch whenever a stream is free) against requests gathering for up to
-  # 100 us while the GPU is busy, and against three streams. The echo runs
-  # beside the first setting.
-  for setting in default delay100 streams3; do
+  # How batches are formed and run at 16-256 callers: the default against
+  # three CUDA streams, small batches run on the submitting thread while
+  # other streams are busy, and both. The echo runs beside the first setting.
+  for setting in default streams3 busy streams3-busy; do
     case $setting in
       default) extra=() ;;
-      delay100) extra=(--skip-none --server-arg=--max_queue_delay_us=100) ;;
       streams3) extra=(--skip-none --server-arg=--cuda_streams=3) ;;
+      busy) extra=(--skip-none --server-arg=--cuda_inline_when_busy=true) ;;
+      streams3-busy) extra=(--skip-none --server-arg=--cuda_streams=3
+                            --server-arg=--cuda_inline_when_busy=true) ;;
     esac
     note "A/B $setting"
     python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/ab-$setting" \

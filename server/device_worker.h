@@ -71,6 +71,10 @@ struct DeviceWorkerOptions {
   // flight would stop feeding the pipeline meanwhile. 0 = always hand off.
   // (bench/service/results/README.md, h200-4: the A/B behind the default.)
   int64_t inline_max_bytes = int64_t{64} << 10;
+  // Also run such a batch on the submitting thread while other slots are
+  // busy, as long as one is free. Then a gRPC thread waits out the GPU round
+  // trip, but the batch skips the hand-off (about 13 us on the H200).
+  bool inline_when_busy = false;
   // A batch of at most this many input bytes skips the host<->device copies:
   // the kernels read its inputs from the pinned staging and write its
   // outputs there, over the bus. Two DMA copies and their stream

@@ -304,13 +304,21 @@ TEST(DeviceWorkerTest, ZeroCopyBatchesMatchReferenceOnEveryKernelPath) {
 // Small batches that find the device idle run on the submitting thread
 // (their completion too); with inline_max_bytes = 0, or when too large, they
 // are handed to a slot's thread. Many threads submitting small and large
-// batches at once all get correct results, and the worker then shuts down.
+// batches at once all get correct results, and the worker then shuts down;
+// also with inline_when_busy, where submitters take any free slot.
 TEST(DeviceWorkerTest, SmallBatchesRunOnTheSubmittingThreadWhenTheDeviceIsIdle) {
   SKIP_WITHOUT_GPU();
-  for (int64_t inline_max : {int64_t{65536}, int64_t{0}}) {  // on (the default), off
+  struct Config {
+    int64_t inline_max;
+    bool when_busy;
+  };
+  // On (the default), off, on also while busy.
+  for (const Config config : {Config{65536, false}, Config{0, false}, Config{65536, true}}) {
+    const int64_t inline_max = config.inline_max;
     DeviceWorkerOptions options;
     options.max_staging_bytes = 8 << 20;
     options.inline_max_bytes = inline_max;
+    options.inline_when_busy = config.when_busy;
     auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
       ADD_FAILURE() << "unexpected GPU fault: " << status;
     });

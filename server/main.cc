@@ -82,6 +82,9 @@ ABSL_FLAG(int64_t, cuda_spin_us, kDefaults.cuda_spin_us,
 ABSL_FLAG(int64_t, cuda_inline_max_bytes, kDefaults.cuda_inline_max_bytes,
           "GPU backend: a batch of at most this many bytes that finds the GPU idle runs on "
           "the thread that submits it instead of a stream's thread (0 = never)");
+ABSL_FLAG(bool, cuda_inline_when_busy, kDefaults.cuda_inline_when_busy,
+          "GPU backend: batches within --cuda_inline_max_bytes run on the submitting thread "
+          "also while other streams are busy, as long as one is free");
 ABSL_FLAG(int64_t, cuda_zero_copy_max_bytes, kDefaults.cuda_zero_copy_max_bytes,
           "GPU backend: batches of at most this many input bytes skip the host<->device "
           "copies (the kernels read and write pinned host memory directly); 0 = always copy");
@@ -121,6 +124,7 @@ ServerOptions OptionsFromFlags() {
   options.cuda_spin_us = absl::GetFlag(FLAGS_cuda_spin_us);
   options.cuda_inline_max_bytes = absl::GetFlag(FLAGS_cuda_inline_max_bytes);
   options.cuda_zero_copy_max_bytes = absl::GetFlag(FLAGS_cuda_zero_copy_max_bytes);
+  options.cuda_inline_when_busy = absl::GetFlag(FLAGS_cuda_inline_when_busy);
   options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.inject_fault_after_batches = absl::GetFlag(FLAGS_inject_fault_after_batches);
   return options;
@@ -176,6 +180,7 @@ int Run(const ServerOptions& options) {
   backend_options.cuda.spin_us = options.cuda_spin_us;
   backend_options.cuda.inline_max_bytes = options.cuda_inline_max_bytes;
   backend_options.cuda.zero_copy_max_bytes = options.cuda_zero_copy_max_bytes;
+  backend_options.cuda.inline_when_busy = options.cuda_inline_when_busy;
   backend_options.cuda.memory_limit_bytes = options.cuda_memory_limit_bytes;
   backend_options.cuda.max_staging_bytes = options.max_batch_bytes;
   backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;

@@ -69,6 +69,9 @@ struct ServerOptions {
   // --cuda_inline_max_bytes: batches up to this size that find the GPU idle
   // run on the thread that submits them (no hand-off); 0 = never.
   int64_t cuda_inline_max_bytes = int64_t{64} << 10;
+  // --cuda_inline_when_busy: such batches run on the submitting thread also
+  // while other streams are busy, as long as one is free.
+  bool cuda_inline_when_busy = false;
   // --cuda_zero_copy_max_bytes: batches up to this many input bytes skip the
   // host<->device copies; the kernels read and write the pinned staging
   // directly over the bus. 0 = always copy.
