@@ -6,7 +6,7 @@
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
 # steps: any of unit,roundtrip,e2e,batching,small,service,ab,ab-inline,ab-batching,
-# malloc (default: unit,e2e,batching,service); they run in the order listed here.
+# ab-streams,malloc (default: unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
 # step's time per point.
 # Needs python3 with grpcio, protobuf, numpy and pytest (matplotlib for plots).
@@ -171,6 +171,27 @@ if step ab-batching; then
       --connections=16 --stream --duration=3 --warmup=1 "${extra[@]}" 2>&1 \
       | tee "$work/ab-$setting-stream.log" | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    snapshot
+  done
+fi
+
+if step ab-streams; then
+  # Three CUDA streams (the default) against two, at 16 and 64 callers, in
+  # alternating rounds with the echo in each, so that drift shows.
+  for round in 1 2 3; do
+    for setting in streams3 streams2; do
+      case $setting in
+        streams3) extra=() ;;
+        streams2) extra=(--skip-none --server-arg=--cuda_streams=2) ;;
+      esac
+      note "A/B round $round $setting"
+      python3 bench/service/run.py --bundle="$bundle" --device=cuda \
+        --out="$work/ab-streams-$round-$setting" --payloads=1x1024:float32,8x4096:float16 \
+        --concurrency=16,64 --duration=2 --warmup=0.5 "${extra[@]}" 2>&1 \
+        | tee "$work/ab-streams-$round-$setting.log" | grep -E "req/s|FAILED" \
+        | tee -a "$work/summary.txt"
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    done
     snapshot
   done
 fi

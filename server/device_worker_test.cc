@@ -224,8 +224,8 @@ TEST(DeviceWorkerTest, NoAllocationsAfterWarmUpAndPipelinedBatches) {
 
 TEST(DeviceWorkerTest, OutOfMemoryFailsOnlyTheRequestThatDoesNotFit) {
   SKIP_WITHOUT_GPU();
-  // 1 MiB staging per slot: 2 slots x (in + out) = 4 MiB of device memory,
-  // plus 12 MiB to spare. A 16 MiB single row needs 32 MiB of its own staging.
+  // 1 MiB staging per slot: 3 slots x (in + out) = 6 MiB of device memory,
+  // plus 10 MiB to spare. A 16 MiB single row needs 32 MiB of its own staging.
   auto worker = MakeWorker(1 << 20, 16 << 20);
   ASSERT_NE(worker, nullptr);
   std::mt19937 rng(17);

@@ -56,8 +56,9 @@ struct ServerOptions {
   // finish before they are cancelled.
   int shutdown_grace_s = 30;
   // --cuda_streams: GPU backend pipeline depth (batches in flight, one CUDA
-  // stream each). 2 overlaps one batch's copies with another's compute.
-  int cuda_streams = 2;
+  // stream each). 2 overlaps one batch's copies with another's compute; 3
+  // also lets small batches start while two are in flight.
+  int cuda_streams = 3;
   // --cuda_blocking_sync: GPU backend waits for each batch by sleeping on its
   // CUDA event instead of spinning; frees cores when the host's CPUs, shared
   // with gRPC, are the bottleneck, at some wake-up latency.
