@@ -92,36 +92,48 @@ if step service; then
   snapshot
 fi
 
+# One A/B setting: its own server, softmax only unless "$@" drops --skip-none.
+# ab_unary NAME PAYLOADS CONCURRENCY [run.py args...]: 8 connections, unary.
+ab_unary() {
+  local name=$1 payloads=$2 concurrency=$3
+  shift 3
+  note "A/B $name"
+  python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/ab-$name" \
+    --payloads="$payloads" --concurrency="$concurrency" --duration=2 --warmup=0.5 "$@" 2>&1 \
+    | tee "$work/ab-$name.log" | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+}
+# ab_stream NAME [run.py args...]: 1 x 1024 float32, 256 callers streamed over
+# 16 connections.
+ab_stream() {
+  local name=$1
+  shift
+  python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/ab-$name-stream" \
+    --payloads=1x1024:float32 --concurrency=256 --connections=16 --stream --duration=3 \
+    --warmup=1 "$@" 2>&1 | tee "$work/ab-$name-stream.log" | grep -E "req/s|FAILED" \
+    | tee -a "$work/summary.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+}
+
 if step ab; then
-  # The settings behind the server's defaults, one server each, softmax only:
-  #   before     small batches copied to and from the GPU, and batches of many
-  #              requests answered on the stream's thread (both switched off);
-  #   copies     only the copies back;
-  #   no-offload only the answering on the stream's thread back;
-  #   default    the defaults;
-  #   inline     the defaults plus a lone small batch run on the receiving thread.
-  # Small payloads at 1-64 callers (8 connections, unary), then the small
-  # payload at 256 callers streamed over 16 connections.
-  for setting in before copies no-offload default inline; do
+  # The small-batch settings of the GPU backend, each switched off alone and
+  # all together (before), against the defaults:
+  #   copies     small batches copied to and from the GPU (no zero copy);
+  #   no-offload batches of many requests answered on the stream's thread;
+  #   hand-off   a lone small batch handed to a stream's thread.
+  # Small payloads at 1-64 callers, then the small payload streamed at 256.
+  for setting in default before copies no-offload hand-off; do
     case $setting in
+      default) extra=() ;;
       before) extra=(--server-arg=--cuda_zero_copy_max_bytes=0
-                     --server-arg=--offload_completion_requests=0) ;;
+                     --server-arg=--offload_completion_requests=0
+                     --server-arg=--cuda_inline_max_bytes=0) ;;
       copies) extra=(--server-arg=--cuda_zero_copy_max_bytes=0) ;;
       no-offload) extra=(--server-arg=--offload_completion_requests=0) ;;
-      default) extra=() ;;
-      inline) extra=(--server-arg=--cuda_inline_max_bytes=65536) ;;
+      hand-off) extra=(--server-arg=--cuda_inline_max_bytes=0) ;;
     esac
-    note "A/B $setting"
-    python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/ab-$setting" \
-      --payloads=1x1024:float32,8x4096:float16 --concurrency=1,16,64 --duration=2 \
-      --warmup=0.5 --skip-none "${extra[@]}" 2>&1 | tee "$work/ab-$setting.log" \
-      | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-    python3 bench/service/run.py --bundle="$bundle" --device=cuda \
-      --out="$work/ab-$setting-stream" --payloads=1x1024:float32 --concurrency=256 \
-      --connections=16 --stream --duration=3 --warmup=1 --skip-none "${extra[@]}" 2>&1 \
-      | tee "$work/ab-$setting-stream.log" | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    ab_unary "$setting" 1x1024:float32,8x4096:float16 1,16,64 --skip-none "${extra[@]}"
+    ab_stream "$setting" --skip-none "${extra[@]}"
     snapshot
   done
 fi
@@ -131,46 +143,28 @@ if step ab-inline; then
   # handed to a stream's thread, at 1 caller, in alternating rounds with the
   # echo beside the first, so that drift between server starts shows.
   for round in 1 2 3; do
-    for setting in inline hand-off; do
-      case $setting in
-        inline) extra=() ;;
-        hand-off) extra=(--skip-none --server-arg=--cuda_inline_max_bytes=0) ;;
-      esac
-      note "A/B round $round $setting"
-      python3 bench/service/run.py --bundle="$bundle" --device=cuda \
-        --out="$work/ab-inline-$round-$setting" --payloads=1x1024:float32,8x4096:float16 \
-        --concurrency=1 --duration=2 --warmup=0.5 "${extra[@]}" 2>&1 \
-        | tee "$work/ab-inline-$round-$setting.log" | grep -E "req/s|FAILED" \
-        | tee -a "$work/summary.txt"
-      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-    done
+    ab_unary "inline-$round-inline" 1x1024:float32,8x4096:float16 1
+    ab_unary "inline-$round-hand-off" 1x1024:float32,8x4096:float16 1 --skip-none \
+      --server-arg=--cuda_inline_max_bytes=0
     snapshot
   done
 fi
 
 if step ab-batching; then
-  # How batches are formed and run at 16-256 callers: the default against
-  # three CUDA streams, small batches run on the submitting thread while
-  # other streams are busy, and both. The echo runs beside the first setting.
-  for setting in default streams3 busy streams3-busy; do
+  # How batches are formed and run at 16-256 callers: the defaults (three
+  # streams, a batch whenever one is free) against requests gathering for up
+  # to 100 us while the GPU is busy, two streams, and small batches run on
+  # the submitting thread while other streams are busy. The echo runs beside
+  # the defaults.
+  for setting in default delay100 streams2 busy; do
     case $setting in
       default) extra=() ;;
-      streams3) extra=(--skip-none --server-arg=--cuda_streams=3) ;;
+      delay100) extra=(--skip-none --server-arg=--max_queue_delay_us=100) ;;
+      streams2) extra=(--skip-none --server-arg=--cuda_streams=2) ;;
       busy) extra=(--skip-none --server-arg=--cuda_inline_when_busy=true) ;;
-      streams3-busy) extra=(--skip-none --server-arg=--cuda_streams=3
-                            --server-arg=--cuda_inline_when_busy=true) ;;
     esac
-    note "A/B $setting"
-    python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/ab-$setting" \
-      --payloads=1x1024:float32,8x4096:float16 --concurrency=16,64 --duration=2 \
-      --warmup=0.5 "${extra[@]}" 2>&1 | tee "$work/ab-$setting.log" \
-      | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-    python3 bench/service/run.py --bundle="$bundle" --device=cuda \
-      --out="$work/ab-$setting-stream" --payloads=1x1024:float32 --concurrency=256 \
-      --connections=16 --stream --duration=3 --warmup=1 "${extra[@]}" 2>&1 \
-      | tee "$work/ab-$setting-stream.log" | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    ab_unary "$setting" 1x1024:float32,8x4096:float16 16,64 "${extra[@]}"
+    ab_stream "$setting" "${extra[@]}"
     snapshot
   done
 fi
@@ -179,19 +173,9 @@ if step ab-streams; then
   # Three CUDA streams (the default) against two, at 16 and 64 callers, in
   # alternating rounds with the echo in each, so that drift shows.
   for round in 1 2 3; do
-    for setting in streams3 streams2; do
-      case $setting in
-        streams3) extra=() ;;
-        streams2) extra=(--skip-none --server-arg=--cuda_streams=2) ;;
-      esac
-      note "A/B round $round $setting"
-      python3 bench/service/run.py --bundle="$bundle" --device=cuda \
-        --out="$work/ab-streams-$round-$setting" --payloads=1x1024:float32,8x4096:float16 \
-        --concurrency=16,64 --duration=2 --warmup=0.5 "${extra[@]}" 2>&1 \
-        | tee "$work/ab-streams-$round-$setting.log" | grep -E "req/s|FAILED" \
-        | tee -a "$work/summary.txt"
-      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-    done
+    ab_unary "streams-$round-streams3" 1x1024:float32,8x4096:float16 16,64
+    ab_unary "streams-$round-streams2" 1x1024:float32,8x4096:float16 16,64 --skip-none \
+      --server-arg=--cuda_streams=2
     snapshot
   done
 fi
