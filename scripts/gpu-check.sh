@@ -59,7 +59,7 @@ if step e2e; then
 fi
 
 if step batching; then
-  for delay in 100 2000; do
+  for delay in 0 2000; do
     note "batching benchmark, --max_queue_delay_us=$delay"
     python3 bench/batching/run.py --bundle="$bundle" --device=cuda \
       --server-arg=--max_queue_delay_us=$delay --out="$work/batching-delay$delay" \

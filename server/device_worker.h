@@ -7,10 +7,11 @@
 //
 // The path of a batch, on the thread of the slot that took it:
 //   pack every segment's input into pinned staging (16-byte aligned offsets)
-//   -> one H2D copy (none for a small batch: see zero_copy_max_bytes) -> ONE persistent softmax launch per dtype over the
-//   segment table (long rows add their split-row launches) -> one D2H copy
-//   -> wait for the slot's stream -> copy each segment's rows into its
-//   response. With two slots, batch k+1 is packed and copied while batch k
+//   -> one H2D copy (none for a small batch: see zero_copy_max_bytes)
+//   -> ONE persistent softmax launch per dtype over the segment table (long
+//   rows add their split-row launches) -> one D2H copy (none for a small
+//   batch) -> wait for the slot's stream -> copy each segment's rows into its
+//   response. With several slots, batch k+1 is packed and copied while batch k
 //   computes on the other stream.
 //
 // A batch larger than `max_staging_bytes` (a large request runs alone) is
