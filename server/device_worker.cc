@@ -483,8 +483,8 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
 absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_memory,
                        CachingAllocator& pinned_memory, cudaStream_t stream,
                        cudaEvent_t kernel_start, cudaEvent_t kernel_end, cudaEvent_t done,
-                       int64_t spin_us, int64_t zero_copy_max_bytes, const Block& slot_pinned, const Block& slot_device_in,
-                       const Block& slot_device_out, Batch& batch,
+                       int64_t spin_us, int64_t zero_copy_max_bytes, const Block& slot_pinned,
+                       const Block& slot_device_in, const Block& slot_device_out, Batch& batch,
                        const std::vector<Piece>& pieces, bool inject_fault, int64_t* kernel_ns,
                        int* launches) {
   std::vector<int64_t> offsets;
@@ -519,8 +519,8 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
                             static_cast<char*>(device_in->data()),
                             static_cast<char*>(device_out->data())};
       status = RunPiecesIn(plan, device_memory, stream, kernel_start, kernel_end, done, spin_us,
-                           zero_copy_max_bytes, staging, batch, pieces, offsets, total, inject_fault, kernel_ns,
-                           launches);
+                           zero_copy_max_bytes, staging, batch, pieces, offsets, total,
+                           inject_fault, kernel_ns, launches);
     }
   }  // the blocks return to the caches here...
   // ...and leave them, so that occasional huge requests do not pin host memory for good.
