@@ -116,15 +116,19 @@ int Run(int iterations, const std::string& json_path) {
   if (!Check(gpu::LaunchPlan::Create(0, &plan), "LaunchPlan::Create")) return 2;
   cudaStream_t stream;
   cudaEvent_t event;
-  float *pinned_in, *pinned_out, *device_in, *device_out;
+  void* buffers[4] = {};  // pinned in, pinned out, device in, device out
   if (!Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream") ||
       !Check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event") ||
-      !Check(cudaHostAlloc(reinterpret_cast<void**>(&pinned_in), kBytes, cudaHostAllocPortable), "cudaHostAlloc") ||
-      !Check(cudaHostAlloc(reinterpret_cast<void**>(&pinned_out), kBytes, cudaHostAllocPortable), "cudaHostAlloc") ||
-      !Check(cudaMalloc(reinterpret_cast<void**>(&device_in), kBytes), "cudaMalloc") ||
-      !Check(cudaMalloc(reinterpret_cast<void**>(&device_out), kBytes), "cudaMalloc")) {
+      !Check(cudaHostAlloc(&buffers[0], kBytes, cudaHostAllocPortable), "cudaHostAlloc") ||
+      !Check(cudaHostAlloc(&buffers[1], kBytes, cudaHostAllocPortable), "cudaHostAlloc") ||
+      !Check(cudaMalloc(&buffers[2], kBytes), "cudaMalloc") ||
+      !Check(cudaMalloc(&buffers[3], kBytes), "cudaMalloc")) {
     return 2;
   }
+  float* const pinned_in = static_cast<float*>(buffers[0]);
+  float* const pinned_out = static_cast<float*>(buffers[1]);
+  float* const device_in = static_cast<float*>(buffers[2]);
+  float* const device_out = static_cast<float*>(buffers[3]);
   std::memcpy(pinned_in, input.data(), kBytes);
   if (!Check(cudaMemcpy(device_in, input.data(), kBytes, cudaMemcpyHostToDevice), "copy")) {
     return 2;
@@ -260,7 +264,8 @@ int Run(int iterations, const std::string& json_path) {
     for (int i = 0; i < iterations; ++i) {
       const Clock::time_point start = Clock::now();
       once();
-      us[static_cast<size_t>(i)] = std::chrono::duration<double, std::micro>(finished - start).count();
+      us[static_cast<size_t>(i)] =
+          std::chrono::duration<double, std::micro>(finished - start).count();
     }
     all.push_back(Summarise(v.name, std::move(us)));
   }
