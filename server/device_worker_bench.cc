@@ -12,8 +12,10 @@
 //   worker ...       DeviceWorker::Submit to its done callback (what the
 //                    server's batcher sees), with the backend's settings
 //                    varied: inline (the default) or handed to a stream's
-//                    thread, zero copy (the default) or DMA copies; and a
-//                    batch of 8 requests.
+//                    thread, zero copy (the default) or DMA copies; a
+//                    batch of 8 requests; and lone requests 200 us apart,
+//                    the GPU idle in between (as a lone caller of the
+//                    server leaves it), the thread polling or asleep.
 // Every variant's output is checked against the CPU reference first.
 // Figures are microseconds per round trip over --iterations runs after a
 // warm-up (p10 / p50 / p90 / mean); --json writes them.
@@ -32,6 +34,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -193,12 +196,19 @@ int Run(int iterations, const std::string& json_path) {
   }));
 
   // The backend, Submit to done, with its settings varied.
+  // How the benchmark's thread spends the time between two round trips:
+  // none (back to back), polling the clock, or asleep. A lone caller of the
+  // server leaves the GPU idle for a gRPC round trip (some 200 us) between
+  // requests, with the receiving thread asleep.
+  enum class Gap { kNone, kSpin, kSleep };
   struct Variant {
     const char* name;
     int64_t inline_max_bytes;
     int64_t zero_copy_max_bytes;
     int requests;
+    Gap gap = Gap::kNone;
   };
+  constexpr auto kGap = std::chrono::microseconds(200);
   const DeviceWorkerOptions defaults;
   const Variant variants[] = {
       {"worker 1x1024 (defaults)", defaults.inline_max_bytes, defaults.zero_copy_max_bytes, 1},
@@ -208,6 +218,10 @@ int Run(int iterations, const std::string& json_path) {
       {"worker 8 x 1x1024 (defaults)", defaults.inline_max_bytes, defaults.zero_copy_max_bytes,
        8},
       {"worker 8 x 1x1024 copies", defaults.inline_max_bytes, 0, 8},
+      {"worker 1x1024 (defaults), 200 us apart, spinning", defaults.inline_max_bytes,
+       defaults.zero_copy_max_bytes, 1, Gap::kSpin},
+      {"worker 1x1024 (defaults), 200 us apart, asleep", defaults.inline_max_bytes,
+       defaults.zero_copy_max_bytes, 1, Gap::kSleep},
   };
   for (const Variant& v : variants) {
     DeviceWorkerOptions options;
@@ -262,6 +276,13 @@ int Run(int iterations, const std::string& json_path) {
     for (int i = 0; i < std::max(10, iterations / 10); ++i) once();
     std::vector<double> us(static_cast<size_t>(iterations));
     for (int i = 0; i < iterations; ++i) {
+      if (v.gap == Gap::kSpin) {
+        const Clock::time_point until = Clock::now() + kGap;
+        while (Clock::now() < until) {
+        }
+      } else if (v.gap == Gap::kSleep) {
+        std::this_thread::sleep_for(kGap);
+      }
       const Clock::time_point start = Clock::now();
       once();
       us[static_cast<size_t>(i)] =
