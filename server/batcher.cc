@@ -37,7 +37,8 @@ Batcher::Batcher(const BatcherOptions& options, Backend* backend, BatcherObserve
 Batcher::~Batcher() { Stop(); }
 
 absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
-  item->enqueued = SteadyClock::now();
+  const SteadyClock::time_point now = SteadyClock::now();
+  item->enqueued = now;
   const int64_t bytes = item->segment.bytes;
   std::unique_ptr<Batch> batch;
   std::vector<Dropped> dropped;
@@ -63,7 +64,7 @@ absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
     queue_.push_back(std::move(item));
     // Reported under the lock so that the last value set is the current one.
     if (observer_ != nullptr) observer_->OnQueueDepth(queue_.size(), queued_bytes_);
-    if (in_flight_ < max_in_flight_ && ReadyLocked(SteadyClock::now())) {
+    if (in_flight_ < max_in_flight_ && ReadyLocked(now)) {
       // The batch former would form a batch now (the backend is idle, or
       // has room and the batch is full or its delay, perhaps 0, has passed):
       // this caller forms and submits it itself, sparing the request a
