@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "server/thread_name.h"
 
 namespace softmax::server {
 namespace {
@@ -15,6 +16,12 @@ using SteadyClock = std::chrono::steady_clock;
 int64_t Nanos(SteadyClock::duration d) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
+
+// Batches this thread is submitting right now: a backend that runs a batch
+// on the submitting thread calls OnBatchDone inside Submit (depth 1), and
+// that completion must not launch the next batch from there, or a stream of
+// arrivals would nest launches without bound on one thread.
+thread_local int launch_depth = 0;
 
 }  // namespace
 
@@ -29,9 +36,15 @@ Batcher::Batcher(const BatcherOptions& options, Backend* backend, BatcherObserve
       observer_(observer),
       max_in_flight_(backend->MaxBatchesInFlight() < 1 ? 1 : backend->MaxBatchesInFlight()) {
   for (int i = 0; i < options_.completion_threads; ++i) {
-    completion_threads_.emplace_back([this] { CompletionLoop(); });
+    completion_threads_.emplace_back([this, i] {
+      NameThisThread(absl::StrCat("sm-complete-", i));
+      CompletionLoop();
+    });
   }
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    NameThisThread("sm-batcher");
+    Run();
+  });
 }
 
 Batcher::~Batcher() { Stop(); }
@@ -184,10 +197,33 @@ void Batcher::Launch(std::unique_ptr<Batch> batch, std::vector<Dropped>* dropped
   }
   const SteadyClock::time_point submit = SteadyClock::now();
   for (auto& item : batch->items) item->queue_ns = Nanos(submit - item->enqueued);
+  ++launch_depth;
   backend_->Submit(std::move(batch), [this](std::unique_ptr<Batch> done_batch,
                                             BatchResult result) {
     OnBatchDone(std::move(done_batch), std::move(result));
   });
+  --launch_depth;
+}
+
+void Batcher::ReleaseSlot() {
+  std::unique_ptr<Batch> next;
+  std::vector<Dropped> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+    if (!stopping_ && launch_depth == 0 && ReadyLocked(SteadyClock::now())) {
+      // The slot just freed is refilled from here, the backend's (or a
+      // completion) thread, rather than by waking the batch former: a
+      // wake-up costs more than a small batch's whole GPU round trip.
+      next = TakeBatchLocked(&dropped);
+      if (!queue_.empty()) cv_.Signal();  // what did not fit is the former's
+    } else if (stopping_ || !queue_.empty()) {
+      // The former may be waiting for room (no timeout) or, at Stop, for
+      // the last batch.
+      cv_.Signal();
+    }
+  }
+  if (next != nullptr || !dropped.empty()) Launch(std::move(next), &dropped);
 }
 
 void Batcher::Run() {
@@ -243,9 +279,7 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
       item->done(per_segment ? result.segment_status[i] : result.status, timing);
     }
     batch.reset();
-    absl::MutexLock lock(&mu_);
-    --in_flight_;
-    cv_.Signal();
+    ReleaseSlot();
     return;
   }
   // Large, or many requests: answering means serialising and sending as
@@ -272,15 +306,16 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
                              per_segment ? result.segment_status[i] : result.status);
   }
   batch.reset();
-  absl::MutexLock lock(&mu_);
-  for (CompletionGroup& group : pending) {
-    if (group.items.empty()) continue;
-    ++completing_;
-    completions_.push_back(std::move(group));
-    completion_cv_.Signal();
+  {
+    absl::MutexLock lock(&mu_);
+    for (CompletionGroup& group : pending) {
+      if (group.items.empty()) continue;
+      ++completing_;
+      completions_.push_back(std::move(group));
+      completion_cv_.Signal();
+    }
   }
-  --in_flight_;
-  cv_.Signal();
+  ReleaseSlot();
 }
 
 void Batcher::CompletionLoop() {

@@ -16,10 +16,10 @@
 // never blocks on compute. One internal thread forms batches, except that
 // when a request's arrival makes a batch ready while the backend has room
 // for one (the backend is idle and dispatch_when_idle, or max_queue_delay is
-// 0, or the batch is full), the Enqueue caller forms and submits it itself;
-// completions run on
-// the backend's threads, or, for large batches, on the batcher's completion
-// threads.
+// 0, or the batch is full), the Enqueue caller forms and submits it itself,
+// and when a batch completes with a ready batch queued, the completing
+// thread forms the next one; completions run on the backend's threads, or,
+// for large batches, on the batcher's completion threads.
 #ifndef SOFTMAX_SERVER_BATCHER_H_
 #define SOFTMAX_SERVER_BATCHER_H_
 
@@ -182,6 +182,9 @@ class Batcher {
   // `batch` (may be null).
   void Launch(std::unique_ptr<Batch> batch, std::vector<Dropped>* dropped);
   void OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result);
+  // A batch has left the backend: frees its place in flight and, when the
+  // queue holds a ready batch, forms and submits it on this thread.
+  void ReleaseSlot();
   // A completion thread: answers the requests of groups in completions_.
   void CompletionLoop();
 

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <chrono>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -590,9 +592,12 @@ TEST(BatcherTest, WithNoDelayTheEnqueuingThreadFillsEveryFreeSlot) {
     ASSERT_TRUE(batcher.Enqueue(MakeItem(&c, 1, 4)).ok());
     // Both slots taken (no delay), or still gathering: c is queued.
     EXPECT_EQ(backend.batches().size(), no_delay ? 2u : 1u);
-    backend.ReleaseOne();  // the former takes what is queued
-    ASSERT_TRUE(backend.WaitForBatches(no_delay ? 3 : 2));
-    EXPECT_NE(backend.submit_threads().back(), std::this_thread::get_id());
+    // Completed on this thread, which refills the freed slot with what is
+    // queued before ReleaseOne returns (with no delay; or with one, because
+    // the backend is now idle and dispatch_when_idle), waking no one.
+    backend.ReleaseOne();
+    EXPECT_EQ(backend.batches().size(), no_delay ? 3u : 2u);
+    EXPECT_EQ(backend.submit_threads().back(), std::this_thread::get_id());
     if (!no_delay) {
       EXPECT_EQ(backend.batches()[1].size(), 2u);  // b and c together
     }
@@ -604,6 +609,75 @@ TEST(BatcherTest, WithNoDelayTheEnqueuingThreadFillsEveryFreeSlot) {
       EXPECT_EQ(r->output, r->input);
     }
   }
+}
+
+// A backend that runs each batch on the submitting thread, inside Submit
+// (as the GPU backend does with a lone small batch), while another request
+// arrives during the compute.
+class InlineBackend final : public Backend {
+ public:
+  std::string Describe() const override { return "inline"; }
+  int MaxBatchesInFlight() const override { return 1; }
+  void Submit(std::unique_ptr<Batch> batch, Done done) override {
+    int depth = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      depth = ++depth_by_thread_[std::this_thread::get_id()];
+      max_depth_ = std::max(max_depth_, depth);
+      ++batches_;
+    }
+    if (arrive_) arrive_();
+    for (const Segment& seg : batch->segments) {
+      if (seg.bytes > 0 && seg.output != seg.input) {
+        std::memcpy(seg.output, seg.input, static_cast<size_t>(seg.bytes));
+      }
+    }
+    done(std::move(batch), BatchResult());
+    absl::MutexLock lock(&mu_);
+    --depth_by_thread_[std::this_thread::get_id()];
+  }
+  void set_arrive(std::function<void()> arrive) { arrive_ = std::move(arrive); }
+  int max_depth() {
+    absl::MutexLock lock(&mu_);
+    return max_depth_;
+  }
+  int batches() {
+    absl::MutexLock lock(&mu_);
+    return batches_;
+  }
+
+ private:
+  std::function<void()> arrive_;
+  absl::Mutex mu_;
+  std::map<std::thread::id, int> depth_by_thread_ ABSL_GUARDED_BY(mu_);
+  int max_depth_ ABSL_GUARDED_BY(mu_) = 0;
+  int batches_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST(BatcherTest, ABatchCompletedInsideSubmitDoesNotLaunchTheNextNested) {
+  // Each compute sees the next request arrive, so every completion finds a
+  // ready batch queued. Formed from inside that completion, the next launch
+  // would nest in the previous one (Submit -> done -> Submit ...), one level
+  // per request, on one thread; it must go to the batch former instead.
+  InlineBackend backend;
+  BatcherOptions options = Options(1, 1 << 30, microseconds(0));
+  options.completion_threads = 0;
+  Batcher batcher(options, &backend);
+  constexpr int kRequests = 50;
+  std::vector<TestRequest> requests(kRequests);
+  std::atomic<int> next{1};
+  backend.set_arrive([&] {
+    const int i = next.fetch_add(1);
+    if (i < kRequests) ASSERT_TRUE(batcher.Enqueue(MakeItem(&requests[i], 1, 4)).ok());
+  });
+  ASSERT_TRUE(batcher.Enqueue(MakeItem(&requests[0], 1, 4)).ok());
+  for (TestRequest& r : requests) {
+    ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_TRUE(r.status.ok());
+    EXPECT_EQ(r.output, r.input);
+  }
+  EXPECT_EQ(backend.batches(), kRequests);
+  EXPECT_EQ(backend.max_depth(), 1);
 }
 
 TEST(BatcherTest, ManyConcurrentProducersAllCompleteWithIdleDispatch) {

@@ -10,8 +10,17 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_softmax.h"
+#include "server/thread_name.h"
 
 namespace softmax::server {
+namespace {
+
+// The backend whose worker thread this is (null on other threads): a batch
+// submitted from a worker (the batcher forms the next batch in the done
+// callback) leaves one task for that worker, which loops back for it.
+thread_local const CpuBackend* worker_of = nullptr;
+
+}  // namespace
 
 struct CpuBackend::Job {
   std::unique_ptr<Batch> batch;
@@ -25,7 +34,12 @@ CpuBackend::CpuBackend(const CpuBackendOptions& options) : options_(options) {
   if (count <= 0) count = static_cast<int>(std::thread::hardware_concurrency());
   if (count <= 0) count = 1;
   threads_.reserve(count);
-  for (int i = 0; i < count; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 0; i < count; ++i) {
+    threads_.emplace_back([this, i] {
+      NameThisThread(absl::StrCat("sm-cpu-", i));
+      WorkerLoop();
+    });
+  }
 }
 
 CpuBackend::~CpuBackend() {
@@ -68,13 +82,30 @@ void CpuBackend::Submit(std::unique_ptr<Batch> batch, Done done) {
       total_elements / (4 * static_cast<int64_t>(threads_.size()) + 1);
   const int64_t target = std::max(options_.min_task_elements, per_thread_share);
 
+  // Tasks of about `target` elements each, cut across segment boundaries:
+  // a batch of a hundred one-row requests is one task, not a hundred queue
+  // hand-offs between the workers.
   std::vector<Task> tasks;
+  bool open = false;
+  int64_t elements = 0;
   for (int s = 0; s < static_cast<int>(batch->segments.size()); ++s) {
     const SoftmaxShape& shape = batch->segments[s].shape;
     if (shape.n == 0 || shape.rows() == 0) continue;
-    const int64_t rows_per_task = std::max<int64_t>(1, target / shape.n);
-    for (int64_t row = 0; row < shape.rows(); row += rows_per_task) {
-      tasks.push_back(Task{job, s, row, std::min(shape.rows(), row + rows_per_task)});
+    for (int64_t row = 0; row < shape.rows();) {
+      const int64_t take =
+          std::min(shape.rows() - row, std::max<int64_t>(1, (target - elements) / shape.n));
+      if (!open) {
+        tasks.push_back(Task{job, s, row, s, row});
+        open = true;
+      }
+      tasks.back().last_segment = s;
+      tasks.back().last_row_end = row + take;
+      elements += take * shape.n;
+      row += take;
+      if (elements >= target) {
+        open = false;
+        elements = 0;
+      }
     }
   }
   job->batch = std::move(batch);
@@ -87,10 +118,16 @@ void CpuBackend::Submit(std::unique_ptr<Batch> batch, Done done) {
   job->remaining.store(static_cast<int64_t>(tasks.size()));
   absl::MutexLock lock(&mu_);
   for (auto& task : tasks) tasks_.push_back(std::move(task));
-  cv_.SignalAll();
+  // One wake-up per task, not one per thread: a woken thread that finds the
+  // queue empty has only cost its wake-up, but a single-task batch woke
+  // every thread of the pool.
+  size_t wake = std::min(tasks.size(), threads_.size());
+  if (worker_of == this) --wake;
+  for (size_t i = 0; i < wake; ++i) cv_.Signal();
 }
 
 void CpuBackend::WorkerLoop() {
+  worker_of = this;
   for (;;) {
     Task task;
     {
@@ -100,9 +137,14 @@ void CpuBackend::WorkerLoop() {
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }
-    const Segment& segment = task.job->batch->segments[task.segment];
-    CpuSoftmaxRows(segment.input, segment.output, segment.dtype, segment.shape,
-                   segment.options, task.row_begin, task.row_end);
+    for (int s = task.first_segment; s <= task.last_segment; ++s) {
+      const Segment& segment = task.job->batch->segments[s];
+      const int64_t begin = s == task.first_segment ? task.first_row : 0;
+      const int64_t end = s == task.last_segment ? task.last_row_end : segment.shape.rows();
+      if (segment.shape.n == 0 || begin >= end) continue;
+      CpuSoftmaxRows(segment.input, segment.output, segment.dtype, segment.shape,
+                     segment.options, begin, end);
+    }
     if (task.job->remaining.fetch_sub(1) == 1) {
       const auto elapsed = std::chrono::steady_clock::now() - task.job->start;
       BatchResult result;

@@ -47,11 +47,14 @@ class CpuBackend final : public Backend {
 
  private:
   struct Job;
+  // Rows from (first_segment, first_row) up to (last_segment, last_row_end),
+  // in batch order: a task may span many small segments.
   struct Task {
     std::shared_ptr<Job> job;
-    int segment = 0;
-    int64_t row_begin = 0;
-    int64_t row_end = 0;
+    int first_segment = 0;
+    int64_t first_row = 0;
+    int last_segment = 0;
+    int64_t last_row_end = 0;
   };
   void WorkerLoop();
 

@@ -124,6 +124,32 @@ TEST(CpuBackendTest, MixedSegmentsInOneBatch) {
   EXPECT_EQ(LoadAsFloat(cases[4].output.data(), DType::kFloat32, 0), 0.0f);
 }
 
+TEST(CpuBackendTest, TasksSpanSegmentsAndCutThemAnywhere) {
+  // Many small requests with empty ones between, then requests larger than a
+  // task, under task sizes that fall inside and across segment boundaries:
+  // every row of every segment is computed exactly once (the outputs start
+  // as 0x7f bytes, which no softmax value matches).
+  for (const int64_t min_task : {1, 7, 40, 100, 1 << 20}) {
+    CpuBackend backend(CpuBackendOptions{3, min_task});
+    std::vector<Case> cases;
+    uint32_t seed = 100;
+    for (int i = 0; i < 40; ++i) {
+      const SoftmaxShape shape = i % 9 == 4 ? SoftmaxShape{0, 8, 1}
+                                            : SoftmaxShape{1 + i % 3, 3 + i % 5, 1 + i % 2};
+      cases.push_back(MakeCase(DType::kFloat32, shape, {1.0f, i % 2 == 1}, seed++));
+    }
+    cases.push_back(MakeCase(DType::kFloat16, {37, 61, 1}, {1.0f, false}, seed++));
+    cases.push_back(MakeCase(DType::kBFloat16, {5, 9, 7}, {0.5f, false}, seed++));
+    cases.push_back(MakeCase(DType::kFloat32, {1, 2, 1}, {1.0f, false}, seed++));
+    const BatchResult result = RunBatch(backend, cases);
+    ASSERT_TRUE(result.status.ok()) << result.status;
+    for (const Case& c : cases) {
+      ExpectMatchesReference(c);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 TEST(CpuBackendTest, NaNAndInfinityRowsFollowTorch) {
   CpuBackend backend(CpuBackendOptions{2, 1});
   const float inf = std::numeric_limits<float>::infinity();
