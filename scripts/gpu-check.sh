@@ -6,7 +6,7 @@
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
 # steps: any of unit,roundtrip,e2e,batching,small,service,ab,ab-inline,ab-batching,
-# ab-streams,malloc (default: unit,e2e,batching,service); they run in the order listed here.
+# ab-streams,ab-spin,malloc (default: unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
 # step's time per point.
 # Needs python3 with grpcio, protobuf, numpy and pytest (matplotlib for plots).
@@ -176,6 +176,22 @@ if step ab-streams; then
     ab_unary "streams-$round-streams3" 1x1024:float32,8x4096:float16 16,64
     ab_unary "streams-$round-streams2" 1x1024:float32,8x4096:float16 16,64 --skip-none \
       --server-arg=--cuda_streams=2
+    snapshot
+  done
+fi
+
+if step ab-spin; then
+  # How a stream's thread (or the receiving thread running a batch inline)
+  # waits for the GPU: polling for 50 us then asleep (the default), asleep at
+  # once, or polling for 500 us; and the CPU backend beside them. Small
+  # payloads at 1 and 16 callers, two alternating rounds, the echo in each.
+  for round in 1 2; do
+    ab_unary "spin-$round-default" 1x1024:float32,8x4096:float16 1,16
+    ab_unary "spin-$round-spin0" 1x1024:float32,8x4096:float16 1,16 --skip-none \
+      --server-arg=--cuda_spin_us=0
+    ab_unary "spin-$round-spin500" 1x1024:float32,8x4096:float16 1,16 --skip-none \
+      --server-arg=--cuda_spin_us=500
+    ab_unary "spin-$round-cpu" 1x1024:float32,8x4096:float16 1,16 --skip-none --device=cpu
     snapshot
   done
 fi

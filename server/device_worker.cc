@@ -14,6 +14,7 @@
 #include "kernels/softmax_cuda.h"
 #include "server/caching_allocator.h"
 #include "server/cuda_status.h"
+#include "server/thread_name.h"
 
 namespace softmax::server {
 namespace {
@@ -143,6 +144,12 @@ absl::Status WaitForEvent(cudaEvent_t event, int64_t spin_us) {
   return SOFTMAX_CUDA_STATUS(cudaEventSynchronize(event));
 }
 
+// The worker whose slot thread this is (null on other threads). A batch
+// submitted from a slot thread (the batcher forms the next batch in the done
+// callback) is queued for that thread, which takes it as soon as the callback
+// returns: no other thread need be woken, and nothing runs nested in it.
+thread_local const DeviceWorker* slot_thread_of = nullptr;
+
 // A contiguous run of whole [n, inner] slabs of one segment.
 struct Piece {
   int segment = 0;
@@ -174,7 +181,10 @@ struct DeviceWorker::State {
 };
 
 DeviceWorker::DeviceWorker(const DeviceWorkerOptions& options, FaultHandler on_fault)
-    : options_(options), on_fault_(std::move(on_fault)), state_(std::make_unique<State>()) {}
+    : options_(options),
+      on_fault_(std::move(on_fault)),
+      state_(std::make_unique<State>()),
+      slot_cv_(std::make_unique<absl::CondVar[]>(static_cast<size_t>(std::max(1, options.slots)))) {}
 
 absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(
     const DeviceWorkerOptions& options, FaultHandler on_fault) {
@@ -257,7 +267,7 @@ DeviceWorker::~DeviceWorker() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    cv_.SignalAll();
+    for (int i = 0; i < options_.slots; ++i) slot_cv_[i].Signal();
   }
   for (std::thread& thread : threads_) thread.join();
   for (Slot& slot : state_->slots) {
@@ -291,10 +301,33 @@ std::vector<MemoryStats> DeviceWorker::Memory() const {
   return {ToMemoryStats(*state_->device_memory), ToMemoryStats(*state_->pinned_memory)};
 }
 
+void DeviceWorker::WakeForPendingLocked() {
+  // Idle slots are woken in order, one per queued batch: the k-th batch
+  // waiting goes to the k-th idle slot. A woken thread marks its slot busy
+  // as it takes a batch, so the pairing holds as batches are taken. When
+  // fewer slots are idle than batches wait, the busy slots take the rest as
+  // they finish. A slot whose thread is not waiting (it is between batches)
+  // misses the signal but checks the queue before it waits.
+  size_t k = pending_.size();
+  for (int i = 0; i < options_.slots; ++i) {
+    if (slot_busy_[i]) continue;
+    if (--k == 0) {
+      slot_cv_[i].Signal();
+      return;
+    }
+  }
+}
+
 void DeviceWorker::Submit(std::unique_ptr<Batch> batch, Done done) {
   int slot_index = -1;
   {
     absl::MutexLock lock(&mu_);
+    if (slot_thread_of == this) {
+      // From a slot's done callback: that thread takes it next (see
+      // slot_thread_of). Not run here, nested in the callback.
+      pending_.emplace_back(std::move(batch), std::move(done));
+      return;
+    }
     // By default only when the whole device is idle (see inline_when_busy).
     if (batch->bytes <= options_.inline_max_bytes && pending_.empty() && !stopping_) {
       const auto free = std::find(slot_busy_.begin(), slot_busy_.end(), false);
@@ -306,8 +339,7 @@ void DeviceWorker::Submit(std::unique_ptr<Batch> batch, Done done) {
     }
     if (slot_index < 0) {
       pending_.emplace_back(std::move(batch), std::move(done));
-      // All: a woken thread whose slot is lent out goes back to waiting.
-      cv_.SignalAll();
+      WakeForPendingLocked();
       return;
     }
   }
@@ -317,7 +349,9 @@ void DeviceWorker::Submit(std::unique_ptr<Batch> batch, Done done) {
   {
     absl::MutexLock lock(&mu_);
     slot_busy_[slot_index] = false;
-    if (!pending_.empty() || stopping_) cv_.SignalAll();
+    // The slot's own thread waited while it was lent out; it takes what was
+    // queued meanwhile (or, at shutdown, may now exit).
+    if (!pending_.empty() || stopping_) slot_cv_[slot_index].Signal();
   }
   done(std::move(batch), std::move(result));
 }
@@ -338,7 +372,9 @@ void DeviceWorker::Fault(const absl::Status& status) {
 }
 
 void DeviceWorker::SlotLoop(int slot_index) {
+  NameThisThread(absl::StrCat("sm-cuda", options_.device, "-slot", slot_index));
   cudaSetDevice(options_.device);
+  slot_thread_of = this;
   Slot& slot = state_->slots[slot_index];
   for (;;) {
     std::pair<std::unique_ptr<Batch>, Done> work;
@@ -349,7 +385,7 @@ void DeviceWorker::SlotLoop(int slot_index) {
       // shutdown is waited for too: its staging must not be released under it.
       while ((pending_.empty() || slot_busy_[slot_index]) &&
              !(stopping_ && !slot_busy_[slot_index])) {
-        cv_.Wait(&mu_);
+        slot_cv_[slot_index].Wait(&mu_);
       }
       if (pending_.empty()) return;
       work = std::move(pending_.front());

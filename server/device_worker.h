@@ -140,8 +140,12 @@ class DeviceWorker final : public Backend {
   std::atomic<bool> failed_{false};
   std::atomic<int64_t> batches_run_{0};
 
+  // Signals the idle slot that should take the batch just queued.
+  void WakeForPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   absl::Mutex mu_;
-  absl::CondVar cv_;
+  // One per slot, so that a batch wakes exactly one waiting thread.
+  std::unique_ptr<absl::CondVar[]> slot_cv_;
   std::deque<std::pair<std::unique_ptr<Batch>, Done>> pending_ ABSL_GUARDED_BY(mu_);
   // Per slot: running a batch (on its own thread or on a submitting one).
   std::vector<bool> slot_busy_ ABSL_GUARDED_BY(mu_);

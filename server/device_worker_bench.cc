@@ -8,6 +8,7 @@
 //   kernel 1x1       the smallest softmax launch (device memory), polled
 //   kernel 1x1024    a 1 x 1024 float32 softmax in device memory
 //   zero-copy 1x1024 the same kernel reading and writing pinned host memory
+//                    (also with the thread asleep 200 us / 1 ms in between)
 //   copies 1x1024    pinned -> device copy, kernel, device -> pinned copy
 //   worker ...       DeviceWorker::Submit to its done callback (what the
 //                    server's batcher sees), with the backend's settings
@@ -79,11 +80,14 @@ void Spin(cudaEvent_t event) {
 }
 
 // Times `once` (one round trip, returns when complete) `iterations` times
-// after a tenth as many warm-up runs.
-Figures Time(const std::string& name, int iterations, const std::function<void()>& once) {
+// after a tenth as many warm-up runs; with `sleep_us` > 0 the thread sleeps
+// that long before each timed run, leaving the GPU idle in between.
+Figures Time(const std::string& name, int iterations, const std::function<void()>& once,
+             int sleep_us = 0) {
   for (int i = 0; i < std::max(10, iterations / 10); ++i) once();
   std::vector<double> us(static_cast<size_t>(iterations));
   for (int i = 0; i < iterations; ++i) {
+    if (sleep_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     const Clock::time_point start = Clock::now();
     once();
     us[static_cast<size_t>(i)] =
@@ -187,6 +191,24 @@ int Run(int iterations, const std::string& json_path) {
     cudaEventRecord(event, stream);
     Spin(event);
   }));
+  // The same zero-copy round trip after the GPU and this thread sat idle,
+  // as between the requests of a lone caller.
+  all.push_back(Time("event, 200 us apart, asleep", iterations / 2,
+                     [&] {
+                       cudaEventRecord(event, stream);
+                       Spin(event);
+                     },
+                     200));
+  for (int sleep_us : {200, 1000}) {
+    all.push_back(Time(absl::StrFormat("zero-copy 1x1024, %d us apart, asleep", sleep_us),
+                       iterations / 2,
+                       [&] {
+                         launch(zero_copy);
+                         cudaEventRecord(event, stream);
+                         Spin(event);
+                       },
+                       sleep_us));
+  }
   all.push_back(Time("copies 1x1024", iterations, [&] {
     cudaMemcpyAsync(device_in, pinned_in, kBytes, cudaMemcpyHostToDevice, stream);
     launch(on_device);
