@@ -35,6 +35,7 @@
 #include "client/npy.h"
 #include "client/summary.h"
 #include "client/tensor.h"
+#include "common/malloc_tuning.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address (host:port or gRPC URI).");
 ABSL_FLAG(std::string, shape, "2,1024",
@@ -198,6 +199,10 @@ int main(int argc, char** argv) {
   // `load` takes its own arguments (its --shape is a repeatable mix entry, not
   // the one-shot flag), so it is dispatched before the flags are parsed.
   if (argc > 1 && std::string(argv[1]) == "load") {
+    // The server's defaults (common/malloc_tuning.h): a load generator that
+    // maps fresh pages for every large message would measure its own page
+    // faults, not the server.
+    softmax::ApplyMallocTuning(softmax::MallocTuning{});
     return RunLoadCommand(std::vector<std::string>(argv + 2, argv + argc));
   }
   absl::SetProgramUsageMessage(

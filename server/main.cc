@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -92,6 +93,12 @@ ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
           "GPU backend: device memory it may hold, staging included; 0 = no cap");
 ABSL_FLAG(int64_t, inject_fault_after_batches, kDefaults.inject_fault_after_batches,
           "testing only: make the GPU fault for real after this many batches (0 = never)");
+ABSL_FLAG(int64_t, malloc_mmap_threshold_bytes, kDefaults.malloc.mmap_threshold_bytes,
+          "glibc malloc: allocations up to this size (at most 33554432) come from the heap, "
+          "where freed memory is reused, instead of a fresh mmap each; 0 = glibc's default");
+ABSL_FLAG(int64_t, malloc_trim_threshold_bytes, kDefaults.malloc.trim_threshold_bytes,
+          "glibc malloc: free heap memory is returned to the system only beyond this much "
+          "(at most 2147483647); 0 = glibc's default");
 ABSL_FLAG(int, lame_duck_ms, kDefaults.lame_duck_ms,
           "after SIGINT/SIGTERM, milliseconds spent refusing new requests with UNAVAILABLE "
           "before the listener closes");
@@ -127,6 +134,8 @@ ServerOptions OptionsFromFlags() {
   options.cuda_inline_when_busy = absl::GetFlag(FLAGS_cuda_inline_when_busy);
   options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.inject_fault_after_batches = absl::GetFlag(FLAGS_inject_fault_after_batches);
+  options.malloc.mmap_threshold_bytes = absl::GetFlag(FLAGS_malloc_mmap_threshold_bytes);
+  options.malloc.trim_threshold_bytes = absl::GetFlag(FLAGS_malloc_trim_threshold_bytes);
   return options;
 }
 
@@ -161,8 +170,18 @@ int Run(const ServerOptions& options) {
         "--max_queue_delay_us: at most ", kMaxQueueDelayUs, " (an hour), got ",
         options.max_queue_delay_us)));
   }
+  if (!ValidMallocTuning(options.malloc)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--malloc_mmap_threshold_bytes must be 0 to ", kMaxMmapThresholdBytes,
+        " and --malloc_trim_threshold_bytes 0 to ", INT_MAX, "; got ",
+        options.malloc.mmap_threshold_bytes, " and ", options.malloc.trim_threshold_bytes)));
+  }
   absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options.device);
   if (!spec.ok()) return Fail(spec.status());
+  // Before any other thread starts allocating.
+  if (!ApplyMallocTuning(options.malloc)) {
+    std::fprintf(stderr, "softmax-server: warning: glibc refused the --malloc_* settings\n");
+  }
 
   // Signals are taken by sigwait below; block them before any thread starts
   // so every thread inherits the mask.

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/malloc_tuning.h"
+
 namespace softmax::server {
 
 struct ServerOptions {
@@ -76,7 +78,7 @@ struct ServerOptions {
   // --cuda_zero_copy_max_bytes: batches up to this many input bytes skip the
   // host<->device copies; the kernels read and write the pinned staging
   // directly over the bus. 0 = always copy.
-  int64_t cuda_zero_copy_max_bytes = int64_t{64} << 10;
+  int64_t cuda_zero_copy_max_bytes = int64_t{256} << 10;
   // --cuda_memory_limit_bytes: device memory the GPU backend may hold (its
   // staging included); 0 = no cap. For a GPU shared with other processes.
   int64_t cuda_memory_limit_bytes = 0;
@@ -84,6 +86,10 @@ struct ServerOptions {
   // real sticky fault after this many batches (0 = never), to show that the
   // server goes NOT_SERVING and exits non-zero.
   int64_t inject_fault_after_batches = 0;
+  // --malloc_mmap_threshold_bytes / --malloc_trim_threshold_bytes: glibc
+  // keeps freed memory for reuse instead of mapping fresh pages for every
+  // large message (common/malloc_tuning.h). 0 keeps glibc's default.
+  MallocTuning malloc;
 };
 
 }  // namespace softmax::server
