@@ -6,7 +6,7 @@
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
 # steps: any of unit,roundtrip,e2e,batching,small,service,ab,ab-inline,ab-batching,
-# ab-streams,ab-spin,malloc (default: unit,e2e,batching,service); they run in the order listed here.
+# ab-streams,ab-spin,ab-large,malloc (default: unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
 # step's time per point.
 # Needs python3 with grpcio, protobuf, numpy and pytest (matplotlib for plots).
@@ -192,6 +192,26 @@ if step ab-spin; then
     ab_unary "spin-$round-spin500" 1x1024:float32,8x4096:float16 1,16 --skip-none \
       --server-arg=--cuda_spin_us=500
     ab_unary "spin-$round-cpu" 1x1024:float32,8x4096:float16 1,16 --skip-none --device=cpu
+    snapshot
+  done
+fi
+
+if step ab-large; then
+  # Medium and large payloads at 16 and 64 callers: the defaults (with the
+  # echo, first and last, so that drift shows) against zero copy up to 1 MiB,
+  # 16 completion threads, the stream threads sleeping at once, and glibc
+  # keeping freed memory (fewer page faults on large messages).
+  for setting in default zerocopy1m completion16 spin0 malloc default2; do
+    extra=(--skip-none)
+    case $setting in
+      default|default2) extra=() ;;
+      zerocopy1m) extra+=(--server-arg=--cuda_zero_copy_max_bytes=1048576) ;;
+      completion16) extra+=(--server-arg=--completion_threads=16) ;;
+      spin0) extra+=(--server-arg=--cuda_spin_us=0) ;;
+      malloc) export GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296 ;;
+    esac
+    ab_unary "large-$setting" 8x4096:float16,64x32000:bfloat16 16,64 "${extra[@]}"
+    unset GLIBC_TUNABLES
     snapshot
   done
 fi
