@@ -6,7 +6,7 @@
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
 # steps: any of unit,roundtrip,e2e,batching,small,service,ab,ab-inline,ab-batching,
-# ab-streams,ab-spin,ab-large,malloc (default: unit,e2e,batching,service); they run in the order listed here.
+# ab-streams,ab-spin,ab-large,ab-defaults,ab-c1,malloc (default: unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
 # step's time per point.
 # Needs python3 with grpcio, protobuf, numpy and pytest (matplotlib for plots).
@@ -212,6 +212,43 @@ if step ab-large; then
     esac
     ab_unary "large-$setting" 8x4096:float16,64x32000:bfloat16 16,64 "${extra[@]}"
     unset GLIBC_TUNABLES
+    snapshot
+  done
+fi
+
+if step ab-defaults; then
+  # This revision's two new defaults, each switched back alone, against the
+  # defaults, in two alternating rounds (the echo beside the defaults):
+  #   glibc  glibc's own malloc settings (--malloc_*=0);
+  #   zc64   zero copy up to 64 KiB only.
+  # Small and medium payloads at 16 and 64 callers, and the small payload
+  # streamed at 256.
+  for round in 1 2; do
+    for setting in default glibc zc64; do
+      case $setting in
+        default) extra=() ;;
+        glibc) extra=(--skip-none --server-arg=--malloc_mmap_threshold_bytes=0
+                      --server-arg=--malloc_trim_threshold_bytes=0) ;;
+        zc64) extra=(--skip-none --server-arg=--cuda_zero_copy_max_bytes=65536) ;;
+      esac
+      ab_unary "defaults-$round-$setting" 1x1024:float32,8x4096:float16 16,64 "${extra[@]}"
+      ab_stream "defaults-$round-$setting" "${extra[@]}"
+      snapshot
+    done
+  done
+fi
+
+if step ab-c1; then
+  # One caller: a lone small batch run on the receiving thread (the default)
+  # against handed to a stream's thread (now that a hand-off wakes one
+  # thread), and the CPU backend, in three alternating rounds, the echo
+  # beside the first of each.
+  for round in 1 2 3; do
+    ab_unary "c1-$round-inline" 1x1024:float32,8x4096:float16 1 --duration=3
+    ab_unary "c1-$round-hand-off" 1x1024:float32,8x4096:float16 1 --duration=3 --skip-none \
+      --server-arg=--cuda_inline_max_bytes=0
+    ab_unary "c1-$round-cpu" 1x1024:float32,8x4096:float16 1 --duration=3 --skip-none \
+      --device=cpu
     snapshot
   done
 fi

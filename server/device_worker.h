@@ -71,9 +71,12 @@ struct DeviceWorkerOptions {
   // handed to a slot's thread: a lone small request then skips one thread
   // wake-up on its way to the GPU and one on its way back. Only when the
   // whole device is idle: a submitter that ran a batch while another was in
-  // flight would stop feeding the pipeline meanwhile. 0 = always hand off.
-  // (bench/service/results/README.md, h200-4: the A/B behind the default.)
-  int64_t inline_max_bytes = int64_t{64} << 10;
+  // flight would stop feeding the pipeline meanwhile. 0 = always hand off,
+  // the default: since a hand-off wakes exactly one slot thread, handing off
+  // was level with or ahead of running inline at one caller on the H200
+  // (three alternating rounds, bench/service/results/h200-5/ab-c1), and it
+  // keeps the gRPC threads free.
+  int64_t inline_max_bytes = 0;
   // Also run such a batch on the submitting thread while other slots are
   // busy, as long as one is free. Then a gRPC thread waits out the GPU round
   // trip, but the batch skips the hand-off (about 13 us on the H200).

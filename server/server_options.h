@@ -71,7 +71,7 @@ struct ServerOptions {
   int64_t cuda_spin_us = 50;
   // --cuda_inline_max_bytes: batches up to this size that find the GPU idle
   // run on the thread that submits them (no hand-off); 0 = never.
-  int64_t cuda_inline_max_bytes = int64_t{64} << 10;
+  int64_t cuda_inline_max_bytes = 0;
   // --cuda_inline_when_busy: such batches run on the submitting thread also
   // while other streams are busy, as long as one is free.
   bool cuda_inline_when_busy = false;
