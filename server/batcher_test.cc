@@ -24,6 +24,16 @@ namespace {
 using std::chrono::microseconds;
 using std::chrono::milliseconds;
 
+// What the fake backends compute: each segment's output is its input.
+void CopyInputsToOutputs(const Batch& batch) {
+  for (const Segment& s : batch.segments) {
+    // In place (outputs_reuse_inputs) the output already holds the input.
+    if (s.bytes > 0 && s.output != s.input) {
+      std::memcpy(s.output, s.input, static_cast<size_t>(s.bytes));
+    }
+  }
+}
+
 // A backend that records what it is given, copies each segment's input to
 // its output, and either completes at once or holds batches until released.
 class FakeBackend final : public Backend {
@@ -34,12 +44,7 @@ class FakeBackend final : public Backend {
   int MaxBatchesInFlight() const override { return max_in_flight_; }
 
   void Submit(std::unique_ptr<Batch> batch, Done done) override {
-    for (const Segment& s : batch->segments) {
-      // In place (outputs_reuse_inputs) the output already holds the input.
-      if (s.bytes > 0 && s.output != s.input) {
-        std::memcpy(s.output, s.input, static_cast<size_t>(s.bytes));
-      }
-    }
+    CopyInputsToOutputs(*batch);
     {
       absl::MutexLock lock(&mu_);
       batches_.push_back(batch->segments);
@@ -627,11 +632,7 @@ class InlineBackend final : public Backend {
       ++batches_;
     }
     if (arrive_) arrive_();
-    for (const Segment& seg : batch->segments) {
-      if (seg.bytes > 0 && seg.output != seg.input) {
-        std::memcpy(seg.output, seg.input, static_cast<size_t>(seg.bytes));
-      }
-    }
+    CopyInputsToOutputs(*batch);
     done(std::move(batch), BatchResult());
     absl::MutexLock lock(&mu_);
     --depth_by_thread_[std::this_thread::get_id()];
@@ -668,7 +669,9 @@ TEST(BatcherTest, ABatchCompletedInsideSubmitDoesNotLaunchTheNextNested) {
   std::atomic<int> next{1};
   backend.set_arrive([&] {
     const int i = next.fetch_add(1);
-    if (i < kRequests) ASSERT_TRUE(batcher.Enqueue(MakeItem(&requests[i], 1, 4)).ok());
+    if (i < kRequests) {
+      ASSERT_TRUE(batcher.Enqueue(MakeItem(&requests[i], 1, 4)).ok());
+    }
   });
   ASSERT_TRUE(batcher.Enqueue(MakeItem(&requests[0], 1, 4)).ok());
   for (TestRequest& r : requests) {
