@@ -8,7 +8,10 @@
 # steps: any of unit,roundtrip,e2e,batching,small,service,ab,ab-inline,ab-batching,
 # ab-streams,ab-spin,ab-large,ab-defaults,ab-c1,malloc (default: unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
-# step's time per point.
+# step's time per point, and SERVICE_ROUNDS (default 3) its rounds per point:
+# each round times the GPU server and the echo back to back, in alternating
+# order, and the table shows the median of the per-round ratios (see
+# bench/service/README.md), so the step takes SERVICE_ROUNDS times as long.
 # Needs python3 with grpcio, protobuf, numpy and pytest (matplotlib for plots).
 # Everything lands in OUT_DIR/gpu-check.tgz plus a summary in OUT_DIR/summary.txt;
 # both are rewritten after every step, so a run stopped at a time limit keeps
@@ -86,21 +89,25 @@ fi
 if step service; then
   note "service benchmark"
   python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/service" \
-    --duration="${SERVICE_DURATION:-3}" --warmup="${SERVICE_WARMUP:-1}" 2>&1 \
+    --duration="${SERVICE_DURATION:-3}" --warmup="${SERVICE_WARMUP:-1}" \
+    --rounds="${SERVICE_ROUNDS:-3}" 2>&1 \
     | tee "$work/service.log" | tail -30 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   snapshot
 fi
 
 # One A/B setting: its own server, softmax only unless "$@" drops --skip-none.
+# One round per point (--rounds=1, which "$@" may override): the A/B steps
+# alternate their settings in rounds of their own.
 # ab_unary NAME PAYLOADS CONCURRENCY [run.py args...]: 8 connections, unary.
 ab_unary() {
   local name=$1 payloads=$2 concurrency=$3
   shift 3
   note "A/B $name"
   python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/ab-$name" \
-    --payloads="$payloads" --concurrency="$concurrency" --duration=2 --warmup=0.5 "$@" 2>&1 \
-    | tee "$work/ab-$name.log" | grep -E "req/s|FAILED" | tee -a "$work/summary.txt"
+    --payloads="$payloads" --concurrency="$concurrency" --duration=2 --warmup=0.5 --rounds=1 \
+    "$@" 2>&1 | tee "$work/ab-$name.log" | grep -E "req/s|FAILED|/none median" \
+    | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 }
 # ab_stream NAME [run.py args...]: 1 x 1024 float32, 256 callers streamed over
@@ -110,8 +117,8 @@ ab_stream() {
   shift
   python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/ab-$name-stream" \
     --payloads=1x1024:float32 --concurrency=256 --connections=16 --stream --duration=3 \
-    --warmup=1 "$@" 2>&1 | tee "$work/ab-$name-stream.log" | grep -E "req/s|FAILED" \
-    | tee -a "$work/summary.txt"
+    --warmup=1 --rounds=1 "$@" 2>&1 | tee "$work/ab-$name-stream.log" \
+    | grep -E "req/s|FAILED|/none median" | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 }
 

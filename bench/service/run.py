@@ -5,13 +5,26 @@ transport's ceiling), driven by `softmax-client load` in closed loop over a
 sweep of concurrencies and payloads. Server and client share the host and talk
 over loopback.
 
-For each payload it first checks correctness (a short `load --verify` run
-against the computing server), then times every (device, payload,
-concurrency) point, and writes to --out:
-  results.json   every point's full load report plus the run's settings
-  results.csv    one row per point (the client's CSV columns)
-  table.md       softmax next to none, with the throughput ratio
-  plot.png       requests/s and p99 latency against concurrency (matplotlib)
+Both servers start once, up front, each on its own kernel-picked port, and
+stay up for the whole run. For each payload it first checks correctness (a
+short `load --verify` run against the computing server), then measures every
+(payload, concurrency) point in --rounds rounds. A round times the computing
+server and the echo back to back, and the order alternates between rounds
+(round 0: computing then none; round 1: none then computing; ...), so neither
+always goes first. The echo's own throughput drifts (by 10-30% over a minute,
+or between fresh servers, on some hosts), so a ratio is only taken within a
+round: each round's computing req/s over the same round's none req/s. A
+point's ratio is the median of its per-round ratios; its req/s, GB/s and
+latencies come from its median round by req/s (the lower middle one for an
+even count). Writes to --out:
+  results.json   every round's full load report per (device, payload,
+                 concurrency), the median round's as "report", the
+                 per-round ratios, plus the run's settings
+  results.csv    one row per load run (the client's CSV columns; the label
+                 is DEVICE/rN, N the round)
+  table.md       softmax next to none, with the median ratio and its range
+  plot.png       requests/s and p99 latency against concurrency, median
+                 rounds (matplotlib)
 
 Binaries: --bundle DIR (a release bundle from deploy/make-bundle.sh, whose
 launchers set up its libraries), or --server/--client, or the environment
@@ -22,7 +35,7 @@ checkout. Needs only the Python standard library; matplotlib for the plot
 Examples:
   bench/service/run.py --device=cpu --duration=3 --out=bench/service/results/cpu
   bench/service/run.py --bundle=dist/softmax-serve-0.1.0-linux-x86_64 --device=cuda \\
-      --out=$OUT/service-h200
+      --rounds=5 --out=$OUT/service-h200
 """
 
 import argparse
@@ -33,6 +46,7 @@ import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -136,6 +150,85 @@ def point_args(args, spec, concurrency):
     return common + [f"--duration={args.duration}"]
 
 
+def verify_payload(args, client_bin, address, spec, work):
+    """Validates before timing: every response of a short run against the
+    computing server checked against the float64 CPU reference."""
+    result, report = run_load(
+        client_bin, address,
+        [f"--shape={spec}", "--concurrency=2", "--warmup=0",
+         f"--requests={2 if payload_bytes(spec) > args.big_bytes else 64}",
+         "--verify", f"--timeout_ms={args.timeout_ms}"],
+        os.path.join(work, "verify.json"))
+    ok = result.returncode == 0
+    print(f"   verify {spec}: {'ok' if ok else 'FAILED'} "
+          f"({report and report['verified']} responses)", flush=True)
+    if not ok:
+        print(result.stdout + result.stderr, file=sys.stderr)
+    return {"ok": ok, "verified": report and report["verified"],
+            "mismatches": report and report["mismatches"]}
+
+
+def measure_point(args, client_bin, servers, devices, spec, concurrency, csv_path, work):
+    """One (payload, concurrency) point: --rounds rounds, each timing every
+    server back to back, the order alternating between rounds so that
+    neither always runs first (on a warmer or cooler host). Returns one
+    entry per device."""
+    entries = {device: {"device": device, "payload": spec, "concurrency": concurrency}
+               for device in devices}
+    inflight = concurrency * payload_bytes(spec)
+    if inflight > args.max_inflight_bytes:
+        skipped = (f"skipped: {concurrency} x {payload_bytes(spec) >> 20} MiB in flight > "
+                   f"--max-inflight-bytes")
+        for entry in entries.values():
+            entry["skipped"] = skipped
+        print(f"   {spec:>20} c={concurrency:<4} {skipped}", flush=True)
+        return list(entries.values())
+
+    commands = {device: [] for device in devices}
+    exit_codes = {device: [] for device in devices}
+    for entry in entries.values():
+        entry["rounds"] = []
+    for round_index in range(args.rounds):
+        order = devices if round_index % 2 == 0 else devices[::-1]
+        for device in order:
+            load_args = point_args(args, spec, concurrency) + [
+                f"--label={device}/r{round_index}"]
+            result, report = run_load(client_bin, servers[device].address, load_args,
+                                      os.path.join(work, "point.json"), csv_path)
+            commands[device].append("softmax-client load " + " ".join(load_args))
+            exit_codes[device].append(result.returncode)
+            entries[device]["rounds"].append(report)
+            prefix = f"   {spec:>20} c={concurrency:<4} r{round_index} {device:>6}"
+            if report is None:
+                print(f"{prefix} FAILED: {result.stderr.strip()}", flush=True)
+                continue
+            print(f"{prefix} {report['requests_per_s']:>11,.1f} req/s "
+                  f"{report['payload_gb_per_s']:8.3f} GB/s  p50 "
+                  f"{report['latency_us']['p50'] / 1e3:9.3f} ms  p99 "
+                  f"{report['latency_us']['p99'] / 1e3:9.3f} ms  errors "
+                  f"{report['errors']}", flush=True)
+
+    for device, entry in entries.items():
+        # The median round stands for the point (consumers read "report");
+        # the command is that round's, and the exit code the first failing
+        # round's, if any.
+        middle = median_round(entry["rounds"])
+        shown = 0 if middle is None else middle
+        entry["command"] = commands[device][shown]
+        entry["exit_code"] = next((code for code in exit_codes[device] if code != 0), 0)
+        entry["exit_codes"] = exit_codes[device]
+        entry["median_round"] = middle
+        entry["report"] = None if middle is None else entry["rounds"][middle]
+    if len(devices) > 1:
+        ours = entries[args.device]
+        ours["ratios"] = round_ratios(ours, entries["none"])
+        measured = [r for r in ours["ratios"] if r is not None]
+        ours["ratio"] = statistics.median(measured) if measured else None
+        print(f"   {spec:>20} c={concurrency:<4} {args.device}/none median "
+              f"{fmt(ours['ratio'], 3)} over rounds {ratio_range(ours['ratios'])}", flush=True)
+    return list(entries.values())
+
+
 def machine_description():
     cpu = platform.processor() or platform.machine()
     try:
@@ -170,12 +263,57 @@ def fmt(value, digits=1):
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def write_table(path, results, device, payloads, concurrencies):
+def median_round(reports):
+    """Index of the median round by requests/s among the rounds that produced
+    a report (the lower middle one for an even count), or None."""
+    measured = [i for i, report in enumerate(reports) if report is not None]
+    if not measured:
+        return None
+    measured.sort(key=lambda i: reports[i]["requests_per_s"])
+    return measured[(len(measured) - 1) // 2]
+
+
+def round_ratios(ours, ceiling):
+    """Per round: the computing server's requests/s over the echo's in the
+    same round (None where either is missing), so that a ratio never spans
+    the drift between rounds."""
+    ratios = []
+    for mine, echo in zip(ours["rounds"], ceiling["rounds"]):
+        if mine and echo and echo["requests_per_s"] > 0:
+            ratios.append(mine["requests_per_s"] / echo["requests_per_s"])
+        else:
+            ratios.append(None)
+    return ratios
+
+
+def ratio_range(ratios):
+    measured = [r for r in ratios or [] if r is not None]
+    if not measured:
+        return "-"
+    low, high = min(measured), max(measured)
+    return f"{low:.2f}" if len(measured) == 1 else f"{low:.2f}-{high:.2f}"
+
+
+def method_note(device, rounds, with_echo=True):
+    runs = f"Each point ran {rounds} round{'s' if rounds != 1 else ''}"
+    if not with_echo:
+        return (f"{runs} of {device} alone, without the echo; req/s, GB/s, p50 and p99 are from "
+                f"the median round by req/s.")
+    return (f"{runs}; a round measures {device} and none back to back, alternating which "
+            f"goes first (round 0: {device} first). req/s, GB/s, p50 and p99 are from the "
+            f"median round by req/s; {device}/none is the median of the per-round ratios "
+            f"({device} req/s over the same round's none req/s), so it need not equal the "
+            f"quotient of the two req/s columns, whose median rounds may differ; min-max is "
+            f"the per-round ratios' range.")
+
+
+def write_table(path, results, device, payloads, concurrencies, rounds, with_echo):
     by_key = {(r["device"], r["payload"], r["concurrency"]): r for r in results}
     lines = [
         f"| payload | concurrency | {device} req/s | {device} GB/s | {device} p50 ms | "
-        f"{device} p99 ms | none req/s | none GB/s | none p99 ms | {device}/none | notes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"{device} p99 ms | none req/s | none GB/s | none p99 ms | {device}/none | "
+        f"min-max | notes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for spec in payloads:
         for c in concurrencies:
@@ -190,17 +328,22 @@ def write_table(path, results, device, payloads, concurrencies):
                     value = value[part]
                 return value * scale
 
-            ratio = None
-            if get(ours, "requests_per_s") and get(ceiling, "requests_per_s"):
-                ratio = get(ours, "requests_per_s") / get(ceiling, "requests_per_s")
+            ratios = (ours or {}).get("ratios")
             notes = []
             for r in (ours, ceiling):
-                if r is not None and r.get("skipped"):
+                if r is None:
+                    continue
+                if r.get("skipped"):
                     if r["skipped"] not in notes:
                         notes.append(r["skipped"])
-                elif r is not None and r.get("report") and r["report"]["errors"]:
-                    notes.append(f"{r['device']}: {r['report']['errors']} errors "
-                                 f"{r['report']['errors_by_code']}")
+                    continue
+                # Errors or failed runs in any round, not only the median one.
+                for index, report in enumerate(r.get("rounds", [])):
+                    if report is None:
+                        notes.append(f"{r['device']} r{index}: no report")
+                    elif report["errors"]:
+                        notes.append(f"{r['device']} r{index}: {report['errors']} errors "
+                                     f"{report['errors_by_code']}")
             lines.append(
                 f"| {spec} | {c} | {fmt(get(ours, 'requests_per_s'))} | "
                 f"{fmt(get(ours, 'payload_gb_per_s'), 3)} | "
@@ -209,10 +352,13 @@ def write_table(path, results, device, payloads, concurrencies):
                 f"{fmt(get(ceiling, 'requests_per_s'))} | "
                 f"{fmt(get(ceiling, 'payload_gb_per_s'), 3)} | "
                 f"{fmt(get(ceiling, 'latency_us.p99', 1e-3), 3)} | "
-                f"{fmt(ratio, 2)} | {'; '.join(notes)} |")
+                f"{fmt((ours or {}).get('ratio'), 2)} | {ratio_range(ratios)} | "
+                f"{'; '.join(notes)} |")
+    lines += ["", method_note(device, rounds, with_echo)]
+    text = "\n".join(lines)
     with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return "\n".join(lines)
+        f.write(text + "\n")
+    return text
 
 
 def write_plot(path, results, device, payloads, concurrencies, title):
@@ -291,9 +437,15 @@ def main():
                         help="SoftmaxStream (one stream per connection) instead of unary calls")
     parser.add_argument("--skip-none", action="store_true",
                         help="only the computing server (no echo ceiling)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds per point, each timing the computing server and the "
+                             "echo back to back in alternating order; the table shows the "
+                             "median round and the median ratio (default 3)")
     parser.add_argument("--install-deps", action="store_true",
                         help="apt-get install python3-matplotlib when it is missing")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     payloads = [p.strip() for p in args.payloads.split(",") if p.strip()]
@@ -316,59 +468,31 @@ def main():
     # Enough server queue for every point that runs.
     server_args = [f"--max_queued_bytes={int(2 * args.max_inflight_bytes)}", *args.server_arg]
 
-    devices = [args.device] + ([] if args.skip_none else ["none"])
+    # --device=none is its own ceiling: one server, no ratio.
+    with_echo = not args.skip_none and args.device != "none"
+    devices = [args.device] + (["none"] if with_echo else [])
     results = []
     verification = {}
     started = time.time()
-    for device in devices:
-        server = Server(server_bin, device, server_args, os.path.join(work, f"{device}.log"))
-        device_line = next((line for line in server.output().splitlines()
-                            if "device=" in line), "")
-        print(f"== {device}: {device_line.strip()} at {server.address}", flush=True)
-        try:
-            for spec in payloads:
-                if device != "none":
-                    # Validate before timing: every response of a short run
-                    # checked against the float64 CPU reference.
-                    result, report = run_load(
-                        client_bin, server.address,
-                        [f"--shape={spec}", "--concurrency=2", "--warmup=0",
-                         f"--requests={2 if payload_bytes(spec) > args.big_bytes else 64}",
-                         "--verify", f"--timeout_ms={args.timeout_ms}"],
-                        os.path.join(work, "verify.json"))
-                    ok = result.returncode == 0
-                    verification[spec] = {"ok": ok, "verified": report and report["verified"],
-                                          "mismatches": report and report["mismatches"]}
-                    print(f"   verify {spec}: {'ok' if ok else 'FAILED'} "
-                          f"({report and report['verified']} responses)", flush=True)
-                    if not ok:
-                        print(result.stdout + result.stderr, file=sys.stderr)
-                for c in concurrencies:
-                    entry = {"device": device, "payload": spec, "concurrency": c}
-                    inflight = c * payload_bytes(spec)
-                    if inflight > args.max_inflight_bytes:
-                        entry["skipped"] = (f"skipped: {c} x {payload_bytes(spec) >> 20} MiB in "
-                                            f"flight > --max-inflight-bytes")
-                        results.append(entry)
-                        print(f"   {spec:>20} c={c:<4} {entry['skipped']}", flush=True)
-                        continue
-                    load_args = point_args(args, spec, c) + [f"--label={device}"]
-                    result, report = run_load(client_bin, server.address, load_args,
-                                              os.path.join(work, "point.json"), csv_path)
-                    entry["command"] = "softmax-client load " + " ".join(load_args)
-                    entry["exit_code"] = result.returncode
-                    entry["report"] = report
-                    results.append(entry)
-                    if report is None:
-                        print(f"   {spec:>20} c={c:<4} FAILED: {result.stderr.strip()}",
-                              flush=True)
-                        continue
-                    print(f"   {spec:>20} c={c:<4} {report['requests_per_s']:>11,.1f} req/s "
-                          f"{report['payload_gb_per_s']:8.3f} GB/s  p50 "
-                          f"{report['latency_us']['p50'] / 1e3:9.3f} ms  p99 "
-                          f"{report['latency_us']['p99'] / 1e3:9.3f} ms  errors "
-                          f"{report['errors']}", flush=True)
-        finally:
+    # Both servers up front, for the whole run: a round can then time them
+    # back to back, a few seconds apart instead of a whole sweep apart.
+    servers = {}
+    try:
+        for role, device in zip(("computing", "echo"), devices):
+            server = Server(server_bin, device, server_args,
+                            os.path.join(work, f"{role}-{device}.log"))
+            servers[device] = server
+            device_line = next((line for line in server.output().splitlines()
+                                if "device=" in line), "")
+            print(f"== {device}: {device_line.strip()} at {server.address}", flush=True)
+        for spec in payloads:
+            verification[spec] = verify_payload(args, client_bin, servers[args.device].address,
+                                                spec, work)
+            for c in concurrencies:
+                results += measure_point(args, client_bin, servers, devices, spec, c, csv_path,
+                                         work)
+    finally:
+        for server in servers.values():
             server.stop()
 
     command = " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:])
@@ -381,16 +505,19 @@ def main():
         "server_args": server_args,
         "settings": {k: v for k, v in vars(args).items() if k not in ("server_arg",)},
         "verification": verification,
+        "rounds": args.rounds,
+        "method": method_note(args.device, args.rounds, with_echo),
         "wall_seconds": round(time.time() - started, 1),
     }
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "points": results}, f, indent=1)
     table = write_table(os.path.join(args.out, "table.md"), results, args.device, payloads,
-                        concurrencies)
+                        concurrencies, args.rounds, with_echo)
     title = (f"softmax-server --device={args.device} vs --device=none, closed loop over "
              f"loopback; {meta['machine']['cpus']} CPUs {meta['machine']['cpu']}"
              + (f"; {meta['machine']['gpu']}" if meta['machine']['gpu'] else "")
-             + f"; rev {meta['git_revision']}")
+             + f"; rev {meta['git_revision']}; median of {args.rounds} rounds")
+    # Each point's "report" is its median round, so the plot shows those.
     write_plot(os.path.join(args.out, "plot.png"), results, args.device, payloads,
                concurrencies, title)
     shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,90 @@
+"""End-to-end test of bench/service/run.py on the CPU backend: a tiny sweep
+in alternating rounds against the computing server and the echo, checking
+that every round's report is kept, that the table's ratio is the median of
+the per-round ratios recorded in results.json, and that results.csv holds one
+row per load run. Needs no GPU and no matplotlib (the plot is then left out).
+"""
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import e2e_util
+
+RUN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "service",
+                      "run.py")
+PAYLOAD = "1x256:float32"
+CONCURRENCIES = [1, 4]
+ROUNDS = 2
+DEVICES = ["cpu", "none"]
+
+
+def table_rows(text):
+    """The table's data rows as dicts keyed by its header cells."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|"))))
+            for line in lines[2:]]
+
+
+def test_rounds_sweep(tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, RUN_PY, f"--server={e2e_util.SERVER_BIN}",
+               f"--client={e2e_util.CLIENT_BIN}", "--device=cpu",
+               "--server-arg=--cpu_threads=1", f"--payloads={PAYLOAD}",
+               f"--concurrency={','.join(map(str, CONCURRENCIES))}", f"--rounds={ROUNDS}",
+               "--duration=0.3", "--warmup=0.1", f"--out={out}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["rounds"] == ROUNDS
+    assert data["meta"]["verification"][PAYLOAD]["ok"]
+    points = {(p["device"], p["payload"], p["concurrency"]): p for p in data["points"]}
+    for device in DEVICES:
+        for c in CONCURRENCIES:
+            entry = points[(device, PAYLOAD, c)]
+            assert entry["exit_code"] == 0
+            assert not entry.get("skipped")
+            assert entry["command"].startswith("softmax-client load ")
+            assert len(entry["rounds"]) == ROUNDS
+            for index, report in enumerate(entry["rounds"]):
+                assert report["ok"] > 0
+                assert report["errors"] == 0
+                assert report["label"] == f"{device}/r{index}"
+            # The median round stands for the point.
+            assert entry["report"] in entry["rounds"]
+            assert entry["report"] == entry["rounds"][entry["median_round"]]
+
+    rows = {int(row["concurrency"]): row for row in table_rows((out / "table.md").read_text())}
+    assert sorted(rows) == CONCURRENCIES
+    for c in CONCURRENCIES:
+        ours, echo = points[("cpu", PAYLOAD, c)], points[("none", PAYLOAD, c)]
+        # Each round's ratio compares the two servers within that round.
+        ratios = [mine["requests_per_s"] / theirs["requests_per_s"]
+                  for mine, theirs in zip(ours["rounds"], echo["rounds"])]
+        assert ours["ratios"] == ratios
+        assert ours["ratio"] == statistics.median(ratios)
+        row = rows[c]
+        assert row["payload"] == PAYLOAD
+        assert row["cpu/none"] == f"{statistics.median(ratios):.2f}"
+        assert row["min-max"] == f"{min(ratios):.2f}-{max(ratios):.2f}"
+        # The req/s columns come from the median rounds.
+        assert row["cpu req/s"] == f"{ours['report']['requests_per_s']:,.1f}"
+        assert row["none req/s"] == f"{echo['report']['requests_per_s']:,.1f}"
+    assert "median of the per-round ratios" in (out / "table.md").read_text()
+
+    with open(out / "results.csv", newline="") as f:
+        csv_rows = list(csv.DictReader(f))
+    assert len(csv_rows) == len(DEVICES) * len(CONCURRENCIES) * ROUNDS
+    assert sorted(row["label"] for row in csv_rows) == sorted(
+        f"{device}/r{index}" for device in DEVICES for _ in CONCURRENCIES
+        for index in range(ROUNDS))
+    # Rounds alternate which server runs first: per point, round 0 starts with
+    # the computing server and round 1 with the echo.
+    for c in CONCURRENCIES:
+        labels = [row["label"] for row in csv_rows if int(row["concurrency"]) == c]
+        assert labels == ["cpu/r0", "none/r0", "none/r1", "cpu/r1"]
