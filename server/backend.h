@@ -29,6 +29,20 @@ struct Segment {
   DType dtype = DType::kFloat32;
   SoftmaxShape shape;
   SoftmaxOptions options;
+  // The request can be answered from memory the backend keeps (an
+  // OutputView) instead of `output`. A backend may ignore it.
+  bool output_view_ok = false;
+};
+
+// A segment's output left where the backend computed it (the GPU backend's
+// pinned host memory) for the response to reference instead of copying it.
+// `owner` keeps the bytes alive and valid: whoever holds the last reference
+// (gRPC, once the response is sent) gives the memory back. Holding views
+// holds backend memory, so backends bound the bytes they lend this way.
+struct OutputView {
+  const char* data = nullptr;  // null: no view; the output is in segment.output
+  int64_t bytes = 0;
+  std::shared_ptr<const void> owner;
 };
 
 // A batch formed by the batcher. Backends read `segments` and write each
@@ -61,6 +75,10 @@ struct BatchResult {
   // `status`. Lets a backend fail only the requests that did not fit in
   // memory while the rest of the batch succeeds.
   std::vector<absl::Status> segment_status;
+  // When non-empty (one per segment), the outputs the backend left in its
+  // own memory (OutputView::data set) instead of writing segment.output;
+  // only for segments with output_view_ok that succeeded.
+  std::vector<OutputView> output_views;
 };
 
 // What the occupancy probe found for one kernel, for the start-up log and

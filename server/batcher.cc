@@ -193,6 +193,7 @@ void Batcher::Launch(std::unique_ptr<Batch> batch, std::vector<Dropped>* dropped
       item->output->resize(static_cast<size_t>(item->segment.bytes));
     }
     item->segment.output = item->output->data();
+    item->segment.output_view_ok = item->output_view != nullptr;
     batch->segments.push_back(item->segment);
   }
   const SteadyClock::time_point submit = SteadyClock::now();
@@ -267,6 +268,15 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
     observer_->OnBatchCompleted(stats);
   }
   const bool per_segment = result.segment_status.size() == batch->items.size();
+  if (result.output_views.size() == batch->items.size()) {
+    for (size_t i = 0; i < batch->items.size(); ++i) {
+      WorkItem& item = *batch->items[i];
+      const bool ok = per_segment ? result.segment_status[i].ok() : result.status.ok();
+      if (ok && result.output_views[i].data != nullptr && item.output_view != nullptr) {
+        *item.output_view = std::move(result.output_views[i]);
+      }
+    }
+  }
   const int workers = static_cast<int>(completion_threads_.size());
   const int64_t requests = static_cast<int64_t>(batch->items.size());
   const bool many = options_.offload_completion_requests > 0 &&

@@ -102,6 +102,11 @@ struct WorkItem {
   // afterwards. Only used when it holds exactly segment.bytes bytes starting
   // at segment.input.
   std::string* input_buffer = nullptr;
+  // Optional: where a backend's OutputView of this request's output goes
+  // (BatchResult::output_views). When set before `done` runs with OK, the
+  // output is there and `*output` holds nothing of it. Null: the output is
+  // always written into `*output`.
+  OutputView* output_view = nullptr;
   // Past this point the request is dropped before compute.
   std::chrono::system_clock::time_point deadline =
       std::chrono::system_clock::time_point::max();

@@ -873,5 +873,59 @@ TEST(BatcherTest, StopReturnsOnlyOnceLargeBatchesAreAnswered) {
   batcher.reset();
 }
 
+// Lends every output it may (OutputView) and fails the segments whose first
+// input byte is 'F'; records whether each segment accepted a view.
+class LendingBackend final : public Backend {
+ public:
+  std::string Describe() const override { return "lending"; }
+  void Submit(std::unique_ptr<Batch> batch, Done done) override {
+    BatchResult result;
+    result.output_views.resize(batch->segments.size());
+    result.segment_status.resize(batch->segments.size());
+    for (size_t i = 0; i < batch->segments.size(); ++i) {
+      const Segment& s = batch->segments[i];
+      accepted.push_back(s.output_view_ok);
+      if (static_cast<const char*>(s.input)[0] == 'F') {
+        result.segment_status[i] = absl::ResourceExhaustedError("no room");
+      }
+      if (s.output_view_ok) {
+        auto kept = std::make_shared<std::string>(static_cast<const char*>(s.input),
+                                                  static_cast<size_t>(s.bytes));
+        result.output_views[i] = OutputView{kept->data(), s.bytes, kept};
+      }
+    }
+    done(std::move(batch), std::move(result));
+  }
+  std::vector<bool> accepted;  // per segment, in submission order
+};
+
+TEST(BatcherTest, LentOutputsReachOnlyTheRequestsThatAcceptThemAndSucceeded) {
+  LendingBackend backend;
+  Batcher batcher(Options(3, 1 << 30, kForever), &backend);
+  TestRequest a, b, c;
+  OutputView a_view, c_view;
+  auto item_a = MakeItem(&a, 1, 4);
+  item_a->output_view = &a_view;
+  auto item_b = MakeItem(&b, 1, 4);  // takes no view
+  auto item_c = MakeItem(&c, 1, 4);
+  c.input[0] = 'F';
+  item_c->output_view = &c_view;
+  ASSERT_TRUE(batcher.Enqueue(std::move(item_a)).ok());
+  ASSERT_TRUE(batcher.Enqueue(std::move(item_b)).ok());
+  ASSERT_TRUE(batcher.Enqueue(std::move(item_c)).ok());
+  for (TestRequest* r : {&a, &b, &c}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+  EXPECT_EQ(backend.accepted, (std::vector<bool>{true, false, true}));
+  EXPECT_TRUE(a.status.ok());
+  ASSERT_NE(a_view.data, nullptr);
+  EXPECT_EQ(std::string(a_view.data, static_cast<size_t>(a_view.bytes)), a.input);
+  EXPECT_NE(a_view.owner, nullptr);
+  EXPECT_TRUE(b.status.ok());
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(c_view.data, nullptr);
+  EXPECT_EQ(c_view.owner, nullptr);
+}
+
 }  // namespace
 }  // namespace softmax::server

@@ -3,9 +3,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -159,6 +161,25 @@ struct Piece {
   int64_t slab_bytes = 0;  // bytes of one outer index
 };
 
+// Pinned memory lent to responses (OutputView). Shared with the views'
+// owners, so that a view released after the worker is gone still returns
+// its block to a live allocator.
+struct PinnedLoans {
+  explicit PinnedLoans(std::shared_ptr<CachingAllocator> allocator)
+      : memory(std::move(allocator)) {}
+  std::shared_ptr<CachingAllocator> memory;
+  std::atomic<int64_t> bytes{0};  // reserved by blocks not yet given back
+};
+
+// A batch's outputs, left in a pinned block of their own for the responses
+// to reference (OutputView) instead of being copied into each response.
+struct LentOutputs {
+  char* data = nullptr;  // the block; outputs at the run's staging offsets
+  std::shared_ptr<const void> owner;  // the block; gives it back when released
+  std::vector<bool> segment_lent;     // per segment: its output stays in the block
+  std::vector<int64_t> segment_offset;  // per lent segment: where its output is
+};
+
 }  // namespace
 
 // One pipeline slot: its stream, its kernel-timing events and its staging,
@@ -176,7 +197,8 @@ struct DeviceWorker::Slot {
 struct DeviceWorker::State {
   gpu::LaunchPlan plan;
   std::unique_ptr<CachingAllocator> device_memory;
-  std::unique_ptr<CachingAllocator> pinned_memory;
+  std::shared_ptr<CachingAllocator> pinned_memory;
+  std::shared_ptr<PinnedLoans> loans;  // the pinned memory lent to responses
   std::vector<Slot> slots;
 };
 
@@ -233,7 +255,9 @@ absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(
 
   state.device_memory = std::make_unique<CachingAllocator>(
       std::make_unique<CudaDeviceRawAllocator>(options.memory_limit_bytes));
-  state.pinned_memory = std::make_unique<CachingAllocator>(std::make_unique<CudaPinnedRawAllocator>());
+  state.pinned_memory =
+      std::make_shared<CachingAllocator>(std::make_unique<CudaPinnedRawAllocator>());
+  state.loans = std::make_shared<PinnedLoans>(state.pinned_memory);
   state.slots.resize(options.slots);
   for (Slot& slot : state.slots) {
     status = SOFTMAX_CUDA_STATUS(cudaStreamCreateWithFlags(&slot.stream, cudaStreamNonBlocking));
@@ -426,14 +450,17 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
                          cudaEvent_t done, int64_t spin_us, int64_t zero_copy_max_bytes,
                          const Staging& staging, Batch& batch, const std::vector<Piece>& pieces,
                          const std::vector<int64_t>& offsets, int64_t total, bool inject_fault,
-                         int64_t* kernel_ns, int* launches) {
+                         LentOutputs* lent, int64_t* kernel_ns, int* launches) {
   char* const host = staging.host;
   const int64_t host_out_offset = AlignUp(total, kStagingAlignment);
-  const bool zero_copy =
-      total <= zero_copy_max_bytes && host_out_offset + total <= staging.host_bytes;
+  // With `lent`, the outputs land in its block (by the kernels over the bus,
+  // or by the D2H copy) and only the segments not lent are copied out.
+  const bool zero_copy = total <= zero_copy_max_bytes &&
+                         (lent != nullptr || host_out_offset + total <= staging.host_bytes);
   char* const in = zero_copy ? host : staging.in;
-  char* const out = zero_copy ? host + host_out_offset : staging.out;
-  char* const host_out = zero_copy ? out : host;
+  char* const host_out =
+      lent != nullptr ? lent->data : (zero_copy ? host + host_out_offset : host);
+  char* const out = zero_copy ? host_out : staging.out;
   // One segment table, and one launch, per dtype. Tables and scratch are
   // ready before anything is queued on the stream, so an allocation failure
   // leaves no copy or kernel running on the buffers.
@@ -487,7 +514,7 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
     }
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_end, stream));
     if (zero_copy) return WaitForEvent(kernel_end, spin_us);
-    SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(host, out, total, cudaMemcpyDeviceToHost, stream));
+    SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(host_out, out, total, cudaMemcpyDeviceToHost, stream));
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(done, stream));
     return WaitForEvent(done, spin_us);
   };
@@ -502,11 +529,16 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
   SOFTMAX_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, kernel_start, kernel_end));
   *kernel_ns += static_cast<int64_t>(kernel_ms * 1e6);
 
+  copies.clear();
   for (size_t k = 0; k < pieces.size(); ++k) {
     const Piece& piece = pieces[k];
+    if (lent != nullptr && lent->segment_lent[piece.segment]) {
+      lent->segment_offset[piece.segment] = offsets[k];
+      continue;
+    }
     char* destination = static_cast<char*>(batch.segments[piece.segment].output);
-    copies[k] = {destination + piece.outer_begin * piece.slab_bytes, host_out + offsets[k],
-                 piece.bytes};
+    copies.push_back({destination + piece.outer_begin * piece.slab_bytes, host_out + offsets[k],
+                      piece.bytes});
   }
   CopyAll(copies);
   return absl::OkStatus();
@@ -521,8 +553,8 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
                        cudaEvent_t kernel_start, cudaEvent_t kernel_end, cudaEvent_t done,
                        int64_t spin_us, int64_t zero_copy_max_bytes, const Block& slot_pinned,
                        const Block& slot_device_in, const Block& slot_device_out, Batch& batch,
-                       const std::vector<Piece>& pieces, bool inject_fault, int64_t* kernel_ns,
-                       int* launches) {
+                       const std::vector<Piece>& pieces, bool inject_fault, LentOutputs* lent,
+                       int64_t* kernel_ns, int* launches) {
   std::vector<int64_t> offsets;
   offsets.reserve(pieces.size());
   int64_t total = 0;
@@ -538,7 +570,7 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
                           static_cast<char*>(slot_device_out.data())};
     return RunPiecesIn(plan, device_memory, stream, kernel_start, kernel_end, done, spin_us,
                        zero_copy_max_bytes, staging, batch, pieces, offsets, total, inject_fault,
-                       kernel_ns, launches);
+                       lent, kernel_ns, launches);
   }
   absl::Status status;
   {
@@ -556,13 +588,56 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
                             static_cast<char*>(device_out->data())};
       status = RunPiecesIn(plan, device_memory, stream, kernel_start, kernel_end, done, spin_us,
                            zero_copy_max_bytes, staging, batch, pieces, offsets, total,
-                           inject_fault, kernel_ns, launches);
+                           inject_fault, lent, kernel_ns, launches);
     }
   }  // the blocks return to the caches here...
   // ...and leave them, so that occasional huge requests do not pin host memory for good.
   pinned_memory.ReleaseCachedAbove(slot_pinned.size());
   device_memory.ReleaseCachedAbove(slot_device_in.size());
   return status;
+}
+
+// Decides which outputs of a batch that runs in one piece (`pieces`) stay in
+// pinned memory for their responses to reference: those of requests that
+// accept it (output_view_ok) of at least `min_bytes`, while the bytes lent
+// stay within `max_bytes`. Null when none does; then every output is copied
+// into its response, as it is when the pinned memory cannot be had.
+std::unique_ptr<LentOutputs> LendOutputs(const std::shared_ptr<PinnedLoans>& loans,
+                                         const Batch& batch, const std::vector<Piece>& pieces,
+                                         int64_t min_bytes, int64_t max_bytes) {
+  if (max_bytes <= 0) return nullptr;
+  std::vector<int> pieces_of(batch.segments.size(), 0);
+  for (const Piece& piece : pieces) ++pieces_of[piece.segment];
+  auto lent = std::make_unique<LentOutputs>();
+  lent->segment_lent.assign(batch.segments.size(), false);
+  lent->segment_offset.assign(batch.segments.size(), 0);
+  bool any = false;
+  for (size_t i = 0; i < batch.segments.size(); ++i) {
+    const Segment& segment = batch.segments[i];
+    if (segment.output_view_ok && segment.bytes >= min_bytes && pieces_of[i] == 1) {
+      lent->segment_lent[i] = true;
+      any = true;
+    }
+  }
+  if (!any) return nullptr;
+  int64_t total = 0;  // as RunPieces lays the run out
+  for (const Piece& piece : pieces) total = AlignUp(total, kStagingAlignment) + piece.bytes;
+  if (loans->bytes.fetch_add(total) + total > max_bytes) {
+    loans->bytes.fetch_sub(total);
+    return nullptr;
+  }
+  absl::StatusOr<Block> block = loans->memory->Allocate(static_cast<size_t>(total));
+  if (!block.ok()) {
+    loans->bytes.fetch_sub(total);
+    return nullptr;
+  }
+  auto* owned = new Block(std::move(*block));
+  lent->data = static_cast<char*>(owned->data());
+  lent->owner = std::shared_ptr<const void>(owned, [loans, total](const Block* b) {
+    delete b;
+    loans->bytes.fetch_sub(total);
+  });
+  return lent;
 }
 
 }  // namespace
@@ -606,12 +681,20 @@ BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
   std::vector<absl::Status> segment_status(batch.segments.size());
   bool any_failed = false;
   State& state = *state_;
-  auto run = [&](const std::vector<Piece>& run_pieces, bool fault) {
+  // Outputs the responses may reference where they are computed (see
+  // pinned_responses_max_bytes): only for a batch that runs in one piece.
+  std::unique_ptr<LentOutputs> lent;
+  if (runs.size() == 1) {
+    lent = LendOutputs(state.loans, batch, runs[0], options_.pinned_response_min_bytes,
+                       options_.pinned_responses_max_bytes);
+  }
+  bool lent_filled = false;
+  auto run = [&](const std::vector<Piece>& run_pieces, bool fault, LentOutputs* lend) {
     return RunPieces(state.plan, *state.device_memory, *state.pinned_memory, slot.stream,
                      slot.kernel_start, slot.kernel_end, slot.done,
                      options_.blocking_sync ? std::max<int64_t>(0, options_.spin_us) : -1,
                      options_.zero_copy_max_bytes, slot.pinned, slot.device_in,
-                     slot.device_out, batch, run_pieces, fault, &result.kernel_ns,
+                     slot.device_out, batch, run_pieces, fault, lend, &result.kernel_ns,
                      &result.launches);
   };
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -619,8 +702,11 @@ BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
     bool needed = false;
     for (const Piece& piece : runs[r]) needed = needed || segment_status[piece.segment].ok();
     if (!needed) continue;
-    absl::Status status = run(runs[r], inject && r == 0);
-    if (status.ok()) continue;
+    absl::Status status = run(runs[r], inject && r == 0, r == 0 ? lent.get() : nullptr);
+    if (status.ok()) {
+      lent_filled = lent != nullptr && r == 0;
+      continue;
+    }
     if (IsStickyCudaError(CudaErrorOf(status))) {
       Fault(status);
       result.status = absl::InternalError(absl::StrCat("GPU fault: ", status.message()));
@@ -634,7 +720,7 @@ BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
       for (const Piece& piece : runs[r]) by_segment[piece.segment].push_back(piece);
       if (by_segment.size() > 1) {
         for (auto& [segment, segment_pieces] : by_segment) {
-          absl::Status alone = run(segment_pieces, false);
+          absl::Status alone = run(segment_pieces, false, nullptr);
           if (!alone.ok() && IsStickyCudaError(CudaErrorOf(alone))) {
             Fault(alone);
             result.status = absl::InternalError(absl::StrCat("GPU fault: ", alone.message()));
@@ -654,6 +740,16 @@ BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
   }
   for (const Piece& piece : pieces) {
     if (segment_status[piece.segment].ok()) result.kernel_bytes += 2 * piece.bytes;
+  }
+  if (lent_filled) {
+    result.output_views.resize(batch.segments.size());
+    for (size_t i = 0; i < batch.segments.size(); ++i) {
+      if (!lent->segment_lent[i] || !segment_status[i].ok()) continue;
+      OutputView& view = result.output_views[i];
+      view.data = lent->data + lent->segment_offset[i];
+      view.bytes = batch.segments[i].bytes;
+      view.owner = lent->owner;
+    }
   }
   if (any_failed) result.segment_status = std::move(segment_status);
   result.compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -21,6 +21,10 @@
 // caches and retry once; if the batch still does not fit, each request is
 // retried alone and only those that do not fit fail, RESOURCE_EXHAUSTED.
 //
+// Large outputs need not be copied back at all: a batch's outputs may stay
+// in a pinned block of their own that the responses reference until gRPC
+// has sent them (OutputView; see pinned_responses_max_bytes).
+//
 // A sticky CUDA error (illegal address, launch failure...) leaves the context
 // unusable: the batch fails INTERNAL, every later batch fails INTERNAL at
 // once, and `on_fault` is called once so that the process can go NOT_SERVING
@@ -89,6 +93,16 @@ struct DeviceWorkerOptions {
   // three to a batch, against 42.8 and 68.3 us with copies; ten to a batch
   // (640 KiB), the two were level (device_worker_bench). 0 = always copy.
   int64_t zero_copy_max_bytes = int64_t{256} << 10;
+  // Responses may reference their outputs where the batch left them, in
+  // pinned host memory, instead of each output being copied into its
+  // response message and gRPC copying it again to serialise it: for
+  // requests of at least pinned_response_min_bytes (smaller ones copy in
+  // less time than the loan costs), in batches that run in one piece, while
+  // the pinned memory lent to responses not yet sent stays within
+  // pinned_responses_max_bytes. Beyond that bound (slow readers) outputs are
+  // copied as before. 0 = never lend.
+  int64_t pinned_responses_max_bytes = int64_t{1} << 30;
+  int64_t pinned_response_min_bytes = int64_t{16} << 10;
   // Device memory the caching allocator may take from CUDA, staging
   // included (0 = no cap). Past it, allocation fails as out of memory does:
   // the caches are released and retried, then RESOURCE_EXHAUSTED for the

@@ -367,5 +367,109 @@ TEST(DeviceWorkerTest, SmallBatchesRunOnTheSubmittingThreadWhenTheDeviceIsIdle) 
   }
 }
 
+// Outputs lent to the responses (OutputView): requests that accept a view
+// and are at least pinned_response_min_bytes keep their output in pinned
+// memory, both on the zero-copy path and after the D2H copy, and their own
+// output buffers are left untouched; smaller ones are copied as before. The
+// lent bytes stay within pinned_responses_max_bytes (beyond it, outputs are
+// copied), a batch cut into pieces lends nothing, and released views give
+// their pinned memory back.
+TEST(DeviceWorkerTest, LentOutputsMatchReferenceWithinTheirBoundAndGoBackWhenReleased) {
+  SKIP_WITHOUT_GPU();
+  DeviceWorkerOptions options;
+  options.max_staging_bytes = 16 << 20;
+  options.pinned_response_min_bytes = 16 << 10;
+  options.pinned_responses_max_bytes = 6 << 20;
+  auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
+    ADD_FAILURE() << "unexpected GPU fault: " << status;
+  });
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<DeviceWorker> worker = std::move(*created);
+  std::mt19937 rng(31);
+
+  // Runs `tensors` with views accepted; checks every output (from its view
+  // or its buffer) and returns the result, views still held.
+  auto run = [&](std::vector<Tensor>& tensors, bool in_place) {
+    const std::vector<Tensor> originals = tensors;
+    std::unique_ptr<Batch> batch = MakeBatch(tensors);
+    for (Segment& segment : batch->segments) {
+      segment.output_view_ok = true;
+      if (in_place) segment.output = const_cast<void*>(segment.input);
+    }
+    BatchResult result = RunAndWait(*worker, std::move(batch));
+    EXPECT_TRUE(result.status.ok()) << result.status;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      Tensor computed = originals[i];
+      const bool lent = !result.output_views.empty() && result.output_views[i].data != nullptr;
+      if (lent) {
+        EXPECT_EQ(result.output_views[i].bytes, static_cast<int64_t>(computed.input.size()));
+        computed.output.assign(result.output_views[i].data,
+                               static_cast<size_t>(result.output_views[i].bytes));
+        // Not copied back: the request's own buffer is as it was.
+        const std::string& own = in_place ? tensors[i].input : tensors[i].output;
+        EXPECT_EQ(own, in_place ? originals[i].input : originals[i].output) << "segment " << i;
+      } else {
+        computed.output = in_place ? tensors[i].input : tensors[i].output;
+      }
+      ExpectMatchesReference(computed);
+    }
+    return result;
+  };
+  auto lent_count = [](const BatchResult& result) {
+    int count = 0;
+    for (const OutputView& view : result.output_views) count += view.data != nullptr;
+    return count;
+  };
+
+  const int64_t pinned_before = worker->Memory()[1].in_use_bytes;
+  for (const bool in_place : {false, true}) {
+    // Zero copy (under 256 KiB): 4 KiB is copied, 64 KiB and 96 KiB are lent.
+    std::vector<Tensor> small;
+    small.push_back(MakeTensor(rng, DType::kFloat32, {1, 1024, 1}, {}));
+    small.push_back(MakeTensor(rng, DType::kFloat16, {8, 4096, 1}, {1.0f, true}));
+    small.push_back(MakeTensor(rng, DType::kFloat32, {3, 8192, 1}, {}));
+    BatchResult result = run(small, in_place);
+    ASSERT_EQ(result.output_views.size(), 3u);
+    EXPECT_EQ(result.output_views[0].data, nullptr);
+    EXPECT_NE(result.output_views[1].data, nullptr);
+    EXPECT_NE(result.output_views[2].data, nullptr);
+    // With copies (4 MiB): lent; a second 4 MiB batch while the first one's
+    // views are held would pass the 6 MiB bound, so it is copied.
+    std::vector<Tensor> large;
+    large.push_back(MakeTensor(rng, DType::kBFloat16, {64, 32000, 1}, {0.7f, false}));
+    BatchResult first = run(large, in_place);
+    EXPECT_EQ(lent_count(first), 1);
+    std::vector<Tensor> large2;
+    large2.push_back(MakeTensor(rng, DType::kBFloat16, {64, 32000, 1}, {}));
+    BatchResult second = run(large2, in_place);
+    EXPECT_EQ(lent_count(second), 0);
+    first.output_views.clear();  // released: room again
+    std::vector<Tensor> large3;
+    large3.push_back(MakeTensor(rng, DType::kFloat32, {16, 32000, 1}, {}));
+    BatchResult third = run(large3, in_place);
+    EXPECT_EQ(lent_count(third), 1);
+  }
+  // Every view is gone (the results above went out of scope): the pinned
+  // memory in use is the slots' staging again.
+  EXPECT_EQ(worker->Memory()[1].memory, "pinned");
+  EXPECT_EQ(worker->Memory()[1].in_use_bytes, pinned_before);
+
+  // A request larger than the staging is cut into pieces: nothing lent,
+  // while one that fits is.
+  options.max_staging_bytes = 1 << 20;
+  options.pinned_responses_max_bytes = 1 << 30;
+  created = DeviceWorker::Create(options, [](const absl::Status& status) {
+    ADD_FAILURE() << "unexpected GPU fault: " << status;
+  });
+  ASSERT_TRUE(created.ok()) << created.status();
+  worker = std::move(*created);
+  std::vector<Tensor> cut;
+  cut.push_back(MakeTensor(rng, DType::kFloat32, {2, 1 << 18, 1}, {}));  // 2 x 1 MiB
+  EXPECT_EQ(lent_count(run(cut, false)), 0);
+  std::vector<Tensor> whole;
+  whole.push_back(MakeTensor(rng, DType::kFloat32, {2, 1 << 16, 1}, {}));  // 512 KiB
+  EXPECT_EQ(lent_count(run(whole, false)), 1);
+}
+
 }  // namespace
 }  // namespace softmax::server

@@ -89,6 +89,12 @@ ABSL_FLAG(bool, cuda_inline_when_busy, kDefaults.cuda_inline_when_busy,
 ABSL_FLAG(int64_t, cuda_zero_copy_max_bytes, kDefaults.cuda_zero_copy_max_bytes,
           "GPU backend: batches of at most this many input bytes skip the host<->device "
           "copies (the kernels read and write pinned host memory directly); 0 = always copy");
+ABSL_FLAG(int64_t, cuda_pinned_responses_max_bytes, kDefaults.cuda_pinned_responses_max_bytes,
+          "GPU backend: pinned host memory that responses not yet sent may hold; responses "
+          "of at least --cuda_pinned_response_min_bytes are sent from the pinned memory their "
+          "batch was computed into, without a copy, while within it; 0 = always copy");
+ABSL_FLAG(int64_t, cuda_pinned_response_min_bytes, kDefaults.cuda_pinned_response_min_bytes,
+          "GPU backend: smallest response sent from pinned memory (smaller ones are copied)");
 ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
           "GPU backend: device memory it may hold, staging included; 0 = no cap");
 ABSL_FLAG(int64_t, inject_fault_after_batches, kDefaults.inject_fault_after_batches,
@@ -132,6 +138,8 @@ ServerOptions OptionsFromFlags() {
   options.cuda_inline_max_bytes = absl::GetFlag(FLAGS_cuda_inline_max_bytes);
   options.cuda_zero_copy_max_bytes = absl::GetFlag(FLAGS_cuda_zero_copy_max_bytes);
   options.cuda_inline_when_busy = absl::GetFlag(FLAGS_cuda_inline_when_busy);
+  options.cuda_pinned_responses_max_bytes = absl::GetFlag(FLAGS_cuda_pinned_responses_max_bytes);
+  options.cuda_pinned_response_min_bytes = absl::GetFlag(FLAGS_cuda_pinned_response_min_bytes);
   options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.inject_fault_after_batches = absl::GetFlag(FLAGS_inject_fault_after_batches);
   options.malloc.mmap_threshold_bytes = absl::GetFlag(FLAGS_malloc_mmap_threshold_bytes);
@@ -152,13 +160,15 @@ int Run(const ServerOptions& options) {
       options.cuda_streams < 1 || options.inject_fault_after_batches < 0 ||
       options.cuda_memory_limit_bytes < 0 || options.cuda_spin_us < 0 ||
       options.cuda_inline_max_bytes < 0 || options.cuda_zero_copy_max_bytes < 0 ||
+      options.cuda_pinned_responses_max_bytes < 0 || options.cuda_pinned_response_min_bytes < 0 ||
       options.completion_threads < 0 ||
       options.offload_completion_bytes <= 0 || options.offload_completion_requests < 0) {
     return Fail(absl::InvalidArgumentError(
         "limits must be positive (--max_queue_delay_us, --cpu_threads, --lame_duck_ms, "
         "--shutdown_grace_s, --cuda_spin_us, --cuda_inline_max_bytes, "
-        "--cuda_zero_copy_max_bytes, --completion_threads and --offload_completion_requests "
-        "may be 0)"));
+        "--cuda_zero_copy_max_bytes, --cuda_pinned_responses_max_bytes, "
+        "--cuda_pinned_response_min_bytes, --completion_threads and "
+        "--offload_completion_requests may be 0)"));
   }
   if (options.completion_threads > kMaxCompletionThreads) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -199,6 +209,8 @@ int Run(const ServerOptions& options) {
   backend_options.cuda.spin_us = options.cuda_spin_us;
   backend_options.cuda.inline_max_bytes = options.cuda_inline_max_bytes;
   backend_options.cuda.zero_copy_max_bytes = options.cuda_zero_copy_max_bytes;
+  backend_options.cuda.pinned_responses_max_bytes = options.cuda_pinned_responses_max_bytes;
+  backend_options.cuda.pinned_response_min_bytes = options.cuda_pinned_response_min_bytes;
   backend_options.cuda.inline_when_busy = options.cuda_inline_when_busy;
   backend_options.cuda.memory_limit_bytes = options.cuda_memory_limit_bytes;
   backend_options.cuda.max_staging_bytes = options.max_batch_bytes;

@@ -79,6 +79,13 @@ struct ServerOptions {
   // host<->device copies; the kernels read and write the pinned staging
   // directly over the bus. 0 = always copy.
   int64_t cuda_zero_copy_max_bytes = int64_t{256} << 10;
+  // --cuda_pinned_responses_max_bytes / --cuda_pinned_response_min_bytes:
+  // responses of at least min bytes are sent straight from the pinned memory
+  // their batch was computed into, no copy, while the pinned memory so held
+  // by responses not yet sent stays within max; beyond it they are copied.
+  // max 0 = always copy.
+  int64_t cuda_pinned_responses_max_bytes = int64_t{1} << 30;
+  int64_t cuda_pinned_response_min_bytes = int64_t{16} << 10;
   // --cuda_memory_limit_bytes: device memory the GPU backend may hold (its
   // staging included); 0 = no cap. For a GPU shared with other processes.
   int64_t cuda_memory_limit_bytes = 0;

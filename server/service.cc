@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "server/status_util.h"
+#include "server/wire.h"
 
 namespace softmax::server {
 namespace {
@@ -43,18 +44,30 @@ class CallCounter {
   SoftmaxServiceImpl* const service_;
 };
 
+// The call owns its request and response messages; `response_buffer` is
+// gRPC's, sent on an OK finish.
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
-  // `data_bytes`: the request's input data size (its output is as large).
-  UnaryCall(SoftmaxServiceImpl* service, Metrics* metrics, int64_t data_bytes)
-      : counter_(service), metrics_(metrics), data_bytes_(data_bytes), start_(SteadyClock::now()) {}
+  UnaryCall(SoftmaxServiceImpl* service, Metrics* metrics, grpc::ByteBuffer* response_buffer)
+      : counter_(service),
+        metrics_(metrics),
+        response_buffer_(response_buffer),
+        start_(SteadyClock::now()) {}
+
+  v1::SoftmaxRequest& request() { return request_; }
+  v1::SoftmaxResponse& response() { return response_; }
+  OutputView& view() { return view_; }
+  // The request's input data size (its output is as large), for the metrics.
+  void set_data_bytes(int64_t bytes) { data_bytes_ = bytes; }
 
   void Complete(const absl::Status& status) {
     if (metrics_ != nullptr) {
       metrics_->RecordRequest(RpcMethod::kSoftmax, status.code(), SecondsSince(start_),
                               2 * data_bytes_);
     }
-    Finish(ToGrpcStatus(status));  // may delete this (OnDone) before returning
+    absl::Status outcome = status;
+    if (outcome.ok()) outcome = SerializeResponse(&response_, std::move(view_), response_buffer_);
+    Finish(ToGrpcStatus(outcome));  // may delete this (OnDone) before returning
   }
 
   void OnDone() override { delete this; }
@@ -62,20 +75,24 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
  private:
   CallCounter counter_;
   Metrics* const metrics_;
-  const int64_t data_bytes_;
+  grpc::ByteBuffer* const response_buffer_;
   const SteadyClock::time_point start_;
+  int64_t data_bytes_ = 0;
+  v1::SoftmaxRequest request_;
+  v1::SoftmaxResponse response_;
+  OutputView view_;
 };
 
 // Bidirectional stream. Lifetime: gRPC calls OnDone only after Finish, and
 // Finish is called only once reads are done and no response is pending, so
 // no batcher completion can reach a deleted reactor.
-class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::SoftmaxResponse> {
+class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamCall(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context,
              int max_pending)
       : service_(service), context_(context), max_pending_(std::max(1, max_pending)) {
     reading_ = std::make_unique<Entry>();
-    StartRead(&reading_->request);
+    StartRead(&reading_->incoming);
   }
 
   void OnReadDone(bool ok) override {
@@ -91,6 +108,7 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
     }
     std::unique_ptr<Entry> entry = std::move(reading_);
     entry->start = SteadyClock::now();
+    const absl::Status parsed = ParseRequestMessage(&entry->incoming, &entry->request);
     // Read before Dispatch, which may move the input bytes into the output.
     entry->data_bytes = static_cast<int64_t>(entry->request.input().data().size());
     {
@@ -98,10 +116,17 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
       AddPendingLocked(1);
     }
     Entry* raw = entry.release();  // owned by the completion from here on
-    const absl::Status status = service_->Dispatch(
-        &raw->request, &raw->response, context_->deadline(),
-        [this] { return cancelled_.load(std::memory_order_relaxed) || context_->IsCancelled(); },
-        [this, raw](const absl::Status& outcome) { Complete(std::unique_ptr<Entry>(raw), outcome); });
+    const absl::Status status =
+        !parsed.ok() ? parsed
+                     : service_->Dispatch(
+                           &raw->request, &raw->response, &raw->view, context_->deadline(),
+                           [this] {
+                             return cancelled_.load(std::memory_order_relaxed) ||
+                                    context_->IsCancelled();
+                           },
+                           [this, raw](const absl::Status& outcome) {
+                             Complete(std::unique_ptr<Entry>(raw), outcome);
+                           });
     if (!status.ok()) Complete(std::unique_ptr<Entry>(raw), status);
 
     bool read_more = false;
@@ -148,7 +173,7 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
       }
       finish = ShouldFinishLocked();
     }
-    if (next != nullptr) StartWrite(&next->response);
+    if (next != nullptr) StartWrite(&next->outgoing);
     if (resume_reading) StartNextRead();
     if (finish) FinishStream();
   }
@@ -172,26 +197,42 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
 
  private:
   struct Entry {
+    grpc::ByteBuffer incoming;  // the request as read
     v1::SoftmaxRequest request;
     v1::SoftmaxResponse response;
+    OutputView view;            // the output, when the backend lent it
+    grpc::ByteBuffer outgoing;  // the response as written
     SteadyClock::time_point start;
     int64_t data_bytes = 0;  // the request's input bytes, as received
   };
 
   void StartNextRead() {
     reading_ = std::make_unique<Entry>();
-    StartRead(&reading_->request);
+    StartRead(&reading_->incoming);
   }
 
-  // Queues the finished response of `entry` for writing. Any thread.
+  // The per-request error response for `status`.
+  static void SetError(Entry& entry, const absl::Status& status) {
+    v1::SoftmaxResponse& response = entry.response;
+    response.clear_output();
+    response.clear_timing();
+    response.set_request_id(entry.request.request_id());
+    response.mutable_error()->set_code(static_cast<int>(status.code()));
+    response.mutable_error()->set_message(std::string(status.message()));
+  }
+
+  // Serialises the finished response of `entry` and queues it for writing.
+  // Any thread; responses are serialised in parallel, written one at a time.
   void Complete(std::unique_ptr<Entry> entry, const absl::Status& status) {
     if (!status.ok()) {
-      v1::SoftmaxResponse& response = entry->response;
-      response.clear_output();
-      response.clear_timing();
-      response.set_request_id(entry->request.request_id());
-      response.mutable_error()->set_code(static_cast<int>(status.code()));
-      response.mutable_error()->set_message(std::string(status.message()));
+      entry->view = OutputView{};
+      SetError(*entry, status);
+    }
+    if (absl::Status serialized =
+            SerializeResponse(&entry->response, std::move(entry->view), &entry->outgoing);
+        !serialized.ok()) {
+      SetError(*entry, serialized);
+      SerializeResponse(&entry->response, OutputView{}, &entry->outgoing).IgnoreError();
     }
     if (service_->metrics() != nullptr) {
       service_->metrics()->RecordRequest(
@@ -210,7 +251,7 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::
       }
       finish = ShouldFinishLocked();
     }
-    if (next != nullptr) StartWrite(&next->response);
+    if (next != nullptr) StartWrite(&next->outgoing);
     if (finish) FinishStream();
   }
 
@@ -263,7 +304,7 @@ SoftmaxServiceImpl::SoftmaxServiceImpl(const ServiceOptions& options, Batcher* b
     : options_(options), batcher_(batcher), metrics_(metrics) {}
 
 absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
-                                          v1::SoftmaxResponse* response,
+                                          v1::SoftmaxResponse* response, OutputView* view,
                                           std::chrono::system_clock::time_point deadline,
                                           std::function<bool()> is_cancelled,
                                           std::function<void(const absl::Status&)> done) {
@@ -293,6 +334,7 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
   item->segment.options = parsed->options;
   item->output = output->mutable_data();
   item->input_buffer = request->mutable_input()->mutable_data();
+  item->output_view = view;
   item->deadline = deadline;
   item->is_cancelled = std::move(is_cancelled);
   item->done = [response, metrics = metrics_, done = std::move(done)](
@@ -305,22 +347,26 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
 }
 
 grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContext* context,
-                                                      const v1::SoftmaxRequest* request,
-                                                      v1::SoftmaxResponse* response) {
-  auto* call =
-      new UnaryCall(this, metrics_, static_cast<int64_t>(request->input().data().size()));
-  // gRPC hands the request as const, but it is a plain message that the call
-  // owns (created by its message holder, destroyed after OnDone) and that
-  // gRPC does not read again once this handler has it; Dispatch may move its
-  // input bytes into the response instead of allocating a copy.
-  const absl::Status status = Dispatch(
-      const_cast<v1::SoftmaxRequest*>(request), response, context->deadline(), [context] { return context->IsCancelled(); },
-      [call](const absl::Status& outcome) { call->Complete(outcome); });
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  auto* call = new UnaryCall(this, metrics_, response);
+  // gRPC hands the request as const, but the buffer is the call's (its
+  // message holder's, destroyed after OnDone) and gRPC does not read it
+  // again once this handler has it: parsing consumes it.
+  absl::Status status =
+      ParseRequestMessage(const_cast<grpc::ByteBuffer*>(request), &call->request());
+  call->set_data_bytes(static_cast<int64_t>(call->request().input().data().size()));
+  if (status.ok()) {
+    status = Dispatch(
+        &call->request(), &call->response(), &call->view(), context->deadline(),
+        [context] { return context->IsCancelled(); },
+        [call](const absl::Status& outcome) { call->Complete(outcome); });
+  }
   if (!status.ok()) call->Complete(status);
   return call;
 }
 
-grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::SoftmaxResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 SoftmaxServiceImpl::SoftmaxStream(grpc::CallbackServerContext* context) {
   return new StreamCall(this, context, options_.max_stream_pending);
 }

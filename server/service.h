@@ -8,6 +8,10 @@
 // stops reading while `max_stream_pending` of its responses are unwritten
 // (flow control against clients that write without reading).
 //
+// Both methods take and give raw byte buffers (server/wire.h): requests are
+// parsed here, and a response may reference its output where the backend
+// left it (OutputView) instead of a copy. On the wire nothing differs.
+//
 // Thread-safety: gRPC calls the service from its own threads.
 #ifndef SOFTMAX_SERVER_SERVICE_H_
 #define SOFTMAX_SERVER_SERVICE_H_
@@ -39,16 +43,20 @@ struct ServiceOptions {
   int max_stream_pending = 1024;
 };
 
-class SoftmaxServiceImpl final : public v1::SoftmaxService::CallbackService {
+// Both methods on the callback API, with raw byte buffers (see above).
+using RawSoftmaxService = v1::SoftmaxService::WithRawCallbackMethod_Softmax<
+    v1::SoftmaxService::WithRawCallbackMethod_SoftmaxStream<v1::SoftmaxService::Service>>;
+
+class SoftmaxServiceImpl final : public RawSoftmaxService {
  public:
   // `batcher` may be null only when options.echo; `metrics` may be null.
   // Both must outlive the gRPC server this service is registered with.
   SoftmaxServiceImpl(const ServiceOptions& options, Batcher* batcher, Metrics* metrics);
 
   grpc::ServerUnaryReactor* Softmax(grpc::CallbackServerContext* context,
-                                    const v1::SoftmaxRequest* request,
-                                    v1::SoftmaxResponse* response) override;
-  grpc::ServerBidiReactor<v1::SoftmaxRequest, v1::SoftmaxResponse>* SoftmaxStream(
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SoftmaxStream(
       grpc::CallbackServerContext* context) override;
 
   // Validates `*request` and starts it. Returns an error (done not called)
@@ -58,7 +66,10 @@ class SoftmaxServiceImpl final : public v1::SoftmaxService::CallbackService {
   // until `done` has run. Once accepted, the request's input data may be
   // moved into the response's output (the batcher's outputs_reuse_inputs):
   // callers must not read request->input().data() after an OK return.
+  // `view` (may be null) receives the output instead of the response when
+  // the backend lends it (see WorkItem::output_view); it must live as long.
   absl::Status Dispatch(v1::SoftmaxRequest* request, v1::SoftmaxResponse* response,
+                        OutputView* view,
                         std::chrono::system_clock::time_point deadline,
                         std::function<bool()> is_cancelled,
                         std::function<void(const absl::Status&)> done);

@@ -5,13 +5,16 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -27,7 +30,9 @@ namespace {
 
 // Computes as the GPU backend does: every input of the batch is copied out
 // (staged) before any output is written, so segments may be in place.
-// Counts the segments that were.
+// Counts the segments that were. With `lend`, also as the GPU backend lends
+// outputs: those of segments that accept a view stay in the backend's own
+// buffer, which the responses reference; counts the buffers still alive.
 class StagingBackend final : public Backend {
  public:
   std::string Describe() const override { return "staging"; }
@@ -36,18 +41,35 @@ class StagingBackend final : public Backend {
     for (const Segment& s : batch->segments) {
       staged.emplace_back(static_cast<const char*>(s.input), static_cast<size_t>(s.bytes));
     }
+    BatchResult result;
     for (size_t i = 0; i < batch->segments.size(); ++i) {
       const Segment& s = batch->segments[i];
       segments.fetch_add(1);
       if (s.output == s.input) in_place.fetch_add(1);
-      CpuSoftmaxRows(staged[i].data(), s.output, s.dtype, s.shape, s.options, 0, s.shape.rows());
+      void* output = s.output;
+      std::shared_ptr<std::string> kept;
+      if (lend && s.output_view_ok) {
+        kept = std::shared_ptr<std::string>(
+            new std::string(static_cast<size_t>(s.bytes), '\0'), [this](std::string* buffer) {
+              delete buffer;
+              lent_alive.fetch_sub(1);
+            });
+        lent_alive.fetch_add(1);
+        lent.fetch_add(1);
+        output = kept->data();
+        result.output_views.resize(batch->segments.size());
+        result.output_views[i] = OutputView{kept->data(), s.bytes, kept};
+      }
+      CpuSoftmaxRows(staged[i].data(), output, s.dtype, s.shape, s.options, 0, s.shape.rows());
     }
-    BatchResult result;
     result.compute_ns = 1;
     done(std::move(batch), std::move(result));
   }
+  bool lend = false;
   std::atomic<int> segments{0};
   std::atomic<int> in_place{0};
+  std::atomic<int> lent{0};        // outputs lent
+  std::atomic<int> lent_alive{0};  // lent buffers not yet released
 };
 
 struct Harness {
@@ -394,6 +416,134 @@ TEST(ServiceTest, InPlaceBackendComputesIntoTheRequestsOwnBuffers) {
   sent += answered;
   EXPECT_EQ(harness.staging->segments.load(), sent);
   EXPECT_EQ(harness.staging->in_place.load(), sent);
+}
+
+// Responses that reference outputs the backend lent (OutputView) carry the
+// same bytes as copied ones, unary and streamed, mixed with failed requests,
+// and every lent buffer is released once its response is sent.
+TEST(ServiceTest, LentOutputsAreSentWithoutACopyAndReleasedAfterwards) {
+  Harness harness(false, std::chrono::microseconds(100), /*in_place=*/true);
+  harness.staging->lend = true;
+  int sent = 0;
+  for (int axis : {0, -1}) {
+    const v1::SoftmaxRequest request = RandomRequest("u", {3, 170, 5}, axis, 90 + axis);
+    v1::SoftmaxResponse response;
+    grpc::ClientContext context;
+    const grpc::Status status = harness.stub->Softmax(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ExpectCorrect(request, response);
+    EXPECT_GT(response.timing().compute_ns(), 0);
+    ++sent;
+  }
+  grpc::ClientContext context;
+  auto stream = harness.stub->SoftmaxStream(&context);
+  constexpr int kRequests = 30;
+  std::vector<v1::SoftmaxRequest> requests;
+  for (int i = 0; i < kRequests; ++i) {
+    v1::SoftmaxRequest request =
+        RandomRequest(absl::StrCat("s", i), {1 + i % 3, 1 + (i * 997) % 20000}, -1, 200 + i);
+    if (i % 5 == 2) request.mutable_input()->set_dtype(v1::DTYPE_UNSPECIFIED);
+    requests.push_back(request);
+  }
+  std::thread writer([&] {
+    for (const auto& request : requests) ASSERT_TRUE(stream->Write(request));
+    stream->WritesDone();
+  });
+  v1::SoftmaxResponse response;
+  int answered = 0;
+  while (stream->Read(&response)) {
+    const int index = std::stoi(response.request_id().substr(1));
+    if (index % 5 == 2) {
+      EXPECT_EQ(response.error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+      EXPECT_TRUE(response.output().data().empty());
+    } else {
+      EXPECT_EQ(response.error().code(), 0) << response.error().message();
+      ExpectCorrect(requests[index], response);
+      ++sent;
+    }
+    ++answered;
+  }
+  writer.join();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(answered, kRequests);
+  EXPECT_EQ(harness.staging->lent.load(), sent);
+  // gRPC drops its references once the responses are on the wire.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (harness.staging->lent_alive.load() != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(harness.staging->lent_alive.load(), 0);
+}
+
+// Bytes that are no SoftmaxRequest at all: INVALID_ARGUMENT for a unary call;
+// on a stream, that request's error response while the stream goes on.
+TEST(ServiceTest, UnparsableRequestBytesAreInvalidArgument) {
+  Harness harness;
+  grpc::GenericStub generic(harness.channel);
+  const std::string garbage = "\x12\xff\xff\xff\xff\x0f";  // field 2 longer than the message
+  {
+    grpc::ClientContext context;
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer reply;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    generic.UnaryCall(&context, "/softmax.v1.SoftmaxService/Softmax", grpc::StubOptions(), &request,
+                      &reply, [&](grpc::Status s) {
+                        std::lock_guard<std::mutex> lock(mu);
+                        status = std::move(s);
+                        done = true;
+                        cv.notify_all();
+                      });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_NE(status.error_message().find("SoftmaxRequest"), std::string::npos);
+  }
+  {
+    grpc::ClientContext context;
+    grpc::CompletionQueue cq;
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+        generic.PrepareCall(&context, "/softmax.v1.SoftmaxService/SoftmaxStream", &cq);
+    void* tag = nullptr;
+    bool ok = false;
+    auto step = [&](int expected) {
+      ASSERT_TRUE(cq.Next(&tag, &ok));
+      EXPECT_EQ(tag, reinterpret_cast<void*>(expected));
+    };
+    call->StartCall(reinterpret_cast<void*>(1));
+    step(1);
+    grpc::Slice bad(garbage);
+    grpc::ByteBuffer bad_buffer(&bad, 1);
+    call->Write(bad_buffer, reinterpret_cast<void*>(2));
+    step(2);
+    const v1::SoftmaxRequest good = RandomRequest("g", {2, 9}, -1, 5);
+    grpc::ByteBuffer good_buffer;
+    bool own = false;
+    ASSERT_TRUE(grpc::SerializationTraits<v1::SoftmaxRequest>::Serialize(good, &good_buffer, &own).ok());
+    call->Write(good_buffer, reinterpret_cast<void*>(3));
+    step(3);
+    call->WritesDone(reinterpret_cast<void*>(4));
+    step(4);
+    std::map<std::string, v1::SoftmaxResponse> by_id;
+    for (int i = 0; i < 2; ++i) {
+      grpc::ByteBuffer reply;
+      call->Read(&reply, reinterpret_cast<void*>(5));
+      step(5);
+      ASSERT_TRUE(ok);
+      v1::SoftmaxResponse response;
+      ASSERT_TRUE(grpc::SerializationTraits<v1::SoftmaxResponse>::Deserialize(&reply, &response).ok());
+      by_id[response.request_id()] = response;
+    }
+    EXPECT_EQ(by_id[""].error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+    ExpectCorrect(good, by_id["g"]);
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(6));
+    step(6);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
 }
 
 }  // namespace

@@ -94,6 +94,8 @@ def test_startup_logs_device_choice(server):
     ("--cuda_spin_us=-1", "limits must be positive"),
     ("--cuda_inline_max_bytes=-1", "limits must be positive"),
     ("--cuda_zero_copy_max_bytes=-1", "limits must be positive"),
+    ("--cuda_pinned_responses_max_bytes=-1", "limits must be positive"),
+    ("--cuda_pinned_response_min_bytes=-1", "limits must be positive"),
     ("--inject_fault_after_batches=-1", "limits must be positive"),
     ("--completion_threads=-1", "limits must be positive"),
     ("--completion_threads=100000", "--completion_threads: at most"),
