@@ -6,7 +6,7 @@
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
 # steps: any of unit,roundtrip,e2e,batching,small,service,ab,ab-inline,ab-batching,
-# ab-streams,ab-spin,ab-large,ab-defaults,ab-c1,malloc (default: unit,e2e,batching,service); they run in the order listed here.
+# ab-streams,ab-spin,ab-large,ab-defaults,ab-c1,ab-pinned,ab-medium,ab-offload,malloc (default: unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
 # step's time per point, and SERVICE_ROUNDS (default 3) its rounds per point:
 # each round times the GPU server and the echo back to back, in alternating
@@ -256,6 +256,61 @@ if step ab-c1; then
       --server-arg=--cuda_inline_max_bytes=0
     ab_unary "c1-$round-cpu" 1x1024:float32,8x4096:float16 1 --duration=3 --skip-none \
       --device=cpu
+    snapshot
+  done
+fi
+
+if step ab-pinned; then
+  # Responses sent from the pinned memory their batch was computed into (the
+  # default) against copied into the response and serialised
+  # (--cuda_pinned_responses_max_bytes=0), medium and large payloads, three
+  # alternating rounds, the echo beside the default.
+  for round in 1 2 3; do
+    ab_unary "pinned-$round-default" 8x4096:float16,64x32000:bfloat16 16,64,256
+    ab_unary "pinned-$round-copied" 8x4096:float16,64x32000:bfloat16 16,64,256 --skip-none \
+      --server-arg=--cuda_pinned_responses_max_bytes=0
+    snapshot
+  done
+fi
+
+if step ab-medium; then
+  # Medium payloads (8 x 4096 float16) at 16 and 64 callers, where the GPU
+  # server is furthest below the echo: the defaults (the echo beside them)
+  # against five streams, DMA copies for every batch, a longer spin before
+  # sleeping, and batches run on the receiving gRPC thread; three rounds.
+  for round in 1 2 3; do
+    for setting in default streams5 dma spin500 inline; do
+      extra=(--skip-none)
+      case $setting in
+        default) extra=() ;;
+        streams5) extra+=(--server-arg=--cuda_streams=5) ;;
+        dma) extra+=(--server-arg=--cuda_zero_copy_max_bytes=0) ;;
+        spin500) extra+=(--server-arg=--cuda_spin_us=500) ;;
+        inline) extra+=(--server-arg=--cuda_inline_max_bytes=4194304
+                        --server-arg=--cuda_inline_when_busy) ;;
+      esac
+      ab_unary "medium-$round-$setting" 8x4096:float16 16,64 "${extra[@]}"
+    done
+    snapshot
+  done
+fi
+
+if step ab-offload; then
+  # Medium payloads again, once a batch queued while a stream's thread is in
+  # its done callback goes to a waiting thread: the defaults (the echo
+  # beside them) against answering batches of 64 KiB or 256 KiB and more on
+  # the completion threads (in parallel, each response on its own thread)
+  # instead of on the stream's thread; three rounds.
+  for round in 1 2 3; do
+    for setting in default offload64k offload256k; do
+      extra=(--skip-none)
+      case $setting in
+        default) extra=() ;;
+        offload64k) extra+=(--server-arg=--offload_completion_bytes=65536) ;;
+        offload256k) extra+=(--server-arg=--offload_completion_bytes=262144) ;;
+      esac
+      ab_unary "offload-$round-$setting" 8x4096:float16 16,64 "${extra[@]}"
+    done
     snapshot
   done
 fi

@@ -280,6 +280,7 @@ absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(
   {
     absl::MutexLock lock(&worker->mu_);
     worker->slot_busy_.assign(static_cast<size_t>(options.slots), false);
+    worker->slot_waiting_.assign(static_cast<size_t>(options.slots), false);
   }
   for (int i = 0; i < options.slots; ++i) {
     worker->threads_.emplace_back([w = worker.get(), i] { w->SlotLoop(i); });
@@ -326,15 +327,17 @@ std::vector<MemoryStats> DeviceWorker::Memory() const {
 }
 
 void DeviceWorker::WakeForPendingLocked() {
-  // Idle slots are woken in order, one per queued batch: the k-th batch
-  // waiting goes to the k-th idle slot. A woken thread marks its slot busy
-  // as it takes a batch, so the pairing holds as batches are taken. When
-  // fewer slots are idle than batches wait, the busy slots take the rest as
-  // they finish. A slot whose thread is not waiting (it is between batches)
-  // misses the signal but checks the queue before it waits.
+  // Waiting slot threads are woken in order, one per queued batch: the k-th
+  // batch waiting goes to the k-th waiting thread. A woken thread marks its
+  // slot busy as it takes a batch, so the pairing holds as batches are
+  // taken. When fewer threads wait than batches do, the others take the rest
+  // as they come back. Only threads that wait count: a slot's thread spends
+  // a while in its last batch's done callback (answering the requests, tens
+  // of microseconds for a few medium responses) with its slot free, and a
+  // signal sent to it there would be lost while another thread sleeps.
   size_t k = pending_.size();
   for (int i = 0; i < options_.slots; ++i) {
-    if (slot_busy_[i]) continue;
+    if (slot_busy_[i] || !slot_waiting_[i]) continue;
     if (--k == 0) {
       slot_cv_[i].Signal();
       return;
@@ -409,7 +412,9 @@ void DeviceWorker::SlotLoop(int slot_index) {
       // shutdown is waited for too: its staging must not be released under it.
       while ((pending_.empty() || slot_busy_[slot_index]) &&
              !(stopping_ && !slot_busy_[slot_index])) {
+        slot_waiting_[slot_index] = true;
         slot_cv_[slot_index].Wait(&mu_);
+        slot_waiting_[slot_index] = false;
       }
       if (pending_.empty()) return;
       work = std::move(pending_.front());

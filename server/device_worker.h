@@ -169,6 +169,11 @@ class DeviceWorker final : public Backend {
   std::deque<std::pair<std::unique_ptr<Batch>, Done>> pending_ ABSL_GUARDED_BY(mu_);
   // Per slot: running a batch (on its own thread or on a submitting one).
   std::vector<bool> slot_busy_ ABSL_GUARDED_BY(mu_);
+  // Per slot: its thread waits on its condition variable (or has been
+  // signalled and not yet woken). A thread that is not waiting, e.g. one
+  // answering its last batch's requests in the done callback, would miss a
+  // signal; it checks the queue before it waits instead.
+  std::vector<bool> slot_waiting_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };

@@ -471,5 +471,43 @@ TEST(DeviceWorkerTest, LentOutputsMatchReferenceWithinTheirBoundAndGoBackWhenRel
   EXPECT_EQ(lent_count(run(whole, false)), 1);
 }
 
+// A slot's thread answers its batch's requests in the done callback with
+// its slot already free. A batch submitted meanwhile goes to a thread that
+// waits, not to that one (which would take it only once its callback ends):
+// here the first batch's callback blocks until the second batch is done.
+TEST(DeviceWorkerTest, ABatchSubmittedDuringAnotherBatchsCallbackRunsOnAWaitingSlot) {
+  SKIP_WITHOUT_GPU();
+  auto worker = MakeWorker(16 << 20);
+  ASSERT_NE(worker, nullptr);
+  std::mt19937 rng(41);
+  for (int round = 0; round < 5; ++round) {
+    std::vector<Tensor> first = {MakeTensor(rng, DType::kFloat32, {2, 1024, 1}, {})};
+    std::vector<Tensor> second = {MakeTensor(rng, DType::kFloat16, {8, 4096, 1}, {})};
+    std::promise<void> in_callback;
+    std::promise<BatchResult> second_done;
+    std::future<BatchResult> second_result = second_done.get_future();
+    std::atomic<bool> second_finished_in_time{false};
+    std::promise<void> first_done;
+    worker->Submit(MakeBatch(first), [&](std::unique_ptr<Batch>, BatchResult result) {
+      EXPECT_TRUE(result.status.ok()) << result.status;
+      in_callback.set_value();
+      // Held here until the second batch is answered, or 10 s.
+      second_finished_in_time =
+          second_result.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+      first_done.set_value();
+    });
+    in_callback.get_future().wait();
+    worker->Submit(MakeBatch(second), [&](std::unique_ptr<Batch>, BatchResult result) {
+      second_done.set_value(std::move(result));
+    });
+    first_done.get_future().wait();
+    EXPECT_TRUE(second_finished_in_time.load()) << "round " << round;
+    BatchResult result = second_result.get();
+    ASSERT_TRUE(result.status.ok()) << result.status;
+    ExpectMatchesReference(first[0]);
+    ExpectMatchesReference(second[0]);
+  }
+}
+
 }  // namespace
 }  // namespace softmax::server
