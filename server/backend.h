@@ -32,6 +32,9 @@ struct Segment {
   // The request can be answered from memory the backend keeps (an
   // OutputView) instead of `output`. A backend may ignore it.
   bool output_view_ok = false;
+  // Set by Backend::StageInput: `input` points into memory of the backend's
+  // own, kept alive by this, which the backend reads directly.
+  std::shared_ptr<const void> staged;
 };
 
 // A segment's output left where the backend computed it (the GPU backend's
@@ -129,6 +132,17 @@ class Backend {
   // How many batches the batcher may have submitted and not yet completed.
   // A pipelining GPU worker returns 2 or more.
   virtual int MaxBatchesInFlight() const { return 1; }
+
+  // Optional: copies the input of `segment` (which has output_view_ok) into
+  // memory the backend computes from directly (pinned host memory on the
+  // GPU), on the calling thread; the batcher calls it as a request is
+  // admitted, on a gRPC thread, so that requests are copied in parallel
+  // instead of batch by batch on the backend's thread. On true,
+  // segment.input points there and segment.staged keeps it alive; the
+  // batcher sets output = input, the backend computes in place there, and
+  // the request is answered from that buffer (unless the backend lends an
+  // OutputView of another). Default: false.
+  virtual bool StageInput(Segment& segment) { return false; }
 
   // Starts computing `batch`; must return promptly (no waiting for the
   // result). REQUIRES: fewer than MaxBatchesInFlight() batches outstanding.

@@ -50,6 +50,15 @@ Batcher::Batcher(const BatcherOptions& options, Backend* backend, BatcherObserve
 Batcher::~Batcher() { Stop(); }
 
 absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
+  if (item->output_view != nullptr) {
+    item->segment.output_view_ok = true;
+    // Copied into the backend's own memory here, on the caller's thread (see
+    // Backend::StageInput); the request's copy is not needed any more.
+    if (backend_->StageInput(item->segment) && item->input_buffer != nullptr) {
+      std::string().swap(*item->input_buffer);
+      item->input_buffer = nullptr;
+    }
+  }
   const SteadyClock::time_point now = SteadyClock::now();
   item->enqueued = now;
   const int64_t bytes = item->segment.bytes;
@@ -183,6 +192,13 @@ void Batcher::Launch(std::unique_ptr<Batch> batch, std::vector<Dropped>* dropped
   batch->segments.reserve(batch->items.size());
   for (auto& item : batch->items) {
     std::string* input = item->input_buffer;
+    if (item->segment.staged != nullptr) {
+      // Staged by the backend: computed in place there, answered by a view.
+      item->segment.output = const_cast<void*>(item->segment.input);
+      item->segment.output_view_ok = true;
+      batch->segments.push_back(item->segment);
+      continue;
+    }
     if (options_.outputs_reuse_inputs && input != nullptr &&
         static_cast<int64_t>(input->size()) == item->segment.bytes &&
         input->data() == item->segment.input) {
@@ -275,6 +291,17 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
       if (ok && result.output_views[i].data != nullptr && item.output_view != nullptr) {
         *item.output_view = std::move(result.output_views[i]);
       }
+    }
+  }
+  for (size_t i = 0; i < batch->items.size(); ++i) {
+    // A staged input was computed in place (Backend::StageInput): unless the
+    // backend lent another view, the answer is that buffer.
+    WorkItem& item = *batch->items[i];
+    const bool ok = per_segment ? result.segment_status[i].ok() : result.status.ok();
+    if (ok && item.segment.staged != nullptr && item.output_view != nullptr &&
+        item.output_view->data == nullptr) {
+      *item.output_view = OutputView{static_cast<const char*>(item.segment.output),
+                                     item.segment.bytes, item.segment.staged};
     }
   }
   const int workers = static_cast<int>(completion_threads_.size());

@@ -100,7 +100,8 @@ struct WorkItem {
   // Optional: the string segment.input points into, which the batcher may
   // move into `output` (BatcherOptions::outputs_reuse_inputs); it is empty
   // afterwards. Only used when it holds exactly segment.bytes bytes starting
-  // at segment.input.
+  // at segment.input. Freed (left empty) when the backend stages the input
+  // (Backend::StageInput) as the request is admitted.
   std::string* input_buffer = nullptr;
   // Optional: where a backend's OutputView of this request's output goes
   // (BatchResult::output_views). When set before `done` runs with OK, the

@@ -927,5 +927,62 @@ TEST(BatcherTest, LentOutputsReachOnlyTheRequestsThatAcceptThemAndSucceeded) {
   EXPECT_EQ(c_view.owner, nullptr);
 }
 
+// Stages every input it is offered into a buffer of its own, computes in
+// place there (each byte complemented) and lends nothing.
+class StagingInputsBackend final : public Backend {
+ public:
+  std::string Describe() const override { return "staging inputs"; }
+  bool StageInput(Segment& segment) override {
+    auto buffer = std::make_shared<std::string>(static_cast<const char*>(segment.input),
+                                                static_cast<size_t>(segment.bytes));
+    segment.input = buffer->data();
+    segment.staged = buffer;
+    ++staged;
+    return true;
+  }
+  void Submit(std::unique_ptr<Batch> batch, Done done) override {
+    for (const Segment& s : batch->segments) {
+      in_place.push_back(s.output == s.input);
+      const char* in = static_cast<const char*>(s.input);
+      char* out = static_cast<char*>(s.output);
+      for (int64_t i = 0; i < s.bytes; ++i) out[i] = static_cast<char>(~in[i]);
+    }
+    done(std::move(batch), BatchResult());
+  }
+  int staged = 0;
+  std::vector<bool> in_place;
+};
+
+TEST(BatcherTest, StagedInputsAreComputedInPlaceAndAnsweredFromTheirBuffer) {
+  StagingInputsBackend backend;
+  BatcherOptions options = Options(2, 1 << 30, kForever);
+  options.outputs_reuse_inputs = true;
+  Batcher batcher(options, &backend);
+  TestRequest a, b;
+  OutputView a_view;
+  auto item_a = MakeItem(&a, 1, 4);
+  item_a->input_buffer = &a.input;
+  item_a->output_view = &a_view;
+  const std::string a_input = a.input;
+  auto item_b = MakeItem(&b, 1, 4);  // takes no view: not staged, copied as before
+  ASSERT_TRUE(batcher.Enqueue(std::move(item_a)).ok());
+  EXPECT_TRUE(a.input.empty());  // staged at admission: the request's copy is freed
+  ASSERT_TRUE(batcher.Enqueue(std::move(item_b)).ok());
+  for (TestRequest* r : {&a, &b}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_TRUE(r->status.ok()) << r->status;
+  }
+  EXPECT_EQ(backend.staged, 1);
+  EXPECT_EQ(backend.in_place, (std::vector<bool>{true, false}));
+  ASSERT_NE(a_view.data, nullptr);
+  ASSERT_EQ(a_view.bytes, static_cast<int64_t>(a_input.size()));
+  for (size_t i = 0; i < a_input.size(); ++i) {
+    ASSERT_EQ(a_view.data[i], static_cast<char>(~a_input[i])) << i;
+  }
+  EXPECT_TRUE(a.output.empty());
+  ASSERT_EQ(b.output.size(), b.input.size());
+  for (size_t i = 0; i < b.input.size(); ++i) ASSERT_EQ(b.output[i], static_cast<char>(~b.input[i]));
+}
+
 }  // namespace
 }  // namespace softmax::server

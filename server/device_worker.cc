@@ -383,6 +383,33 @@ void DeviceWorker::Submit(std::unique_ptr<Batch> batch, Done done) {
   done(std::move(batch), std::move(result));
 }
 
+bool DeviceWorker::StageInput(Segment& segment) {
+  const int64_t bytes = segment.bytes;
+  if (!segment.output_view_ok || bytes <= 0 || bytes < options_.pinned_response_min_bytes ||
+      options_.pinned_responses_max_bytes <= 0 || failed_.load()) {
+    return false;
+  }
+  PinnedLoans& loans = *state_->loans;
+  if (loans.bytes.fetch_add(bytes) + bytes > options_.pinned_responses_max_bytes) {
+    loans.bytes.fetch_sub(bytes);
+    return false;
+  }
+  absl::StatusOr<Block> block = loans.memory->Allocate(static_cast<size_t>(bytes));
+  if (!block.ok()) {
+    loans.bytes.fetch_sub(bytes);
+    return false;
+  }
+  auto* owned = new Block(std::move(*block));
+  CopyAll({{static_cast<char*>(owned->data()), static_cast<const char*>(segment.input), bytes}});
+  segment.input = owned->data();
+  segment.staged =
+      std::shared_ptr<const void>(owned, [loans = state_->loans, bytes](const Block* b) {
+        delete b;
+        loans->bytes.fetch_sub(bytes);
+      });
+  return true;
+}
+
 BatchResult DeviceWorker::Run(Slot& slot, Batch& batch) {
   if (failed_.load()) {
     BatchResult result;
@@ -440,6 +467,14 @@ struct Staging {
   char* out;   // device
 };
 
+// Where the input of `piece` is when its segment's input was staged
+// (Backend::StageInput), or null when it has to be packed.
+const char* StagedInput(const Batch& batch, const Piece& piece) {
+  const Segment& segment = batch.segments[piece.segment];
+  if (segment.staged == nullptr) return nullptr;
+  return static_cast<const char*>(segment.input) + piece.outer_begin * piece.slab_bytes;
+}
+
 // Runs `pieces` through `staging` once: pack, H2D, one launch per dtype, D2H,
 // wait, unpack. Adds the kernel time and launches to the totals.
 //
@@ -474,7 +509,8 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
     const Piece& piece = pieces[k];
     const Segment& segment = batch.segments[piece.segment];
     gpu::SoftmaxSegment s;
-    s.input = in + offsets[k];
+    const char* staged = StagedInput(batch, piece);
+    s.input = zero_copy && staged != nullptr ? staged : in + offsets[k];
     s.output = out + offsets[k];
     s.outer = piece.outer_count;
     s.n = segment.shape.n;
@@ -496,17 +532,44 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
     scratch.push_back(std::move(*block));
   }
 
-  std::vector<HostCopy> copies(pieces.size());
+  // Staged inputs are read where they are; the others are packed first.
+  std::vector<HostCopy> copies;
+  bool any_staged = false;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const Piece& piece = pieces[k];
+    if (StagedInput(batch, piece) != nullptr) {
+      any_staged = true;
+      continue;
+    }
     const char* source = static_cast<const char*>(batch.segments[piece.segment].input);
-    copies[k] = {host + offsets[k], source + piece.outer_begin * piece.slab_bytes, piece.bytes};
+    copies.push_back({host + offsets[k], source + piece.outer_begin * piece.slab_bytes,
+                      piece.bytes});
   }
   CopyAll(copies);
 
   auto enqueue_and_wait = [&]() -> absl::Status {
-    if (!zero_copy) {
+    if (!zero_copy && !any_staged) {
       SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(in, host, total, cudaMemcpyHostToDevice, stream));
+    } else if (!zero_copy) {
+      // One copy per staged piece, from its own buffer; one per run of
+      // consecutive packed pieces.
+      size_t k = 0;
+      while (k < pieces.size()) {
+        if (const char* staged = StagedInput(batch, pieces[k])) {
+          SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(in + offsets[k], staged, pieces[k].bytes,
+                                                 cudaMemcpyHostToDevice, stream));
+          ++k;
+          continue;
+        }
+        const int64_t begin = offsets[k];
+        int64_t end = begin;
+        while (k < pieces.size() && StagedInput(batch, pieces[k]) == nullptr) {
+          end = offsets[k] + pieces[k].bytes;
+          ++k;
+        }
+        SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(in + begin, host + begin, end - begin,
+                                               cudaMemcpyHostToDevice, stream));
+      }
     }
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_start, stream));
     size_t table_index = 0;
@@ -746,6 +809,8 @@ BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
   for (const Piece& piece : pieces) {
     if (segment_status[piece.segment].ok()) result.kernel_bytes += 2 * piece.bytes;
   }
+  // (Staged segments that were not lent are answered from their own
+  // buffer, where they were computed in place, by the batcher.)
   if (lent_filled) {
     result.output_views.resize(batch.segments.size());
     for (size_t i = 0; i < batch.segments.size(); ++i) {

@@ -100,7 +100,8 @@ struct DeviceWorkerOptions {
   // less time than the loan costs), in batches that run in one piece, while
   // the pinned memory lent to responses not yet sent stays within
   // pinned_responses_max_bytes. Beyond that bound (slow readers) outputs are
-  // copied as before. 0 = never lend.
+  // copied as before. 0 = never lend. The same bound and size select the
+  // inputs staged in pinned memory as requests are admitted (StageInput).
   int64_t pinned_responses_max_bytes = int64_t{1} << 30;
   int64_t pinned_response_min_bytes = int64_t{16} << 10;
   // Device memory the caching allocator may take from CUDA, staging
@@ -134,6 +135,11 @@ class DeviceWorker final : public Backend {
   std::string Describe() const override;
   int MaxBatchesInFlight() const override { return options_.slots; }
   void Submit(std::unique_ptr<Batch> batch, Done done) override;
+  // Copies inputs of at least pinned_response_min_bytes into pinned memory
+  // of their own (within pinned_responses_max_bytes, which the staged inputs
+  // share with the lent outputs): the kernels, or the H2D copy, then read
+  // them there, and the slot's thread has nothing to pack for them.
+  bool StageInput(Segment& segment) override;
   DeviceInfo Device() const override { return info_; }
   std::vector<MemoryStats> Memory() const override;
 

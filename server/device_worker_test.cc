@@ -509,5 +509,81 @@ TEST(DeviceWorkerTest, ABatchSubmittedDuringAnotherBatchsCallbackRunsOnAWaitingS
   }
 }
 
+// Inputs staged in pinned memory as requests are admitted (StageInput) are
+// read where they are (by the kernels on the zero-copy path, by their own
+// H2D copy otherwise, also when cut into pieces) and, when their output is
+// not lent, computed in place there. Mixed with inputs that are packed.
+TEST(DeviceWorkerTest, StagedInputsAreReadWhereTheyAreAndComputedInPlaceWhenNotLent) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(43);
+  struct Case {
+    int64_t max_staging_bytes;
+    std::vector<std::pair<SoftmaxShape, DType>> shapes;
+  };
+  const std::vector<Case> cases = {
+      // Zero copy (under 256 KiB): 4 KiB is below the staging size.
+      {16 << 20, {{{1, 1024, 1}, DType::kFloat32}, {{8, 4096, 1}, DType::kFloat16},
+                  {{3, 8192, 1}, DType::kFloat32}, {{2, 100, 37}, DType::kBFloat16}}},
+      // With copies: 4 MB and 192 KiB staged, 30 KB packed between them.
+      {16 << 20, {{{64, 32000, 1}, DType::kBFloat16}, {{3, 5000, 1}, DType::kFloat16},
+                  {{6, 8192, 1}, DType::kFloat32}}},
+      // Cut into pieces through 1 MiB of staging: 2 MiB staged, 8 pieces.
+      {1 << 20, {{{8, 1 << 16, 1}, DType::kFloat32}, {{1, 2000, 1}, DType::kFloat32}}},
+  };
+  for (const bool lend : {true, false}) {
+    for (const Case& c : cases) {
+      std::vector<Tensor> tensors;
+      for (const auto& [shape, dtype] : c.shapes) {
+        tensors.push_back(MakeTensor(rng, dtype, shape, {0.8f, tensors.size() % 2 == 1}));
+      }
+      // Every tensor of 16 KiB or more but the second is staged.
+      std::vector<bool> stage(tensors.size());
+      int64_t staged_bytes = 0;
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        stage[i] = i != 1 && tensors[i].input.size() >= (16 << 10);
+        if (stage[i]) staged_bytes += static_cast<int64_t>(tensors[i].input.size());
+      }
+      DeviceWorkerOptions options;
+      options.max_staging_bytes = c.max_staging_bytes;
+      options.pinned_response_min_bytes = 16 << 10;
+      // Without lending, room for the staged inputs and nothing more.
+      options.pinned_responses_max_bytes = lend ? int64_t{1} << 30 : staged_bytes;
+      auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
+        ADD_FAILURE() << "unexpected GPU fault: " << status;
+      });
+      ASSERT_TRUE(created.ok()) << created.status();
+      std::unique_ptr<DeviceWorker> worker = std::move(*created);
+
+      std::unique_ptr<Batch> batch = MakeBatch(tensors);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        Segment& segment = batch->segments[i];
+        segment.output_view_ok = true;
+        if (!stage[i]) continue;
+        ASSERT_TRUE(worker->StageInput(segment)) << i;
+        ASSERT_NE(segment.staged, nullptr);
+        ASSERT_EQ(std::memcmp(segment.input, tensors[i].input.data(), tensors[i].input.size()), 0);
+        segment.output = const_cast<void*>(segment.input);  // as the batcher does
+      }
+      const std::vector<Segment> segments = batch->segments;  // keeps the staged buffers
+      BatchResult result = RunAndWait(*worker, std::move(batch));
+      ASSERT_TRUE(result.status.ok()) << result.status;
+      EXPECT_TRUE(result.segment_status.empty());
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        Tensor computed = tensors[i];
+        const bool viewed = !result.output_views.empty() && result.output_views[i].data != nullptr;
+        if (viewed) {
+          computed.output.assign(result.output_views[i].data,
+                                 static_cast<size_t>(result.output_views[i].bytes));
+        } else if (stage[i]) {
+          computed.output.assign(static_cast<const char*>(segments[i].output),
+                                 tensors[i].input.size());
+        }
+        if (!lend) EXPECT_FALSE(viewed) << i;
+        ExpectMatchesReference(computed);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace softmax::server

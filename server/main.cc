@@ -92,7 +92,8 @@ ABSL_FLAG(int64_t, cuda_zero_copy_max_bytes, kDefaults.cuda_zero_copy_max_bytes,
 ABSL_FLAG(int64_t, cuda_pinned_responses_max_bytes, kDefaults.cuda_pinned_responses_max_bytes,
           "GPU backend: pinned host memory that responses not yet sent may hold; responses "
           "of at least --cuda_pinned_response_min_bytes are sent from the pinned memory their "
-          "batch was computed into, without a copy, while within it; 0 = always copy");
+          "batch was computed into, without a copy, and their inputs are copied into pinned "
+          "memory as they are admitted, while within it; 0 = always copy");
 ABSL_FLAG(int64_t, cuda_pinned_response_min_bytes, kDefaults.cuda_pinned_response_min_bytes,
           "GPU backend: smallest response sent from pinned memory (smaller ones are copied)");
 ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,

@@ -83,7 +83,8 @@ struct ServerOptions {
   // responses of at least min bytes are sent straight from the pinned memory
   // their batch was computed into, no copy, while the pinned memory so held
   // by responses not yet sent stays within max; beyond it they are copied.
-  // max 0 = always copy.
+  // Inputs of min bytes or more are copied into pinned memory as they are
+  // admitted, within the same max. max 0 = always copy.
   int64_t cuda_pinned_responses_max_bytes = int64_t{1} << 30;
   int64_t cuda_pinned_response_min_bytes = int64_t{16} << 10;
   // --cuda_memory_limit_bytes: device memory the GPU backend may hold (its
