@@ -166,6 +166,26 @@ void ExpectCorrect(const v1::SoftmaxRequest& request, const v1::SoftmaxResponse&
   }
 }
 
+// Writes `requests` on one stream (from another thread, so that writes and
+// reads overlap) and returns the responses in the order they came; the
+// stream must end OK.
+std::vector<v1::SoftmaxResponse> RunStream(Harness& harness,
+                                           const std::vector<v1::SoftmaxRequest>& requests) {
+  grpc::ClientContext context;
+  auto stream = harness.stub->SoftmaxStream(&context);
+  std::thread writer([&] {
+    for (const auto& request : requests) EXPECT_TRUE(stream->Write(request));
+    stream->WritesDone();
+  });
+  std::vector<v1::SoftmaxResponse> responses;
+  v1::SoftmaxResponse response;
+  while (stream->Read(&response)) responses.push_back(response);
+  writer.join();
+  const grpc::Status status = stream->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return responses;
+}
+
 TEST(ServiceTest, UnaryComputesSoftmaxAlongAnyAxis) {
   Harness harness;
   for (int axis : {0, 1, -1}) {
@@ -210,8 +230,6 @@ TEST(ServiceTest, OversizedMessageIsResourceExhausted) {
 
 TEST(ServiceTest, StreamAnswersEveryRequestAndReportsBadOnesInline) {
   Harness harness;
-  grpc::ClientContext context;
-  auto stream = harness.stub->SoftmaxStream(&context);
   constexpr int kRequests = 40;  // more than max_stream_pending
   std::vector<v1::SoftmaxRequest> requests;
   for (int i = 0; i < kRequests; ++i) {
@@ -219,14 +237,9 @@ TEST(ServiceTest, StreamAnswersEveryRequestAndReportsBadOnesInline) {
     if (i % 7 == 3) request.mutable_input()->set_dtype(v1::DTYPE_UNSPECIFIED);
     requests.push_back(request);
   }
-  std::thread writer([&] {
-    for (const auto& request : requests) ASSERT_TRUE(stream->Write(request));
-    stream->WritesDone();
-  });
-  v1::SoftmaxResponse response;
   std::vector<bool> seen(kRequests, false);
   int answered = 0;
-  while (stream->Read(&response)) {
+  for (const v1::SoftmaxResponse& response : RunStream(harness, requests)) {
     const int index = std::stoi(response.request_id().substr(1));
     ASSERT_FALSE(seen[index]) << "duplicate response " << index;
     seen[index] = true;
@@ -240,10 +253,7 @@ TEST(ServiceTest, StreamAnswersEveryRequestAndReportsBadOnesInline) {
       ExpectCorrect(requests[index], response);
     }
   }
-  writer.join();
   EXPECT_EQ(answered, kRequests);
-  const grpc::Status status = stream->Finish();
-  EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
 TEST(ServiceTest, ClientCancellingMidStreamLeavesTheServerHealthy) {
@@ -392,26 +402,17 @@ TEST(ServiceTest, InPlaceBackendComputesIntoTheRequestsOwnBuffers) {
     ++sent;
   }
   // On a stream too, with sizes on both sides of std::string's inline buffer.
-  grpc::ClientContext context;
-  auto stream = harness.stub->SoftmaxStream(&context);
   std::vector<v1::SoftmaxRequest> requests;
   for (int i = 0; i < 12; ++i) {
     requests.push_back(RandomRequest(absl::StrCat("s", i), {1 + i % 2, 1 + (i * 37) % 300}, -1, i));
   }
-  std::thread writer([&] {
-    for (const auto& request : requests) ASSERT_TRUE(stream->Write(request));
-    stream->WritesDone();
-  });
-  v1::SoftmaxResponse response;
   int answered = 0;
-  while (stream->Read(&response)) {
+  for (const v1::SoftmaxResponse& response : RunStream(harness, requests)) {
     const int index = std::stoi(response.request_id().substr(1));
     EXPECT_EQ(response.error().code(), 0) << response.error().message();
     ExpectCorrect(requests[index], response);
     ++answered;
   }
-  writer.join();
-  EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(answered, 12);
   sent += answered;
   EXPECT_EQ(harness.staging->segments.load(), sent);
@@ -435,8 +436,6 @@ TEST(ServiceTest, LentOutputsAreSentWithoutACopyAndReleasedAfterwards) {
     EXPECT_GT(response.timing().compute_ns(), 0);
     ++sent;
   }
-  grpc::ClientContext context;
-  auto stream = harness.stub->SoftmaxStream(&context);
   constexpr int kRequests = 30;
   std::vector<v1::SoftmaxRequest> requests;
   for (int i = 0; i < kRequests; ++i) {
@@ -445,13 +444,8 @@ TEST(ServiceTest, LentOutputsAreSentWithoutACopyAndReleasedAfterwards) {
     if (i % 5 == 2) request.mutable_input()->set_dtype(v1::DTYPE_UNSPECIFIED);
     requests.push_back(request);
   }
-  std::thread writer([&] {
-    for (const auto& request : requests) ASSERT_TRUE(stream->Write(request));
-    stream->WritesDone();
-  });
-  v1::SoftmaxResponse response;
   int answered = 0;
-  while (stream->Read(&response)) {
+  for (const v1::SoftmaxResponse& response : RunStream(harness, requests)) {
     const int index = std::stoi(response.request_id().substr(1));
     if (index % 5 == 2) {
       EXPECT_EQ(response.error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
@@ -463,8 +457,6 @@ TEST(ServiceTest, LentOutputsAreSentWithoutACopyAndReleasedAfterwards) {
     }
     ++answered;
   }
-  writer.join();
-  EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(answered, kRequests);
   EXPECT_EQ(harness.staging->lent.load(), sent);
   // gRPC drops its references once the responses are on the wire.
