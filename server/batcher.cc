@@ -284,22 +284,16 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
     observer_->OnBatchCompleted(stats);
   }
   const bool per_segment = result.segment_status.size() == batch->items.size();
-  if (result.output_views.size() == batch->items.size()) {
-    for (size_t i = 0; i < batch->items.size(); ++i) {
-      WorkItem& item = *batch->items[i];
-      const bool ok = per_segment ? result.segment_status[i].ok() : result.status.ok();
-      if (ok && result.output_views[i].data != nullptr && item.output_view != nullptr) {
-        *item.output_view = std::move(result.output_views[i]);
-      }
-    }
-  }
+  // Outputs answered by reference (OutputView): those the backend lent, and
+  // staged inputs (Backend::StageInput), computed in place in their buffer.
+  const bool lent = result.output_views.size() == batch->items.size();
   for (size_t i = 0; i < batch->items.size(); ++i) {
-    // A staged input was computed in place (Backend::StageInput): unless the
-    // backend lent another view, the answer is that buffer.
     WorkItem& item = *batch->items[i];
     const bool ok = per_segment ? result.segment_status[i].ok() : result.status.ok();
-    if (ok && item.segment.staged != nullptr && item.output_view != nullptr &&
-        item.output_view->data == nullptr) {
+    if (!ok || item.output_view == nullptr) continue;
+    if (lent && result.output_views[i].data != nullptr) {
+      *item.output_view = std::move(result.output_views[i]);
+    } else if (item.segment.staged != nullptr) {
       *item.output_view = OutputView{static_cast<const char*>(item.segment.output),
                                      item.segment.bytes, item.segment.staged};
     }
