@@ -221,6 +221,8 @@ struct ConnectionStats {
   std::atomic<int64_t> batch_rows{0};
   std::atomic<int64_t> queue_ns{0};
   std::atomic<int64_t> compute_ns{0};
+  std::atomic<int64_t> kernel_ns{0};
+  std::atomic<int64_t> dispatch_ns{0};
   std::atomic<int64_t> warmup_requests{0};
   std::atomic<int64_t> warmup_errors{0};
   std::atomic<int64_t> verified{0};
@@ -329,6 +331,8 @@ class LoadRun {
         stats.batch_rows.fetch_add(timing.batch_rows(), std::memory_order_relaxed);
         stats.queue_ns.fetch_add(timing.queue_ns(), std::memory_order_relaxed);
         stats.compute_ns.fetch_add(timing.compute_ns(), std::memory_order_relaxed);
+        stats.kernel_ns.fetch_add(timing.kernel_ns(), std::memory_order_relaxed);
+        stats.dispatch_ns.fetch_add(timing.dispatch_ns(), std::memory_order_relaxed);
       }
     }
     AtomicMax(&stats.last_completion_ns,
@@ -774,6 +778,7 @@ LoadReport LoadRun::Report() const {
   LatencyHistogram latency;
   int64_t last_completion_ns = 0;
   int64_t timed = 0, batch_requests = 0, batch_rows = 0, queue_ns = 0, compute_ns = 0;
+  int64_t kernel_ns = 0, dispatch_ns = 0;
   for (const ConnectionStats& stats : stats_) {
     latency.Merge(stats.latency);
     report.ok += stats.ok.load();
@@ -791,6 +796,8 @@ LoadReport LoadRun::Report() const {
     batch_rows += stats.batch_rows.load();
     queue_ns += stats.queue_ns.load();
     compute_ns += stats.compute_ns.load();
+    kernel_ns += stats.kernel_ns.load();
+    dispatch_ns += stats.dispatch_ns.load();
     last_completion_ns = std::max(last_completion_ns, stats.last_completion_ns.load());
   }
   for (int64_t n : report.errors_by_code) report.errors += n;
@@ -821,6 +828,8 @@ LoadReport LoadRun::Report() const {
     report.mean_batch_rows = static_cast<double>(batch_rows) / timed;
     report.mean_queue_us = static_cast<double>(queue_ns) / timed / 1e3;
     report.mean_compute_us = static_cast<double>(compute_ns) / timed / 1e3;
+    report.mean_kernel_us = static_cast<double>(kernel_ns) / timed / 1e3;
+    report.mean_dispatch_us = static_cast<double>(dispatch_ns) / timed / 1e3;
   }
   return report;
 }
@@ -1188,9 +1197,10 @@ std::string FormatLoadReport(const LoadReport& report) {
                                   l.max / 1e6, l.mean / 1e6));
   absl::StrAppend(&text, "server batch: ",
                   absl::StrFormat("mean %.2f requests, %.1f rows; mean queue %.1f us, compute "
-                                  "%.1f us\n",
+                                  "%.1f us (kernels %.1f us, dispatch %.1f us)\n",
                                   report.mean_batch_requests, report.mean_batch_rows,
-                                  report.mean_queue_us, report.mean_compute_us));
+                                  report.mean_queue_us, report.mean_compute_us,
+                                  report.mean_kernel_us, report.mean_dispatch_us));
   if (o.verify) {
     absl::StrAppend(&text, "verify:       ", report.verified, " responses checked, ",
                     report.mismatches, " mismatched\n");
@@ -1252,7 +1262,9 @@ std::string LoadReportJson(const LoadReport& report) {
   absl::StrAppend(&json, "  \"batch\": {\"mean_requests\": ", JsonNumber(report.mean_batch_requests),
                   ", \"mean_rows\": ", JsonNumber(report.mean_batch_rows),
                   ", \"mean_queue_us\": ", JsonNumber(report.mean_queue_us),
-                  ", \"mean_compute_us\": ", JsonNumber(report.mean_compute_us), "}\n");
+                  ", \"mean_compute_us\": ", JsonNumber(report.mean_compute_us),
+                  ", \"mean_kernel_us\": ", JsonNumber(report.mean_kernel_us),
+                  ", \"mean_dispatch_us\": ", JsonNumber(report.mean_dispatch_us), "}\n");
   json += "}\n";
   return json;
 }

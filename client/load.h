@@ -155,6 +155,8 @@ struct LoadReport {
   double mean_batch_rows = 0.0;
   double mean_queue_us = 0.0;
   double mean_compute_us = 0.0;
+  double mean_kernel_us = 0.0;    // of the compute, the GPU kernels' time
+  double mean_dispatch_us = 0.0;  // submit to the start of the compute
 };
 
 // Runs the load described by `options` and returns the report. Fails

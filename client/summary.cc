@@ -89,9 +89,10 @@ std::string FormatSummary(const v1::SoftmaxResponse& response, const SoftmaxShap
   if (sums.nan_rows > 0) absl::StrAppend(&text, "nan rows:   ", sums.nan_rows, "\n");
   const v1::Timing& timing = response.timing();
   absl::StrAppend(&text, absl::StrFormat(
-      "server:     queue %.3f ms  compute %.3f ms  batch %d requests / %d rows\n",
-      timing.queue_ns() / 1e6, timing.compute_ns() / 1e6, timing.batch_requests(),
-      timing.batch_rows()));
+      "server:     queue %.3f ms  compute %.3f ms (kernels %.3f ms, dispatch %.3f ms)  "
+      "batch %d requests / %d rows\n",
+      timing.queue_ns() / 1e6, timing.compute_ns() / 1e6, timing.kernel_ns() / 1e6,
+      timing.dispatch_ns() / 1e6, timing.batch_requests(), timing.batch_rows()));
   absl::StrAppend(&text, absl::StrFormat("round trip: %.3f ms\n",
                                          absl::ToDoubleMilliseconds(round_trip)));
   return text;

@@ -70,13 +70,17 @@ TEST(SummaryTest, FormatsTheSummary) {
   response.mutable_timing()->set_compute_ns(250000);
   response.mutable_timing()->set_batch_requests(3);
   response.mutable_timing()->set_batch_rows(9);
+  response.mutable_timing()->set_kernel_ns(12000);
+  response.mutable_timing()->set_dispatch_ns(7000);
   const std::string text =
       FormatSummary(response, *ShapeAlongAxis({1, 2}, -1), false, absl::Milliseconds(2));
   EXPECT_NE(text.find("request_id: r1"), std::string::npos);
   EXPECT_NE(text.find("[1, 2] float32"), std::string::npos);
   EXPECT_NE(text.find("min 1  max 1"), std::string::npos);
-  EXPECT_NE(text.find("queue 1.500 ms  compute 0.250 ms  batch 3 requests / 9 rows"),
-            std::string::npos);
+  EXPECT_NE(text.find("queue 1.500 ms  compute 0.250 ms (kernels 0.012 ms, dispatch 0.007 ms)  "
+                      "batch 3 requests / 9 rows"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace

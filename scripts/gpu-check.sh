@@ -6,7 +6,7 @@
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
 # steps: any of unit,roundtrip,e2e,batching,small,service,ab,ab-inline,ab-batching,
-# ab-streams,ab-spin,ab-large,ab-defaults,ab-c1,ab-pinned,ab-medium,ab-offload,malloc (default: unit,e2e,batching,service); they run in the order listed here.
+# ab-streams,ab-spin,ab-large,ab-defaults,ab-c1,ab-pinned,ab-medium,ab-offload,ab-idle,malloc (default: unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
 # step's time per point, and SERVICE_ROUNDS (default 3) its rounds per point:
 # each round times the GPU server and the echo back to back, in alternating
@@ -310,6 +310,26 @@ if step ab-offload; then
         offload256k) extra+=(--server-arg=--offload_completion_bytes=262144) ;;
       esac
       ab_unary "offload-$round-$setting" 8x4096:float16 16,64 "${extra[@]}"
+    done
+    snapshot
+  done
+fi
+
+if step ab-idle; then
+  # Small and medium payloads at 1, 16 and 64 callers, where the GPU server
+  # is furthest below the echo: the defaults (the echo beside them) against
+  # stream threads that poll for the next batch 100 us or 400 us before they
+  # sleep (--cuda_idle_spin_us); three rounds. The responses' timing
+  # (mean_kernel_us, mean_dispatch_us) says where each batch's time went.
+  for round in 1 2 3; do
+    for setting in default idle100 idle400; do
+      extra=(--skip-none)
+      case $setting in
+        default) extra=() ;;
+        idle100) extra+=(--server-arg=--cuda_idle_spin_us=100) ;;
+        idle400) extra+=(--server-arg=--cuda_idle_spin_us=400) ;;
+      esac
+      ab_unary "idle-$round-$setting" 1x1024:float32,8x4096:float16 1,16,64 "${extra[@]}"
     done
     snapshot
   done

@@ -7,6 +7,7 @@
 #ifndef SOFTMAX_SERVER_BACKEND_H_
 #define SOFTMAX_SERVER_BACKEND_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,6 +56,9 @@ struct Batch {
   int64_t rows = 0;   // sum of segments' shape.rows()
   int64_t bytes = 0;  // sum of segments' input bytes
   std::vector<std::unique_ptr<WorkItem>> items;  // parallel to segments
+  // When the batcher submitted it; a backend reports the wait from here to
+  // the start of its compute (BatchResult::dispatch_ns). Unset: not known.
+  std::chrono::steady_clock::time_point submitted;
 
   Batch();
   ~Batch();
@@ -68,6 +72,9 @@ struct BatchResult {
   // device fault, RESOURCE_EXHAUSTED when out of memory).
   absl::Status status;
   int64_t compute_ns = 0;  // time the backend spent on this batch
+  // Time from Batch::submitted to the start of that compute: the batch
+  // waiting for a thread of the backend's to take it (0 when not known).
+  int64_t dispatch_ns = 0;
   // Kernel figures for the bandwidth metrics: time between the first launch
   // and the end of the last (CUDA events; the CPU backend reports its compute
   // time), bytes read + written by the kernels, and the launches made.

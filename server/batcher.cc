@@ -214,6 +214,7 @@ void Batcher::Launch(std::unique_ptr<Batch> batch, std::vector<Dropped>* dropped
   }
   const SteadyClock::time_point submit = SteadyClock::now();
   for (auto& item : batch->items) item->queue_ns = Nanos(submit - item->enqueued);
+  batch->submitted = submit;
   ++launch_depth;
   backend_->Submit(std::move(batch), [this](std::unique_ptr<Batch> done_batch,
                                             BatchResult result) {
@@ -269,6 +270,8 @@ void Batcher::Run() {
 void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
   RequestTiming timing;
   timing.compute_ns = result.compute_ns;
+  timing.kernel_ns = result.kernel_ns;
+  timing.dispatch_ns = result.dispatch_ns;
   timing.batch_requests = static_cast<int32_t>(batch->items.size());
   timing.batch_rows = batch->rows;
   if (observer_ != nullptr) {

@@ -88,6 +88,8 @@ struct BatcherOptions {
 struct RequestTiming {
   int64_t queue_ns = 0;       // admission to the submit of its batch
   int64_t compute_ns = 0;     // the backend's time for its batch
+  int64_t kernel_ns = 0;      // of which its kernels (BatchResult::kernel_ns)
+  int64_t dispatch_ns = 0;    // submit to the start of that compute
   int32_t batch_requests = 0;
   int64_t batch_rows = 0;
 };

@@ -59,6 +59,14 @@ class FakeBackend final : public Backend {
     }
     BatchResult result;
     result.compute_ns = 1234;
+    result.kernel_ns = 1000;
+    // What a backend measures: the batcher stamped the submit.
+    if (batch->submitted != std::chrono::steady_clock::time_point{}) {
+      result.dispatch_ns = std::max<int64_t>(
+          1, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::steady_clock::now() - batch->submitted)
+                 .count());
+    }
     done(std::move(batch), std::move(result));
   }
 
@@ -243,6 +251,11 @@ TEST(BatcherTest, DelayClosesABatchOfOne) {
   EXPECT_GE(r.timing.queue_ns, 30 * 1000 * 1000);
   EXPECT_LT(r.timing.queue_ns, 5LL * 1000 * 1000 * 1000);
   EXPECT_EQ(r.timing.compute_ns, 1234);
+  EXPECT_EQ(r.timing.kernel_ns, 1000);
+  // The batch was stamped at its submit, so the backend could time its
+  // dispatch (at least 1 ns in the fake), and that reached the request.
+  EXPECT_GT(r.timing.dispatch_ns, 0);
+  EXPECT_LT(r.timing.dispatch_ns, 5LL * 1000 * 1000 * 1000);
   EXPECT_EQ(r.timing.batch_requests, 1);
 }
 

@@ -146,6 +146,15 @@ absl::Status WaitForEvent(cudaEvent_t event, int64_t spin_us) {
   return SOFTMAX_CUDA_STATUS(cudaEventSynchronize(event));
 }
 
+// A hint to the CPU that this thread is polling.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // The worker whose slot thread this is (null on other threads). A batch
 // submitted from a slot thread (the batcher forms the next batch in the done
 // callback) is queued for that thread, which takes it as soon as the callback
@@ -292,6 +301,7 @@ DeviceWorker::~DeviceWorker() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    stop_polling_.store(true);
     for (int i = 0; i < options_.slots; ++i) slot_cv_[i].Signal();
   }
   for (std::thread& thread : threads_) thread.join();
@@ -312,13 +322,16 @@ DeviceWorker::~DeviceWorker() {
 }
 
 std::string DeviceWorker::Describe() const {
-  return absl::StrFormat("cuda:%d %s (sm_%s, %d SMs, %.0f GiB, nominal %.0f GB/s) slots=%d%s",
+  return absl::StrFormat("cuda:%d %s (sm_%s, %d SMs, %.0f GiB, nominal %.0f GB/s) slots=%d%s%s",
                          options_.device, info_.name,
                          absl::StrReplaceAll(info_.compute_capability, {{".", ""}}),
                          info_.multiprocessors, info_.memory_bytes / double(1 << 30),
                          info_.peak_bandwidth_bytes_per_second / 1e9, options_.slots,
                          options_.blocking_sync
                              ? absl::StrCat(" blocking-sync spin=", options_.spin_us, "us")
+                             : std::string(),
+                         options_.idle_spin_us > 0
+                             ? absl::StrCat(" idle-spin=", options_.idle_spin_us, "us")
                              : std::string());
 }
 
@@ -335,7 +348,11 @@ void DeviceWorker::WakeForPendingLocked() {
   // a while in its last batch's done callback (answering the requests, tens
   // of microseconds for a few medium responses) with its slot free, and a
   // signal sent to it there would be lost while another thread sleeps.
-  size_t k = pending_.size();
+  // Threads polling for work (idle_spin_us) take the first batches without
+  // a signal.
+  const int spinning = spinning_.load(std::memory_order_acquire);
+  if (pending_.size() <= static_cast<size_t>(spinning)) return;
+  size_t k = pending_.size() - static_cast<size_t>(spinning);
   for (int i = 0; i < options_.slots; ++i) {
     if (slot_busy_[i] || !slot_waiting_[i]) continue;
     if (--k == 0) {
@@ -353,6 +370,7 @@ void DeviceWorker::Submit(std::unique_ptr<Batch> batch, Done done) {
       // From a slot's done callback: that thread takes it next (see
       // slot_thread_of). Not run here, nested in the callback.
       pending_.emplace_back(std::move(batch), std::move(done));
+      queued_.store(static_cast<int>(pending_.size()), std::memory_order_release);
       return;
     }
     // By default only when the whole device is idle (see inline_when_busy).
@@ -366,6 +384,7 @@ void DeviceWorker::Submit(std::unique_ptr<Batch> batch, Done done) {
     }
     if (slot_index < 0) {
       pending_.emplace_back(std::move(batch), std::move(done));
+      queued_.store(static_cast<int>(pending_.size()), std::memory_order_release);
       WakeForPendingLocked();
       return;
     }
@@ -430,8 +449,25 @@ void DeviceWorker::SlotLoop(int slot_index) {
   cudaSetDevice(options_.device);
   slot_thread_of = this;
   Slot& slot = state_->slots[slot_index];
+  bool ran = false;  // ran a batch since it last waited
   for (;;) {
     std::pair<std::unique_ptr<Batch>, Done> work;
+    if (ran && options_.idle_spin_us > 0) {
+      // Poll for the next batch a while before sleeping: a thread woken
+      // from its condition variable costs the batch the kernel's wake-up
+      // (microseconds, more from a deep idle state), a polling one does not.
+      // WakeForPendingLocked leaves the first batches to the polling threads.
+      spinning_.fetch_add(1, std::memory_order_acq_rel);
+      const auto until =
+          std::chrono::steady_clock::now() + std::chrono::microseconds(options_.idle_spin_us);
+      while (queued_.load(std::memory_order_acquire) == 0 &&
+             !stop_polling_.load(std::memory_order_relaxed) &&
+             std::chrono::steady_clock::now() < until) {
+        CpuRelax();
+      }
+      spinning_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    ran = false;
     {
       absl::MutexLock lock(&mu_);
       // Wait while there is no work, or while a submitting thread has this
@@ -446,6 +482,8 @@ void DeviceWorker::SlotLoop(int slot_index) {
       if (pending_.empty()) return;
       work = std::move(pending_.front());
       pending_.pop_front();
+      queued_.store(static_cast<int>(pending_.size()), std::memory_order_release);
+      ran = true;
       slot_busy_[slot_index] = true;
     }
     BatchResult result = Run(slot, *work.first);
@@ -713,6 +751,10 @@ std::unique_ptr<LentOutputs> LendOutputs(const std::shared_ptr<PinnedLoans>& loa
 BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
   const auto start = std::chrono::steady_clock::now();
   BatchResult result;
+  if (batch.submitted != std::chrono::steady_clock::time_point{}) {
+    result.dispatch_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(start - batch.submitted).count();
+  }
   const int64_t limit = options_.max_staging_bytes;
 
   // Cut segments into pieces of whole slabs that fit the staging limit.

@@ -85,6 +85,11 @@ struct DeviceWorkerOptions {
   // busy, as long as one is free. Then a gRPC thread waits out the GPU round
   // trip, but the batch skips the hand-off (about 13 us on the H200).
   bool inline_when_busy = false;
+  // After a batch, a slot's thread polls for the next one this many
+  // microseconds before it sleeps on its condition variable, so that a
+  // batch submitted meanwhile starts without a thread wake-up (one busy
+  // core per polling thread while it lasts). 0 = sleep at once.
+  int64_t idle_spin_us = 0;
   // A batch of at most this many input bytes skips the host<->device copies:
   // the kernels read its inputs from the pinned staging and write its
   // outputs there, over the bus. Two DMA copies and their stream
@@ -180,6 +185,12 @@ class DeviceWorker final : public Backend {
   // answering its last batch's requests in the done callback, would miss a
   // signal; it checks the queue before it waits instead.
   std::vector<bool> slot_waiting_ ABSL_GUARDED_BY(mu_);
+  // pending_.size(), for threads polling without the lock (idle_spin_us).
+  std::atomic<int> queued_{0};
+  // Slot threads polling for a batch (idle_spin_us): the first batches
+  // queued are theirs, without a signal.
+  std::atomic<int> spinning_{0};
+  std::atomic<bool> stop_polling_{false};  // set by the destructor
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };

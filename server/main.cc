@@ -80,6 +80,9 @@ ABSL_FLAG(bool, cuda_blocking_sync, kDefaults.cuda_blocking_sync,
 ABSL_FLAG(int64_t, cuda_spin_us, kDefaults.cuda_spin_us,
           "GPU backend, with --cuda_blocking_sync: microseconds each batch's completion is "
           "polled before the stream's thread sleeps on it");
+ABSL_FLAG(int64_t, cuda_idle_spin_us, kDefaults.cuda_idle_spin_us,
+          "GPU backend: microseconds a stream's thread polls for the next batch after one "
+          "before it sleeps (0 = sleep at once)");
 ABSL_FLAG(int64_t, cuda_inline_max_bytes, kDefaults.cuda_inline_max_bytes,
           "GPU backend: a batch of at most this many bytes that finds the GPU idle runs on "
           "the thread that submits it instead of a stream's thread (0 = never)");
@@ -136,6 +139,7 @@ ServerOptions OptionsFromFlags() {
   options.cuda_streams = absl::GetFlag(FLAGS_cuda_streams);
   options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
   options.cuda_spin_us = absl::GetFlag(FLAGS_cuda_spin_us);
+  options.cuda_idle_spin_us = absl::GetFlag(FLAGS_cuda_idle_spin_us);
   options.cuda_inline_max_bytes = absl::GetFlag(FLAGS_cuda_inline_max_bytes);
   options.cuda_zero_copy_max_bytes = absl::GetFlag(FLAGS_cuda_zero_copy_max_bytes);
   options.cuda_inline_when_busy = absl::GetFlag(FLAGS_cuda_inline_when_busy);
@@ -160,13 +164,14 @@ int Run(const ServerOptions& options) {
       options.cpu_threads < 0 || options.lame_duck_ms < 0 || options.shutdown_grace_s < 0 ||
       options.cuda_streams < 1 || options.inject_fault_after_batches < 0 ||
       options.cuda_memory_limit_bytes < 0 || options.cuda_spin_us < 0 ||
+      options.cuda_idle_spin_us < 0 ||
       options.cuda_inline_max_bytes < 0 || options.cuda_zero_copy_max_bytes < 0 ||
       options.cuda_pinned_responses_max_bytes < 0 || options.cuda_pinned_response_min_bytes < 0 ||
       options.completion_threads < 0 ||
       options.offload_completion_bytes <= 0 || options.offload_completion_requests < 0) {
     return Fail(absl::InvalidArgumentError(
         "limits must be positive (--max_queue_delay_us, --cpu_threads, --lame_duck_ms, "
-        "--shutdown_grace_s, --cuda_spin_us, --cuda_inline_max_bytes, "
+        "--shutdown_grace_s, --cuda_spin_us, --cuda_idle_spin_us, --cuda_inline_max_bytes, "
         "--cuda_zero_copy_max_bytes, --cuda_pinned_responses_max_bytes, "
         "--cuda_pinned_response_min_bytes, --completion_threads and "
         "--offload_completion_requests may be 0)"));
@@ -208,6 +213,7 @@ int Run(const ServerOptions& options) {
   backend_options.cuda.slots = options.cuda_streams;
   backend_options.cuda.blocking_sync = options.cuda_blocking_sync;
   backend_options.cuda.spin_us = options.cuda_spin_us;
+  backend_options.cuda.idle_spin_us = options.cuda_idle_spin_us;
   backend_options.cuda.inline_max_bytes = options.cuda_inline_max_bytes;
   backend_options.cuda.zero_copy_max_bytes = options.cuda_zero_copy_max_bytes;
   backend_options.cuda.pinned_responses_max_bytes = options.cuda_pinned_responses_max_bytes;

@@ -26,6 +26,8 @@ void SetTiming(const RequestTiming& timing, v1::SoftmaxResponse* response) {
   out->set_compute_ns(timing.compute_ns);
   out->set_batch_requests(timing.batch_requests);
   out->set_batch_rows(timing.batch_rows);
+  out->set_kernel_ns(timing.kernel_ns);
+  out->set_dispatch_ns(timing.dispatch_ns);
 }
 
 // Unary call: finished from whichever thread completes the request.

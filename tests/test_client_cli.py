@@ -41,7 +41,8 @@ def test_random_tensor_summary(server, dtype, stream):
     tolerance = {"float32": 1e-5, "float16": 2e-2, "bfloat16": 0.1}[dtype]
     assert abs(low - 1) < tolerance and abs(high - 1) < tolerance, out
     assert re.search(r"check:\s+0 of 4000 elements", out), out
-    assert re.search(r"server:\s+queue [\d.]+ ms\s+compute [\d.]+ ms\s+batch \d+ requests", out)
+    assert re.search(r"server:\s+queue [\d.]+ ms\s+compute [\d.]+ ms \(kernels [\d.]+ ms, dispatch [\d.]+ ms\)\s+"
+                     r"batch \d+ requests", out)
 
 
 @pytest.mark.parametrize("axis,log,temperature", [(-1, False, 1.0), (0, True, 1.0),
