@@ -317,17 +317,20 @@ fi
 
 if step ab-idle; then
   # Small and medium payloads at 1, 16 and 64 callers, where the GPU server
-  # is furthest below the echo: the defaults (the echo beside them) against
-  # stream threads that poll for the next batch 100 us or 400 us before they
-  # sleep (--cuda_idle_spin_us); three rounds. The responses' timing
-  # (mean_kernel_us, mean_dispatch_us) says where each batch's time went.
+  # is furthest below the echo: the defaults (one stream thread polls 400 us
+  # for the next batch before it sleeps; the echo beside them) against no
+  # polling and against every stream thread polling 100 us
+  # (--cuda_idle_spin_us, --cuda_idle_spin_threads); three rounds. The
+  # responses' timing (mean_kernel_us, mean_dispatch_us) says where each
+  # batch's time went.
   for round in 1 2 3; do
-    for setting in default idle100 idle400; do
+    for setting in default off idle100x3; do
       extra=(--skip-none)
       case $setting in
         default) extra=() ;;
-        idle100) extra+=(--server-arg=--cuda_idle_spin_us=100) ;;
-        idle400) extra+=(--server-arg=--cuda_idle_spin_us=400) ;;
+        off) extra+=(--server-arg=--cuda_idle_spin_us=0) ;;
+        idle100x3) extra+=(--server-arg=--cuda_idle_spin_us=100
+                           --server-arg=--cuda_idle_spin_threads=3) ;;
       esac
       ab_unary "idle-$round-$setting" 1x1024:float32,8x4096:float16 1,16,64 "${extra[@]}"
     done

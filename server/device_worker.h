@@ -88,8 +88,10 @@ struct DeviceWorkerOptions {
   // After a batch, a slot's thread polls for the next one this many
   // microseconds before it sleeps on its condition variable, so that a
   // batch submitted meanwhile starts without a thread wake-up (one busy
-  // core per polling thread while it lasts). 0 = sleep at once.
-  int64_t idle_spin_us = 0;
+  // core per polling thread while it lasts), as long as fewer than
+  // idle_spin_threads threads poll already. 0 = sleep at once.
+  int64_t idle_spin_us = 400;
+  int idle_spin_threads = 1;
   // A batch of at most this many input bytes skips the host<->device copies:
   // the kernels read its inputs from the pinned staging and write its
   // outputs there, over the bus. Two DMA copies and their stream

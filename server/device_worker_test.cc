@@ -518,10 +518,16 @@ TEST(DeviceWorkerTest, ABatchSubmittedDuringAnotherBatchsCallbackRunsOnAWaitingS
 // reference, and the worker stops while its threads poll.
 TEST(DeviceWorkerTest, IdleThreadsPollForTheNextBatchAndBatchesReportTheirDispatch) {
   SKIP_WITHOUT_GPU();
-  for (const int64_t idle_spin_us : {int64_t{0}, int64_t{2000000}}) {
+  struct Config {
+    int64_t idle_spin_us;
+    int idle_spin_threads;
+  };
+  for (const Config config : {Config{0, 1}, Config{2000000, 1}, Config{2000000, 3}}) {
+    const int64_t idle_spin_us = config.idle_spin_us;
     DeviceWorkerOptions options;
     options.max_staging_bytes = 8 << 20;
     options.idle_spin_us = idle_spin_us;
+    options.idle_spin_threads = config.idle_spin_threads;
     auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
       ADD_FAILURE() << "unexpected GPU fault: " << status;
     });

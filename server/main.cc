@@ -83,6 +83,9 @@ ABSL_FLAG(int64_t, cuda_spin_us, kDefaults.cuda_spin_us,
 ABSL_FLAG(int64_t, cuda_idle_spin_us, kDefaults.cuda_idle_spin_us,
           "GPU backend: microseconds a stream's thread polls for the next batch after one "
           "before it sleeps (0 = sleep at once)");
+ABSL_FLAG(int, cuda_idle_spin_threads, kDefaults.cuda_idle_spin_threads,
+          "GPU backend: at most this many stream threads poll for the next batch at once "
+          "(see --cuda_idle_spin_us)");
 ABSL_FLAG(int64_t, cuda_inline_max_bytes, kDefaults.cuda_inline_max_bytes,
           "GPU backend: a batch of at most this many bytes that finds the GPU idle runs on "
           "the thread that submits it instead of a stream's thread (0 = never)");
@@ -140,6 +143,7 @@ ServerOptions OptionsFromFlags() {
   options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
   options.cuda_spin_us = absl::GetFlag(FLAGS_cuda_spin_us);
   options.cuda_idle_spin_us = absl::GetFlag(FLAGS_cuda_idle_spin_us);
+  options.cuda_idle_spin_threads = absl::GetFlag(FLAGS_cuda_idle_spin_threads);
   options.cuda_inline_max_bytes = absl::GetFlag(FLAGS_cuda_inline_max_bytes);
   options.cuda_zero_copy_max_bytes = absl::GetFlag(FLAGS_cuda_zero_copy_max_bytes);
   options.cuda_inline_when_busy = absl::GetFlag(FLAGS_cuda_inline_when_busy);
@@ -164,7 +168,7 @@ int Run(const ServerOptions& options) {
       options.cpu_threads < 0 || options.lame_duck_ms < 0 || options.shutdown_grace_s < 0 ||
       options.cuda_streams < 1 || options.inject_fault_after_batches < 0 ||
       options.cuda_memory_limit_bytes < 0 || options.cuda_spin_us < 0 ||
-      options.cuda_idle_spin_us < 0 ||
+      options.cuda_idle_spin_us < 0 || options.cuda_idle_spin_threads < 1 ||
       options.cuda_inline_max_bytes < 0 || options.cuda_zero_copy_max_bytes < 0 ||
       options.cuda_pinned_responses_max_bytes < 0 || options.cuda_pinned_response_min_bytes < 0 ||
       options.completion_threads < 0 ||
@@ -214,6 +218,7 @@ int Run(const ServerOptions& options) {
   backend_options.cuda.blocking_sync = options.cuda_blocking_sync;
   backend_options.cuda.spin_us = options.cuda_spin_us;
   backend_options.cuda.idle_spin_us = options.cuda_idle_spin_us;
+  backend_options.cuda.idle_spin_threads = options.cuda_idle_spin_threads;
   backend_options.cuda.inline_max_bytes = options.cuda_inline_max_bytes;
   backend_options.cuda.zero_copy_max_bytes = options.cuda_zero_copy_max_bytes;
   backend_options.cuda.pinned_responses_max_bytes = options.cuda_pinned_responses_max_bytes;

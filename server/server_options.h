@@ -72,7 +72,9 @@ struct ServerOptions {
   // --cuda_idle_spin_us: after a batch, how long a stream's thread polls for
   // the next one before it sleeps (no wake-up for a batch that comes
   // meanwhile, one busy core while it polls). 0 = sleep at once.
-  int64_t cuda_idle_spin_us = 0;
+  int64_t cuda_idle_spin_us = 400;
+  // --cuda_idle_spin_threads: at most this many stream threads poll at once.
+  int cuda_idle_spin_threads = 1;
   // --cuda_inline_max_bytes: batches up to this size that find the GPU idle
   // run on the thread that submits them (no hand-off); 0 = never.
   int64_t cuda_inline_max_bytes = 0;

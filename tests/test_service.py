@@ -93,6 +93,7 @@ def test_startup_logs_device_choice(server):
     ("--cuda_memory_limit_bytes=-1", "limits must be positive"),
     ("--cuda_spin_us=-1", "limits must be positive"),
     ("--cuda_idle_spin_us=-1", "limits must be positive"),
+    ("--cuda_idle_spin_threads=0", "limits must be positive"),
     ("--cuda_inline_max_bytes=-1", "limits must be positive"),
     ("--cuda_zero_copy_max_bytes=-1", "limits must be positive"),
     ("--cuda_pinned_responses_max_bytes=-1", "limits must be positive"),
