@@ -6,7 +6,7 @@
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
 # steps: any of unit,roundtrip,e2e,batching,small,service,ab,ab-inline,ab-batching,
-# ab-streams,ab-spin,ab-large,ab-defaults,ab-c1,ab-pinned,ab-medium,ab-offload,ab-idle,malloc (default: unit,e2e,batching,service); they run in the order listed here.
+# ab-streams,ab-spin,ab-large,ab-defaults,ab-c1,ab-pinned,ab-medium,ab-offload,ab-idle,ab-zc,malloc (default: unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
 # step's time per point, and SERVICE_ROUNDS (default 3) its rounds per point:
 # each round times the GPU server and the echo back to back, in alternating
@@ -333,6 +333,29 @@ if step ab-idle; then
                            --server-arg=--cuda_idle_spin_threads=3) ;;
       esac
       ab_unary "idle-$round-$setting" 1x1024:float32,8x4096:float16 1,16,64 "${extra[@]}"
+    done
+    snapshot
+  done
+fi
+
+if step ab-zc; then
+  # Batches of staged medium requests beyond 256 KiB (8 x 4096 float16 at 64
+  # and 256 callers, 64 x 32000 bfloat16 at 16) spent most of their compute
+  # on the host (the responses' compute_ns against kernel_ns) when they were
+  # copied: one H2D copy per staged request and the D2H copy. The kernels
+  # reading and writing pinned memory for batches up to 256 KiB (the
+  # default before), 1 MiB and 4 MiB (--cuda_zero_copy_max_bytes, now the
+  # default), the echo beside the first; three rounds.
+  for round in 1 2 3; do
+    for setting in zc256k zc1m zc4m; do
+      extra=(--skip-none)
+      case $setting in
+        zc256k) extra=(--server-arg=--cuda_zero_copy_max_bytes=262144) ;;
+        zc1m) extra+=(--server-arg=--cuda_zero_copy_max_bytes=1048576) ;;
+        zc4m) extra+=(--server-arg=--cuda_zero_copy_max_bytes=4194304) ;;
+      esac
+      ab_unary "zc-$round-$setting" 8x4096:float16 16,64,256 "${extra[@]}"
+      ab_unary "zc-$round-$setting-large" 64x32000:bfloat16 16 "${extra[@]}"
     done
     snapshot
   done

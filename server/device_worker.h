@@ -98,8 +98,13 @@ struct DeviceWorkerOptions {
   // dependencies cost more than a few hundred kilobytes of data: on the
   // H200, 8 x 4096 float16 requests (64 KiB) took 26.6 us alone and 55.8 us
   // three to a batch, against 42.8 and 68.3 us with copies; ten to a batch
-  // (640 KiB), the two were level (device_worker_bench). 0 = always copy.
-  int64_t zero_copy_max_bytes = int64_t{256} << 10;
+  // (640 KiB), the two were level (device_worker_bench). In the service,
+  // where inputs of 16 KiB or more are staged as they are admitted and so
+  // need one H2D copy each, batches of 7-18 such requests (0.5-1.2 MiB)
+  // spent 108-318 us in compute with copies against 54-97 us without, and
+  // 64 x 32000 bfloat16 (4 MiB) 830-920 us against 310-450 (gpu-check
+  // ab-zc). 0 = always copy.
+  int64_t zero_copy_max_bytes = int64_t{4} << 20;
   // Responses may reference their outputs where the batch left them, in
   // pinned host memory, instead of each output being copied into its
   // response message and gRPC copying it again to serialise it: for

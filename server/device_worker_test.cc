@@ -33,6 +33,10 @@ bool HaveGpu() {
 
 double Rtol(DType dtype) { return ReferenceRelativeTolerance(dtype); }
 
+// The tests were written for batches beyond 256 KiB taking the DMA copies
+// (the default once); they keep that, so both paths stay covered.
+constexpr int64_t kTestZeroCopyMaxBytes = int64_t{256} << 10;
+
 // One request's data, kept alive beside its segment.
 struct Tensor {
   std::string input;
@@ -104,6 +108,7 @@ std::unique_ptr<DeviceWorker> MakeWorker(int64_t max_staging_bytes,
                                         int64_t memory_limit_bytes = 0) {
   DeviceWorkerOptions options;
   options.max_staging_bytes = max_staging_bytes;
+  options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
   options.memory_limit_bytes = memory_limit_bytes;
   absl::StatusOr<std::unique_ptr<DeviceWorker>> worker =
       DeviceWorker::Create(options, [](const absl::Status& status) {
@@ -319,6 +324,7 @@ TEST(DeviceWorkerTest, SmallBatchesRunOnTheSubmittingThreadWhenTheDeviceIsIdle) 
     const int64_t inline_max = config.inline_max;
     DeviceWorkerOptions options;
     options.max_staging_bytes = 8 << 20;
+    options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
     options.inline_max_bytes = inline_max;
     options.inline_when_busy = config.when_busy;
     auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
@@ -380,6 +386,7 @@ TEST(DeviceWorkerTest, LentOutputsMatchReferenceWithinTheirBoundAndGoBackWhenRel
   SKIP_WITHOUT_GPU();
   DeviceWorkerOptions options;
   options.max_staging_bytes = 16 << 20;
+  options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
   options.pinned_response_min_bytes = 16 << 10;
   options.pinned_responses_max_bytes = 6 << 20;
   auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
@@ -459,6 +466,7 @@ TEST(DeviceWorkerTest, LentOutputsMatchReferenceWithinTheirBoundAndGoBackWhenRel
   // A request larger than the staging is cut into pieces: nothing lent,
   // while one that fits is.
   options.max_staging_bytes = 1 << 20;
+  options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
   options.pinned_responses_max_bytes = 1 << 30;
   created = DeviceWorker::Create(options, [](const absl::Status& status) {
     ADD_FAILURE() << "unexpected GPU fault: " << status;
@@ -526,6 +534,7 @@ TEST(DeviceWorkerTest, IdleThreadsPollForTheNextBatchAndBatchesReportTheirDispat
     const int64_t idle_spin_us = config.idle_spin_us;
     DeviceWorkerOptions options;
     options.max_staging_bytes = 8 << 20;
+    options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
     options.idle_spin_us = idle_spin_us;
     options.idle_spin_threads = config.idle_spin_threads;
     auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
@@ -625,6 +634,7 @@ TEST(DeviceWorkerTest, StagedInputsAreReadWhereTheyAreAndComputedInPlaceWhenNotL
       }
       DeviceWorkerOptions options;
       options.max_staging_bytes = c.max_staging_bytes;
+      options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
       options.pinned_response_min_bytes = 16 << 10;
       // Without lending, room for the staged inputs and nothing more.
       options.pinned_responses_max_bytes = lend ? int64_t{1} << 30 : staged_bytes;

@@ -84,7 +84,7 @@ struct ServerOptions {
   // --cuda_zero_copy_max_bytes: batches up to this many input bytes skip the
   // host<->device copies; the kernels read and write the pinned staging
   // directly over the bus. 0 = always copy.
-  int64_t cuda_zero_copy_max_bytes = int64_t{256} << 10;
+  int64_t cuda_zero_copy_max_bytes = int64_t{4} << 20;
   // --cuda_pinned_responses_max_bytes / --cuda_pinned_response_min_bytes:
   // responses of at least min bytes are sent straight from the pinned memory
   // their batch was computed into, no copy, while the pinned memory so held
