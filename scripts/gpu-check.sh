@@ -5,7 +5,7 @@
 #
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
-# steps: any of unit,roundtrip,e2e,batching,small,service,ab,ab-inline,ab-batching,
+# steps: any of unit,roundtrip,e2e,batching,small,service,service-small,ab,ab-inline,ab-batching,
 # ab-streams,ab-spin,ab-large,ab-defaults,ab-c1,ab-pinned,ab-medium,ab-offload,ab-idle,ab-zc,malloc (default: unit,e2e,batching,service); they run in the order listed here.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
 # step's time per point, and SERVICE_ROUNDS (default 3) its rounds per point:
@@ -92,6 +92,19 @@ if step service; then
     --duration="${SERVICE_DURATION:-3}" --warmup="${SERVICE_WARMUP:-1}" \
     --rounds="${SERVICE_ROUNDS:-3}" 2>&1 \
     | tee "$work/service.log" | tail -30 | tee -a "$work/summary.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  snapshot
+fi
+
+if step service-small; then
+  # The sweep's small and medium payloads only, where softmax is closest to
+  # the echo: a second look at those points in less time.
+  note "service benchmark, small and medium payloads"
+  python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/service-small" \
+    --payloads=1x1024:float32,8x4096:float16 \
+    --duration="${SERVICE_DURATION:-3}" --warmup="${SERVICE_WARMUP:-1}" \
+    --rounds="${SERVICE_ROUNDS:-3}" 2>&1 \
+    | tee "$work/service-small.log" | tail -14 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   snapshot
 fi

@@ -16,6 +16,7 @@ import e2e_util
 
 RUN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "service",
                       "run.py")
+BREAKDOWN_PY = os.path.join(os.path.dirname(RUN_PY), "breakdown.py")
 PAYLOAD = "1x256:float32"
 CONCURRENCIES = [1, 4]
 ROUNDS = 2
@@ -88,3 +89,23 @@ def test_rounds_sweep(tmp_path):
     for c in CONCURRENCIES:
         labels = [row["label"] for row in csv_rows if int(row["concurrency"]) == c]
         assert labels == ["cpu/r0", "none/r0", "none/r1", "cpu/r1"]
+
+    # breakdown.py: one row per round, the computing server's with the means
+    # of its responses' timing (the CPU backend's kernels are its compute).
+    result = subprocess.run([sys.executable, BREAKDOWN_PY, "--markdown", str(out)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith(f"| {PAYLOAD} ")]
+    assert len(lines) == len(DEVICES) * len(CONCURRENCIES) * ROUNDS
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    for c in CONCURRENCIES:
+        for device, label in (("cpu", "out"), ("none", "none")):
+            mine = [row for row in cells if row[1] == str(c) and row[2] == label]
+            assert [row[3] for row in mine] == [
+                f"{report['requests_per_s']:,.0f}"
+                for report in points[(device, PAYLOAD, c)]["rounds"]]
+            for row, report in zip(mine, points[(device, PAYLOAD, c)]["rounds"]):
+                assert row[6] == f"{report['batch']['mean_compute_us']:.1f}"
+                assert row[7] == f"{report['batch']['mean_kernel_us']:.1f}"
+                if device == "cpu":
+                    assert float(row[6]) > 0 and row[6] == row[7]
