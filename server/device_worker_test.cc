@@ -104,18 +104,24 @@ void ExpectMatchesReference(const Tensor& t) {
   EXPECT_EQ(bad, 0);
 }
 
-std::unique_ptr<DeviceWorker> MakeWorker(int64_t max_staging_bytes,
-                                        int64_t memory_limit_bytes = 0) {
-  DeviceWorkerOptions options;
-  options.max_staging_bytes = max_staging_bytes;
-  options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
-  options.memory_limit_bytes = memory_limit_bytes;
+// A worker that fails the test on a GPU fault; null (and a failure) when it
+// cannot be created.
+std::unique_ptr<DeviceWorker> CreateWorker(const DeviceWorkerOptions& options) {
   absl::StatusOr<std::unique_ptr<DeviceWorker>> worker =
       DeviceWorker::Create(options, [](const absl::Status& status) {
         ADD_FAILURE() << "unexpected GPU fault: " << status;
       });
   EXPECT_TRUE(worker.ok()) << worker.status();
   return worker.ok() ? std::move(*worker) : nullptr;
+}
+
+std::unique_ptr<DeviceWorker> MakeWorker(int64_t max_staging_bytes,
+                                        int64_t memory_limit_bytes = 0) {
+  DeviceWorkerOptions options;
+  options.max_staging_bytes = max_staging_bytes;
+  options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
+  options.memory_limit_bytes = memory_limit_bytes;
+  return CreateWorker(options);
 }
 
 TEST(DeviceWorkerTest, RaggedMixedBatchMatchesReference) {
@@ -327,11 +333,8 @@ TEST(DeviceWorkerTest, SmallBatchesRunOnTheSubmittingThreadWhenTheDeviceIsIdle) 
     options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
     options.inline_max_bytes = inline_max;
     options.inline_when_busy = config.when_busy;
-    auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
-      ADD_FAILURE() << "unexpected GPU fault: " << status;
-    });
-    ASSERT_TRUE(created.ok()) << created.status();
-    std::unique_ptr<DeviceWorker> worker = std::move(*created);
+    std::unique_ptr<DeviceWorker> worker = CreateWorker(options);
+    ASSERT_NE(worker, nullptr);
     std::mt19937 rng(99);
     for (int64_t n : {int64_t{1000}, int64_t{100000}}) {  // 4 KB: inline; 400 KB: handed off
       std::vector<Tensor> one;
@@ -537,11 +540,8 @@ TEST(DeviceWorkerTest, IdleThreadsPollForTheNextBatchAndBatchesReportTheirDispat
     options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
     options.idle_spin_us = idle_spin_us;
     options.idle_spin_threads = config.idle_spin_threads;
-    auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
-      ADD_FAILURE() << "unexpected GPU fault: " << status;
-    });
-    ASSERT_TRUE(created.ok()) << created.status();
-    std::unique_ptr<DeviceWorker> worker = std::move(*created);
+    std::unique_ptr<DeviceWorker> worker = CreateWorker(options);
+    ASSERT_NE(worker, nullptr);
     EXPECT_EQ(worker->Describe().find("idle-spin=") != std::string::npos, idle_spin_us > 0);
     std::mt19937 rng(7);
     for (int i = 0; i < 20; ++i) {
