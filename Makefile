@@ -45,7 +45,7 @@ bundle: build
 gpu-bundle: build
 	deploy/make-bundle.sh $(BUILD_DIR) dist
 	b=$$(ls -d dist/softmax-serve-*-linux-* | grep -v tar.gz | head -1) && \
-	  cp $(BUILD_DIR)/bin/device_worker_test $$b/bin/ && \
+	  cp $(BUILD_DIR)/bin/cuda_backend_test $$b/bin/ && \
 	  rm -rf $$b/python && cp -r $(BUILD_DIR)/python $$b/python
 
 clean:

@@ -7,8 +7,7 @@
 // tensors then maps fresh pages for nearly every message, and pays a page
 // fault per 4 KiB page to touch them. On the H200 host, 64 x 32000 bfloat16
 // requests (4 MiB each) at 16 callers: 905 and 1,005 requests/s in two
-// default runs, 1,262 with server and client keeping their memory
-// (bench/service/results/h200-5/ab-large).
+// default runs, 1,262 with server and client keeping their memory.
 //
 // Thread-safety: call once, at start, before other threads allocate.
 #ifndef SOFTMAX_COMMON_MALLOC_TUNING_H_

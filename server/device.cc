@@ -1,10 +1,13 @@
 #include "server/device.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 #if SOFTMAX_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -13,17 +16,17 @@
 namespace softmax::server {
 namespace {
 
-// The GPU backend's factory: a DeviceWorker when the build has CUDA.
+// The GPU backend's factory: a CudaBackend when the build has CUDA.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device,
                                                            const BackendOptions& options) {
 #if SOFTMAX_HAVE_CUDA
-  DeviceWorkerOptions worker_options = options.cuda;
-  worker_options.device = device;
-  absl::StatusOr<std::unique_ptr<DeviceWorker>> worker =
-      DeviceWorker::Create(worker_options, options.on_fault);
-  if (!worker.ok()) return worker.status();
-  std::fprintf(stderr, "softmax-server: %s", (*worker)->ProbeReport().c_str());
-  return std::unique_ptr<Backend>(std::move(*worker));
+  CudaBackendOptions cuda_options = options.cuda;
+  cuda_options.device = device;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
+      CudaBackend::Create(cuda_options, options.on_fault);
+  if (!backend.ok()) return backend.status();
+  std::fprintf(stderr, "softmax-server: %s", (*backend)->ProbeReport().c_str());
+  return std::unique_ptr<Backend>(std::move(*backend));
 #else
   return absl::FailedPreconditionError(absl::StrCat(
       "--device=cuda:", device, ": this build has no CUDA backend; use --device=cpu"));
@@ -51,18 +54,30 @@ absl::StatusOr<DeviceSpec> ParseDeviceSpec(absl::string_view text) {
   }
   if (text == "cuda") {
     spec.kind = DeviceSpec::Kind::kCuda;
+    spec.indices = {0};
+    return spec;
+  }
+  if (text == "cuda:all") {
+    spec.kind = DeviceSpec::Kind::kCuda;
     return spec;
   }
   if (absl::StartsWith(text, "cuda:")) {
-    int index = -1;
-    if (absl::SimpleAtoi(text.substr(5), &index) && index >= 0) {
-      spec.kind = DeviceSpec::Kind::kCuda;
-      spec.index = index;
-      return spec;
+    spec.kind = DeviceSpec::Kind::kCuda;
+    bool valid = true;
+    for (absl::string_view part : absl::StrSplit(text.substr(5), ',')) {
+      int index = -1;
+      if (!absl::SimpleAtoi(part, &index) || index < 0 ||
+          std::find(spec.indices.begin(), spec.indices.end(), index) != spec.indices.end()) {
+        valid = false;
+        break;
+      }
+      spec.indices.push_back(index);
     }
+    if (valid && !spec.indices.empty()) return spec;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "--device: expected auto, cpu, cuda, cuda:N or none, got \"", text, "\""));
+      "--device: expected auto, cpu, cuda, cuda:N, cuda:N,M,... (distinct), cuda:all or none, "
+      "got \"", text, "\""));
 }
 
 int CudaDeviceCount(std::string* detail) {
@@ -81,8 +96,8 @@ int CudaDeviceCount(std::string* detail) {
 #endif
 }
 
-absl::StatusOr<BackendChoice> CreateBackend(const DeviceSpec& spec,
-                                            const BackendOptions& options) {
+absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
+                                             const BackendOptions& options) {
   BackendChoice choice;
   switch (spec.kind) {
     case DeviceSpec::Kind::kNone:
@@ -90,26 +105,36 @@ absl::StatusOr<BackendChoice> CreateBackend(const DeviceSpec& spec,
       choice.description = "none (echo: inputs returned unchanged, no compute)";
       return choice;
     case DeviceSpec::Kind::kCpu:
-      choice.backend = MakeCpu(options);
+      choice.backends.push_back(MakeCpu(options));
       choice.device = "cpu";
-      choice.description = absl::StrCat(choice.backend->Describe(), " (requested)");
+      choice.description = absl::StrCat(choice.backends[0]->Describe(), " (requested)");
       return choice;
     case DeviceSpec::Kind::kCuda: {
       std::string detail;
       const int count = CudaDeviceCount(&detail);
       if (count == 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "--device=cuda:", spec.index, ": no usable GPU (", detail, "); use --device=cpu"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("--device=cuda: no usable GPU (", detail, "); use --device=cpu"));
       }
-      if (spec.index >= count) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "--device=cuda:", spec.index, ": only ", count, " GPU(s) visible"));
+      std::vector<int> indices = spec.indices;
+      if (indices.empty()) {
+        for (int i = 0; i < count; ++i) indices.push_back(i);
       }
-      absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(spec.index, options);
-      if (!backend.ok()) return backend.status();
-      choice.backend = std::move(*backend);
-      choice.device = absl::StrCat("cuda:", spec.index);
-      choice.description = choice.backend->Describe();
+      std::vector<std::string> names;
+      std::vector<std::string> lines;
+      for (int index : indices) {
+        if (index >= count) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "--device=cuda:", index, ": only ", count, " GPU(s) visible"));
+        }
+        absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(index, options);
+        if (!backend.ok()) return backend.status();
+        lines.push_back((*backend)->Describe());
+        names.push_back(absl::StrCat(index));
+        choice.backends.push_back(std::move(*backend));
+      }
+      choice.device = absl::StrCat("cuda:", absl::StrJoin(names, ","));
+      choice.description = absl::StrJoin(lines, "\n  ");
       return choice;
     }
     case DeviceSpec::Kind::kAuto: {
@@ -118,15 +143,15 @@ absl::StatusOr<BackendChoice> CreateBackend(const DeviceSpec& spec,
       if (count > 0 && HaveCudaBackend()) {
         absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0, options);
         if (!backend.ok()) return backend.status();
-        choice.backend = std::move(*backend);
+        choice.description = absl::StrCat((*backend)->Describe(), " (auto)");
+        choice.backends.push_back(std::move(*backend));
         choice.device = "cuda:0";
-        choice.description = absl::StrCat(choice.backend->Describe(), " (auto)");
         return choice;
       }
       if (count > 0) detail = absl::StrCat(count, " GPU(s) present but no CUDA backend built in");
-      choice.backend = MakeCpu(options);
+      choice.backends.push_back(MakeCpu(options));
       choice.device = "cpu";
-      choice.description = absl::StrCat(choice.backend->Describe(), " (auto: ", detail, ")");
+      choice.description = absl::StrCat(choice.backends[0]->Describe(), " (auto: ", detail, ")");
       return choice;
     }
   }

@@ -1,5 +1,5 @@
-// Device selection: parses --device, probes for GPUs and creates the Backend
-// the batcher drives. This is the one place a new backend plugs in.
+// Device selection: parses --device, probes for GPUs and creates the backends
+// the scheduler drives. This is the one place a new backend plugs in.
 //
 // Thread-safety: call from main() before serving.
 #ifndef SOFTMAX_SERVER_DEVICE_H_
@@ -7,27 +7,29 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/backend.h"
-#include "server/cpu_backend.h"
-#include "server/device_worker.h"
+#include "server/cpu/cpu_backend.h"
+#include "server/cuda/cuda_backend.h"
+#include "server/scheduling/backend.h"
 
 namespace softmax::server {
 
 struct DeviceSpec {
   enum class Kind {
-    kAuto,  // a GPU when one is usable, else the CPU
+    kAuto,  // GPU 0 when one is usable, else the CPU
     kCpu,   // the CPU backend
-    kCuda,  // GPU `index`; an error when there is none
+    kCuda,  // the GPUs in `indices` (empty: every visible GPU); an error when absent
     kNone,  // no compute: echo inputs (transport ceiling)
   };
   Kind kind = Kind::kAuto;
-  int index = 0;  // for kCuda
+  std::vector<int> indices;  // for kCuda; empty = all
 };
 
-// Parses "auto", "cpu", "none", "cuda" (= cuda:0) or "cuda:N".
+// Parses "auto", "cpu", "none", "cuda" (= cuda:0), "cuda:N", "cuda:N,M,..."
+// (distinct indices) or "cuda:all".
 absl::StatusOr<DeviceSpec> ParseDeviceSpec(absl::string_view text);
 
 // Number of usable CUDA devices; 0 when built without CUDA or when the
@@ -35,25 +37,26 @@ absl::StatusOr<DeviceSpec> ParseDeviceSpec(absl::string_view text);
 int CudaDeviceCount(std::string* detail = nullptr);
 
 struct BackendChoice {
-  std::unique_ptr<Backend> backend;  // null for kNone
-  std::string device;                // "cpu", "cuda:0", "none"
-  std::string description;           // one line for the start-up log
+  std::vector<std::unique_ptr<Backend>> backends;  // empty for kNone
+  std::string device;                              // "cpu", "cuda:0", "cuda:0,1", "none"
+  std::string description;  // for the start-up log, one line per backend
 };
 
 // Everything a backend may need at construction.
 struct BackendOptions {
   CpuBackendOptions cpu;
-  // For the GPU backend; `device` is taken from the DeviceSpec.
-  DeviceWorkerOptions cuda;
-  // Called once if the GPU hits a fatal (sticky) error.
-  DeviceWorker::FaultHandler on_fault;
+  // For the GPU backends; `device` is taken from the DeviceSpec.
+  CudaBackendOptions cuda;
+  // Called once if a GPU hits a fatal (sticky) error.
+  CudaBackend::FaultHandler on_fault;
 };
 
-// Resolves `spec` to a backend. FAILED_PRECONDITION for --device=cuda when
-// the build has no CUDA backend or the GPU is absent (softmax-server then
-// exits 1); kAuto falls back to the CPU, saying why in `description`.
-absl::StatusOr<BackendChoice> CreateBackend(const DeviceSpec& spec,
-                                            const BackendOptions& options);
+// Resolves `spec` to backends, one per GPU. FAILED_PRECONDITION for
+// --device=cuda... when the build has no CUDA backend or a GPU is absent
+// (softmax-server then exits 1); kAuto falls back to the CPU, saying why in
+// `description`.
+absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
+                                             const BackendOptions& options);
 
 }  // namespace softmax::server
 

@@ -1,33 +1,36 @@
-// softmax-server: parses flags into ServerOptions and wires the metrics,
-// backend, batcher, service and gRPC server together. SIGINT/SIGTERM drain
-// and exit 0.
+// softmax-server: parses flags into ServerOptions and wires the backends,
+// metrics, scheduler, batcher, service and gRPC server together. SIGINT /
+// SIGTERM drain and exit 0; a GPU fault exits 2.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <climits>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/batcher.h"
+#include "common/malloc_tuning.h"
 #include "server/device.h"
-#include "server/grpc_server.h"
-#include "server/metrics.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/grpc_server.h"
+#include "server/rpc/service.h"
+#include "server/scheduling/batcher.h"
+#include "server/scheduling/scheduler.h"
 #include "server/server_options.h"
-#include "server/service.h"
 
 namespace {
 const softmax::server::ServerOptions kDefaults;
@@ -35,8 +38,6 @@ const softmax::server::ServerOptions kDefaults;
 constexpr int kFaultSignal = SIGUSR1;
 // An hour: longer batching delays are a mistake, and bounding them keeps the
 // batcher's time arithmetic far from overflow.
-// More answering threads than this only add contention on the transport.
-constexpr int kMaxCompletionThreads = 256;
 constexpr int64_t kMaxQueueDelayUs = int64_t{3600} * 1000 * 1000;
 // Pause between the last response and closing the connections, so callers
 // read their responses before the close (see WaitForRequestsInFlight).
@@ -44,80 +45,42 @@ constexpr std::chrono::milliseconds kCloseLinger(200);
 }  // namespace
 
 ABSL_FLAG(std::string, grpc_address, kDefaults.grpc_address,
-          "host:port for gRPC; port 0 picks a free port");
+          "host:port for gRPC; port 0 picks a free port (the bound one is printed in the "
+          "\"listening\" line)");
 ABSL_FLAG(std::string, metrics_address, kDefaults.metrics_address,
           "host:port for Prometheus /metrics; empty disables; port 0 picks a free port");
 ABSL_FLAG(std::string, device, kDefaults.device,
-          "auto | cpu | cuda | cuda:N | none (echo inputs, no compute)");
+          "auto (GPU 0 when usable, else the CPU) | cpu | cuda (= cuda:0) | cuda:N | "
+          "cuda:N,M,... | cuda:all (one backend per GPU; batches go to the least-loaded one) | "
+          "none (echo inputs, no compute: the transport's ceiling)");
 ABSL_FLAG(int64_t, max_tensor_bytes, kDefaults.max_tensor_bytes,
-          "largest input tensor in bytes; also sets gRPC message limits");
-ABSL_FLAG(int64_t, max_batch_rows, kDefaults.max_batch_rows, "a batch closes at this many rows");
+          "largest input tensor in bytes; also sets gRPC's message limits");
+ABSL_FLAG(int64_t, max_batch_rows, kDefaults.max_batch_rows,
+          "a batch closes at this many rows (summed over its requests); larger batches "
+          "amortise launches, smaller ones cut latency");
 ABSL_FLAG(int64_t, max_batch_bytes, kDefaults.max_batch_bytes,
-          "a batch closes at this many input bytes");
+          "a batch closes at this many input bytes; bounds staging memory per batch");
 ABSL_FLAG(int64_t, max_queue_delay_us, kDefaults.max_queue_delay_us,
-          "longest wait of the oldest queued request before its batch is formed");
+          "longest wait of the oldest queued request for company while the device is busy; "
+          "0 forms a batch as soon as a slot is free (an idle device never waits)");
 ABSL_FLAG(bool, dispatch_when_idle, kDefaults.dispatch_when_idle,
-          "form a batch at once when the device has none in flight; requests wait for "
-          "company (up to --max_queue_delay_us) only while it is busy");
+          "form a batch at once when no batch is in flight instead of waiting "
+          "--max_queue_delay_us for company (nothing is gained by waiting on an idle device); "
+          "false holds every request for the delay unless its batch fills");
 ABSL_FLAG(int64_t, max_queued_requests, kDefaults.max_queued_requests,
-          "queued requests beyond which new ones get UNAVAILABLE");
+          "queued requests beyond which new ones get UNAVAILABLE (retryable)");
 ABSL_FLAG(int64_t, max_queued_bytes, kDefaults.max_queued_bytes,
-          "queued input bytes beyond which new requests get UNAVAILABLE");
-ABSL_FLAG(int, completion_threads, kDefaults.completion_threads,
-          "threads that answer the requests of large batches in parallel; 0 = answer every "
-          "batch on the backend's thread");
-ABSL_FLAG(int64_t, offload_completion_bytes, kDefaults.offload_completion_bytes,
-          "batches of at least this many input bytes are answered by the completion threads");
-ABSL_FLAG(int64_t, offload_completion_requests, kDefaults.offload_completion_requests,
-          "batches of at least this many requests are answered by the completion threads; "
-          "0 = by bytes only");
-ABSL_FLAG(int, cpu_threads, kDefaults.cpu_threads, "CPU backend threads; 0 = all cores");
-ABSL_FLAG(int, cuda_streams, kDefaults.cuda_streams,
-          "GPU backend: batches in flight, each on its own CUDA stream");
-ABSL_FLAG(bool, cuda_blocking_sync, kDefaults.cuda_blocking_sync,
-          "GPU backend: sleep on each batch's CUDA event (after --cuda_spin_us of polling) "
-          "instead of spinning until it completes");
-ABSL_FLAG(int64_t, cuda_spin_us, kDefaults.cuda_spin_us,
-          "GPU backend, with --cuda_blocking_sync: microseconds each batch's completion is "
-          "polled before the stream's thread sleeps on it");
-ABSL_FLAG(int64_t, cuda_idle_spin_us, kDefaults.cuda_idle_spin_us,
-          "GPU backend: microseconds a stream's thread polls for the next batch after one "
-          "before it sleeps (0 = sleep at once)");
-ABSL_FLAG(int, cuda_idle_spin_threads, kDefaults.cuda_idle_spin_threads,
-          "GPU backend: at most this many stream threads poll for the next batch at once "
-          "(see --cuda_idle_spin_us)");
-ABSL_FLAG(int64_t, cuda_inline_max_bytes, kDefaults.cuda_inline_max_bytes,
-          "GPU backend: a batch of at most this many bytes that finds the GPU idle runs on "
-          "the thread that submits it instead of a stream's thread (0 = never)");
-ABSL_FLAG(bool, cuda_inline_when_busy, kDefaults.cuda_inline_when_busy,
-          "GPU backend: batches within --cuda_inline_max_bytes run on the submitting thread "
-          "also while other streams are busy, as long as one is free");
-ABSL_FLAG(int64_t, cuda_zero_copy_max_bytes, kDefaults.cuda_zero_copy_max_bytes,
-          "GPU backend: batches of at most this many input bytes skip the host<->device "
-          "copies (the kernels read and write pinned host memory directly); 0 = always copy");
-ABSL_FLAG(int64_t, cuda_pinned_responses_max_bytes, kDefaults.cuda_pinned_responses_max_bytes,
-          "GPU backend: pinned host memory that responses not yet sent may hold; responses "
-          "of at least --cuda_pinned_response_min_bytes are sent from the pinned memory their "
-          "batch was computed into, without a copy, and their inputs are copied into pinned "
-          "memory as they are admitted, while within it; 0 = always copy");
-ABSL_FLAG(int64_t, cuda_pinned_response_min_bytes, kDefaults.cuda_pinned_response_min_bytes,
-          "GPU backend: smallest response sent from pinned memory (smaller ones are copied)");
+          "queued input bytes beyond which new requests get UNAVAILABLE (retryable)");
+ABSL_FLAG(int, cpu_threads, kDefaults.cpu_threads,
+          "threads of the CPU backend; 0 = all cores");
 ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
-          "GPU backend: device memory it may hold, staging included; 0 = no cap");
-ABSL_FLAG(int64_t, inject_fault_after_batches, kDefaults.inject_fault_after_batches,
-          "testing only: make the GPU fault for real after this many batches (0 = never)");
-ABSL_FLAG(int64_t, malloc_mmap_threshold_bytes, kDefaults.malloc.mmap_threshold_bytes,
-          "glibc malloc: allocations up to this size (at most 33554432) come from the heap, "
-          "where freed memory is reused, instead of a fresh mmap each; 0 = glibc's default");
-ABSL_FLAG(int64_t, malloc_trim_threshold_bytes, kDefaults.malloc.trim_threshold_bytes,
-          "glibc malloc: free heap memory is returned to the system only beyond this much "
-          "(at most 2147483647); 0 = glibc's default");
+          "device memory each GPU backend may hold, staging included, for a GPU shared with "
+          "other processes; past it requests get RESOURCE_EXHAUSTED; 0 = no cap");
 ABSL_FLAG(int, lame_duck_ms, kDefaults.lame_duck_ms,
           "after SIGINT/SIGTERM, milliseconds spent refusing new requests with UNAVAILABLE "
-          "before the listener closes");
+          "(health NOT_SERVING) before the listener closes");
 ABSL_FLAG(int, shutdown_grace_s, kDefaults.shutdown_grace_s,
-          "seconds in-flight RPCs get to finish after SIGINT/SIGTERM");
-
+          "seconds in-flight RPCs get to finish after SIGINT/SIGTERM before they are cancelled");
 namespace softmax::server {
 namespace {
 
@@ -130,29 +93,17 @@ ServerOptions OptionsFromFlags() {
   options.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
   options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
   options.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
-  options.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
   options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
-  options.completion_threads = absl::GetFlag(FLAGS_completion_threads);
-  options.offload_completion_bytes = absl::GetFlag(FLAGS_offload_completion_bytes);
-  options.offload_completion_requests = absl::GetFlag(FLAGS_offload_completion_requests);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
-  options.cuda_streams = absl::GetFlag(FLAGS_cuda_streams);
-  options.cuda_blocking_sync = absl::GetFlag(FLAGS_cuda_blocking_sync);
-  options.cuda_spin_us = absl::GetFlag(FLAGS_cuda_spin_us);
-  options.cuda_idle_spin_us = absl::GetFlag(FLAGS_cuda_idle_spin_us);
-  options.cuda_idle_spin_threads = absl::GetFlag(FLAGS_cuda_idle_spin_threads);
-  options.cuda_inline_max_bytes = absl::GetFlag(FLAGS_cuda_inline_max_bytes);
-  options.cuda_zero_copy_max_bytes = absl::GetFlag(FLAGS_cuda_zero_copy_max_bytes);
-  options.cuda_inline_when_busy = absl::GetFlag(FLAGS_cuda_inline_when_busy);
-  options.cuda_pinned_responses_max_bytes = absl::GetFlag(FLAGS_cuda_pinned_responses_max_bytes);
-  options.cuda_pinned_response_min_bytes = absl::GetFlag(FLAGS_cuda_pinned_response_min_bytes);
-  options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
-  options.inject_fault_after_batches = absl::GetFlag(FLAGS_inject_fault_after_batches);
-  options.malloc.mmap_threshold_bytes = absl::GetFlag(FLAGS_malloc_mmap_threshold_bytes);
-  options.malloc.trim_threshold_bytes = absl::GetFlag(FLAGS_malloc_trim_threshold_bytes);
+  options.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
+  // A testing hook, not an operator's decision: an environment variable.
+  if (const char* inject = std::getenv("SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES")) {
+    options.inject_fault_after_batches = std::strtoll(inject, nullptr, 10);
+  }
   return options;
 }
 
@@ -163,44 +114,30 @@ int Fail(const absl::Status& status) {
 
 int Run(const ServerOptions& options) {
   if (options.max_tensor_bytes <= 0 || options.max_batch_rows <= 0 ||
-      options.max_batch_bytes <= 0 || options.max_queue_delay_us < 0 ||
-      options.max_queued_requests <= 0 || options.max_queued_bytes <= 0 ||
-      options.cpu_threads < 0 || options.lame_duck_ms < 0 || options.shutdown_grace_s < 0 ||
-      options.cuda_streams < 1 || options.inject_fault_after_batches < 0 ||
-      options.cuda_memory_limit_bytes < 0 || options.cuda_spin_us < 0 ||
-      options.cuda_idle_spin_us < 0 || options.cuda_idle_spin_threads < 1 ||
-      options.cuda_inline_max_bytes < 0 || options.cuda_zero_copy_max_bytes < 0 ||
-      options.cuda_pinned_responses_max_bytes < 0 || options.cuda_pinned_response_min_bytes < 0 ||
-      options.completion_threads < 0 ||
-      options.offload_completion_bytes <= 0 || options.offload_completion_requests < 0) {
+      options.max_batch_bytes <= 0 || options.max_queued_requests <= 0 ||
+      options.max_queued_bytes <= 0) {
     return Fail(absl::InvalidArgumentError(
-        "limits must be positive (--max_queue_delay_us, --cpu_threads, --lame_duck_ms, "
-        "--shutdown_grace_s, --cuda_spin_us, --cuda_idle_spin_us, --cuda_inline_max_bytes, "
-        "--cuda_zero_copy_max_bytes, --cuda_pinned_responses_max_bytes, "
-        "--cuda_pinned_response_min_bytes, --completion_threads and "
-        "--offload_completion_requests may be 0)"));
+        "--max_tensor_bytes, --max_batch_rows, --max_batch_bytes, --max_queued_requests and "
+        "--max_queued_bytes must be positive"));
   }
-  if (options.completion_threads > kMaxCompletionThreads) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--completion_threads: at most ", kMaxCompletionThreads, ", got ",
-        options.completion_threads)));
+  if (options.max_queue_delay_us < 0 || options.cpu_threads < 0 || options.lame_duck_ms < 0 ||
+      options.shutdown_grace_s < 0 || options.cuda_memory_limit_bytes < 0 ||
+      options.inject_fault_after_batches < 0) {
+    return Fail(absl::InvalidArgumentError(
+        "--max_queue_delay_us, --cpu_threads, --lame_duck_ms, --shutdown_grace_s, "
+        "--cuda_memory_limit_bytes and SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES must not be "
+        "negative"));
   }
   if (options.max_queue_delay_us > kMaxQueueDelayUs) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--max_queue_delay_us: at most ", kMaxQueueDelayUs, " (an hour), got ",
         options.max_queue_delay_us)));
   }
-  if (!ValidMallocTuning(options.malloc)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--malloc_mmap_threshold_bytes must be 0 to ", kMaxMmapThresholdBytes,
-        " and --malloc_trim_threshold_bytes 0 to ", INT_MAX, "; got ",
-        options.malloc.mmap_threshold_bytes, " and ", options.malloc.trim_threshold_bytes)));
-  }
   absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options.device);
   if (!spec.ok()) return Fail(spec.status());
   // Before any other thread starts allocating.
-  if (!ApplyMallocTuning(options.malloc)) {
-    std::fprintf(stderr, "softmax-server: warning: glibc refused the --malloc_* settings\n");
+  if (!softmax::ApplyMallocTuning(softmax::MallocTuning())) {
+    std::fprintf(stderr, "softmax-server: warning: glibc refused the malloc settings\n");
   }
 
   // Signals are taken by sigwait below; block them before any thread starts
@@ -214,16 +151,6 @@ int Run(const ServerOptions& options) {
 
   BackendOptions backend_options;
   backend_options.cpu.threads = options.cpu_threads;
-  backend_options.cuda.slots = options.cuda_streams;
-  backend_options.cuda.blocking_sync = options.cuda_blocking_sync;
-  backend_options.cuda.spin_us = options.cuda_spin_us;
-  backend_options.cuda.idle_spin_us = options.cuda_idle_spin_us;
-  backend_options.cuda.idle_spin_threads = options.cuda_idle_spin_threads;
-  backend_options.cuda.inline_max_bytes = options.cuda_inline_max_bytes;
-  backend_options.cuda.zero_copy_max_bytes = options.cuda_zero_copy_max_bytes;
-  backend_options.cuda.pinned_responses_max_bytes = options.cuda_pinned_responses_max_bytes;
-  backend_options.cuda.pinned_response_min_bytes = options.cuda_pinned_response_min_bytes;
-  backend_options.cuda.inline_when_busy = options.cuda_inline_when_busy;
   backend_options.cuda.memory_limit_bytes = options.cuda_memory_limit_bytes;
   backend_options.cuda.max_staging_bytes = options.max_batch_bytes;
   backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;
@@ -237,46 +164,47 @@ int Run(const ServerOptions& options) {
                  std::string(status.message()).c_str());
     kill(getpid(), kFaultSignal);
   };
-  absl::StatusOr<BackendChoice> choice = CreateBackend(*spec, backend_options);
+  absl::StatusOr<BackendChoice> choice = CreateBackends(*spec, backend_options);
   if (!choice.ok()) return Fail(choice.status());
   std::fprintf(stderr, "softmax-server: device=%s %s\n", choice->device.c_str(),
                choice->description.c_str());
+  std::vector<Backend*> backends;
+  std::vector<const Backend*> observed;
+  for (const std::unique_ptr<Backend>& backend : choice->backends) {
+    backends.push_back(backend.get());
+    observed.push_back(backend.get());
+  }
 
   // No --metrics_address: no Metrics object, so nothing is recorded at all.
-  // Declared after `choice`: destroyed before the backend its scrapes read.
+  // Declared after `choice`: destroyed before the backends its scrapes read.
   std::unique_ptr<Metrics> metrics;
   if (!options.metrics_address.empty()) {
     absl::StatusOr<std::unique_ptr<Metrics>> created = Metrics::Create(options.metrics_address);
     if (!created.ok()) return Fail(created.status());
     metrics = std::move(*created);
-    metrics->SetBackend(choice->device, choice->backend.get());
+    metrics->SetBackends(observed);
     metrics->SetQueueCapacity(options.max_queued_requests, options.max_queued_bytes);
   }
 
+  // The scheduler runs the backends' slots; the batcher feeds it. Declared
+  // after the backends and the metrics, so both outlive their threads.
+  std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<Batcher> batcher;
-  if (choice->backend != nullptr) {
+  if (!backends.empty()) {
+    scheduler = std::make_unique<Scheduler>(backends);
     BatcherOptions batcher_options;
     batcher_options.max_batch_rows = options.max_batch_rows;
     batcher_options.max_batch_bytes = options.max_batch_bytes;
     batcher_options.max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us);
     batcher_options.dispatch_when_idle = options.dispatch_when_idle;
-    // The GPU backend packs every input of a batch into its staging before
-    // it writes any output, so responses can take over the requests' input
-    // buffers (no allocation, page faults or zero fill per response).
-    batcher_options.outputs_reuse_inputs = DeviceWorker::kComputesInPlace &&
-                                           absl::StartsWith(choice->device, "cuda");
-    batcher_options.completion_threads = options.completion_threads;
-    batcher_options.offload_completion_bytes = options.offload_completion_bytes;
-    batcher_options.offload_completion_requests =
-        static_cast<int>(std::min<int64_t>(options.offload_completion_requests, 1 << 30));
     batcher_options.max_queued_requests = options.max_queued_requests;
     batcher_options.max_queued_bytes = options.max_queued_bytes;
-    batcher = std::make_unique<Batcher>(batcher_options, choice->backend.get(), metrics.get());
+    batcher = std::make_unique<Batcher>(batcher_options, scheduler.get(), metrics.get());
   }
 
   ServiceOptions service_options;
   service_options.limits.max_tensor_bytes = options.max_tensor_bytes;
-  service_options.echo = choice->backend == nullptr;
+  service_options.echo = backends.empty();
   SoftmaxServiceImpl service(service_options, batcher.get(), metrics.get());
 
   GrpcServerOptions grpc_options;
@@ -343,8 +271,21 @@ int main(int argc, char** argv) {
   // pays for that on every request; the tests keep it on.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
-      "softmax-server: softmax / log-softmax over gRPC (softmax.v1.SoftmaxService).\n"
-      "Usage: softmax-server [--grpc_address=0.0.0.0:50051] [--device=auto] ...");
+      "softmax / log-softmax over gRPC (softmax.v1.SoftmaxService).\n"
+      "Usage: softmax-server [--flag=value ...] [--flagfile=FILE]\n"
+      "  --flagfile reads one --flag=value per line (lines starting with # are comments);\n"
+      "  --version prints the version and git revision; --helpfull adds Abseil's own flags.");
+  absl::FlagsUsageConfig usage;
+  // --help lists the flags defined in this file: the server's own.
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] {
+    return std::string("softmax-server " SOFTMAX_VERSION " (revision " SOFTMAX_GIT_REVISION ")\n");
+  };
+  usage.normalize_filename = [](absl::string_view path) { return std::string(path); };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   return softmax::server::Run(softmax::server::OptionsFromFlags());
 }

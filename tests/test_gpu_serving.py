@@ -8,8 +8,11 @@ backend or the machine no GPU (as in CI).
 """
 
 import concurrent.futures
+import os
 import random
+import re
 import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -116,11 +119,44 @@ def test_one_gib_tensor(gpu_server):
     assert response.timing.batch_requests == 1
 
 
+def test_every_gpu_serves_under_one_scheduler():
+    # --device=cuda:all: one backend per visible GPU. Concurrent callers are
+    # answered correctly, and every GPU's batches are counted under its own
+    # `device` label (with two or more GPUs, each must have run some).
+    server = e2e_util.start_on_device("cuda:all")
+    try:
+        stub = server.stub()
+        rng = np.random.default_rng(11)
+        inputs = [rng.normal(size=(64, 4096)).astype(np.float32) for _ in range(16)]
+
+        def call(x):
+            response = stub.Softmax(
+                softmax_pb2.SoftmaxRequest(input=e2e_util.encode(x, "float32")), timeout=60)
+            check(response, x, "float32", -1, 1.0, False, "cuda:all")
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            for _ in range(8):
+                list(pool.map(call, inputs))
+        text = urllib.request.urlopen(f"http://{server.metrics_address}/metrics").read().decode()
+        devices = re.findall(r'softmax_device_info\{device="(cuda:\d+)"', text)
+        assert devices, text
+        for device in devices:
+            ok = re.search(r'softmax_batches_total\{device="%s",outcome="ok"\} (\S+)' % device, text)
+            assert ok is not None, (device, text)
+            if len(devices) > 1:
+                assert float(ok.group(1)) > 0, (device, text)
+    finally:
+        server.stop()
+
+
 def test_gpu_fault_goes_not_serving_and_exits_nonzero():
     # After 3 batches the worker reads an address nothing maps: a real sticky
     # CUDA error. Requests in flight fail INTERNAL; the process exits 2.
-    server = e2e_util.start_on_device("cuda", "--inject_fault_after_batches=3",
-                                      "--max_queue_delay_us=0")
+    os.environ["SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES"] = "3"
+    try:
+        server = e2e_util.start_on_device("cuda", "--max_queue_delay_us=0")
+    finally:
+        del os.environ["SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES"]
     try:
         stub = server.stub()
         x = np.random.default_rng(3).normal(size=(4, 1024)).astype(np.float32)

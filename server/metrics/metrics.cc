@@ -1,4 +1,4 @@
-#include "server/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <cstdlib>
 #include <exception>
@@ -79,20 +79,24 @@ prometheus::Histogram& AddHistogram(prometheus::Registry& registry, const std::s
 // samples (the CPU backend has no allocator) are left out.
 class Metrics::MemoryCollectable final : public prometheus::Collectable {
  public:
-  void SetBackend(const Backend* backend) { backend_.store(backend); }
+  // REQUIRES: before the first scrape; the backends outlive this object.
+  void SetBackends(std::vector<const Backend*> backends) { backends_ = std::move(backends); }
 
   std::vector<prometheus::MetricFamily> Collect() const override {
-    const Backend* backend = backend_.load();
-    if (backend == nullptr) return {};
-    const std::vector<MemoryStats> memory = backend->Memory();
+    // Each backend's statistics, labelled with its device.
+    std::vector<std::pair<std::string, MemoryStats>> memory;
+    for (const Backend* backend : backends_) {
+      for (MemoryStats& stats : backend->Memory()) memory.emplace_back(backend->Name(), stats);
+    }
     if (memory.empty()) return {};
     using prometheus::MetricType;
     std::vector<prometheus::MetricFamily> families;
     auto add = [&](const char* name, const char* help, MetricType type,
                    int64_t MemoryStats::*field) {
       prometheus::MetricFamily family{name, help, type, {}};
-      for (const MemoryStats& stats : memory) {
+      for (const auto& [device, stats] : memory) {
         prometheus::ClientMetric metric;
+        metric.label.push_back({"device", device});
         metric.label.push_back({"memory", stats.memory});
         const double value = static_cast<double>(stats.*field);
         if (type == MetricType::Counter) {
@@ -119,20 +123,24 @@ class Metrics::MemoryCollectable final : public prometheus::Collectable {
     add("softmax_allocator_backing_allocations_total",
         "Backing allocations made (cudaMalloc / cudaHostAlloc); flat after warm-up.",
         MetricType::Counter, &MemoryStats::raw_allocations);
-    for (const MemoryStats& stats : memory) {
+    prometheus::MetricFamily pinned{
+        "softmax_pinned_staging_bytes",
+        "Pinned host staging memory held (in use + cached of memory=\"pinned\").",
+        MetricType::Gauge,
+        {}};
+    for (const auto& [device, stats] : memory) {
       if (stats.memory != "pinned") continue;
       prometheus::ClientMetric metric;
+      metric.label.push_back({"device", device});
       metric.gauge.value = static_cast<double>(stats.in_use_bytes + stats.cached_bytes);
-      families.push_back({"softmax_pinned_staging_bytes",
-                          "Pinned host staging memory held (in use + cached of memory=\"pinned\").",
-                          MetricType::Gauge,
-                          {std::move(metric)}});
+      pinned.metric.push_back(std::move(metric));
     }
+    if (!pinned.metric.empty()) families.push_back(std::move(pinned));
     return families;
   }
 
  private:
-  std::atomic<const Backend*> backend_{nullptr};
+  std::vector<const Backend*> backends_;
 };
 
 Metrics::Metrics()
@@ -166,23 +174,30 @@ Metrics::Metrics()
                                     "Per request: compute time of the batch it rode in.",
                                     SecondsBuckets());
 
-  batch_requests_ = &AddHistogram(r, "softmax_batch_requests", "Requests per computed batch.",
-                                  Exponential(1, 2, 14));
-  batch_rows_ = &AddHistogram(r, "softmax_batch_rows", "Rows per computed batch.",
-                              Exponential(1, 4, 13));
-  batch_bandwidth_ = &AddHistogram(
-      r, "softmax_batch_bandwidth_bytes_per_second",
-      "Per OK batch: bytes the kernels read and wrote over kernel time (CUDA events; the CPU "
-      "backend: over compute time).",
-      BandwidthBuckets());
-  auto& batches = prometheus::BuildCounter()
-                      .Name("softmax_batches_total")
-                      .Help("Batches computed, by outcome (ok, error).")
-                      .Register(r);
-  batches_ok_ = &batches.Add({{"outcome", "ok"}});
-  batches_failed_ = &batches.Add({{"outcome", "error"}});
-  kernel_launches_ = &AddCounter(r, "softmax_kernel_launches_total",
-                                 "Kernel launches made (0 on the CPU backend).");
+  batch_requests_family_ = &prometheus::BuildHistogram()
+                                .Name("softmax_batch_requests")
+                                .Help("Requests per computed batch, by device.")
+                                .Register(r);
+  batch_rows_family_ = &prometheus::BuildHistogram()
+                            .Name("softmax_batch_rows")
+                            .Help("Rows per computed batch, by device.")
+                            .Register(r);
+  batch_bandwidth_family_ =
+      &prometheus::BuildHistogram()
+           .Name("softmax_batch_bandwidth_bytes_per_second")
+           .Help("Per OK batch, by device: bytes the kernels read and wrote over kernel time "
+                 "(CUDA events; the CPU backend: over compute time).")
+           .Register(r);
+  batches_family_ = &prometheus::BuildCounter()
+                         .Name("softmax_batches_total")
+                         .Help("Batches computed, by device and outcome (ok, error).")
+                         .Register(r);
+  kernel_launches_family_ = &prometheus::BuildCounter()
+                                 .Name("softmax_kernel_launches_total")
+                                 .Help("Kernel launches made, by device (0 on the CPU backend).")
+                                 .Register(r);
+  // Unlabelled until SetBackends names the devices.
+  devices_.push_back(AddDeviceSeries({}));
   auto& dropped = prometheus::BuildCounter()
                       .Name("softmax_dropped_requests_total")
                       .Help("Queued requests dropped before compute, by reason.")
@@ -231,52 +246,105 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
 
 std::string Metrics::BoundAddress() const { return bound_address_; }
 
-void Metrics::SetBackend(absl::string_view device, const Backend* backend) {
+Metrics::DeviceSeries Metrics::AddDeviceSeries(const prometheus::Labels& labels) {
+  DeviceSeries series;
+  series.batch_requests = &batch_requests_family_->Add(labels, Exponential(1, 2, 14));
+  series.batch_rows = &batch_rows_family_->Add(labels, Exponential(1, 4, 13));
+  series.batch_bandwidth = &batch_bandwidth_family_->Add(labels, BandwidthBuckets());
+  prometheus::Labels ok = labels;
+  ok["outcome"] = "ok";
+  prometheus::Labels error = labels;
+  error["outcome"] = "error";
+  series.batches_ok = &batches_family_->Add(ok);
+  series.batches_failed = &batches_family_->Add(error);
+  series.kernel_launches = &kernel_launches_family_->Add(labels);
+  return series;
+}
+
+void Metrics::SetBackends(const std::vector<const Backend*>& backends) {
   prometheus::Registry& r = *registry_;
-  const DeviceInfo info = backend != nullptr ? backend->Device() : DeviceInfo{};
-  AddGauge(r, "softmax_device_info",
-           "Constant 1, labelled with the device the server computes on (memory_bytes 0: "
-           "host memory, not reported).",
-           {{"device", std::string(device)},
-            {"name", info.name.empty() ? std::string(device) : info.name},
-            {"compute_capability", info.compute_capability},
-            {"multiprocessors", absl::StrCat(info.multiprocessors)},
-            {"memory_bytes", absl::StrCat(info.memory_bytes)}})
-      .Set(1);
-  if (info.peak_bandwidth_bytes_per_second > 0) {
-    AddGauge(r, "softmax_device_peak_bandwidth_bytes_per_second",
-             "The device's nominal peak memory bandwidth, read + write bytes per second.")
-        .Set(info.peak_bandwidth_bytes_per_second);
+  auto& device_info = prometheus::BuildGauge()
+                          .Name("softmax_device_info")
+                          .Help("Constant 1 per device the server computes on, labelled with "
+                                "what it is (memory_bytes 0: host memory, not reported).")
+                          .Register(r);
+  if (backends.empty()) {
+    device_info
+        .Add({{"device", "none"},
+              {"name", "none"},
+              {"compute_capability", ""},
+              {"multiprocessors", "0"},
+              {"memory_bytes", "0"}})
+        .Set(1);
+    return;
   }
-  if (!info.kernels.empty()) {
-    auto family = [&r](const char* name, const char* help) {
-      return &prometheus::BuildGauge().Name(name).Help(help).Register(r);
-    };
-    auto* blocks = family("softmax_kernel_resident_blocks_per_sm",
-                          "Occupancy probe: resident blocks per SM, by kernel path and dtype.");
-    auto* registers = family("softmax_kernel_registers_per_thread",
-                             "Occupancy probe: registers per thread, by kernel path and dtype.");
-    auto* shared = family(
-        "softmax_kernel_shared_memory_bytes",
-        "Occupancy probe: static shared memory per block, by kernel path and dtype.");
-    auto* grid = family(
-        "softmax_kernel_grid_blocks",
-        "Occupancy probe: persistent grid size in blocks, by kernel path and dtype.");
-    auto* threads = family("softmax_kernel_threads_per_block",
-                           "Occupancy probe: threads per block, by kernel path and dtype.");
-    auto* cluster = family("softmax_kernel_cluster_size",
-                           "Occupancy probe: thread-block cluster size, by kernel path and dtype.");
-    for (const KernelOccupancy& k : info.kernels) {
-      const prometheus::Labels labels{{"kernel", k.kernel}, {"dtype", k.dtype}};
-      blocks->Add(labels).Set(k.blocks_per_sm);
-      registers->Add(labels).Set(k.registers_per_thread);
-      shared->Add(labels).Set(k.shared_bytes);
-      grid->Add(labels).Set(k.grid);
-      threads->Add(labels).Set(k.threads_per_block);
-      cluster->Add(labels).Set(k.cluster_size);
+  auto gauge_family = [&r](const char* name, const char* help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(r);
+  };
+  prometheus::Family<prometheus::Gauge>* peak = nullptr;
+  std::vector<DeviceSeries> devices;
+  for (const Backend* backend : backends) {
+    const std::string device = backend->Name();
+    const DeviceInfo info = backend->Device();
+    device_info
+        .Add({{"device", device},
+              {"name", info.name.empty() ? device : info.name},
+              {"compute_capability", info.compute_capability},
+              {"multiprocessors", absl::StrCat(info.multiprocessors)},
+              {"memory_bytes", absl::StrCat(info.memory_bytes)}})
+        .Set(1);
+    if (info.peak_bandwidth_bytes_per_second > 0) {
+      if (peak == nullptr) {
+        peak = gauge_family(
+            "softmax_device_peak_bandwidth_bytes_per_second",
+            "The device's nominal peak memory bandwidth, read + write bytes per second.");
+      }
+      peak->Add({{"device", device}}).Set(info.peak_bandwidth_bytes_per_second);
     }
+    if (!info.kernels.empty()) {
+      if (occupancy_.blocks == nullptr) {
+        occupancy_.blocks = gauge_family(
+            "softmax_kernel_resident_blocks_per_sm",
+            "Occupancy probe: resident blocks per SM, by device, kernel path and dtype.");
+        occupancy_.registers = gauge_family(
+            "softmax_kernel_registers_per_thread",
+            "Occupancy probe: registers per thread, by device, kernel path and dtype.");
+        occupancy_.shared = gauge_family(
+            "softmax_kernel_shared_memory_bytes",
+            "Occupancy probe: static shared memory per block, by device, kernel path and dtype.");
+        occupancy_.grid = gauge_family(
+            "softmax_kernel_grid_blocks",
+            "Occupancy probe: persistent grid size in blocks, by device, kernel path and dtype.");
+        occupancy_.threads = gauge_family(
+            "softmax_kernel_threads_per_block",
+            "Occupancy probe: threads per block, by device, kernel path and dtype.");
+        occupancy_.cluster = gauge_family(
+            "softmax_kernel_cluster_size",
+            "Occupancy probe: thread-block cluster size, by device, kernel path and dtype.");
+      }
+      for (const KernelOccupancy& k : info.kernels) {
+        const prometheus::Labels labels{{"device", device}, {"kernel", k.kernel}, {"dtype", k.dtype}};
+        occupancy_.blocks->Add(labels).Set(k.blocks_per_sm);
+        occupancy_.registers->Add(labels).Set(k.registers_per_thread);
+        occupancy_.shared->Add(labels).Set(k.shared_bytes);
+        occupancy_.grid->Add(labels).Set(k.grid);
+        occupancy_.threads->Add(labels).Set(k.threads_per_block);
+        occupancy_.cluster->Add(labels).Set(k.cluster_size);
+      }
+    }
+    devices.push_back(AddDeviceSeries({{"device", device}}));
   }
-  memory_->SetBackend(backend);
+  // The unlabelled series made at construction go; nothing was recorded yet.
+  for (const DeviceSeries& old : devices_) {
+    batch_requests_family_->Remove(old.batch_requests);
+    batch_rows_family_->Remove(old.batch_rows);
+    batch_bandwidth_family_->Remove(old.batch_bandwidth);
+    batches_family_->Remove(old.batches_ok);
+    batches_family_->Remove(old.batches_failed);
+    kernel_launches_family_->Remove(old.kernel_launches);
+  }
+  devices_ = std::move(devices);
+  memory_->SetBackends(backends);
 }
 
 void Metrics::SetQueueCapacity(int64_t requests, int64_t bytes) {
@@ -318,13 +386,17 @@ void Metrics::RecordRequestTiming(const RequestTiming& timing) {
 }
 
 void Metrics::OnBatchCompleted(const BatchStats& stats) {
-  (stats.ok ? batches_ok_ : batches_failed_)->Increment();
-  batch_requests_->Observe(stats.requests);
-  batch_rows_->Observe(static_cast<double>(stats.rows));
-  if (stats.launches > 0) kernel_launches_->Increment(stats.launches);
+  const size_t index = stats.backend >= 0 && static_cast<size_t>(stats.backend) < devices_.size()
+                           ? static_cast<size_t>(stats.backend)
+                           : 0;
+  const DeviceSeries& device = devices_[index];
+  (stats.ok ? device.batches_ok : device.batches_failed)->Increment();
+  device.batch_requests->Observe(stats.requests);
+  device.batch_rows->Observe(static_cast<double>(stats.rows));
+  if (stats.launches > 0) device.kernel_launches->Increment(stats.launches);
   if (stats.ok && stats.kernel_ns > 0 && stats.kernel_bytes > 0) {
-    batch_bandwidth_->Observe(static_cast<double>(stats.kernel_bytes) * 1e9 /
-                              static_cast<double>(stats.kernel_ns));
+    device.batch_bandwidth->Observe(static_cast<double>(stats.kernel_bytes) * 1e9 /
+                                    static_cast<double>(stats.kernel_ns));
   }
 }
 

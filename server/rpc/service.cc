@@ -1,4 +1,4 @@
-#include "server/service.h"
+#include "server/rpc/service.h"
 
 #include <algorithm>
 #include <atomic>
@@ -8,8 +8,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "server/status_util.h"
-#include "server/wire.h"
+#include "server/rpc/status_util.h"
+#include "server/rpc/wire.h"
 
 namespace softmax::server {
 namespace {

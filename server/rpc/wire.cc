@@ -1,4 +1,4 @@
-#include "server/wire.h"
+#include "server/rpc/wire.h"
 
 #include <cstdint>
 #include <memory>

@@ -35,8 +35,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/backend.h"
-#include "server/batcher.h"
+#include "server/scheduling/backend.h"
+#include "server/scheduling/batcher.h"
 
 namespace softmax::server {
 
@@ -63,12 +63,15 @@ class Metrics final : public BatcherObserver {
   // host:port actually bound, or "off" when not exposed.
   std::string BoundAddress() const;
 
-  // The backend chosen at start: `device` is "cpu", "cuda:0" or "none";
-  // `backend` (null for "none") supplies softmax_device_info, the peak
-  // bandwidth gauge (exported only when the backend knows it), the
-  // occupancy gauges, and, at every scrape, the allocator figures.
-  // REQUIRES: `backend` outlives this object; called at most once.
-  void SetBackend(absl::string_view device, const Backend* backend);
+  // The backends chosen at start, in the scheduler's order (BatchStats::
+  // backend indexes them); empty for --device=none. Each one's Name() is the
+  // `device` label of its softmax_device_info, peak bandwidth gauge
+  // (exported only when known), occupancy gauges, batch metrics and, at
+  // every scrape, allocator figures. Before this call batch metrics carry no
+  // device label.
+  // REQUIRES: the backends outlive this object; called at most once, before
+  // serving.
+  void SetBackends(const std::vector<const Backend*>& backends);
 
   // The batcher's admission bounds (softmax_queue_capacity_*).
   void SetQueueCapacity(int64_t requests, int64_t bytes);
@@ -106,8 +109,28 @@ class Metrics final : public BatcherObserver {
   static constexpr int kMethods = 2;
   static constexpr int kCodes = 17;  // grpc::StatusCode OK .. UNAUTHENTICATED
 
+  // The batch metrics of one device.
+  struct DeviceSeries {
+    prometheus::Histogram* batch_requests = nullptr;
+    prometheus::Histogram* batch_rows = nullptr;
+    prometheus::Histogram* batch_bandwidth = nullptr;
+    prometheus::Counter* batches_ok = nullptr;
+    prometheus::Counter* batches_failed = nullptr;
+    prometheus::Counter* kernel_launches = nullptr;
+  };
+  // The occupancy probe's gauge families, made with the first GPU.
+  struct OccupancyFamilies {
+    prometheus::Family<prometheus::Gauge>* blocks = nullptr;
+    prometheus::Family<prometheus::Gauge>* registers = nullptr;
+    prometheus::Family<prometheus::Gauge>* shared = nullptr;
+    prometheus::Family<prometheus::Gauge>* grid = nullptr;
+    prometheus::Family<prometheus::Gauge>* threads = nullptr;
+    prometheus::Family<prometheus::Gauge>* cluster = nullptr;
+  };
+
   Metrics();
   prometheus::Counter& RequestCounter(RpcMethod method, absl::StatusCode code);
+  DeviceSeries AddDeviceSeries(const prometheus::Labels& labels);
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<MemoryCollectable> memory_;
@@ -119,12 +142,14 @@ class Metrics final : public BatcherObserver {
   prometheus::Histogram* queue_duration_;
   prometheus::Histogram* compute_duration_;
 
-  prometheus::Histogram* batch_requests_;
-  prometheus::Histogram* batch_rows_;
-  prometheus::Histogram* batch_bandwidth_;
-  prometheus::Counter* batches_ok_;
-  prometheus::Counter* batches_failed_;
-  prometheus::Counter* kernel_launches_;
+  prometheus::Family<prometheus::Histogram>* batch_requests_family_;
+  prometheus::Family<prometheus::Histogram>* batch_rows_family_;
+  prometheus::Family<prometheus::Histogram>* batch_bandwidth_family_;
+  prometheus::Family<prometheus::Counter>* batches_family_;
+  prometheus::Family<prometheus::Counter>* kernel_launches_family_;
+  // Per backend, in the scheduler's order; written only before serving.
+  std::vector<DeviceSeries> devices_;
+  OccupancyFamilies occupancy_;
   prometheus::Counter* dropped_cancelled_;
   prometheus::Counter* dropped_deadline_;
   prometheus::Counter* rejected_total_;

@@ -1,4 +1,4 @@
-#include "server/validation.h"
+#include "server/rpc/validation.h"
 
 #include <cmath>
 #include <limits>

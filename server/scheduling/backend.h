@@ -1,9 +1,13 @@
-// The compute interface under the batcher: a Backend receives whole batches
-// of segments and reports completion asynchronously, so an implementation can
-// pipeline several batches (e.g. a GPU worker packing batch k+1 on one stream
-// while batch k runs on another).
+// The compute interface under the scheduler: a Backend declares its execution
+// slots and capabilities, and computes one whole batch of segments at a time
+// per slot, on the thread the scheduler runs for that slot (scheduler.h). A
+// backend with several slots pipelines batches (the GPU backend packs batch
+// k+1 on one stream while batch k runs on another).
 //
-// Implementations: CpuBackend (cpu_backend.h); the CUDA DeviceWorker.
+// Implementations: CpuBackend (server/cpu/), CudaBackend (server/cuda/).
+//
+// Thread-safety: Execute runs concurrently on different slots; StageInput,
+// Device and Memory may be called from any thread.
 #ifndef SOFTMAX_SERVER_BACKEND_H_
 #define SOFTMAX_SERVER_BACKEND_H_
 
@@ -56,8 +60,9 @@ struct Batch {
   int64_t rows = 0;   // sum of segments' shape.rows()
   int64_t bytes = 0;  // sum of segments' input bytes
   std::vector<std::unique_ptr<WorkItem>> items;  // parallel to segments
-  // When the batcher submitted it; a backend reports the wait from here to
-  // the start of its compute (BatchResult::dispatch_ns). Unset: not known.
+  // When the batch became ready to run (the scheduler was told of it); a
+  // backend reports the wait from here to the start of its compute
+  // (BatchResult::dispatch_ns). Unset: not known.
   std::chrono::steady_clock::time_point submitted;
 
   Batch();
@@ -73,7 +78,7 @@ struct BatchResult {
   absl::Status status;
   int64_t compute_ns = 0;  // time the backend spent on this batch
   // Time from Batch::submitted to the start of that compute: the batch
-  // waiting for a thread of the backend's to take it (0 when not known).
+  // waiting for a slot's thread to take it (0 when not known).
   int64_t dispatch_ns = 0;
   // Kernel figures for the bandwidth metrics: time between the first launch
   // and the end of the last (CUDA events; the CPU backend reports its compute
@@ -127,33 +132,47 @@ struct MemoryStats {
 
 class Backend {
  public:
-  // Called exactly once per submitted batch, from any thread other than the
-  // caller of Submit is allowed (it may also run inline). Returns the batch.
-  using Done = std::function<void(std::unique_ptr<Batch>, BatchResult)>;
-
   virtual ~Backend() = default;
 
   // Short human-readable description for the start-up log, e.g. "cpu threads=8".
   virtual std::string Describe() const = 0;
 
-  // How many batches the batcher may have submitted and not yet completed.
-  // A pipelining GPU worker returns 2 or more.
-  virtual int MaxBatchesInFlight() const { return 1; }
+  // The label this backend's metrics carry: "cpu", "cuda:0", ...
+  virtual std::string Name() const = 0;
+
+  // Execution slots: batches this backend can run at once. The scheduler
+  // runs one thread per slot and calls Execute(slot, ...) only from the
+  // thread of that slot. A GPU backend returns one per CUDA stream, so
+  // that one batch's copies overlap another's compute.
+  virtual int Slots() const { return 1; }
+
+  // True when Execute reads every input byte of a batch before it writes
+  // the same bytes of its output (the GPU backend packs every input into its
+  // staging first). Then a request's input buffer may be handed back to it
+  // as its output buffer (segment.output == segment.input): no allocation,
+  // page faults or zero fill per response.
+  virtual bool ComputesInPlace() const { return false; }
+
+  // Called once on each slot's thread before its first Execute, e.g. to make
+  // the backend's device current there. Default: nothing.
+  virtual void EnterSlotThread(int slot) {}
+
+  // Computes `batch` on the calling thread (the thread of `slot`) and
+  // returns when its outputs are written (or lent; see BatchResult).
+  // REQUIRES: 0 <= slot < Slots(); no other Execute on the same slot runs.
+  virtual BatchResult Execute(int slot, Batch& batch) = 0;
 
   // Optional: copies the input of `segment` (which has output_view_ok) into
   // memory the backend computes from directly (pinned host memory on the
   // GPU), on the calling thread; the batcher calls it as a request is
   // admitted, on a gRPC thread, so that requests are copied in parallel
-  // instead of batch by batch on the backend's thread. On true,
-  // segment.input points there and segment.staged keeps it alive; the
-  // batcher sets output = input, the backend computes in place there, and
-  // the request is answered from that buffer (unless the backend lends an
-  // OutputView of another). Default: false.
+  // instead of batch by batch on a slot's thread. On true, segment.input
+  // points there and segment.staged keeps it alive; the batcher sets
+  // output = input, the backend computes in place there, and the request is
+  // answered from that buffer (unless the backend lends an OutputView of
+  // another). Such memory must be readable by every backend of the process
+  // (pinned host memory is). Default: false.
   virtual bool StageInput(Segment& segment) { return false; }
-
-  // Starts computing `batch`; must return promptly (no waiting for the
-  // result). REQUIRES: fewer than MaxBatchesInFlight() batches outstanding.
-  virtual void Submit(std::unique_ptr<Batch> batch, Done done) = 0;
 
   // The device this backend computes on; default: nothing known.
   virtual DeviceInfo Device() const { return {}; }

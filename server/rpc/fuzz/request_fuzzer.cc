@@ -15,7 +15,7 @@
 #include <string>
 
 #include "kernels/cpu_softmax.h"
-#include "server/validation.h"
+#include "server/rpc/validation.h"
 #include "softmax/v1/softmax.pb.h"
 
 namespace {

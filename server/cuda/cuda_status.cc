@@ -1,4 +1,4 @@
-#include "server/cuda_status.h"
+#include "server/cuda/cuda_status.h"
 
 #include <string>
 

@@ -1,11 +1,10 @@
-// CPU backend: a fixed pool of threads that splits each batch's rows (over
-// all its segments) into tasks of roughly equal element counts and runs
-// softmax::CpuSoftmaxRows on them. Correct for every axis; float64
-// accumulation.
+// CPU backend: one execution slot whose thread splits each batch's rows
+// (over all its segments) into tasks of roughly equal element counts and runs
+// softmax::CpuSoftmaxRows on them, with a fixed pool of helper threads.
+// Correct for every axis; float64 accumulation.
 //
-// Thread-safety: Submit may be called from any thread; completion callbacks
-// run on a pool thread (or inline in Submit for a batch with nothing to
-// compute).
+// Thread-safety: Execute is called by the scheduler's one slot thread;
+// Describe and Device from any thread.
 #ifndef SOFTMAX_SERVER_CPU_BACKEND_H_
 #define SOFTMAX_SERVER_CPU_BACKEND_H_
 
@@ -18,12 +17,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "server/backend.h"
+#include "server/scheduling/backend.h"
 
 namespace softmax::server {
 
 struct CpuBackendOptions {
-  // Worker threads; 0 = std::thread::hardware_concurrency(). More threads
+  // Threads, the slot's own included; 0 = std::thread::hardware_concurrency(). More threads
   // cut compute time for large batches until memory bandwidth saturates.
   int threads = 0;
   // Smallest task, in elements: below this, splitting costs more in
@@ -34,16 +33,17 @@ struct CpuBackendOptions {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options);
-  // Finishes the tasks already queued, then joins the threads.
+  // Joins the helper threads. REQUIRES: no Execute running.
   ~CpuBackend() override;
 
   std::string Describe() const override;
   // name: the processor's model (/proc/cpuinfo), multiprocessors: worker
   // threads; no memory size, peak bandwidth or occupancy to report.
   DeviceInfo Device() const override;
-  void Submit(std::unique_ptr<Batch> batch, Done done) override;
+  std::string Name() const override { return "cpu"; }
+  BatchResult Execute(int slot, Batch& batch) override;
 
-  int threads() const { return static_cast<int>(threads_.size()); }
+  int threads() const { return threads_count_; }
 
  private:
   struct Job;
@@ -56,14 +56,18 @@ class CpuBackend final : public Backend {
     int last_segment = 0;
     int64_t last_row_end = 0;
   };
-  void WorkerLoop();
+  // Runs one queued task on the calling thread; false when none was queued.
+  bool RunOneTask();
+  void RunTask(const Task& task);
+  void HelperLoop();
 
   const CpuBackendOptions options_;
+  int threads_count_ = 1;
   absl::Mutex mu_;
   absl::CondVar cv_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
+  std::vector<std::thread> helpers_;
 };
 
 }  // namespace softmax::server

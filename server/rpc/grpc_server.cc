@@ -1,4 +1,4 @@
-#include "server/grpc_server.h"
+#include "server/rpc/grpc_server.h"
 
 #include <algorithm>
 #include <climits>

@@ -1,4 +1,4 @@
-#include "server/batcher.h"
+#include "server/scheduling/batcher.h"
 
 #include <algorithm>
 #include <utility>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "server/thread_name.h"
+#include "common/thread_name.h"
 
 namespace softmax::server {
 namespace {
@@ -17,12 +17,6 @@ int64_t Nanos(SteadyClock::duration d) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
 
-// Batches this thread is submitting right now: a backend that runs a batch
-// on the submitting thread calls OnBatchDone inside Submit (depth 1), and
-// that completion must not launch the next batch from there, or a stream of
-// arrivals would nest launches without bound on one thread.
-thread_local int launch_depth = 0;
-
 }  // namespace
 
 Batch::Batch() = default;
@@ -30,21 +24,27 @@ Batch::~Batch() = default;
 Batch::Batch(Batch&&) noexcept = default;
 Batch& Batch::operator=(Batch&&) noexcept = default;
 
-Batcher::Batcher(const BatcherOptions& options, Backend* backend, BatcherObserver* observer)
+Batcher::Batcher(const BatcherOptions& options, Scheduler* scheduler,
+                 BatcherObserver* observer)
     : options_(options),
-      backend_(backend),
+      scheduler_(scheduler),
       observer_(observer),
-      max_in_flight_(backend->MaxBatchesInFlight() < 1 ? 1 : backend->MaxBatchesInFlight()) {
+      max_in_flight_(std::max(1, scheduler->slots())),
+      outputs_reuse_inputs_(scheduler->ComputesInPlace()),
+      has_timer_(options.max_queue_delay.count() > 0) {
   for (int i = 0; i < options_.completion_threads; ++i) {
     completion_threads_.emplace_back([this, i] {
       NameThisThread(absl::StrCat("sm-complete-", i));
       CompletionLoop();
     });
   }
-  thread_ = std::thread([this] {
-    NameThisThread("sm-batcher");
-    Run();
-  });
+  if (has_timer_) {
+    timer_ = std::thread([this] {
+      NameThisThread("sm-batch-timer");
+      TimerLoop();
+    });
+  }
+  scheduler_->Start(this);
 }
 
 Batcher::~Batcher() { Stop(); }
@@ -52,9 +52,9 @@ Batcher::~Batcher() { Stop(); }
 absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
   if (item->output_view != nullptr) {
     item->segment.output_view_ok = true;
-    // Copied into the backend's own memory here, on the caller's thread (see
+    // Copied into a backend's own memory here, on the caller's thread (see
     // Backend::StageInput); the request's copy is not needed any more.
-    if (backend_->StageInput(item->segment) && item->input_buffer != nullptr) {
+    if (scheduler_->StageInput(item->segment) && item->input_buffer != nullptr) {
       std::string().swap(*item->input_buffer);
       item->input_buffer = nullptr;
     }
@@ -62,8 +62,7 @@ absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
   const SteadyClock::time_point now = SteadyClock::now();
   item->enqueued = now;
   const int64_t bytes = item->segment.bytes;
-  std::unique_ptr<Batch> batch;
-  std::vector<Dropped> dropped;
+  bool notify = false;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
@@ -86,26 +85,11 @@ absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
     queue_.push_back(std::move(item));
     // Reported under the lock so that the last value set is the current one.
     if (observer_ != nullptr) observer_->OnQueueDepth(queue_.size(), queued_bytes_);
-    if (in_flight_ < max_in_flight_ && ReadyLocked(now)) {
-      // The batch former would form a batch now (the backend is idle, or
-      // has room and the batch is full or its delay, perhaps 0, has passed):
-      // this caller forms and submits it itself, sparing the request a
-      // hand-off to the batch-forming thread.
-      batch = TakeBatchLocked(&dropped);
-      // What did not fit is the batch former's.
-      if (!queue_.empty()) cv_.Signal();
-    } else if (in_flight_ < max_in_flight_ &&
-               (was_empty || queued_rows_ >= options_.max_batch_rows ||
-                queued_bytes_ >= options_.max_batch_bytes)) {
-      // Wake the batch former only when this request can change its
-      // decision: a first request (it may be waiting with no timeout) or a
-      // full batch, while the backend has room. Otherwise it already waits
-      // for the head's delay or for a batch to complete (which wakes it),
-      // and a wake-up per request would cost a context switch each.
-      cv_.Signal();
-    }
+    notify = ShouldNotifyLocked(now);
+    // A first request starts the timer's wait for its delay.
+    if (!notify && was_empty && has_timer_) cv_.Signal();
   }
-  if (batch != nullptr || !dropped.empty()) Launch(std::move(batch), &dropped);
+  if (notify) scheduler_->Notify();
   return absl::OkStatus();
 }
 
@@ -116,15 +100,66 @@ void Batcher::Stop() {
     stopping_ = true;
     cv_.SignalAll();
   }
-  if (thread_.joinable()) thread_.join();
-  // Every request is answered now (the batch former waited for that).
-  {
+  if (timer_.joinable()) timer_.join();
+  // What is queued is ready now (ReadyLocked); the slot threads take it
+  // batch by batch. Nudged every millisecond: Stop is rare, and this keeps
+  // it independent of which thread was told last.
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (queue_.empty() && in_flight_ == 0 && completing_ == 0) {
+        completion_stop_ = true;
+        completion_cv_.SignalAll();
+        break;
+      }
+      if (queue_.empty()) {
+        cv_.WaitWithTimeout(&mu_, absl::Milliseconds(1));
+        continue;
+      }
+    }
+    scheduler_->Notify();
     absl::MutexLock lock(&mu_);
-    completion_stop_ = true;
-    completion_cv_.SignalAll();
+    cv_.WaitWithTimeout(&mu_, absl::Milliseconds(1));
   }
   for (std::thread& thread : completion_threads_) {
     if (thread.joinable()) thread.join();
+  }
+  scheduler_->Stop();
+}
+
+bool Batcher::ShouldNotifyLocked(SteadyClock::time_point now) {
+  if (in_flight_ >= max_in_flight_ || !ReadyLocked(now)) return false;
+  // A wake-up is already on its way to a slot, which will take every
+  // request that fits; a second batch's worth is worth another.
+  if (notified_ && queued_rows_ < options_.max_batch_rows &&
+      queued_bytes_ < options_.max_batch_bytes) {
+    return false;
+  }
+  if (!notified_) notified_at_ = now;
+  notified_ = true;
+  return true;
+}
+
+void Batcher::TimerLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    const SteadyClock::time_point now = SteadyClock::now();
+    if (!notified_ && ShouldNotifyLocked(now)) {
+      mu_.Unlock();
+      scheduler_->Notify();
+      mu_.Lock();
+      continue;
+    }
+    if (!queue_.empty() && !notified_ && in_flight_ < max_in_flight_) {
+      const auto due = queue_.front()->enqueued + options_.max_queue_delay;
+      if (due > now) {
+        cv_.WaitWithTimeout(&mu_, absl::Nanoseconds(Nanos(due - now)));
+        continue;
+      }
+    }
+    // Nothing queued, a slot already told, or none free: wait for a change
+    // (a first request, a batch taken or answered).
+    cv_.Wait(&mu_);
   }
 }
 
@@ -176,30 +211,46 @@ std::unique_ptr<Batch> Batcher::TakeBatchLocked(std::vector<Dropped>* dropped) {
   return batch;
 }
 
-void Batcher::Launch(std::unique_ptr<Batch> batch, std::vector<Dropped>* dropped) {
-  for (auto& [item, status] : *dropped) {
+std::unique_ptr<Batch> Batcher::TakeBatch() {
+  std::unique_ptr<Batch> batch;
+  std::vector<Dropped> dropped;
+  bool more = false;
+  SteadyClock::time_point ready_since;
+  {
+    absl::MutexLock lock(&mu_);
+    const SteadyClock::time_point now = SteadyClock::now();
+    ready_since = notified_ ? notified_at_ : now;
+    notified_ = false;
+    if (in_flight_ < max_in_flight_ && ReadyLocked(now)) {
+      batch = TakeBatchLocked(&dropped);
+      // Another ready batch and another free slot: tell the scheduler too.
+      more = ShouldNotifyLocked(now);
+    }
+    if (has_timer_ || stopping_) cv_.Signal();
+  }
+  for (auto& [item, status] : dropped) {
     if (observer_ != nullptr) observer_->OnRequestDropped(status.code());
     RequestTiming timing;
     timing.queue_ns = Nanos(SteadyClock::now() - item->enqueued);
     item->done(status, timing);
   }
-  dropped->clear();
-  if (batch == nullptr) return;
+  if (more) scheduler_->Notify();
+  if (batch == nullptr) return nullptr;
 
   // Outputs are sized here, off the reactor threads, so backends write
-  // straight into the response messages; where the backend allows it an
+  // straight into the response messages; where the backends allow it an
   // output takes over its request's input buffer instead (no allocation).
   batch->segments.reserve(batch->items.size());
   for (auto& item : batch->items) {
     std::string* input = item->input_buffer;
     if (item->segment.staged != nullptr) {
-      // Staged by the backend: computed in place there, answered by a view.
+      // Staged by a backend: computed in place there, answered by a view.
       item->segment.output = const_cast<void*>(item->segment.input);
       item->segment.output_view_ok = true;
       batch->segments.push_back(item->segment);
       continue;
     }
-    if (options_.outputs_reuse_inputs && input != nullptr &&
+    if (outputs_reuse_inputs_ && input != nullptr &&
         static_cast<int64_t>(input->size()) == item->segment.bytes &&
         input->data() == item->segment.input) {
       *item->output = std::move(*input);
@@ -212,62 +263,20 @@ void Batcher::Launch(std::unique_ptr<Batch> batch, std::vector<Dropped>* dropped
     item->segment.output_view_ok = item->output_view != nullptr;
     batch->segments.push_back(item->segment);
   }
-  const SteadyClock::time_point submit = SteadyClock::now();
-  for (auto& item : batch->items) item->queue_ns = Nanos(submit - item->enqueued);
-  batch->submitted = submit;
-  ++launch_depth;
-  backend_->Submit(std::move(batch), [this](std::unique_ptr<Batch> done_batch,
-                                            BatchResult result) {
-    OnBatchDone(std::move(done_batch), std::move(result));
-  });
-  --launch_depth;
+  const SteadyClock::time_point formed = SteadyClock::now();
+  for (auto& item : batch->items) item->queue_ns = Nanos(formed - item->enqueued);
+  batch->submitted = ready_since;
+  return batch;
 }
 
 void Batcher::ReleaseSlot() {
-  std::unique_ptr<Batch> next;
-  std::vector<Dropped> dropped;
-  {
-    absl::MutexLock lock(&mu_);
-    --in_flight_;
-    if (!stopping_ && launch_depth == 0 && ReadyLocked(SteadyClock::now())) {
-      // The slot just freed is refilled from here, the backend's (or a
-      // completion) thread, rather than by waking the batch former: a
-      // wake-up costs more than a small batch's whole GPU round trip.
-      next = TakeBatchLocked(&dropped);
-      if (!queue_.empty()) cv_.Signal();  // what did not fit is the former's
-    } else if (stopping_ || !queue_.empty()) {
-      // The former may be waiting for room (no timeout) or, at Stop, for
-      // the last batch.
-      cv_.Signal();
-    }
-  }
-  if (next != nullptr || !dropped.empty()) Launch(std::move(next), &dropped);
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+  // The timer may wait for a free slot, and Stop for the last batch.
+  if (has_timer_ || stopping_) cv_.Signal();
 }
 
-void Batcher::Run() {
-  std::vector<Dropped> dropped;
-  for (;;) {
-    std::unique_ptr<Batch> batch;
-    {
-      absl::MutexLock lock(&mu_);
-      for (;;) {
-        if (stopping_ && queue_.empty() && in_flight_ == 0 && completing_ == 0) return;
-        const SteadyClock::time_point now = SteadyClock::now();
-        if (in_flight_ < max_in_flight_ && ReadyLocked(now)) break;
-        if (in_flight_ < max_in_flight_ && !queue_.empty()) {
-          const auto wait = queue_.front()->enqueued + options_.max_queue_delay - now;
-          cv_.WaitWithTimeout(&mu_, absl::Nanoseconds(Nanos(wait)));
-        } else {
-          cv_.Wait(&mu_);
-        }
-      }
-      batch = TakeBatchLocked(&dropped);
-    }
-    Launch(std::move(batch), &dropped);
-  }
-}
-
-void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
+void Batcher::Complete(std::unique_ptr<Batch> batch, BatchResult result, int backend) {
   RequestTiming timing;
   timing.compute_ns = result.compute_ns;
   timing.kernel_ns = result.kernel_ns;
@@ -276,6 +285,7 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
   timing.batch_rows = batch->rows;
   if (observer_ != nullptr) {
     BatchStats stats;
+    stats.backend = backend;
     stats.requests = timing.batch_requests;
     stats.rows = batch->rows;
     stats.bytes = batch->bytes;
@@ -306,7 +316,7 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
   const bool many = options_.offload_completion_requests > 0 &&
                     requests >= options_.offload_completion_requests;
   if (workers == 0 || (batch->bytes < options_.offload_completion_bytes && !many)) {
-    // Small: answered here, the backend's thread, with no hand-off.
+    // Small: answered here, on the slot's thread, with no hand-off.
     for (size_t i = 0; i < batch->items.size(); ++i) {
       auto& item = batch->items[i];
       timing.queue_ns = item->queue_ns;
@@ -318,8 +328,8 @@ void Batcher::OnBatchDone(std::unique_ptr<Batch> batch, BatchResult result) {
   }
   // Large, or many requests: answering means serialising and sending as
   // many bytes as were computed, or queueing one write per request, which
-  // would hold the backend's thread (and the batch's place in flight) for
-  // longer than the compute. The backend is free for the next batch at once;
+  // would hold the slot's thread (and the batch's place in flight) for
+  // longer than the compute. The slot is free for the next batch at once;
   // the requests are answered by the completion threads, in up to `workers`
   // groups of about equal bytes (each at least offload_completion_bytes, or
   // offload_completion_requests requests).
@@ -368,8 +378,7 @@ void Batcher::CompletionLoop() {
       item.reset();
     }
     absl::MutexLock lock(&mu_);
-    // The batch former exits (Stop) only once every request is answered;
-    // before Stop it has no use for this wake-up.
+    // Stop waits until every request is answered.
     if (--completing_ == 0 && stopping_) cv_.Signal();
   }
 }

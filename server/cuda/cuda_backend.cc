@@ -1,4 +1,4 @@
-#include "server/device_worker.h"
+#include "server/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
 
@@ -14,9 +14,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "kernels/softmax_cuda.h"
-#include "server/caching_allocator.h"
-#include "server/cuda_status.h"
-#include "server/thread_name.h"
+#include "server/cuda/caching_allocator.h"
+#include "server/cuda/cuda_status.h"
 
 namespace softmax::server {
 namespace {
@@ -146,21 +145,6 @@ absl::Status WaitForEvent(cudaEvent_t event, int64_t spin_us) {
   return SOFTMAX_CUDA_STATUS(cudaEventSynchronize(event));
 }
 
-// A hint to the CPU that this thread is polling.
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// The worker whose slot thread this is (null on other threads). A batch
-// submitted from a slot thread (the batcher forms the next batch in the done
-// callback) is queued for that thread, which takes it as soon as the callback
-// returns: no other thread need be woken, and nothing runs nested in it.
-thread_local const DeviceWorker* slot_thread_of = nullptr;
-
 // A contiguous run of whole [n, inner] slabs of one segment.
 struct Piece {
   int segment = 0;
@@ -193,7 +177,7 @@ struct LentOutputs {
 
 // One pipeline slot: its stream, its kernel-timing events and its staging,
 // sized once to max_staging_bytes so that normal batches never allocate.
-struct DeviceWorker::Slot {
+struct CudaBackend::Slot {
   cudaStream_t stream = nullptr;
   cudaEvent_t kernel_start = nullptr;
   cudaEvent_t kernel_end = nullptr;
@@ -203,7 +187,7 @@ struct DeviceWorker::Slot {
   Block device_out;
 };
 
-struct DeviceWorker::State {
+struct CudaBackend::State {
   gpu::LaunchPlan plan;
   std::unique_ptr<CachingAllocator> device_memory;
   std::shared_ptr<CachingAllocator> pinned_memory;
@@ -211,18 +195,17 @@ struct DeviceWorker::State {
   std::vector<Slot> slots;
 };
 
-DeviceWorker::DeviceWorker(const DeviceWorkerOptions& options, FaultHandler on_fault)
+CudaBackend::CudaBackend(const CudaBackendOptions& options, FaultHandler on_fault)
     : options_(options),
       on_fault_(std::move(on_fault)),
-      state_(std::make_unique<State>()),
-      slot_cv_(std::make_unique<absl::CondVar[]>(static_cast<size_t>(std::max(1, options.slots)))) {}
+      state_(std::make_unique<State>()) {}
 
-absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(
-    const DeviceWorkerOptions& options, FaultHandler on_fault) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const CudaBackendOptions& options, FaultHandler on_fault) {
   if (options.slots < 1 || options.max_staging_bytes <= 0) {
-    return absl::InvalidArgumentError("DeviceWorker: slots and max_staging_bytes must be positive");
+    return absl::InvalidArgumentError("CudaBackend: slots and max_staging_bytes must be positive");
   }
-  std::unique_ptr<DeviceWorker> worker(new DeviceWorker(options, std::move(on_fault)));
+  std::unique_ptr<CudaBackend> worker(new CudaBackend(options, std::move(on_fault)));
   State& state = *worker->state_;
   absl::Status status = SOFTMAX_CUDA_STATUS(cudaSetDevice(options.device));
   if (!status.ok()) return absl::FailedPreconditionError(status.message());
@@ -273,7 +256,7 @@ absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(
     if (status.ok()) status = SOFTMAX_CUDA_STATUS(cudaEventCreate(&slot.kernel_start));
     if (status.ok()) status = SOFTMAX_CUDA_STATUS(cudaEventCreate(&slot.kernel_end));
     const unsigned done_flags =
-        cudaEventDisableTiming | (options.blocking_sync ? cudaEventBlockingSync : 0u);
+        cudaEventDisableTiming | (options.event_spin_us >= 0 ? cudaEventBlockingSync : 0u);
     if (status.ok()) status = SOFTMAX_CUDA_STATUS(cudaEventCreateWithFlags(&slot.done, done_flags));
     if (!status.ok()) return status;
     absl::StatusOr<Block> pinned = state.pinned_memory->Allocate(options.max_staging_bytes);
@@ -286,25 +269,10 @@ absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(
     slot.device_in = std::move(*device_in);
     slot.device_out = std::move(*device_out);
   }
-  {
-    absl::MutexLock lock(&worker->mu_);
-    worker->slot_busy_.assign(static_cast<size_t>(options.slots), false);
-    worker->slot_waiting_.assign(static_cast<size_t>(options.slots), false);
-  }
-  for (int i = 0; i < options.slots; ++i) {
-    worker->threads_.emplace_back([w = worker.get(), i] { w->SlotLoop(i); });
-  }
   return worker;
 }
 
-DeviceWorker::~DeviceWorker() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    stop_polling_.store(true);
-    for (int i = 0; i < options_.slots; ++i) slot_cv_[i].Signal();
-  }
-  for (std::thread& thread : threads_) thread.join();
+CudaBackend::~CudaBackend() {
   for (Slot& slot : state_->slots) {
     // Back to the caches before the allocators are destroyed.
     slot.pinned.Reset();
@@ -321,89 +289,33 @@ DeviceWorker::~DeviceWorker() {
   }
 }
 
-std::string DeviceWorker::Describe() const {
-  return absl::StrFormat("cuda:%d %s (sm_%s, %d SMs, %.0f GiB, nominal %.0f GB/s) slots=%d%s%s",
+std::string CudaBackend::Describe() const {
+  return absl::StrFormat("cuda:%d %s (sm_%s, %d SMs, %.0f GiB, nominal %.0f GB/s) streams=%d",
                          options_.device, info_.name,
                          absl::StrReplaceAll(info_.compute_capability, {{".", ""}}),
                          info_.multiprocessors, info_.memory_bytes / double(1 << 30),
-                         info_.peak_bandwidth_bytes_per_second / 1e9, options_.slots,
-                         options_.blocking_sync
-                             ? absl::StrCat(" blocking-sync spin=", options_.spin_us, "us")
-                             : std::string(),
-                         options_.idle_spin_us > 0
-                             ? absl::StrCat(" idle-spin=", options_.idle_spin_us, "us/",
-                                            options_.idle_spin_threads, "-threads")
-                             : std::string());
+                         info_.peak_bandwidth_bytes_per_second / 1e9, options_.slots);
 }
 
-std::vector<MemoryStats> DeviceWorker::Memory() const {
+std::string CudaBackend::Name() const { return absl::StrCat("cuda:", options_.device); }
+
+void CudaBackend::EnterSlotThread(int slot) { cudaSetDevice(options_.device); }
+
+BatchResult CudaBackend::Execute(int slot, Batch& batch) {
+  if (failed_.load()) {
+    BatchResult result;
+    result.status =
+        absl::InternalError("the GPU failed earlier with a fatal error; the server is restarting");
+    return result;
+  }
+  return RunBatch(state_->slots[slot], batch);
+}
+
+std::vector<MemoryStats> CudaBackend::Memory() const {
   return {ToMemoryStats(*state_->device_memory), ToMemoryStats(*state_->pinned_memory)};
 }
 
-void DeviceWorker::WakeForPendingLocked() {
-  // Waiting slot threads are woken in order, one per queued batch: the k-th
-  // batch waiting goes to the k-th waiting thread. A woken thread marks its
-  // slot busy as it takes a batch, so the pairing holds as batches are
-  // taken. When fewer threads wait than batches do, the others take the rest
-  // as they come back. Only threads that wait count: a slot's thread spends
-  // a while in its last batch's done callback (answering the requests, tens
-  // of microseconds for a few medium responses) with its slot free, and a
-  // signal sent to it there would be lost while another thread sleeps.
-  // Threads polling for work (idle_spin_us) take the first batches without
-  // a signal.
-  const int spinning = spinning_.load(std::memory_order_acquire);
-  if (pending_.size() <= static_cast<size_t>(spinning)) return;
-  size_t k = pending_.size() - static_cast<size_t>(spinning);
-  for (int i = 0; i < options_.slots; ++i) {
-    if (slot_busy_[i] || !slot_waiting_[i]) continue;
-    if (--k == 0) {
-      slot_cv_[i].Signal();
-      return;
-    }
-  }
-}
-
-void DeviceWorker::Submit(std::unique_ptr<Batch> batch, Done done) {
-  int slot_index = -1;
-  {
-    absl::MutexLock lock(&mu_);
-    if (slot_thread_of == this) {
-      // From a slot's done callback: that thread takes it next (see
-      // slot_thread_of). Not run here, nested in the callback.
-      pending_.emplace_back(std::move(batch), std::move(done));
-      queued_.store(static_cast<int>(pending_.size()), std::memory_order_release);
-      return;
-    }
-    // By default only when the whole device is idle (see inline_when_busy).
-    if (batch->bytes <= options_.inline_max_bytes && pending_.empty() && !stopping_) {
-      const auto free = std::find(slot_busy_.begin(), slot_busy_.end(), false);
-      const bool idle = std::find(slot_busy_.begin(), slot_busy_.end(), true) == slot_busy_.end();
-      if (free != slot_busy_.end() && (idle || options_.inline_when_busy)) {
-        slot_index = static_cast<int>(free - slot_busy_.begin());
-        slot_busy_[slot_index] = true;
-      }
-    }
-    if (slot_index < 0) {
-      pending_.emplace_back(std::move(batch), std::move(done));
-      queued_.store(static_cast<int>(pending_.size()), std::memory_order_release);
-      WakeForPendingLocked();
-      return;
-    }
-  }
-  // A small batch and an idle slot: run it here (see inline_max_bytes).
-  cudaSetDevice(options_.device);
-  BatchResult result = Run(state_->slots[slot_index], *batch);
-  {
-    absl::MutexLock lock(&mu_);
-    slot_busy_[slot_index] = false;
-    // The slot's own thread waited while it was lent out; it takes what was
-    // queued meanwhile (or, at shutdown, may now exit).
-    if (!pending_.empty() || stopping_) slot_cv_[slot_index].Signal();
-  }
-  done(std::move(batch), std::move(result));
-}
-
-bool DeviceWorker::StageInput(Segment& segment) {
+bool CudaBackend::StageInput(Segment& segment) {
   const int64_t bytes = segment.bytes;
   if (!segment.output_view_ok || bytes <= 0 || bytes < options_.pinned_response_min_bytes ||
       options_.pinned_responses_max_bytes <= 0 || failed_.load()) {
@@ -430,78 +342,9 @@ bool DeviceWorker::StageInput(Segment& segment) {
   return true;
 }
 
-BatchResult DeviceWorker::Run(Slot& slot, Batch& batch) {
-  if (failed_.load()) {
-    BatchResult result;
-    result.status =
-        absl::InternalError("the GPU failed earlier with a fatal error; the server is restarting");
-    return result;
-  }
-  return RunBatch(slot, batch);
-}
-
-void DeviceWorker::Fault(const absl::Status& status) {
+void CudaBackend::Fault(const absl::Status& status) {
   if (failed_.exchange(true)) return;
   if (on_fault_) on_fault_(status);
-}
-
-void DeviceWorker::SlotLoop(int slot_index) {
-  NameThisThread(absl::StrCat("sm-cuda", options_.device, "-slot", slot_index));
-  cudaSetDevice(options_.device);
-  slot_thread_of = this;
-  Slot& slot = state_->slots[slot_index];
-  bool ran = false;  // ran a batch since it last waited
-  for (;;) {
-    std::pair<std::unique_ptr<Batch>, Done> work;
-    // Poll for the next batch a while before sleeping, when fewer than
-    // idle_spin_threads threads poll already: a thread woken from its
-    // condition variable costs the batch the kernel's wake-up (about 20 us
-    // on the H200's host at one caller: the responses' dispatch_ns), a
-    // polling one does not. WakeForPendingLocked leaves the first batches
-    // to the polling threads.
-    bool poll = false;
-    if (ran && options_.idle_spin_us > 0) {
-      int polling = spinning_.load(std::memory_order_acquire);
-      while (!poll && polling < options_.idle_spin_threads) {
-        poll = spinning_.compare_exchange_weak(polling, polling + 1, std::memory_order_acq_rel);
-      }
-    }
-    if (poll) {
-      const auto until =
-          std::chrono::steady_clock::now() + std::chrono::microseconds(options_.idle_spin_us);
-      while (queued_.load(std::memory_order_acquire) == 0 &&
-             !stop_polling_.load(std::memory_order_relaxed) &&
-             std::chrono::steady_clock::now() < until) {
-        CpuRelax();
-      }
-      spinning_.fetch_sub(1, std::memory_order_acq_rel);
-    }
-    ran = false;
-    {
-      absl::MutexLock lock(&mu_);
-      // Wait while there is no work, or while a submitting thread has this
-      // slot (it signals when it gives the slot back). A slot lent out at
-      // shutdown is waited for too: its staging must not be released under it.
-      while ((pending_.empty() || slot_busy_[slot_index]) &&
-             !(stopping_ && !slot_busy_[slot_index])) {
-        slot_waiting_[slot_index] = true;
-        slot_cv_[slot_index].Wait(&mu_);
-        slot_waiting_[slot_index] = false;
-      }
-      if (pending_.empty()) return;
-      work = std::move(pending_.front());
-      pending_.pop_front();
-      queued_.store(static_cast<int>(pending_.size()), std::memory_order_release);
-      ran = true;
-      slot_busy_[slot_index] = true;
-    }
-    BatchResult result = Run(slot, *work.first);
-    {
-      absl::MutexLock lock(&mu_);
-      slot_busy_[slot_index] = false;
-    }
-    work.second(std::move(work.first), std::move(result));
-  }
 }
 
 namespace {
@@ -757,7 +600,7 @@ std::unique_ptr<LentOutputs> LendOutputs(const std::shared_ptr<PinnedLoans>& loa
 
 }  // namespace
 
-BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
+BatchResult CudaBackend::RunBatch(Slot& slot, Batch& batch) {
   const auto start = std::chrono::steady_clock::now();
   BatchResult result;
   if (batch.submitted != std::chrono::steady_clock::time_point{}) {
@@ -811,7 +654,7 @@ BatchResult DeviceWorker::RunBatch(Slot& slot, Batch& batch) {
   auto run = [&](const std::vector<Piece>& run_pieces, bool fault, LentOutputs* lend) {
     return RunPieces(state.plan, *state.device_memory, *state.pinned_memory, slot.stream,
                      slot.kernel_start, slot.kernel_end, slot.done,
-                     options_.blocking_sync ? std::max<int64_t>(0, options_.spin_us) : -1,
+                     options_.event_spin_us,
                      options_.zero_copy_max_bytes, slot.pinned, slot.device_in,
                      slot.device_out, batch, run_pieces, fault, lend, &result.kernel_ns,
                      &result.launches);

@@ -1,0 +1,62 @@
+"""softmax-server's flags: --help lists exactly the server's own flags, the
+README's table is what the help text gives, --version names the version and
+revision, and --flagfile is read."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import e2e_util
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import flags_table  # noqa: E402
+
+EXPECTED = {
+    "grpc_address", "metrics_address", "device", "max_tensor_bytes", "max_batch_rows",
+    "max_batch_bytes", "max_queue_delay_us", "dispatch_when_idle", "max_queued_requests",
+    "max_queued_bytes", "cpu_threads", "cuda_memory_limit_bytes", "lame_duck_ms",
+    "shutdown_grace_s",
+}
+
+
+def test_help_lists_the_servers_flags_and_nothing_else():
+    flags = flags_table.flags_from_help(e2e_util.SERVER_BIN)
+    assert {name for name, _, _ in flags} == EXPECTED
+    for name, help_text, default in flags:
+        assert help_text, name
+        assert default, name
+
+
+def test_readme_table_matches_the_help_text():
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "flags_table.py"),
+                             e2e_util.SERVER_BIN, "--check", str(ROOT / "README.md")],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_version_names_version_and_revision():
+    result = subprocess.run([e2e_util.SERVER_BIN, "--version"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0
+    assert result.stdout.startswith("softmax-server 0."), result.stdout
+    assert "(revision " in result.stdout and "Debug build" not in result.stdout
+
+
+def test_flagfile_is_read(tmp_path):
+    flagfile = tmp_path / "flags"
+    flagfile.write_text("# a comment\n--device=tpu\n")
+    result = subprocess.run([e2e_util.SERVER_BIN, f"--flagfile={flagfile}",
+                             "--grpc_address=127.0.0.1:0", "--metrics_address="],
+                            capture_output=True, text=True, timeout=30)
+    # The file's --device reached the server: it refuses the value, naming it.
+    assert result.returncode == 1, result.stderr
+    assert '--device: expected' in result.stderr and '"tpu"' in result.stderr, result.stderr
+
+
+def test_removed_tuning_flags_are_refused():
+    result = subprocess.run([e2e_util.SERVER_BIN, "--cuda_streams=2", "--metrics_address="],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0
+    assert "cuda_streams" in result.stderr
