@@ -140,14 +140,14 @@ def point_args(args, spec, concurrency):
     """`load` arguments for one point: big payloads run a request count
     instead of a duration."""
     connections = min(concurrency, args.connections)
-    common = [f"--shape={spec}", f"--concurrency={concurrency}",
-              f"--connections={connections}", f"--warmup={args.warmup}",
+    common = [f"--mix={spec}", f"--concurrency={concurrency}",
+              f"--connections={connections}", f"--warmup={args.warmup}s",
               f"--timeout_ms={args.timeout_ms}"]
     if args.stream:
         common.append("--stream")
     if payload_bytes(spec) > args.big_bytes:
         return common + [f"--requests={max(args.big_requests, 2 * concurrency)}"]
-    return common + [f"--duration={args.duration}"]
+    return common + [f"--duration={args.duration}s"]
 
 
 def verify_payload(args, client_bin, address, spec, work):
@@ -155,7 +155,7 @@ def verify_payload(args, client_bin, address, spec, work):
     computing server checked against the float64 CPU reference."""
     result, report = run_load(
         client_bin, address,
-        [f"--shape={spec}", "--concurrency=2", "--warmup=0",
+        [f"--mix={spec}", "--concurrency=2", "--warmup=0",
          f"--requests={2 if payload_bytes(spec) > args.big_bytes else 64}",
          "--verify", f"--timeout_ms={args.timeout_ms}"],
         os.path.join(work, "verify.json"))

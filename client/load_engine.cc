@@ -1,36 +1,25 @@
-#include "client/load.h"
-
-#include <unistd.h>
+#include "client/load_engine.h"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <csignal>
-#include <cstdio>
 #include <deque>
-#include <fstream>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <thread>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
-#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/latency_histogram.h"
 #include "client/summary.h"
@@ -44,24 +33,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Set by SIGINT/SIGTERM while RunLoadCommand runs: stop sending, drain, report.
-std::atomic<bool> g_interrupted{false};
-
-void OnInterrupt(int) { g_interrupted.store(true, std::memory_order_relaxed); }
-
-constexpr int kStatusCodes = 17;
-
-const char* StatusCodeName(int code) {
-  static const char* const kNames[kStatusCodes] = {
-      "OK",           "CANCELLED",          "UNKNOWN",          "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",   "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",   "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",      "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  return code >= 0 && code < kStatusCodes ? kNames[code] : "UNKNOWN";
-}
-
-int ClampCode(int code) { return code >= 0 && code < kStatusCodes ? code : 2; }
+// A status code outside 0..16 counts as UNKNOWN.
+int ClampCode(int code) { return code >= 0 && code < kGrpcStatusCodes ? code : 2; }
 
 // Random tensors larger than this are built once per shape, not
 // payloads_per_shape times.
@@ -69,41 +42,22 @@ constexpr int64_t kLargePayloadBytes = int64_t{16} << 20;
 // Entries in the precomputed payload schedule.
 constexpr int kScheduleLength = 1000;
 
-std::string FormatLoadShape(const LoadShape& shape) {
-  return absl::StrCat(absl::StrJoin(shape.dims, "x"), ":", WireDTypeName(shape.dtype), ":",
-                      absl::StrFormat("%g", shape.weight));
-}
-
-// "1024", "16K" (x1024), "16M" (x1048576).
-bool ParseDimension(absl::string_view text, int64_t* value) {
-  int64_t scale = 1;
-  if (!text.empty() && (text.back() == 'K' || text.back() == 'k')) {
-    scale = int64_t{1} << 10;
-    text.remove_suffix(1);
-  } else if (!text.empty() && (text.back() == 'M' || text.back() == 'm')) {
-    scale = int64_t{1} << 20;
-    text.remove_suffix(1);
-  }
-  int64_t base = 0;
-  if (!absl::SimpleAtoi(text, &base) || base < 0) return false;
-  if (base > std::numeric_limits<int64_t>::max() / scale) return false;
-  *value = base * scale;
-  return true;
-}
-
 // One prebuilt request and what the checks and counters need to know about it.
+// Payloads are immutable once built and shared by every call of the run.
 struct Payload {
   v1::SoftmaxRequest request;  // request_id left empty
   SoftmaxShape view;           // [outer, n, inner] along the request's axis
   int64_t rows = 0;
   int64_t tensor_bytes = 0;    // input data bytes (the output has as many)
-  std::vector<double> expected;  // ReferenceSoftmax of the input; --verify only
+  std::vector<double> expected;  // ReferenceSoftmax of the input; with options.verify only
 };
 
+// Builds the payloads of every mix entry and fills `schedule` with indices
+// into them, in the order requests send them. INVALID_ARGUMENT when an entry
+// does not fit the axis or is too large to build.
 absl::StatusOr<std::vector<Payload>> BuildPayloads(const LoadOptions& options,
                                                    std::vector<uint32_t>* schedule) {
-  std::vector<LoadShape> shapes = options.shapes;
-  if (shapes.empty()) shapes.push_back(LoadShape{{1, 1024}, v1::DTYPE_FLOAT32, 1.0});
+  const std::vector<LoadShape>& shapes = options.shapes;
   std::vector<Payload> payloads;
   std::vector<std::pair<size_t, size_t>> ranges;  // per shape: [first payload, count)
   uint64_t seed = options.seed;
@@ -197,15 +151,14 @@ std::string CheckOutput(const Payload& payload, const v1::Tensor& output) {
 // A channel with its own TCP connection. CreateChannel's channels share one
 // connection when their arguments are equal (gRPC's global subchannel pool);
 // a load test over C connections needs them separate, so each gets a local
-// subchannel pool. Limits as in CreateChannel.
-std::shared_ptr<grpc::Channel> CreateLoadChannel(const std::string& target, int index) {
-  const ChannelOptions defaults;
+// subchannel pool.
+std::shared_ptr<grpc::Channel> CreateLoadChannel(const LoadOptions& options, int index) {
   grpc::ChannelArguments arguments;
-  arguments.SetMaxReceiveMessageSize(defaults.max_message_bytes);
-  arguments.SetMaxSendMessageSize(defaults.max_message_bytes);
+  arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
+  arguments.SetMaxSendMessageSize(options.max_message_bytes);
   arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   arguments.SetInt("softmax.load.connection", index);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
+  return grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), arguments);
 }
 
 // Counters of one connection. Callbacks of one connection run on any of
@@ -213,7 +166,7 @@ std::shared_ptr<grpc::Channel> CreateLoadChannel(const std::string& target, int 
 struct ConnectionStats {
   LatencyHistogram latency;  // OK measured requests, nanoseconds
   std::atomic<int64_t> ok{0};
-  std::array<std::atomic<int64_t>, kStatusCodes> errors{};
+  std::array<std::atomic<int64_t>, kGrpcStatusCodes> errors{};
   std::atomic<int64_t> rows{0};
   std::atomic<int64_t> payload_bytes{0};
   std::atomic<int64_t> timed{0};  // OK responses whose timing was summed
@@ -242,10 +195,11 @@ class StreamWorker;
 // State shared by every call of one run.
 class LoadRun {
  public:
-  LoadRun(const LoadOptions& options, std::vector<Payload> payloads,
+  LoadRun(const LoadOptions& options, const LoadMonitor& monitor, std::vector<Payload> payloads,
           std::vector<uint32_t> schedule,
           std::vector<std::unique_ptr<v1::SoftmaxService::Stub>> stubs)
       : options_(options),
+        monitor_(monitor),
         payloads_(std::move(payloads)),
         schedule_(std::move(schedule)),
         stubs_(std::move(stubs)),
@@ -260,7 +214,7 @@ class LoadRun {
   // says no to every later request.
   bool Admit(Clock::time_point intended, bool* measured) {
     if (stopped_.load(std::memory_order_relaxed)) return false;
-    if (g_interrupted.load(std::memory_order_relaxed)) return Stop();
+    if (StopRequested()) return Stop();
     if (intended < measure_begin_) {
       *measured = false;
       return true;
@@ -295,7 +249,7 @@ class LoadRun {
     code = ClampCode(code);
     if (code == 0 && options_.verify) {
       stats.verified.fetch_add(1, std::memory_order_relaxed);
-      std::string problem = CheckOutput(payload, response->output());
+      const std::string problem = CheckOutput(payload, response->output());
       if (!problem.empty()) {
         stats.mismatches.fetch_add(1, std::memory_order_relaxed);
         std::lock_guard<std::mutex> lock(mismatch_mutex_);
@@ -368,6 +322,11 @@ class LoadRun {
   }
 
  private:
+  bool StopRequested() const {
+    return monitor_.stop_requested != nullptr &&
+           monitor_.stop_requested->load(std::memory_order_relaxed);
+  }
+
   bool Stop() {
     stopped_.store(true, std::memory_order_relaxed);
     return false;
@@ -379,6 +338,7 @@ class LoadRun {
   void ProgressLoop();
 
   const LoadOptions options_;
+  const LoadMonitor& monitor_;
   const std::vector<Payload> payloads_;
   const std::vector<uint32_t> schedule_;
   std::vector<std::unique_ptr<v1::SoftmaxService::Stub>> stubs_;
@@ -396,9 +356,10 @@ class LoadRun {
   std::mutex done_mutex_;
   std::condition_variable done_cv_;
   int units_running_ = 0;  // GUARDED_BY(done_mutex_)
-  bool finished_ = false;  // GUARDED_BY(done_mutex_); stops the progress line
+  bool finished_ = false;  // GUARDED_BY(done_mutex_); stops the progress thread
 
-  // Progress line: OK latencies of every phase since the last line.
+  // OK latencies of every phase since the last progress sample; null when
+  // nobody watches.
   std::unique_ptr<LatencyHistogram> live_;
   std::atomic<int64_t> live_errors_{0};
 
@@ -642,7 +603,7 @@ void LoadRun::RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers) {
       });
       waiting_for_room_.store(false, std::memory_order_relaxed);
       if (outstanding_.load(std::memory_order_relaxed) >= options_.max_outstanding) {
-        if (g_interrupted.load(std::memory_order_relaxed)) break;
+        if (StopRequested()) break;
         continue;
       }
     }
@@ -694,35 +655,34 @@ void LoadRun::WaitForUnits(std::vector<std::unique_ptr<StreamWorker>>* workers) 
 void LoadRun::ProgressLoop() {
   LatencyHistogram interval;
   Clock::time_point last = Clock::now();
+  const auto period = absl::ToChronoNanoseconds(monitor_.progress_interval);
   std::unique_lock<std::mutex> lock(done_mutex_);
   while (!finished_) {
-    done_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return finished_; });
+    done_cv_.wait_for(lock, period, [this] { return finished_; });
     if (finished_) break;
-    // Completions take done_mutex_; do not hold it while printing.
+    // Completions take done_mutex_; the callback runs without it.
     lock.unlock();
     const Clock::time_point now = Clock::now();
     interval.Reset();
     live_->TakeInto(&interval);
-    const double seconds = std::chrono::duration<double>(now - last).count();
+    LoadProgress progress;
+    progress.elapsed_seconds = std::chrono::duration<double>(now - start_).count();
+    progress.measuring = now >= measure_begin_;
+    progress.requests_per_second = static_cast<double>(interval.count()) /
+                                   std::chrono::duration<double>(now - last).count();
+    progress.p50_ns = interval.ValueAtQuantile(0.5);
+    progress.p99_ns = interval.ValueAtQuantile(0.99);
+    progress.errors = live_errors_.load(std::memory_order_relaxed);
     last = now;
-    const double elapsed = std::chrono::duration<double>(now - start_).count();
-    std::fprintf(stderr,
-                 "\r[%6.1fs] %-9s %10.0f req/s  p50 %9.3f ms  p99 %9.3f ms  errors %lld   ",
-                 elapsed, now < measure_begin_ ? "warm-up" : "measuring",
-                 static_cast<double>(interval.count()) / seconds,
-                 interval.ValueAtQuantile(0.5) / 1e6, interval.ValueAtQuantile(0.99) / 1e6,
-                 static_cast<long long>(live_errors_.load(std::memory_order_relaxed)));
-    std::fflush(stderr);
+    monitor_.on_progress(progress);
     lock.lock();
   }
-  std::fprintf(stderr, "\r%100s\r", "");
-  std::fflush(stderr);
 }
 
 void LoadRun::Execute() {
   const int connections = static_cast<int>(stubs_.size());
   std::thread progress;
-  if (options_.progress && isatty(STDERR_FILENO)) {
+  if (monitor_.on_progress) {
     live_ = std::make_unique<LatencyHistogram>();
   }
   start_ = Clock::now();
@@ -782,7 +742,7 @@ LoadReport LoadRun::Report() const {
   for (const ConnectionStats& stats : stats_) {
     latency.Merge(stats.latency);
     report.ok += stats.ok.load();
-    for (int code = 0; code < kStatusCodes; ++code) {
+    for (int code = 0; code < kGrpcStatusCodes; ++code) {
       report.errors_by_code[code] += stats.errors[code].load();
     }
     report.rows += stats.rows.load();
@@ -834,310 +794,10 @@ LoadReport LoadRun::Report() const {
   return report;
 }
 
-absl::Status ValidateOptions(const LoadOptions& options) {
-  if (options.connections < 1) return absl::InvalidArgumentError("--connections must be >= 1");
-  if (options.concurrency < 1) return absl::InvalidArgumentError("--concurrency must be >= 1");
-  if (!(options.rate >= 0) || std::isinf(options.rate)) {
-    return absl::InvalidArgumentError("--rate must be a finite number >= 0");
-  }
-  if (options.max_outstanding < 1) {
-    return absl::InvalidArgumentError("--max_outstanding must be >= 1");
-  }
-  if (options.duration <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--duration must be > 0");
-  }
-  if (options.warmup < absl::ZeroDuration() || options.warmup == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError("--warmup must be finite and >= 0");
-  }
-  if (options.connect_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--connect_timeout must be > 0");
-  }
-  if (options.requests < 0) return absl::InvalidArgumentError("--requests must be >= 0");
-  if (options.requests == 0 && options.duration == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError("give --duration or --requests");
-  }
-  if (options.payloads_per_shape < 1) {
-    return absl::InvalidArgumentError("--payloads_per_shape must be >= 1");
-  }
-  if (!(options.temperature > 0) || std::isinf(options.temperature)) {
-    return absl::InvalidArgumentError("--temperature must be finite and > 0");
-  }
-  for (const LoadShape& shape : options.shapes) {
-    if (!(shape.weight > 0)) return absl::InvalidArgumentError("shape weights must be > 0");
-  }
-  return absl::OkStatus();
-}
-
-// Parses "10s", "500ms", "2m" (absl::ParseDuration) or a plain number of seconds.
-bool ParseSeconds(absl::string_view text, absl::Duration* duration) {
-  if (absl::ParseDuration(text, duration)) return true;
-  double seconds = 0;
-  if (!absl::SimpleAtod(text, &seconds)) return false;
-  *duration = std::isinf(seconds) ? absl::InfiniteDuration() : absl::Seconds(seconds);
-  return true;
-}
-
-bool ParseBool(absl::string_view text, bool* value) {
-  const std::string lower = absl::AsciiStrToLower(text);
-  if (lower == "true" || lower == "1" || lower == "yes") {
-    *value = true;
-    return true;
-  }
-  if (lower == "false" || lower == "0" || lower == "no") {
-    *value = false;
-    return true;
-  }
-  return false;
-}
-
-std::string JsonString(absl::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", static_cast<int>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-// Finite doubles as JSON numbers (JSON has no inf or NaN).
-std::string JsonNumber(double value) {
-  if (!std::isfinite(value)) return "null";
-  return absl::StrFormat("%.6g", value);
-}
-
-double Micros(int64_t nanoseconds) { return static_cast<double>(nanoseconds) / 1e3; }
-
-std::vector<std::string> ShapeLabels(const LoadOptions& options) {
-  std::vector<std::string> labels;
-  for (const LoadShape& shape : options.shapes) labels.push_back(FormatLoadShape(shape));
-  if (labels.empty()) labels.push_back("1x1024:float32:1");
-  return labels;
-}
-
-double SecondsOrZero(absl::Duration duration) {
-  return duration == absl::InfiniteDuration() ? 0.0 : absl::ToDoubleSeconds(duration);
-}
-
 }  // namespace
 
-absl::StatusOr<LoadShape> ParseLoadShape(absl::string_view text) {
-  text = absl::StripAsciiWhitespace(text);
-  const std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
-  if (parts.empty() || parts.size() > 3 || parts[0].empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shape \"", text, "\": want DIMxDIM[:DTYPE[:WEIGHT]], e.g. 8x4096:fp16:2"));
-  }
-  LoadShape shape;
-  for (absl::string_view dim_text : absl::StrSplit(parts[0], absl::ByAnyChar("x,"))) {
-    int64_t dim = 0;
-    if (!ParseDimension(absl::StripAsciiWhitespace(dim_text), &dim)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shape \"", text, "\": dimension \"", dim_text, "\" is not a non-negative integer"));
-    }
-    shape.dims.push_back(dim);
-  }
-  if (parts.size() >= 2 && !parts[1].empty()) {
-    absl::StatusOr<v1::DType> dtype = ParseDType(parts[1]);
-    if (!dtype.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("shape \"", text, "\": ", dtype.status().message()));
-    }
-    shape.dtype = *dtype;
-  }
-  if (parts.size() == 3) {
-    if (!absl::SimpleAtod(parts[2], &shape.weight) || !(shape.weight > 0) ||
-        std::isinf(shape.weight)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shape \"", text, "\": weight \"", parts[2], "\" is not a number > 0"));
-    }
-  }
-  absl::StatusOr<int64_t> elements = ElementCount(shape.dims);
-  if (!elements.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("shape \"", text, "\": ", elements.status().message()));
-  }
-  return shape;
-}
-
-absl::StatusOr<std::vector<LoadShape>> ReadLoadShapeFile(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) return absl::NotFoundError(absl::StrCat("cannot open shape file ", path));
-  std::vector<LoadShape> shapes;
-  std::string line;
-  for (int number = 1; std::getline(file, line); ++number) {
-    absl::string_view content = line;
-    const size_t hash = content.find('#');
-    if (hash != absl::string_view::npos) content = content.substr(0, hash);
-    content = absl::StripAsciiWhitespace(content);
-    if (content.empty()) continue;
-    absl::StatusOr<LoadShape> shape = ParseLoadShape(content);
-    if (!shape.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", number, ": ", shape.status().message()));
-    }
-    shapes.push_back(*std::move(shape));
-  }
-  if (shapes.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no shapes"));
-  return shapes;
-}
-
-std::string LoadUsage() {
-  return R"(usage: softmax-client load [options]
-
-Offers load to softmax-server and reports throughput and latency.
-
-Load shape:
-  --target=HOST:PORT          server (default localhost:50051)
-  --connections=C             channels, each its own TCP connection (default 1)
-  --concurrency=N             closed loop: N requests always in flight (default 1)
-  --rate=R                    open loop: R requests/s regardless of progress;
-                              latency counts from each intended send time
-  --arrival=constant|poisson  open-loop spacing (default constant)
-  --max_outstanding=K         open loop: pause sending at K in flight (default 100000)
-  --stream                    SoftmaxStream, one stream per connection (default unary)
-Length:
-  --duration=10s              measured phase (default 10s; unlimited with --requests)
-  --requests=M                stop after M measured requests
-  --warmup=1s                 leading phase excluded from the figures (default 1s)
-Payload:
-  --shape=DIMS[:DTYPE[:W]]    repeatable mix entry, e.g. --shape=1x1024:float32:3
-                              --shape=8x4096:fp16:1 (dims may end in K or M; default 1x1024)
-  --shapes_file=PATH          one such entry per line, '#' comments
-  --payloads_per_shape=4      random tensors per entry, cycled (1 above 16 MiB)
-  --seed=1  --axis=-1  --temperature=1  --log
-Checking and output:
-  --verify                    compare every response with the CPU reference; exit 1
-                              on any mismatch or failed request
-  --timeout_ms=60000          per-call deadline (0 = none)
-  --connect_timeout=10s       give up when a connection is not up by then
-  --json=PATH  --csv=PATH     write the report (CSV appends a row)
-  --label=TEXT                free text copied into JSON/CSV (e.g. the server's device)
-  --quiet                     no live progress line (shown only on a terminal anyway)
-)";
-}
-
-absl::StatusOr<LoadOptions> ParseLoadArgs(const std::vector<std::string>& args, bool* help) {
-  LoadOptions options;
-  if (help != nullptr) *help = false;
-  bool duration_given = false;
-  static const char* const kBoolFlags[] = {"stream", "log", "verify", "quiet", "help"};
-  for (size_t i = 0; i < args.size(); ++i) {
-    absl::string_view arg = args[i];
-    if (!absl::ConsumePrefix(&arg, "--")) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", args[i], "\""));
-    }
-    std::string name;
-    std::string value;
-    bool has_value = false;
-    const size_t equals = arg.find('=');
-    if (equals != absl::string_view::npos) {
-      name = std::string(arg.substr(0, equals));
-      value = std::string(arg.substr(equals + 1));
-      has_value = true;
-    } else {
-      name = std::string(arg);
-    }
-    const bool is_bool =
-        std::find(std::begin(kBoolFlags), std::end(kBoolFlags), name) != std::end(kBoolFlags);
-    if (!has_value && !is_bool) {
-      if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
-      }
-      value = args[++i];
-      has_value = true;
-    }
-    bool flag = true;
-    if (is_bool && has_value && !ParseBool(value, &flag)) {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, ": \"", value, "\" is not a boolean"));
-    }
-    const auto bad_value = [&] {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, ": bad value \"", value, "\""));
-    };
-    int64_t integer = 0;
-    if (name == "help") {
-      if (help != nullptr) *help = flag;
-      return LoadOptions();
-    } else if (name == "target") {
-      options.target = value;
-    } else if (name == "connections" || name == "concurrency" || name == "max_outstanding" ||
-               name == "payloads_per_shape" || name == "axis") {
-      if (!absl::SimpleAtoi(value, &integer) || integer < INT32_MIN || integer > INT32_MAX) {
-        return bad_value();
-      }
-      if (name == "connections") options.connections = static_cast<int>(integer);
-      if (name == "concurrency") options.concurrency = static_cast<int>(integer);
-      if (name == "max_outstanding") options.max_outstanding = static_cast<int>(integer);
-      if (name == "payloads_per_shape") options.payloads_per_shape = static_cast<int>(integer);
-      if (name == "axis") options.axis = static_cast<int>(integer);
-    } else if (name == "rate") {
-      if (!absl::SimpleAtod(value, &options.rate)) return bad_value();
-    } else if (name == "arrival") {
-      if (value == "constant") {
-        options.arrival = Arrival::kConstant;
-      } else if (value == "poisson") {
-        options.arrival = Arrival::kPoisson;
-      } else {
-        return bad_value();
-      }
-    } else if (name == "duration") {
-      if (!ParseSeconds(value, &options.duration)) return bad_value();
-      duration_given = true;
-    } else if (name == "connect_timeout") {
-      if (!ParseSeconds(value, &options.connect_timeout)) return bad_value();
-    } else if (name == "warmup") {
-      if (!ParseSeconds(value, &options.warmup)) return bad_value();
-    } else if (name == "requests") {
-      if (!absl::SimpleAtoi(value, &options.requests)) return bad_value();
-    } else if (name == "seed") {
-      if (!absl::SimpleAtoi(value, &options.seed)) return bad_value();
-    } else if (name == "temperature") {
-      if (!absl::SimpleAtof(value, &options.temperature)) return bad_value();
-    } else if (name == "timeout_ms") {
-      if (!absl::SimpleAtoi(value, &integer) || integer < 0) return bad_value();
-      options.timeout = integer == 0 ? absl::InfiniteDuration() : absl::Milliseconds(integer);
-    } else if (name == "shape") {
-      absl::StatusOr<LoadShape> shape = ParseLoadShape(value);
-      if (!shape.ok()) return shape.status();
-      options.shapes.push_back(*std::move(shape));
-    } else if (name == "shapes_file") {
-      absl::StatusOr<std::vector<LoadShape>> shapes = ReadLoadShapeFile(value);
-      if (!shapes.ok()) return shapes.status();
-      options.shapes.insert(options.shapes.end(), shapes->begin(), shapes->end());
-    } else if (name == "stream") {
-      options.stream = flag;
-    } else if (name == "log") {
-      options.log = flag;
-    } else if (name == "verify") {
-      options.verify = flag;
-    } else if (name == "quiet") {
-      options.progress = !flag;
-    } else if (name == "json") {
-      options.json_path = value;
-    } else if (name == "csv") {
-      options.csv_path = value;
-    } else if (name == "label") {
-      options.label = value;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument --", name,
-                                                     " (see softmax-client load --help)"));
-    }
-  }
-  if (options.requests > 0 && !duration_given) options.duration = absl::InfiniteDuration();
-  absl::Status valid = ValidateOptions(options);
-  if (!valid.ok()) return valid;
-  return options;
-}
-
-absl::StatusOr<LoadReport> RunLoad(const LoadOptions& requested) {
-  absl::Status valid = ValidateOptions(requested);
+absl::StatusOr<LoadReport> RunLoad(const LoadOptions& requested, const LoadMonitor& monitor) {
+  absl::Status valid = ValidateLoadOptions(requested);
   if (!valid.ok()) return valid;
   LoadOptions options = requested;
   // A closed loop cannot keep more connections busy than it has requests.
@@ -1150,7 +810,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& requested) {
   const auto connect_deadline =
       std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options.connect_timeout);
   for (int c = 0; c < options.connections; ++c) {
-    std::shared_ptr<grpc::Channel> channel = CreateLoadChannel(options.target, c);
+    std::shared_ptr<grpc::Channel> channel = CreateLoadChannel(options, c);
     if (!channel->WaitForConnected(connect_deadline)) {
       return absl::UnavailableError(absl::StrCat("could not connect to ", options.target,
                                                  " within ",
@@ -1158,202 +818,9 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& requested) {
     }
     stubs.push_back(v1::SoftmaxService::NewStub(channel));
   }
-  LoadRun run(options, *std::move(payloads), std::move(schedule), std::move(stubs));
+  LoadRun run(options, monitor, *std::move(payloads), std::move(schedule), std::move(stubs));
   run.Execute();
   return run.Report();
-}
-
-std::string FormatLoadReport(const LoadReport& report) {
-  const LoadOptions& o = report.options;
-  std::string text;
-  absl::StrAppend(&text, "target:       ", o.target, o.stream ? " (stream)" : " (unary)", "\n");
-  if (report.mode == "open") {
-    absl::StrAppend(&text, "load:         open loop, ",
-                    absl::StrFormat("%.0f", report.offered_rate), " requests/s ",
-                    o.arrival == Arrival::kPoisson ? "poisson" : "constant", ", ", o.connections,
-                    " connection(s)\n");
-  } else {
-    absl::StrAppend(&text, "load:         closed loop, concurrency ", o.concurrency, " over ",
-                    o.connections, " connection(s)\n");
-  }
-  absl::StrAppend(&text, "payloads:     ", absl::StrJoin(ShapeLabels(o), " "), "\n");
-  absl::StrAppend(&text, "requests:     ", report.requests, " (ok ", report.ok, ", errors ",
-                  report.errors, ") in ", absl::StrFormat("%.3f", report.elapsed_seconds),
-                  " s; warm-up ", report.warmup_requests, " (errors ", report.warmup_errors,
-                  ")\n");
-  for (int code = 1; code < kStatusCodes; ++code) {
-    if (report.errors_by_code[code] > 0) {
-      absl::StrAppend(&text, "  ", StatusCodeName(code), ": ", report.errors_by_code[code], "\n");
-    }
-  }
-  absl::StrAppend(&text, "throughput:   ",
-                  absl::StrFormat("%.1f requests/s, %.1f rows/s, %.4f GB/s payload\n",
-                                  report.requests_per_second, report.rows_per_second,
-                                  report.payload_gb_per_second));
-  const LatencySummary& l = report.latency;
-  absl::StrAppend(&text, "latency (ms): ",
-                  absl::StrFormat("p50 %.3f  p90 %.3f  p99 %.3f  p99.9 %.3f  max %.3f  mean %.3f\n",
-                                  l.p50 / 1e6, l.p90 / 1e6, l.p99 / 1e6, l.p999 / 1e6,
-                                  l.max / 1e6, l.mean / 1e6));
-  absl::StrAppend(&text, "server batch: ",
-                  absl::StrFormat("mean %.2f requests, %.1f rows; mean queue %.1f us, compute "
-                                  "%.1f us (kernels %.1f us, dispatch %.1f us)\n",
-                                  report.mean_batch_requests, report.mean_batch_rows,
-                                  report.mean_queue_us, report.mean_compute_us,
-                                  report.mean_kernel_us, report.mean_dispatch_us));
-  if (o.verify) {
-    absl::StrAppend(&text, "verify:       ", report.verified, " responses checked, ",
-                    report.mismatches, " mismatched\n");
-    if (!report.first_mismatch.empty()) {
-      absl::StrAppend(&text, "  first: ", report.first_mismatch, "\n");
-    }
-  }
-  return text;
-}
-
-std::string LoadReportJson(const LoadReport& report) {
-  const LoadOptions& o = report.options;
-  std::vector<std::string> shapes;
-  for (const std::string& label : ShapeLabels(o)) shapes.push_back(JsonString(label));
-  std::vector<std::string> errors;
-  for (int code = 1; code < kStatusCodes; ++code) {
-    if (report.errors_by_code[code] > 0) {
-      errors.push_back(absl::StrCat(JsonString(StatusCodeName(code)), ": ",
-                                    report.errors_by_code[code]));
-    }
-  }
-  const LatencySummary& l = report.latency;
-  std::string json = "{\n";
-  absl::StrAppend(&json, "  \"label\": ", JsonString(o.label), ",\n");
-  absl::StrAppend(&json, "  \"target\": ", JsonString(o.target), ",\n");
-  absl::StrAppend(&json, "  \"mode\": ", JsonString(report.mode), ",\n");
-  absl::StrAppend(&json, "  \"stream\": ", o.stream ? "true" : "false", ",\n");
-  absl::StrAppend(&json, "  \"connections\": ", o.connections, ",\n");
-  absl::StrAppend(&json, "  \"concurrency\": ", report.mode == "open" ? 0 : o.concurrency, ",\n");
-  absl::StrAppend(&json, "  \"offered_rate\": ", JsonNumber(report.offered_rate), ",\n");
-  absl::StrAppend(&json, "  \"arrival\": ",
-                  JsonString(o.arrival == Arrival::kPoisson ? "poisson" : "constant"), ",\n");
-  absl::StrAppend(&json, "  \"duration_s\": ", JsonNumber(SecondsOrZero(o.duration)), ",\n");
-  absl::StrAppend(&json, "  \"warmup_s\": ", JsonNumber(SecondsOrZero(o.warmup)), ",\n");
-  absl::StrAppend(&json, "  \"shapes\": [", absl::StrJoin(shapes, ", "), "],\n");
-  absl::StrAppend(&json, "  \"verify\": ", o.verify ? "true" : "false", ",\n");
-  absl::StrAppend(&json, "  \"requests\": ", report.requests, ",\n");
-  absl::StrAppend(&json, "  \"ok\": ", report.ok, ",\n");
-  absl::StrAppend(&json, "  \"errors\": ", report.errors, ",\n");
-  absl::StrAppend(&json, "  \"errors_by_code\": {", absl::StrJoin(errors, ", "), "},\n");
-  absl::StrAppend(&json, "  \"warmup_requests\": ", report.warmup_requests, ",\n");
-  absl::StrAppend(&json, "  \"warmup_errors\": ", report.warmup_errors, ",\n");
-  absl::StrAppend(&json, "  \"verified\": ", report.verified, ",\n");
-  absl::StrAppend(&json, "  \"mismatches\": ", report.mismatches, ",\n");
-  absl::StrAppend(&json, "  \"first_mismatch\": ", JsonString(report.first_mismatch), ",\n");
-  absl::StrAppend(&json, "  \"elapsed_s\": ", JsonNumber(report.elapsed_seconds), ",\n");
-  absl::StrAppend(&json, "  \"requests_per_s\": ", JsonNumber(report.requests_per_second), ",\n");
-  absl::StrAppend(&json, "  \"rows\": ", report.rows, ",\n");
-  absl::StrAppend(&json, "  \"rows_per_s\": ", JsonNumber(report.rows_per_second), ",\n");
-  absl::StrAppend(&json, "  \"payload_bytes\": ", report.payload_bytes, ",\n");
-  absl::StrAppend(&json, "  \"payload_gb_per_s\": ", JsonNumber(report.payload_gb_per_second),
-                  ",\n");
-  absl::StrAppend(&json, "  \"latency_us\": {\"count\": ", l.count,
-                  ", \"min\": ", JsonNumber(Micros(l.min)), ", \"mean\": ", JsonNumber(l.mean / 1e3),
-                  ", \"p50\": ", JsonNumber(Micros(l.p50)), ", \"p90\": ", JsonNumber(Micros(l.p90)),
-                  ", \"p99\": ", JsonNumber(Micros(l.p99)),
-                  ", \"p99.9\": ", JsonNumber(Micros(l.p999)),
-                  ", \"max\": ", JsonNumber(Micros(l.max)), "},\n");
-  absl::StrAppend(&json, "  \"batch\": {\"mean_requests\": ", JsonNumber(report.mean_batch_requests),
-                  ", \"mean_rows\": ", JsonNumber(report.mean_batch_rows),
-                  ", \"mean_queue_us\": ", JsonNumber(report.mean_queue_us),
-                  ", \"mean_compute_us\": ", JsonNumber(report.mean_compute_us),
-                  ", \"mean_kernel_us\": ", JsonNumber(report.mean_kernel_us),
-                  ", \"mean_dispatch_us\": ", JsonNumber(report.mean_dispatch_us), "}\n");
-  json += "}\n";
-  return json;
-}
-
-std::string LoadReportCsvHeader() {
-  return "label,mode,stream,connections,concurrency,offered_rate,shapes,requests,ok,errors,"
-         "mismatches,elapsed_s,requests_per_s,rows_per_s,payload_gb_per_s,p50_us,p90_us,p99_us,"
-         "p999_us,max_us,mean_us,mean_batch_requests,mean_batch_rows\n";
-}
-
-std::string LoadReportCsvRow(const LoadReport& report) {
-  const LoadOptions& o = report.options;
-  const LatencySummary& l = report.latency;
-  // Labels and shape lists never hold commas or quotes of their own making;
-  // a user label with either is quoted.
-  std::string label = o.label;
-  if (label.find_first_of(",\"\n") != std::string::npos) {
-    label = absl::StrCat("\"", absl::StrReplaceAll(label, {{"\"", "\"\""}}), "\"");
-  }
-  return absl::StrCat(
-      label, ",", report.mode, ",", o.stream ? 1 : 0, ",", o.connections, ",",
-      report.mode == "open" ? 0 : o.concurrency, ",", JsonNumber(report.offered_rate), ",",
-      absl::StrJoin(ShapeLabels(o), ";"), ",", report.requests, ",", report.ok, ",",
-      report.errors, ",", report.mismatches, ",", JsonNumber(report.elapsed_seconds), ",",
-      JsonNumber(report.requests_per_second), ",", JsonNumber(report.rows_per_second), ",",
-      JsonNumber(report.payload_gb_per_second), ",", JsonNumber(Micros(l.p50)), ",",
-      JsonNumber(Micros(l.p90)), ",", JsonNumber(Micros(l.p99)), ",", JsonNumber(Micros(l.p999)),
-      ",", JsonNumber(Micros(l.max)), ",", JsonNumber(l.mean / 1e3), ",",
-      JsonNumber(report.mean_batch_requests), ",", JsonNumber(report.mean_batch_rows), "\n");
-}
-
-int RunLoadCommand(const std::vector<std::string>& args) {
-  bool help = false;
-  absl::StatusOr<LoadOptions> options = ParseLoadArgs(args, &help);
-  if (help) {
-    std::fputs(LoadUsage().c_str(), stdout);
-    return 0;
-  }
-  if (!options.ok()) {
-    std::fprintf(stderr, "softmax-client load: %s\n", std::string(options.status().message()).c_str());
-    return 2;
-  }
-  g_interrupted.store(false);
-  auto previous_int = std::signal(SIGINT, OnInterrupt);
-  auto previous_term = std::signal(SIGTERM, OnInterrupt);
-  absl::StatusOr<LoadReport> report = RunLoad(*options);
-  std::signal(SIGINT, previous_int);
-  std::signal(SIGTERM, previous_term);
-  if (!report.ok()) {
-    std::fprintf(stderr, "softmax-client load: %s: %s\n",
-                 absl::StatusCodeToString(report.status().code()).c_str(),
-                 std::string(report.status().message()).c_str());
-    return 1;
-  }
-  std::fputs(FormatLoadReport(*report).c_str(), stdout);
-  std::fflush(stdout);
-  int exit_code = 0;
-  if (!options->json_path.empty()) {
-    std::ofstream file(options->json_path, std::ios::trunc);
-    file << LoadReportJson(*report);
-    if (!file) {
-      std::fprintf(stderr, "softmax-client load: cannot write %s\n", options->json_path.c_str());
-      exit_code = 1;
-    }
-  }
-  if (!options->csv_path.empty()) {
-    std::ifstream existing(options->csv_path, std::ios::ate);
-    const bool needs_header = !existing || existing.tellg() <= 0;
-    existing.close();
-    std::ofstream file(options->csv_path, std::ios::app);
-    if (needs_header) file << LoadReportCsvHeader();
-    file << LoadReportCsvRow(*report);
-    if (!file) {
-      std::fprintf(stderr, "softmax-client load: cannot write %s\n", options->csv_path.c_str());
-      exit_code = 1;
-    }
-  }
-  if (options->verify) {
-    const int64_t failed = report->errors + report->warmup_errors;
-    if (report->mismatches > 0 || failed > 0 || report->verified == 0) {
-      std::fprintf(stderr,
-                   "softmax-client load: verify failed: %lld mismatched, %lld failed, %lld "
-                   "checked\n",
-                   static_cast<long long>(report->mismatches), static_cast<long long>(failed),
-                   static_cast<long long>(report->verified));
-      exit_code = 1;
-    }
-  }
-  return exit_code;
 }
 
 }  // namespace softmax::client

@@ -1,20 +1,20 @@
-// Tests of the load generator against an in-process SoftmaxService that
-// computes with the CPU row routine (or echoes its input, to prove --verify
-// catches wrong answers), plus argument parsing and report formats.
-#include "client/load.h"
+// Tests of the load engine against an in-process SoftmaxService that
+// computes with the CPU row routine (or echoes its input, to prove verify
+// catches wrong answers).
+#include "client/load_engine.h"
 
 #include <algorithm>
 #include <atomic>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
-#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "client/tensor.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_softmax.h"
@@ -98,10 +98,8 @@ class LoadTest : public ::testing::Test {
   LoadOptions BaseOptions() {
     LoadOptions options;
     options.target = target_;
-    options.progress = false;
     options.warmup = absl::ZeroDuration();
-    options.shapes = {*ParseLoadShape("1x64:float32:1"), *ParseLoadShape("3x100:fp16:2"),
-                      *ParseLoadShape("2x50:bf16:1")};
+    options.shapes = *ParseLoadMix("1x64:float32:1,3x100:fp16:2,2x50:bf16:1");
     options.verify = true;
     return options;
   }
@@ -241,151 +239,77 @@ TEST_F(LoadTest, VerifyCatchesAnEchoingServer) {
 TEST_F(LoadTest, UnreachableServerIsUnavailable) {
   LoadOptions options;
   options.target = "127.0.0.1:1";  // nothing listens on port 1
-  options.progress = false;
+  options.shapes = {LoadShape{{1, 8}}};
   options.connect_timeout = absl::Milliseconds(300);
   absl::StatusOr<LoadReport> report = RunLoad(options);
   EXPECT_EQ(report.status().code(), absl::StatusCode::kUnavailable);
 }
 
-TEST(LoadShapeTest, ParsesDimsDtypeAndWeight) {
-  absl::StatusOr<LoadShape> shape = ParseLoadShape("8x4096:fp16:2.5");
-  ASSERT_TRUE(shape.ok()) << shape.status();
-  EXPECT_EQ(shape->dims, (std::vector<int64_t>{8, 4096}));
-  EXPECT_EQ(shape->dtype, v1::DTYPE_FLOAT16);
-  EXPECT_EQ(shape->weight, 2.5);
-
-  shape = ParseLoadShape("1x16M");
-  ASSERT_TRUE(shape.ok()) << shape.status();
-  EXPECT_EQ(shape->dims, (std::vector<int64_t>{1, 16 << 20}));
-  EXPECT_EQ(shape->dtype, v1::DTYPE_FLOAT32);
-  EXPECT_EQ(shape->weight, 1.0);
-
-  shape = ParseLoadShape("2x3x4K:bfloat16");
-  ASSERT_TRUE(shape.ok()) << shape.status();
-  EXPECT_EQ(shape->dims, (std::vector<int64_t>{2, 3, 4096}));
-  EXPECT_EQ(shape->dtype, v1::DTYPE_BFLOAT16);
+TEST_F(LoadTest, StopRequestedEndsTheRunAndStillReports) {
+  StartServer(/*echo=*/false);
+  LoadOptions options = BaseOptions();
+  options.concurrency = 4;
+  options.duration = absl::Seconds(60);
+  std::atomic<bool> stop{false};
+  LoadMonitor monitor;
+  monitor.stop_requested = &stop;
+  std::thread stopper([&stop] {
+    absl::SleepFor(absl::Milliseconds(300));
+    stop.store(true);
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<LoadReport> report = RunLoad(options, monitor);
+  stopper.join();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  ExpectConsistent(*report);
+  EXPECT_GT(report->ok, 0);
+  EXPECT_EQ(report->errors, 0);
+  EXPECT_EQ(report->mismatches, 0) << report->first_mismatch;
 }
 
-TEST(LoadShapeTest, RejectsMalformedEntries) {
-  for (const char* bad : {"", "1xa", "1x-3", "1x8:float64", "1x8:fp32:0", "1x8:fp32:-1",
-                          "1x8:fp32:1:extra", "1x8:fp32:w"}) {
-    EXPECT_EQ(ParseLoadShape(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
-  }
-}
-
-TEST(LoadShapeTest, ReadsAShapeFile) {
-  const std::string path = ::testing::TempDir() + "/load_shapes.txt";
-  {
-    std::ofstream file(path);
-    file << "# the production mix\n"
-         << "1x1024:float32:8   # most calls\n"
-         << "\n"
-         << "  64x32000:bf16:1\n";
-  }
-  absl::StatusOr<std::vector<LoadShape>> shapes = ReadLoadShapeFile(path);
-  ASSERT_TRUE(shapes.ok()) << shapes.status();
-  ASSERT_EQ(shapes->size(), 2u);
-  EXPECT_EQ((*shapes)[0].weight, 8.0);
-  EXPECT_EQ((*shapes)[1].dims, (std::vector<int64_t>{64, 32000}));
-  EXPECT_EQ((*shapes)[1].dtype, v1::DTYPE_BFLOAT16);
-
-  {
-    std::ofstream file(path);
-    file << "1x1024\n1x:fp32\n";
-  }
-  shapes = ReadLoadShapeFile(path);
-  EXPECT_EQ(shapes.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(shapes.status().message().find(":2:"), absl::string_view::npos)
-      << shapes.status();
-}
-
-TEST(LoadArgsTest, ParsesEveryKindOfArgument) {
-  absl::StatusOr<LoadOptions> options = ParseLoadArgs(
-      {"--target=h:1", "--connections", "4", "--concurrency=64", "--stream", "--verify=false",
-       "--shape=1x1024:fp32:3", "--shape=8x4096:fp16", "--duration=2.5", "--warmup=250ms",
-       "--timeout_ms=0", "--json=/tmp/r.json", "--csv", "/tmp/r.csv", "--label=none", "--quiet",
-       "--log", "--temperature=2", "--axis=0", "--seed=9", "--payloads_per_shape=2"});
-  ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_EQ(options->target, "h:1");
-  EXPECT_EQ(options->connections, 4);
-  EXPECT_EQ(options->concurrency, 64);
-  EXPECT_TRUE(options->stream);
-  EXPECT_FALSE(options->verify);
-  ASSERT_EQ(options->shapes.size(), 2u);
-  EXPECT_EQ(options->shapes[0].weight, 3.0);
-  EXPECT_EQ(options->shapes[1].dtype, v1::DTYPE_FLOAT16);
-  EXPECT_EQ(options->duration, absl::Milliseconds(2500));
-  EXPECT_EQ(options->warmup, absl::Milliseconds(250));
-  EXPECT_EQ(options->timeout, absl::InfiniteDuration());
-  EXPECT_EQ(options->json_path, "/tmp/r.json");
-  EXPECT_EQ(options->csv_path, "/tmp/r.csv");
-  EXPECT_EQ(options->label, "none");
-  EXPECT_FALSE(options->progress);
-  EXPECT_TRUE(options->log);
-  EXPECT_EQ(options->temperature, 2.0f);
-  EXPECT_EQ(options->axis, 0);
-  EXPECT_EQ(options->seed, 9u);
-  EXPECT_EQ(options->payloads_per_shape, 2);
-  EXPECT_EQ(options->rate, 0.0);
-}
-
-TEST(LoadArgsTest, RequestsAloneMeansNoTimeLimit) {
-  absl::StatusOr<LoadOptions> options = ParseLoadArgs({"--requests=100"});
-  ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_EQ(options->duration, absl::InfiniteDuration());
-  options = ParseLoadArgs({"--requests=100", "--duration=3s"});
-  ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_EQ(options->duration, absl::Seconds(3));
-  options = ParseLoadArgs({"--rate=5000", "--arrival=poisson"});
-  ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_EQ(options->arrival, Arrival::kPoisson);
-  EXPECT_EQ(options->duration, absl::Seconds(10));
-}
-
-TEST(LoadArgsTest, RejectsBadArguments) {
-  const std::vector<std::vector<std::string>> cases = {
-      {"--bogus=1"},       {"--concurrency=0"},  {"--connections=-1"}, {"--rate=-5"},
-      {"--arrival=burst"}, {"--duration=0"},     {"--duration=abc"},   {"--shape=1xq"},
-      {"--concurrency"},   {"positional"},       {"--stream=maybe"},   {"--temperature=0"},
-      {"--shapes_file=/nonexistent/shapes.txt"}};
-  for (const auto& args : cases) {
-    EXPECT_FALSE(ParseLoadArgs(args).ok()) << args[0];
-  }
-  bool help = false;
-  EXPECT_TRUE(ParseLoadArgs({"--help"}, &help).ok());
-  EXPECT_TRUE(help);
-}
-
-TEST(LoadReportTest, CsvRowMatchesHeaderAndJsonHasTheFigures) {
-  LoadReport report;
-  report.options.label = "cpu, fast";
-  report.options.shapes = {*ParseLoadShape("1x1024"), *ParseLoadShape("8x4096:fp16:2")};
-  report.mode = "closed";
-  report.requests = 10;
-  report.ok = 9;
-  report.errors = 1;
-  report.errors_by_code[14] = 1;
-  report.latency.p50 = 1500;
-  const std::string header = LoadReportCsvHeader();
-  const std::string row = LoadReportCsvRow(report);
-  // The label has a comma, so it is quoted; count columns outside quotes.
-  const auto columns = [](const std::string& line) {
-    int count = 1;
-    bool quoted = false;
-    for (char c : line) {
-      if (c == '"') quoted = !quoted;
-      if (c == ',' && !quoted) ++count;
-    }
-    return count;
+TEST_F(LoadTest, ProgressIsSampledThroughBothPhases) {
+  StartServer(/*echo=*/false);
+  LoadOptions options = BaseOptions();
+  options.concurrency = 2;
+  options.warmup = absl::Milliseconds(200);
+  options.duration = absl::Milliseconds(600);
+  std::mutex mutex;
+  std::vector<LoadProgress> samples;
+  LoadMonitor monitor;
+  monitor.progress_interval = absl::Milliseconds(50);
+  monitor.on_progress = [&](const LoadProgress& progress) {
+    std::lock_guard<std::mutex> lock(mutex);
+    samples.push_back(progress);
   };
-  EXPECT_EQ(columns(header), columns(row));
-  EXPECT_EQ(row.rfind("\"cpu, fast\",closed,", 0), 0u) << row;
-  const std::string json = LoadReportJson(report);
-  EXPECT_NE(json.find("\"errors_by_code\": {\"UNAVAILABLE\": 1}"), std::string::npos) << json;
-  EXPECT_NE(json.find("\"p50\": 1.5"), std::string::npos) << json;
-  EXPECT_NE(json.find("\"shapes\": [\"1x1024:float32:1\", \"8x4096:float16:2\"]"),
-            std::string::npos)
-      << json;
+  absl::StatusOr<LoadReport> report = RunLoad(options, monitor);
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_GE(samples.size(), 5u);
+  EXPECT_FALSE(samples.front().measuring);
+  EXPECT_TRUE(samples.back().measuring);
+  for (size_t i = 1; i < samples.size(); ++i) {
+    EXPECT_GT(samples[i].elapsed_seconds, samples[i - 1].elapsed_seconds);
+  }
+  const bool any_traffic = std::any_of(samples.begin(), samples.end(), [](const LoadProgress& p) {
+    return p.requests_per_second > 0 && p.p50_ns > 0 && p.p50_ns <= p.p99_ns;
+  });
+  EXPECT_TRUE(any_traffic);
+}
+
+TEST_F(LoadTest, RejectsOptionsItCannotRun) {
+  StartServer(/*echo=*/false);
+  LoadOptions options = BaseOptions();
+  options.shapes.clear();
+  EXPECT_EQ(RunLoad(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = BaseOptions();
+  options.axis = 2;  // every entry of the mix is two-dimensional
+  EXPECT_EQ(RunLoad(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = BaseOptions();
+  options.concurrency = 0;
+  absl::Status status = RunLoad(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("--concurrency"), absl::string_view::npos) << status;
 }
 
 }  // namespace
