@@ -33,7 +33,7 @@ checkout. Needs only the Python standard library; matplotlib for the plot
 (installed with Debian's python3-matplotlib when missing and --install-deps).
 
 Examples:
-  bench/service/run.py --device=cpu --duration=3 --out=bench/service/results/cpu
+  bench/service/run.py --device=cpu --duration=3 --out=/tmp/service-cpu
   bench/service/run.py --bundle=dist/softmax-serve-0.1.0-linux-x86_64 --device=cuda \\
       --rounds=5 --out=$OUT/service-h200
 """
@@ -410,8 +410,8 @@ def main():
     parser.add_argument("--bundle", help="release bundle folder (launchers inside)")
     parser.add_argument("--server", help="softmax-server binary")
     parser.add_argument("--client", help="softmax-client binary")
-    parser.add_argument("--out", default=os.path.join(REPO, "bench", "service", "results",
-                                                      "latest"))
+    parser.add_argument("--out", required=True,
+                        help="folder for results.json, results.csv, table.md, plot.png")
     parser.add_argument("--concurrency", default="1,16,64,256",
                         help="comma-separated closed-loop concurrencies")
     parser.add_argument("--payloads", default=",".join(DEFAULT_PAYLOADS),
