@@ -799,6 +799,10 @@ LoadReport LoadRun::Report() const {
 absl::StatusOr<LoadReport> RunLoad(const LoadOptions& requested, const LoadMonitor& monitor) {
   absl::Status valid = ValidateLoadOptions(requested);
   if (!valid.ok()) return valid;
+  if (monitor.on_progress && (monitor.progress_interval <= absl::ZeroDuration() ||
+                              monitor.progress_interval == absl::InfiniteDuration())) {
+    return absl::InvalidArgumentError("progress_interval must be finite and > 0");
+  }
   LoadOptions options = requested;
   // A closed loop cannot keep more connections busy than it has requests.
   if (options.rate == 0) options.connections = std::min(options.connections, options.concurrency);

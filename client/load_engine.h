@@ -44,12 +44,13 @@ struct LoadMonitor {
   // When set, called every `progress_interval` from a thread of the run's
   // own, never concurrently with itself; it must not block for long.
   std::function<void(const LoadProgress&)> on_progress;
-  absl::Duration progress_interval = absl::Seconds(1);
+  absl::Duration progress_interval = absl::Seconds(1);  // finite, > 0
 };
 
 // Runs the load described by `options` and returns what it measured.
-// INVALID_ARGUMENT when the options fail ValidateLoadOptions or a mix entry
-// does not fit `axis`; UNAVAILABLE when a connection is not up within
+// INVALID_ARGUMENT when the options fail ValidateLoadOptions, a mix entry
+// does not fit `axis`, or a progress callback comes without a finite,
+// positive interval; UNAVAILABLE when a connection is not up within
 // connect_timeout. Failures of individual calls are counted in the report,
 // not returned.
 absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options,

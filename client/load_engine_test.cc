@@ -305,6 +305,10 @@ TEST_F(LoadTest, RejectsOptionsItCannotRun) {
   options = BaseOptions();
   options.axis = 2;  // every entry of the mix is two-dimensional
   EXPECT_EQ(RunLoad(options).status().code(), absl::StatusCode::kInvalidArgument);
+  LoadMonitor monitor;
+  monitor.on_progress = [](const LoadProgress&) {};
+  monitor.progress_interval = absl::ZeroDuration();
+  EXPECT_EQ(RunLoad(BaseOptions(), monitor).status().code(), absl::StatusCode::kInvalidArgument);
   options = BaseOptions();
   options.concurrency = 0;
   absl::Status status = RunLoad(options).status();
