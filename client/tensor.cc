@@ -3,6 +3,7 @@
 #include <random>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -42,15 +43,36 @@ int WireItemSize(v1::DType dtype) {
   }
 }
 
+namespace {
+
+// "1024", "16K" (x 1024), "16M" (x 1048576); false when not a non-negative
+// integer or when the scaled value overflows int64.
+bool ParseDimension(absl::string_view text, int64_t* value) {
+  int64_t scale = 1;
+  if (absl::ConsumeSuffix(&text, "K") || absl::ConsumeSuffix(&text, "k")) {
+    scale = int64_t{1} << 10;
+  } else if (absl::ConsumeSuffix(&text, "M") || absl::ConsumeSuffix(&text, "m")) {
+    scale = int64_t{1} << 20;
+  }
+  int64_t base = 0;
+  if (!absl::SimpleAtoi(text, &base) || base < 0) return false;
+  if (base > INT64_MAX / scale) return false;
+  *value = base * scale;
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<int64_t>> ParseShape(absl::string_view text) {
   std::vector<int64_t> shape;
   text = absl::StripAsciiWhitespace(text);
   if (text.empty()) return shape;
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
+  for (absl::string_view part : absl::StrSplit(text, absl::ByAnyChar(",x"))) {
     int64_t dim = 0;
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &dim) || dim < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shape: \"", part, "\" is not a non-negative integer in \"", text, "\""));
+    if (!ParseDimension(absl::StripAsciiWhitespace(part), &dim)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape: \"", part, "\" is not a non-negative integer (K and M suffixes allowed) in \"",
+          text, "\""));
     }
     shape.push_back(dim);
   }

@@ -28,8 +28,10 @@ const char* WireDTypeName(v1::DType dtype);
 // Bytes per element of a specified dtype; 0 for DTYPE_UNSPECIFIED.
 int WireItemSize(v1::DType dtype);
 
-// "2,1024" -> {2, 1024}. The empty string is a scalar (no dimensions).
-// Every dimension must be a non-negative integer.
+// "2,1024" or "2x1024" -> {2, 1024}. The empty string is a scalar (no
+// dimensions). Every dimension is a non-negative integer, optionally ending in
+// K (x 1024) or M (x 1048576): "1x16M" -> {1, 16777216}. INVALID_ARGUMENT
+// otherwise, or when a dimension overflows int64.
 absl::StatusOr<std::vector<int64_t>> ParseShape(absl::string_view text);
 
 // "[2, 1024]"; "[]" for a scalar.

@@ -22,6 +22,12 @@ TEST(TensorTest, ParsesShapes) {
   EXPECT_FALSE(ParseShape("2,-1").ok());
   EXPECT_FALSE(ParseShape("2,,3").ok());
   EXPECT_FALSE(ParseShape("x").ok());
+  EXPECT_EQ(*ParseShape("64x32000"), (std::vector<int64_t>{64, 32000}));
+  EXPECT_EQ(*ParseShape("1x16M"), (std::vector<int64_t>{1, 16 << 20}));
+  EXPECT_EQ(*ParseShape("2x3,4k"), (std::vector<int64_t>{2, 3, 4096}));
+  EXPECT_FALSE(ParseShape("1x1024:float32").ok());
+  EXPECT_FALSE(ParseShape("1xM").ok());
+  EXPECT_FALSE(ParseShape("9223372036854775807K").ok());
   EXPECT_EQ(FormatShape({2, 3}), "[2, 3]");
   EXPECT_EQ(FormatShape({}), "[]");
 }

@@ -8,6 +8,7 @@ build_packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev
 )
 test_packages=(
   python3 python3-venv python3-grpcio python3-protobuf python3-numpy

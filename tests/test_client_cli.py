@@ -134,3 +134,35 @@ def test_usage_errors_exit_2(server, tmp_path):
     result = run_client(server, f"--input={tmp_path / 'i.npy'}")
     assert result.returncode == 2 and "<i4" in result.stderr, result.stderr
     assert run_client(server, "no-such-mode").returncode == 2
+    assert run_client(server, "load", "extra-word").returncode == 2
+
+
+def test_help_lists_every_mode_and_each_flag_once():
+    result = subprocess.run([e2e_util.CLIENT_BIN, "--help"], capture_output=True, text=True,
+                            timeout=60)
+    out = result.stdout
+    for mode in ("softmax-client [call]", "softmax-client health", "softmax-client load"):
+        assert mode in out, out
+    flags = re.findall(r"^    --(\w+) \(", out, flags=re.MULTILINE)
+    assert len(flags) == len(set(flags)), flags
+    for flag in ("target", "shape", "input", "service", "concurrency", "rate", "mix", "verify",
+                 "json", "csv", "duration", "warmup"):
+        assert flag in flags, flags
+    # A load-only flag says so at the start of its help text.
+    assert re.search(r"--concurrency \(\[load\] ", out), out
+
+
+def test_flags_of_another_mode_are_usage_errors(server):
+    result = run_client(server, "--shape=2,3", "--concurrency=8")
+    assert result.returncode == 2
+    assert "--concurrency does not apply to call" in result.stderr, result.stderr
+    result = subprocess.run([e2e_util.CLIENT_BIN, "health", f"--target={server.grpc_address}",
+                             "--stream"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "--stream does not apply to health" in result.stderr, result.stderr
+
+
+def test_shape_takes_x_and_size_suffixes(server):
+    result = run_client(server, "--shape=2x1K", "--check")
+    assert result.returncode == 0, result.stderr
+    assert "[2, 1024] float32" in result.stdout, result.stdout

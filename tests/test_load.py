@@ -57,12 +57,12 @@ def check_clean(report):
     assert report["requests"] > 0
 
 
-MIX = ["--shape=1x1024:float32:3", "--shape=8x4096:float16:1", "--shape=4x1000:bfloat16:1"]
+MIX = ["--mix=1x1024:float32:3,8x4096:float16:1,4x1000:bfloat16:1"]
 
 
 def test_closed_loop_unary(server, tmp_path):
     report, result = load_report(server, tmp_path, "--concurrency=16", "--connections=2",
-                                 "--duration=2", "--warmup=0.5", "--verify", *MIX)
+                                 "--duration=2s", "--warmup=500ms", "--verify", *MIX)
     check_clean(report)
     assert report["mode"] == "closed" and not report["stream"]
     assert report["concurrency"] == 16
@@ -80,7 +80,7 @@ def test_closed_loop_unary(server, tmp_path):
 
 def test_closed_loop_stream_log_softmax(server, tmp_path):
     report, _ = load_report(server, tmp_path, "--stream", "--concurrency=8",
-                            "--connections=2", "--duration=2", "--warmup=0.5", "--verify",
+                            "--connections=2", "--duration=2s", "--warmup=500ms", "--verify",
                             "--log", "--temperature=0.7", *MIX)
     check_clean(report)
     assert report["stream"]
@@ -88,8 +88,8 @@ def test_closed_loop_stream_log_softmax(server, tmp_path):
 
 def test_open_loop_constant_rate(server, tmp_path):
     report, _ = load_report(server, tmp_path, "--rate=300", "--arrival=constant",
-                            "--duration=2", "--warmup=0.5", "--verify",
-                            "--shape=2x512:float32")
+                            "--duration=2s", "--warmup=500ms", "--verify",
+                            "--shape=2x512", "--dtype=float32")
     check_clean(report)
     assert report["mode"] == "open"
     assert report["offered_rate"] == 300
@@ -102,7 +102,7 @@ def test_open_loop_constant_rate(server, tmp_path):
 
 def test_open_loop_poisson_stream(server, tmp_path):
     report, _ = load_report(server, tmp_path, "--rate=400", "--arrival=poisson", "--stream",
-                            "--connections=2", "--duration=2", "--warmup=0.5", "--verify",
+                            "--connections=2", "--duration=2s", "--warmup=500ms", "--verify",
                             *MIX)
     check_clean(report)
     assert report["mode"] == "open" and report["stream"]
@@ -130,8 +130,8 @@ def test_verify_fails_against_echo_server(start_server, tmp_path):
 
 def test_echo_server_without_verify_measures_the_transport(start_server, tmp_path):
     echo = start_server(device="none")
-    report, _ = load_report(echo, tmp_path, "--concurrency=8", "--duration=1", "--warmup=0.2",
-                            "--shape=8x4096:float16")
+    report, _ = load_report(echo, tmp_path, "--concurrency=8", "--duration=1s", "--warmup=200ms",
+                            "--mix=8x4096:float16")
     assert report["errors"] == 0
     assert report["requests"] > 0
     assert report["payload_bytes"] == report["ok"] * 2 * (8 * 4096 * 2)
@@ -160,7 +160,43 @@ def test_bad_arguments_exit_2(server):
 
 def test_unreachable_server_exits_1(tmp_path):
     command = [e2e_util.CLIENT_BIN, "load", "--target=127.0.0.1:1", "--quiet",
-               "--duration=1", "--connect_timeout=1s"]
+               "--duration=1s", "--connect_timeout=1s"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "UNAVAILABLE" in result.stderr
+
+
+def test_shape_and_dtype_make_a_single_payload(server, tmp_path):
+    report, _ = load_report(server, tmp_path, "--shape=3x100", "--dtype=bfloat16",
+                            "--requests=40", "--concurrency=4", "--warmup=0", "--verify")
+    check_clean(report)
+    assert report["shapes"] == ["3x100:bfloat16:1"]
+    assert report["rows"] == 3 * report["ok"]
+    assert report["payload_bytes"] == report["ok"] * 2 * (3 * 100 * 2)
+
+
+def test_mix_file_adds_to_mix(server, tmp_path):
+    mix_file = tmp_path / "mix.txt"
+    mix_file.write_text("# two more entries\n2x64:float16:2\n\n1x1K:bf16  # 1024 wide\n")
+    report, _ = load_report(server, tmp_path, "--mix=1x128:float32", f"--mix_file={mix_file}",
+                            "--requests=80", "--concurrency=4", "--warmup=0", "--verify")
+    check_clean(report)
+    assert report["shapes"] == ["1x128:float32:1", "2x64:float16:2", "1x1024:bfloat16:1"]
+    # Weights 1:2:1 over 80 requests: 20 + 40 x 2 + 20 rows.
+    assert report["rows"] == 20 + 80 + 20
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--shape=1x1024:float32"], "--mix=1x1024:float32"),
+    (["--mix=1x8:float32", "--shape=4x4"], "do not combine"),
+    (["--mix=2,1024:float16"], "mix entry \"2\""),
+    (["--mix_file=/nonexistent/mix.txt"], "cannot open"),
+    (["--check"], "--check does not apply to load"),
+    (["--duration=0s"], "--duration"),
+    (["--requests=-1"], "--requests"),
+    (["--timeout_ms=-5"], "--timeout_ms"),
+])
+def test_usage_errors_name_the_flag(server, args, expected):
+    result = run_load(server, "--requests=10", *args)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr, result.stderr

@@ -160,7 +160,7 @@ def main():
         client_bin = os.path.join(args.bundle, "softmax-client")
     os.makedirs(args.out, exist_ok=True)
     load_args = [f"--concurrency={args.concurrency}", f"--connections={args.connections}",
-                 f"--shape={args.shape}"]
+                 f"--mix={args.shape}"]
     modes = [("batched", list(args.server_arg)),
              ("unbatched", [*args.server_arg, "--max_batch_rows=1"])]
     results = []

@@ -18,7 +18,7 @@ one() {  # mode pair
   for _ in $(seq 200); do grep -q listening "$work/server.log" && break; sleep 0.05; done
   local target; target=$(grep -o 'grpc=[^ ]*' "$work/server.log" | cut -d= -f2)
   rm -f "$work/load.json"
-  "$bin/softmax-client" load --target="$target" --concurrency=64 --shape=1x1024:float32 \
+  "$bin/softmax-client" load --target="$target" --concurrency=64 --mix=1x1024:float32 \
       --duration="$duration" --warmup=2s --quiet --json="$work/load.json" > /dev/null
   kill "$pid"; wait "$pid" || true
   python3 -c "import json; d=json.load(open('$work/load.json')); print('$device', '$1', $2, d['requests_per_s'], d['errors'])"

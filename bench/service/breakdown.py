@@ -11,7 +11,8 @@ for the echo, so A/B folders line up side by side.
 
 Usage:
   breakdown.py [--strip=PREFIX] [--markdown] RESULTS...
-e.g. breakdown.py --strip=ab-idle- bench/service/results/h200-7/idle-b/*/
+e.g. breakdown.py --strip=ab-idle- ab-idle-*/
+in the unpacked gpu-check.tgz of `scripts/gpu-check.sh BUNDLE OUT ab-idle`.
 """
 
 import argparse

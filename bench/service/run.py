@@ -33,7 +33,7 @@ checkout. Needs only the Python standard library; matplotlib for the plot
 (installed with Debian's python3-matplotlib when missing and --install-deps).
 
 Examples:
-  bench/service/run.py --device=cpu --duration=3 --out=bench/service/results/cpu
+  bench/service/run.py --device=cpu --duration=3 --out=/tmp/service-cpu
   bench/service/run.py --bundle=dist/softmax-serve-0.1.0-linux-x86_64 --device=cuda \\
       --rounds=5 --out=$OUT/service-h200
 """
@@ -140,14 +140,14 @@ def point_args(args, spec, concurrency):
     """`load` arguments for one point: big payloads run a request count
     instead of a duration."""
     connections = min(concurrency, args.connections)
-    common = [f"--shape={spec}", f"--concurrency={concurrency}",
-              f"--connections={connections}", f"--warmup={args.warmup}",
+    common = [f"--mix={spec}", f"--concurrency={concurrency}",
+              f"--connections={connections}", f"--warmup={args.warmup}s",
               f"--timeout_ms={args.timeout_ms}"]
     if args.stream:
         common.append("--stream")
     if payload_bytes(spec) > args.big_bytes:
         return common + [f"--requests={max(args.big_requests, 2 * concurrency)}"]
-    return common + [f"--duration={args.duration}"]
+    return common + [f"--duration={args.duration}s"]
 
 
 def verify_payload(args, client_bin, address, spec, work):
@@ -155,7 +155,7 @@ def verify_payload(args, client_bin, address, spec, work):
     computing server checked against the float64 CPU reference."""
     result, report = run_load(
         client_bin, address,
-        [f"--shape={spec}", "--concurrency=2", "--warmup=0",
+        [f"--mix={spec}", "--concurrency=2", "--warmup=0",
          f"--requests={2 if payload_bytes(spec) > args.big_bytes else 64}",
          "--verify", f"--timeout_ms={args.timeout_ms}"],
         os.path.join(work, "verify.json"))
@@ -410,8 +410,8 @@ def main():
     parser.add_argument("--bundle", help="release bundle folder (launchers inside)")
     parser.add_argument("--server", help="softmax-server binary")
     parser.add_argument("--client", help="softmax-client binary")
-    parser.add_argument("--out", default=os.path.join(REPO, "bench", "service", "results",
-                                                      "latest"))
+    parser.add_argument("--out", required=True,
+                        help="folder for results.json, results.csv, table.md, plot.png")
     parser.add_argument("--concurrency", default="1,16,64,256",
                         help="comma-separated closed-loop concurrencies")
     parser.add_argument("--payloads", default=",".join(DEFAULT_PAYLOADS),
