@@ -1,4 +1,4 @@
-// device_worker_bench: the GPU round trip of a small batch, taken apart.
+// cuda_backend_bench: the GPU round trip of a small batch, taken apart.
 //
 // A lone small request on the GPU backend pays for a chain of CUDA calls
 // and, in the server, thread hand-offs. This program times each link on its
@@ -10,21 +10,22 @@
 //   zero-copy 1x1024 the same kernel reading and writing pinned host memory
 //                    (also with the thread asleep 200 us / 1 ms in between)
 //   copies 1x1024    pinned -> device copy, kernel, device -> pinned copy
-//   worker ...       DeviceWorker::Submit to its done callback (what the
-//                    server's batcher sees), with the backend's settings
-//                    varied: run on the submitting thread (inline) or
-//                    handed to a stream's thread (the default), zero copy
-//                    (the default) or DMA copies; a
-//                    batch of 8 requests; and lone requests 200 us apart,
-//                    the GPU idle in between (as a lone caller of the
-//                    server leaves it), the thread polling or asleep;
+//   backend ...      CudaBackend::Execute on a slot, from this thread (as
+//                    the scheduler's slot thread runs it), with the
+//                    backend's settings varied: zero copy (the default) or
+//                    DMA copies; a batch of 8 requests; and lone requests
+//                    200 us apart, the GPU idle in between (as a lone caller
+//                    of the server leaves it), the thread polling or asleep;
 //                    and 8 x 4096 float16 requests (64 KiB), 1, 3 or 10 to
 //                    a batch, with zero copy at any size or never.
+//   scheduler ...    Batcher::Enqueue to the request's done callback, through
+//                    the scheduler's slot threads (what a gRPC thread of the
+//                    server sees), back to back and 200 us apart.
 // Every variant's output is checked against the CPU reference first.
 // Figures are microseconds per round trip over --iterations runs after a
 // warm-up (p10 / p50 / p90 / mean); --json writes them.
 //
-// Usage: device_worker_bench [--iterations=2000] [--json=PATH]
+// Usage: cuda_backend_bench [--iterations=2000] [--json=PATH]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -45,7 +46,9 @@
 #include "kernels/cpu_softmax.h"
 #include "kernels/dtype.h"
 #include "kernels/softmax_cuda.h"
-#include "server/device_worker.h"
+#include "server/cuda/cuda_backend.h"
+#include "server/scheduling/batcher.h"
+#include "server/scheduling/scheduler.h"
 
 namespace softmax::server {
 namespace {
@@ -72,7 +75,7 @@ Figures Summarise(const std::string& name, std::vector<double> us) {
 
 bool Check(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return true;
-  std::fprintf(stderr, "device_worker_bench: %s: %s\n", what, cudaGetErrorString(error));
+  std::fprintf(stderr, "cuda_backend_bench: %s: %s\n", what, cudaGetErrorString(error));
   return false;
 }
 
@@ -169,7 +172,7 @@ int Run(int iterations, const std::string& json_path) {
   ok &= Check(launch(zero_copy), "launch") && Check(cudaStreamSynchronize(stream), "sync");
   const double error_zero_copy = MaxError(input, pinned_out);
   if (!ok || !(error_device <= tolerance) || !(error_zero_copy <= tolerance)) {
-    std::fprintf(stderr, "device_worker_bench: validation failed (device %g, zero copy %g)\n",
+    std::fprintf(stderr, "cuda_backend_bench: validation failed (device %g, zero copy %g)\n",
                  error_device, error_zero_copy);
     return 1;
   }
@@ -220,54 +223,59 @@ int Run(int iterations, const std::string& json_path) {
     Spin(event);
   }));
 
-  // The backend, Submit to done, with its settings varied.
+  // The backend, Execute on a slot from this thread, with its settings varied.
   // How the benchmark's thread spends the time between two round trips:
   // none (back to back), polling the clock, or asleep. A lone caller of the
   // server leaves the GPU idle for a gRPC round trip (some 200 us) between
   // requests, with the receiving thread asleep.
   enum class Gap { kNone, kSpin, kSleep };
+  constexpr auto kGap = std::chrono::microseconds(200);
+  auto wait_gap = [&](Gap gap) {
+    if (gap == Gap::kSpin) {
+      const Clock::time_point until = Clock::now() + kGap;
+      while (Clock::now() < until) {
+      }
+    } else if (gap == Gap::kSleep) {
+      std::this_thread::sleep_for(kGap);
+    }
+  };
+  auto create = [](const CudaBackendOptions& options) -> std::unique_ptr<CudaBackend> {
+    auto created = CudaBackend::Create(options, [](const absl::Status& status) {
+      std::fprintf(stderr, "cuda_backend_bench: GPU fault: %s\n",
+                   std::string(status.message()).c_str());
+    });
+    if (!created.ok()) {
+      std::fprintf(stderr, "cuda_backend_bench: %s\n", created.status().ToString().c_str());
+      return nullptr;
+    }
+    return std::move(*created);
+  };
   struct Variant {
     const char* name;
-    int64_t inline_max_bytes;
     int64_t zero_copy_max_bytes;
     int requests;
     Gap gap = Gap::kNone;
   };
-  constexpr auto kGap = std::chrono::microseconds(200);
-  constexpr int64_t kInline = int64_t{64} << 10;  // --cuda_inline_max_bytes to run inline
-  const DeviceWorkerOptions defaults;
+  const CudaBackendOptions defaults;
   const Variant variants[] = {
-      {"worker 1x1024 inline", kInline, defaults.zero_copy_max_bytes, 1},
-      {"worker 1x1024 hand-off (default)", 0, defaults.zero_copy_max_bytes, 1},
-      {"worker 1x1024 inline, copies", kInline, 0, 1},
-      {"worker 1x1024 hand-off, copies", 0, 0, 1},
-      {"worker 8 x 1x1024 inline", kInline, defaults.zero_copy_max_bytes, 8},
-      {"worker 8 x 1x1024 inline, copies", kInline, 0, 8},
-      {"worker 1x1024 inline, 200 us apart, spinning", kInline, defaults.zero_copy_max_bytes, 1,
-       Gap::kSpin},
-      {"worker 1x1024 inline, 200 us apart, asleep", kInline, defaults.zero_copy_max_bytes, 1,
-       Gap::kSleep},
+      {"backend 1x1024 (default)", defaults.zero_copy_max_bytes, 1},
+      {"backend 1x1024, copies", 0, 1},
+      {"backend 8 x 1x1024", defaults.zero_copy_max_bytes, 8},
+      {"backend 8 x 1x1024, copies", 0, 8},
+      {"backend 1x1024, 200 us apart, spinning", defaults.zero_copy_max_bytes, 1, Gap::kSpin},
+      {"backend 1x1024, 200 us apart, asleep", defaults.zero_copy_max_bytes, 1, Gap::kSleep},
   };
   for (const Variant& v : variants) {
-    DeviceWorkerOptions options;
+    CudaBackendOptions options;
     options.max_staging_bytes = 8 << 20;
-    options.inline_max_bytes = v.inline_max_bytes;
     options.zero_copy_max_bytes = v.zero_copy_max_bytes;
-    auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
-      std::fprintf(stderr, "device_worker_bench: GPU fault: %s\n",
-                   std::string(status.message()).c_str());
-    });
-    if (!created.ok()) {
-      std::fprintf(stderr, "device_worker_bench: %s\n", created.status().ToString().c_str());
-      return 2;
-    }
-    std::unique_ptr<DeviceWorker> worker = std::move(*created);
+    std::unique_ptr<CudaBackend> worker = create(options);
+    if (worker == nullptr) return 2;
+    worker->EnterSlotThread(0);
     std::vector<std::vector<float>> outputs(v.requests, std::vector<float>(kN));
-    std::atomic<bool> done{false};
     absl::Status status;
-    Clock::time_point finished;
     auto once = [&] {
-      auto batch = std::make_unique<Batch>();
+      Batch batch;
       for (int r = 0; r < v.requests; ++r) {
         Segment s;
         s.input = input.data();
@@ -275,25 +283,17 @@ int Run(int iterations, const std::string& json_path) {
         s.bytes = kBytes;
         s.dtype = DType::kFloat32;
         s.shape = {1, kN, 1};
-        batch->segments.push_back(s);
-        batch->rows += 1;
-        batch->bytes += kBytes;
+        batch.segments.push_back(s);
+        batch.rows += 1;
+        batch.bytes += kBytes;
       }
-      done.store(false, std::memory_order_relaxed);
-      worker->Submit(std::move(batch), [&](std::unique_ptr<Batch>, BatchResult result) {
-        status = result.status;
-        finished = Clock::now();
-        done.store(true, std::memory_order_release);
-      });
-      // The done callback's time is what counts, not this thread's wake-up.
-      while (!done.load(std::memory_order_acquire)) {
-      }
+      status = worker->Execute(0, batch).status;
     };
     once();
     for (int r = 0; r < v.requests; ++r) {
       const double error = MaxError(input, outputs[r].data());
       if (!status.ok() || !(error <= tolerance)) {
-        std::fprintf(stderr, "device_worker_bench: %s: validation failed (%s, error %g)\n",
+        std::fprintf(stderr, "cuda_backend_bench: %s: validation failed (%s, error %g)\n",
                      v.name, status.ToString().c_str(), error);
         return 1;
       }
@@ -301,25 +301,81 @@ int Run(int iterations, const std::string& json_path) {
     for (int i = 0; i < std::max(10, iterations / 10); ++i) once();
     std::vector<double> us(static_cast<size_t>(iterations));
     for (int i = 0; i < iterations; ++i) {
-      if (v.gap == Gap::kSpin) {
-        const Clock::time_point until = Clock::now() + kGap;
-        while (Clock::now() < until) {
-        }
-      } else if (v.gap == Gap::kSleep) {
-        std::this_thread::sleep_for(kGap);
+      wait_gap(v.gap);
+      const Clock::time_point start = Clock::now();
+      once();
+      us[static_cast<size_t>(i)] =
+          std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    }
+    all.push_back(Summarise(v.name, std::move(us)));
+  }
+
+  // Through the batcher and the scheduler, as the server runs a lone
+  // request: Enqueue, a slot thread takes and runs the batch and answers it.
+  for (const Gap gap : {Gap::kNone, Gap::kSleep}) {
+    const char* name = gap == Gap::kNone ? "scheduler 1x1024 (default)"
+                                         : "scheduler 1x1024, 200 us apart, asleep";
+    CudaBackendOptions options;
+    options.max_staging_bytes = 8 << 20;
+    std::unique_ptr<CudaBackend> worker = create(options);
+    if (worker == nullptr) return 2;
+    Scheduler scheduler({worker.get()});
+    BatcherOptions batcher_options;  // the server's defaults
+    Batcher batcher(batcher_options, &scheduler);
+    std::vector<float> output(kN);
+    std::string output_bytes;
+    std::atomic<bool> done{false};
+    absl::Status status;
+    Clock::time_point finished;
+    auto once = [&] {
+      auto item = std::make_unique<WorkItem>();
+      item->segment.input = input.data();
+      item->segment.bytes = kBytes;
+      item->segment.dtype = DType::kFloat32;
+      item->segment.shape = {1, kN, 1};
+      item->output = &output_bytes;
+      item->done = [&](const absl::Status& s, const RequestTiming&) {
+        status = s;
+        finished = Clock::now();
+        done.store(true, std::memory_order_release);
+      };
+      done.store(false, std::memory_order_relaxed);
+      const absl::Status admitted = batcher.Enqueue(std::move(item));
+      if (!admitted.ok()) {
+        status = admitted;
+        return;
       }
+      // The done callback's time is what counts, not this thread's wake-up.
+      while (!done.load(std::memory_order_acquire)) {
+      }
+    };
+    once();
+    if (status.ok() && output_bytes.size() == kBytes) {
+      std::memcpy(output.data(), output_bytes.data(), kBytes);
+    }
+    const double error = MaxError(input, output.data());
+    if (!status.ok() || output_bytes.size() != kBytes || !(error <= tolerance)) {
+      std::fprintf(stderr, "cuda_backend_bench: %s: validation failed (%s, error %g)\n", name,
+                   status.ToString().c_str(), error);
+      return 1;
+    }
+    for (int i = 0; i < std::max(10, iterations / 10); ++i) once();
+    std::vector<double> us(static_cast<size_t>(iterations));
+    for (int i = 0; i < iterations; ++i) {
+      wait_gap(gap);
       const Clock::time_point start = Clock::now();
       once();
       us[static_cast<size_t>(i)] =
           std::chrono::duration<double, std::micro>(finished - start).count();
     }
-    all.push_back(Summarise(v.name, std::move(us)));
+    batcher.Stop();
+    all.push_back(Summarise(name, std::move(us)));
   }
 
   // Medium requests (8 x 4096 float16, 64 KiB each), alone and in batches of
-  // 3 and 10, through the worker (one request inline, batches handed off)
-  // with zero copy up to any size or never: where the kernels reading and
-  // writing pinned host memory over the bus beat the two DMA copies.
+  // 3 and 10, through the backend (Execute on a slot from this thread) with
+  // zero copy up to any size or never: where the kernels reading and writing
+  // pinned host memory over the bus beat the two DMA copies.
   {
     constexpr int64_t kRows = 8, kCols = 4096;
     const SoftmaxShape shape{kRows, kCols, 1};
@@ -332,23 +388,16 @@ int Run(int iterations, const std::string& json_path) {
     ReferenceSoftmax(medium.data(), DType::kFloat16, shape, SoftmaxOptions(), reference.data());
     for (const int requests : {1, 3, 10}) {
       for (const bool zero_copy : {true, false}) {
-        DeviceWorkerOptions options;
+        CudaBackendOptions options;
         options.max_staging_bytes = 8 << 20;
-        // A lone request inline, batches of several handed off (the
-        // settings these figures were first taken with).
-        options.inline_max_bytes = int64_t{64} << 10;
         options.zero_copy_max_bytes = zero_copy ? options.max_staging_bytes : 0;
-        auto created = DeviceWorker::Create(options, [](const absl::Status&) {});
-        if (!created.ok()) {
-          std::fprintf(stderr, "device_worker_bench: %s\n", created.status().ToString().c_str());
-          return 2;
-        }
-        std::unique_ptr<DeviceWorker> worker = std::move(*created);
+        std::unique_ptr<CudaBackend> worker = create(options);
+        if (worker == nullptr) return 2;
+        worker->EnterSlotThread(0);
         std::vector<std::string> outputs(requests, std::string(medium.size(), '\0'));
-        std::atomic<bool> done{false};
         absl::Status status;
         auto once = [&] {
-          auto batch = std::make_unique<Batch>();
+          Batch batch;
           for (int r = 0; r < requests; ++r) {
             Segment seg;
             seg.input = medium.data();
@@ -356,17 +405,11 @@ int Run(int iterations, const std::string& json_path) {
             seg.bytes = bytes;
             seg.dtype = DType::kFloat16;
             seg.shape = shape;
-            batch->segments.push_back(seg);
-            batch->rows += kRows;
-            batch->bytes += bytes;
+            batch.segments.push_back(seg);
+            batch.rows += kRows;
+            batch.bytes += bytes;
           }
-          done.store(false, std::memory_order_relaxed);
-          worker->Submit(std::move(batch), [&](std::unique_ptr<Batch>, BatchResult result) {
-            status = result.status;
-            done.store(true, std::memory_order_release);
-          });
-          while (!done.load(std::memory_order_acquire)) {
-          }
+          status = worker->Execute(0, batch).status;
         };
         once();
         for (int r = 0; r < requests; ++r) {
@@ -374,7 +417,7 @@ int Run(int iterations, const std::string& json_path) {
             const double got = LoadAsFloat(outputs[r].data(), DType::kFloat16, i);
             if (!status.ok() || !WithinReferenceTolerance(got, reference[i], DType::kFloat16)) {
               std::fprintf(stderr,
-                           "device_worker_bench: 8x4096 fp16 x %d: validation failed (%s, "
+                           "cuda_backend_bench: 8x4096 fp16 x %d: validation failed (%s, "
                            "element %lld: %g against %g)\n",
                            requests, status.ToString().c_str(), static_cast<long long>(i), got,
                            reference[i]);
@@ -382,7 +425,7 @@ int Run(int iterations, const std::string& json_path) {
             }
           }
         }
-        all.push_back(Time(absl::StrFormat("worker %d x 8x4096 fp16, %s", requests,
+        all.push_back(Time(absl::StrFormat("backend %d x 8x4096 fp16, %s", requests,
                                            zero_copy ? "zero copy" : "copies"),
                            iterations / 2, once));
       }
@@ -411,7 +454,7 @@ int Run(int iterations, const std::string& json_path) {
     }
     out << "]}\n";
     if (!out) {
-      std::fprintf(stderr, "device_worker_bench: cannot write %s\n", json_path.c_str());
+      std::fprintf(stderr, "cuda_backend_bench: cannot write %s\n", json_path.c_str());
       return 2;
     }
   }
@@ -431,12 +474,12 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--json=", 0) == 0) {
       json = arg.substr(7);
     } else {
-      std::fprintf(stderr, "usage: device_worker_bench [--iterations=2000] [--json=PATH]\n");
+      std::fprintf(stderr, "usage: cuda_backend_bench [--iterations=2000] [--json=PATH]\n");
       return 2;
     }
   }
   if (iterations < 10) {
-    std::fprintf(stderr, "device_worker_bench: --iterations must be at least 10\n");
+    std::fprintf(stderr, "cuda_backend_bench: --iterations must be at least 10\n");
     return 2;
   }
   return softmax::server::Run(iterations, json);

@@ -1,7 +1,7 @@
-#include "server/cpu_backend.h"
+#include "server/cpu/cpu_backend.h"
 
 #include <cmath>
-#include <future>
+#include <chrono>
 #include <limits>
 #include <random>
 #include <string>
@@ -11,50 +11,28 @@
 
 #include "kernels/cpu_softmax.h"
 #include "kernels/dtype.h"
+#include "server/scheduling/batcher.h"
+#include "server/scheduling/scheduler.h"
+#include "server/testing/test_backends.h"
 
 namespace softmax::server {
 namespace {
 
-// A tensor with its input bytes, the backend's output and the float64 truth.
-struct Case {
-  DType dtype;
-  SoftmaxShape shape;
-  SoftmaxOptions options;
-  std::string input;
-  std::string output;
-};
+// A tensor with its input bytes, the backend's output and what to compute.
+using Case = testing::TestTensor;
 
+// Outputs start as 0x7f bytes, which no softmax value matches.
 Case MakeCase(DType dtype, SoftmaxShape shape, SoftmaxOptions options, uint32_t seed,
               float scale = 4.0f) {
-  Case c{dtype, shape, options, {}, {}};
-  c.input.resize(static_cast<size_t>(shape.elements() * ItemSize(dtype)));
   std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  for (int64_t i = 0; i < shape.elements(); ++i) StoreFromFloat(c.input.data(), dtype, i, normal(rng));
-  return c;
+  return testing::RandomTensor(rng, dtype, shape, options, scale, '\x7f');
 }
 
-// Runs `cases` as one batch through `backend` and waits for it.
+// Runs `cases` as one batch on the backend's slot, from this thread.
 BatchResult RunBatch(CpuBackend& backend, std::vector<Case>& cases) {
-  auto batch = std::make_unique<Batch>();
-  for (Case& c : cases) {
-    c.output.assign(c.input.size(), '\x7f');
-    Segment segment;
-    segment.input = c.input.data();
-    segment.output = c.output.data();
-    segment.bytes = static_cast<int64_t>(c.input.size());
-    segment.dtype = c.dtype;
-    segment.shape = c.shape;
-    segment.options = c.options;
-    batch->segments.push_back(segment);
-    batch->rows += c.shape.rows();
-    batch->bytes += segment.bytes;
-  }
-  std::promise<BatchResult> promise;
-  backend.Submit(std::move(batch), [&promise](std::unique_ptr<Batch>, BatchResult result) {
-    promise.set_value(std::move(result));
-  });
-  return promise.get_future().get();
+  for (Case& c : cases) c.output.assign(c.input.size(), '\x7f');
+  Batch batch = testing::MakeBatch(cases);
+  return testing::RunOnSlot(backend, batch);
 }
 
 // Tolerances in the spirit of torch.testing, a little wider for rounding of
@@ -197,7 +175,7 @@ TEST(CpuBackendTest, ExtremeValuesDoNotOverflow) {
   for (const Case& c : cases) ExpectMatchesReference(c);
 }
 
-TEST(CpuBackendTest, EmptyBatchCompletesInline) {
+TEST(CpuBackendTest, EmptySegmentsComplete) {
   CpuBackend backend(CpuBackendOptions{2, 16});
   std::vector<Case> cases{MakeCase(DType::kFloat16, {0, 3, 1}, {}, 1),
                           MakeCase(DType::kFloat16, {4, 0, 1}, {}, 2)};
@@ -216,6 +194,87 @@ TEST(CpuBackendTest, RowSumsAreOneOnLargeBatch) {
     for (int64_t k = 0; k < 1024; ++k) sum += LoadAsFloat(cases[0].output.data(), DType::kFloat32, r * 1024 + k);
     ASSERT_NEAR(sum, 1.0, 1e-4) << "row " << r;
   }
+}
+
+// What the scheduler needs of it: one slot, not in place, the "cpu" label;
+// and the figures the metrics read: dispatch from the batch's stamp, its
+// compute as kernel time, every byte read and written once.
+TEST(CpuBackendTest, ReportsItsSlotNameAndBatchFigures) {
+  CpuBackend backend(CpuBackendOptions{2, 16});
+  EXPECT_EQ(backend.Slots(), 1);
+  EXPECT_EQ(backend.Name(), "cpu");
+  EXPECT_FALSE(backend.ComputesInPlace());
+  EXPECT_EQ(backend.Describe(), "cpu threads=2");
+  EXPECT_EQ(backend.Device().multiprocessors, 2);
+  std::vector<Case> cases{MakeCase(DType::kFloat32, {16, 300, 1}, {}, 3)};
+  for (Case& c : cases) c.output.assign(c.input.size(), '\x7f');
+  Batch batch = testing::MakeBatch(cases);
+  batch.submitted = std::chrono::steady_clock::now() - std::chrono::milliseconds(5);
+  BatchResult result = testing::RunOnSlot(backend, batch);
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  EXPECT_GE(result.dispatch_ns, 5'000'000);
+  EXPECT_GT(result.compute_ns, 0);
+  EXPECT_EQ(result.kernel_ns, result.compute_ns);
+  EXPECT_EQ(result.kernel_bytes, 2 * batch.bytes);
+  EXPECT_TRUE(result.segment_status.empty());
+  EXPECT_TRUE(result.output_views.empty());
+  ExpectMatchesReference(cases[0]);
+  // Unstamped: no dispatch to report.
+  Batch unstamped = testing::MakeBatch(cases);
+  EXPECT_EQ(testing::RunOnSlot(backend, unstamped).dispatch_ns, 0);
+}
+
+// Under the scheduler and the batcher, as the server runs it: requests of
+// several shapes from several threads are all computed correctly, on the
+// backend's one slot thread.
+TEST(CpuBackendTest, ServesRequestsThroughTheSchedulerAndBatcher) {
+  CpuBackend backend(CpuBackendOptions{2, 64});
+  Scheduler scheduler({&backend});
+  BatcherOptions options;
+  options.max_batch_rows = 64;
+  options.max_queue_delay = std::chrono::microseconds(200);
+  Batcher batcher(options, &scheduler);
+  constexpr int kThreads = 3;
+  constexpr int kPerThread = 40;
+  std::vector<Case> cases;
+  for (int i = 0; i < kThreads * kPerThread; ++i) {
+    cases.push_back(MakeCase(i % 2 ? DType::kFloat16 : DType::kFloat32,
+                             {1 + i % 4, 1 + (i * 37) % 700, 1}, {1.0f, i % 3 == 0}, 500 + i));
+  }
+  std::vector<std::unique_ptr<testing::TestRequest>> requests;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    requests.push_back(std::make_unique<testing::TestRequest>());
+  }
+  std::vector<std::thread> producers;
+  for (int t = 0; t < kThreads; ++t) {
+    producers.emplace_back([&, t] {
+      for (int k = 0; k < kPerThread; ++k) {
+        const int i = t * kPerThread + k;
+        Case& c = cases[i];
+        auto item = std::make_unique<WorkItem>();
+        item->segment = testing::SegmentOf(c);
+        item->output = &requests[i]->output;
+        testing::TestRequest* request = requests[i].get();
+        item->done = [request](const absl::Status& status, const RequestTiming& timing) {
+          request->status = status;
+          request->timing = timing;
+          request->answered_on = std::this_thread::get_id();
+          request->done.Notify();
+        };
+        ASSERT_TRUE(batcher.Enqueue(std::move(item)).ok());
+      }
+    });
+  }
+  for (std::thread& producer : producers) producer.join();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_TRUE(requests[i]->Wait());
+    ASSERT_TRUE(requests[i]->status.ok()) << requests[i]->status;
+    EXPECT_GT(requests[i]->timing.compute_ns, 0);
+    cases[i].output = requests[i]->output;
+    ExpectMatchesReference(cases[i]);
+    if (HasFatalFailure()) return;
+  }
+  batcher.Stop();
 }
 
 }  // namespace

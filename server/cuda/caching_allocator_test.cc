@@ -1,4 +1,4 @@
-#include "server/caching_allocator.h"
+#include "server/cuda/caching_allocator.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,16 +1,19 @@
-// GPU tests of the DeviceWorker: ragged mixed batches, pieces cut through a
-// small staging limit, empty segments, allocator reuse after warm-up, and the
-// pipelining of several batches in flight. Skipped without a GPU.
-#include "server/device_worker.h"
+// GPU tests of the CudaBackend: ragged mixed batches, pieces cut through a
+// small staging limit, in place, zero copy, out of memory, lent outputs,
+// staged inputs, a sticky fault, batches on every slot at once, and the
+// backend under the scheduler and the batcher. Skipped without a GPU.
+#include "server/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <future>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -19,9 +22,15 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu_softmax.h"
 #include "kernels/dtype.h"
+#include "server/scheduling/batcher.h"
+#include "server/scheduling/scheduler.h"
+#include "server/testing/test_backends.h"
 
 namespace softmax::server {
 namespace {
+
+using Tensor = testing::TestTensor;
+using testing::MakeBatch;
 
 bool HaveGpu() {
   int count = 0;
@@ -29,7 +38,7 @@ bool HaveGpu() {
 }
 
 #define SKIP_WITHOUT_GPU() \
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device: DeviceWorker tests need a GPU"
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device: CudaBackend tests need a GPU"
 
 double Rtol(DType dtype) { return ReferenceRelativeTolerance(dtype); }
 
@@ -37,51 +46,15 @@ double Rtol(DType dtype) { return ReferenceRelativeTolerance(dtype); }
 // (the default once); they keep that, so both paths stay covered.
 constexpr int64_t kTestZeroCopyMaxBytes = int64_t{256} << 10;
 
-// One request's data, kept alive beside its segment.
-struct Tensor {
-  std::string input;
-  std::string output;
-  DType dtype = DType::kFloat32;
-  SoftmaxShape shape;
-  SoftmaxOptions options;
-};
-
+// A tensor of normal(0, 3) values; its output poisoned (NaN in every dtype).
 Tensor MakeTensor(std::mt19937& rng, DType dtype, SoftmaxShape shape, SoftmaxOptions options) {
-  Tensor t;
-  t.dtype = dtype;
-  t.shape = shape;
-  t.options = options;
-  const int64_t elements = shape.elements();
-  t.input.resize(elements * ItemSize(dtype));
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  for (int64_t i = 0; i < elements; ++i) StoreFromFloat(t.input.data(), dtype, i, normal(rng));
-  t.output.assign(t.input.size(), '\xff');  // poison: NaN in every dtype
-  return t;
+  return testing::RandomTensor(rng, dtype, shape, options);
 }
 
-std::unique_ptr<Batch> MakeBatch(std::vector<Tensor>& tensors) {
-  auto batch = std::make_unique<Batch>();
-  for (Tensor& t : tensors) {
-    Segment s;
-    s.input = t.input.data();
-    s.output = t.output.data();
-    s.bytes = static_cast<int64_t>(t.input.size());
-    s.dtype = t.dtype;
-    s.shape = t.shape;
-    s.options = t.options;
-    batch->rows += t.shape.rows();
-    batch->bytes += s.bytes;
-    batch->segments.push_back(s);
-  }
-  return batch;
-}
-
-BatchResult RunAndWait(DeviceWorker& worker, std::unique_ptr<Batch> batch) {
-  std::promise<BatchResult> promise;
-  worker.Submit(std::move(batch), [&promise](std::unique_ptr<Batch>, BatchResult result) {
-    promise.set_value(std::move(result));
-  });
-  return promise.get_future().get();
+// Runs `batch` on `slot` from this thread, as the scheduler's thread of that
+// slot does.
+BatchResult RunAndWait(CudaBackend& worker, Batch batch, int slot = 0) {
+  return testing::RunOnSlot(worker, batch, slot);
 }
 
 void ExpectMatchesReference(const Tensor& t) {
@@ -106,25 +79,25 @@ void ExpectMatchesReference(const Tensor& t) {
 
 // A worker that fails the test on a GPU fault; null (and a failure) when it
 // cannot be created.
-std::unique_ptr<DeviceWorker> CreateWorker(const DeviceWorkerOptions& options) {
-  absl::StatusOr<std::unique_ptr<DeviceWorker>> worker =
-      DeviceWorker::Create(options, [](const absl::Status& status) {
+std::unique_ptr<CudaBackend> CreateWorker(const CudaBackendOptions& options) {
+  absl::StatusOr<std::unique_ptr<CudaBackend>> worker =
+      CudaBackend::Create(options, [](const absl::Status& status) {
         ADD_FAILURE() << "unexpected GPU fault: " << status;
       });
   EXPECT_TRUE(worker.ok()) << worker.status();
   return worker.ok() ? std::move(*worker) : nullptr;
 }
 
-std::unique_ptr<DeviceWorker> MakeWorker(int64_t max_staging_bytes,
+std::unique_ptr<CudaBackend> MakeWorker(int64_t max_staging_bytes,
                                         int64_t memory_limit_bytes = 0) {
-  DeviceWorkerOptions options;
+  CudaBackendOptions options;
   options.max_staging_bytes = max_staging_bytes;
   options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
   options.memory_limit_bytes = memory_limit_bytes;
   return CreateWorker(options);
 }
 
-TEST(DeviceWorkerTest, RaggedMixedBatchMatchesReference) {
+TEST(CudaBackendTest, RaggedMixedBatchMatchesReference) {
   SKIP_WITHOUT_GPU();
   auto worker = MakeWorker(64 << 20);
   ASSERT_NE(worker, nullptr);
@@ -151,7 +124,7 @@ TEST(DeviceWorkerTest, RaggedMixedBatchMatchesReference) {
   for (const Tensor& t : tensors) ExpectMatchesReference(t);
 }
 
-TEST(DeviceWorkerTest, LargeTensorIsCutIntoPiecesThroughSmallStaging) {
+TEST(CudaBackendTest, LargeTensorIsCutIntoPiecesThroughSmallStaging) {
   SKIP_WITHOUT_GPU();
   auto worker = MakeWorker(1 << 20);  // 1 MiB of staging per run
   ASSERT_NE(worker, nullptr);
@@ -166,10 +139,10 @@ TEST(DeviceWorkerTest, LargeTensorIsCutIntoPiecesThroughSmallStaging) {
   for (const Tensor& t : tensors) ExpectMatchesReference(t);
 }
 
-TEST(DeviceWorkerTest, InPlaceSegmentsMatchReferenceAlsoWhenCutIntoPieces) {
+TEST(CudaBackendTest, InPlaceSegmentsMatchReferenceAlsoWhenCutIntoPieces) {
   SKIP_WITHOUT_GPU();
-  static_assert(DeviceWorker::kComputesInPlace, "the batcher relies on it on the GPU");
-  // The batcher's outputs_reuse_inputs: each segment's output is its input.
+  // The batcher hands a request's input buffer back as its output when
+  // every backend computes in place: each segment's output is its input.
   // Once with staging that holds the whole batch, once with 1 MiB of staging
   // so that the large tensors go through in several runs.
   for (const int64_t staging : {int64_t{64} << 20, int64_t{1} << 20}) {
@@ -183,8 +156,9 @@ TEST(DeviceWorkerTest, InPlaceSegmentsMatchReferenceAlsoWhenCutIntoPieces) {
     tensors.push_back(MakeTensor(rng, DType::kFloat32, {3, 100, 37}, {0.5f, false}));
     tensors.push_back(MakeTensor(rng, DType::kFloat32, {1, 3, 1}, {}));
     const std::vector<Tensor> originals = tensors;
-    std::unique_ptr<Batch> batch = MakeBatch(tensors);
-    for (Segment& segment : batch->segments) segment.output = const_cast<void*>(segment.input);
+    EXPECT_TRUE(worker->ComputesInPlace());
+    Batch batch = MakeBatch(tensors);
+    for (Segment& segment : batch.segments) segment.output = const_cast<void*>(segment.input);
     BatchResult result = RunAndWait(*worker, std::move(batch));
     ASSERT_TRUE(result.status.ok()) << result.status;
     EXPECT_TRUE(result.segment_status.empty());
@@ -196,35 +170,40 @@ TEST(DeviceWorkerTest, InPlaceSegmentsMatchReferenceAlsoWhenCutIntoPieces) {
   }
 }
 
-TEST(DeviceWorkerTest, NoAllocationsAfterWarmUpAndPipelinedBatches) {
+TEST(CudaBackendTest, NoAllocationsAfterWarmUpAndPipelinedBatches) {
   SKIP_WITHOUT_GPU();
   auto worker = MakeWorker(64 << 20);
   ASSERT_NE(worker, nullptr);
   std::mt19937 rng(5);
+  // `batches` batches spread over the slots, every slot running its share on
+  // a thread of its own (as the scheduler runs them): all in flight at once.
+  const int slots = worker->Slots();
+  ASSERT_EQ(slots, kCudaStreams);
   auto round = [&](int batches) {
     std::vector<std::vector<Tensor>> all(batches);
-    std::vector<std::future<BatchResult>> results;
-    std::vector<std::promise<BatchResult>> promises(batches);
     for (int b = 0; b < batches; ++b) {
       for (int i = 0; i < 16; ++i) {
         all[b].push_back(MakeTensor(rng, DType::kFloat32, {4, 4096, 1}, {}));
       }
-      results.push_back(promises[b].get_future());
     }
-    for (int b = 0; b < batches; ++b) {
-      worker->Submit(MakeBatch(all[b]), [&promises, b](std::unique_ptr<Batch>, BatchResult r) {
-        promises[b].set_value(std::move(r));
+    std::vector<BatchResult> results(batches);
+    std::vector<std::thread> threads;
+    for (int slot = 0; slot < slots; ++slot) {
+      threads.emplace_back([&, slot] {
+        for (int b = slot; b < batches; b += slots) {
+          results[b] = RunAndWait(*worker, MakeBatch(all[b]), slot);
+        }
       });
     }
+    for (std::thread& thread : threads) thread.join();
     for (int b = 0; b < batches; ++b) {
-      BatchResult r = results[b].get();
-      ASSERT_TRUE(r.status.ok()) << r.status;
+      ASSERT_TRUE(results[b].status.ok()) << results[b].status;
       for (const Tensor& t : all[b]) ExpectMatchesReference(t);
     }
   };
-  round(4);  // warm-up: fills the caches
+  round(2 * slots);  // warm-up: fills the caches
   std::vector<MemoryStats> warm = worker->Memory();
-  round(8);
+  round(4 * slots);
   std::vector<MemoryStats> after = worker->Memory();
   ASSERT_EQ(warm.size(), 2u);
   for (size_t i = 0; i < warm.size(); ++i) {
@@ -235,7 +214,7 @@ TEST(DeviceWorkerTest, NoAllocationsAfterWarmUpAndPipelinedBatches) {
   }
 }
 
-TEST(DeviceWorkerTest, OutOfMemoryFailsOnlyTheRequestThatDoesNotFit) {
+TEST(CudaBackendTest, OutOfMemoryFailsOnlyTheRequestThatDoesNotFit) {
   SKIP_WITHOUT_GPU();
   // 1 MiB staging per slot: 3 slots x (in + out) = 6 MiB of device memory,
   // plus 10 MiB to spare. A 16 MiB single row needs 32 MiB of its own staging.
@@ -267,19 +246,20 @@ TEST(DeviceWorkerTest, OutOfMemoryFailsOnlyTheRequestThatDoesNotFit) {
 // memory (no DMA copies). Raised to 48 MiB here so that every kernel path
 // reads and writes host memory over the bus: flat and table rows, cluster
 // rows, split rows, non-last axes, several dtypes, log-softmax, an empty
-// tensor; separate outputs and in place (the batcher's outputs_reuse_inputs).
-// The default (64 KiB) is covered by every small batch of the other tests.
-TEST(DeviceWorkerTest, ZeroCopyBatchesMatchReferenceOnEveryKernelPath) {
+// tensor; separate outputs and in place (as the batcher lays them out when
+// every backend computes in place).
+// Below 256 KiB the other tests' small batches cover it too.
+TEST(CudaBackendTest, ZeroCopyBatchesMatchReferenceOnEveryKernelPath) {
   SKIP_WITHOUT_GPU();
   for (const bool in_place : {false, true}) {
-    DeviceWorkerOptions options;
+    CudaBackendOptions options;
     options.max_staging_bytes = 96 << 20;  // the outputs go right behind the inputs
     options.zero_copy_max_bytes = 48 << 20;
-    auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
+    auto created = CudaBackend::Create(options, [](const absl::Status& status) {
       ADD_FAILURE() << "unexpected GPU fault: " << status;
     });
     ASSERT_TRUE(created.ok()) << created.status();
-    std::unique_ptr<DeviceWorker> worker = std::move(*created);
+    std::unique_ptr<CudaBackend> worker = std::move(*created);
     std::mt19937 rng(in_place ? 7 : 8);
     std::vector<Tensor> tensors;
     tensors.push_back(MakeTensor(rng, DType::kFloat32, {1, 1024, 1}, {}));
@@ -297,10 +277,10 @@ TEST(DeviceWorkerTest, ZeroCopyBatchesMatchReferenceOnEveryKernelPath) {
                                    {1 + i % 4, n, 1}, {1.0f, i % 3 == 0}));
     }
     const std::vector<Tensor> originals = tensors;
-    std::unique_ptr<Batch> batch = MakeBatch(tensors);
-    ASSERT_LE(batch->bytes, options.zero_copy_max_bytes);
+    Batch batch = MakeBatch(tensors);
+    ASSERT_LE(batch.bytes, options.zero_copy_max_bytes);
     if (in_place) {
-      for (Segment& segment : batch->segments) segment.output = const_cast<void*>(segment.input);
+      for (Segment& segment : batch.segments) segment.output = const_cast<void*>(segment.input);
     }
     BatchResult result = RunAndWait(*worker, std::move(batch));
     ASSERT_TRUE(result.status.ok()) << result.status;
@@ -314,70 +294,6 @@ TEST(DeviceWorkerTest, ZeroCopyBatchesMatchReferenceOnEveryKernelPath) {
   }
 }
 
-// Small batches that find the device idle run on the submitting thread
-// (their completion too); with inline_max_bytes = 0, or when too large, they
-// are handed to a slot's thread. Many threads submitting small and large
-// batches at once all get correct results, and the worker then shuts down;
-// also with inline_when_busy, where submitters take any free slot.
-TEST(DeviceWorkerTest, SmallBatchesRunOnTheSubmittingThreadWhenTheDeviceIsIdle) {
-  SKIP_WITHOUT_GPU();
-  struct Config {
-    int64_t inline_max;
-    bool when_busy;
-  };
-  // On (the default), off, on also while busy.
-  for (const Config config : {Config{65536, false}, Config{0, false}, Config{65536, true}}) {
-    const int64_t inline_max = config.inline_max;
-    DeviceWorkerOptions options;
-    options.max_staging_bytes = 8 << 20;
-    options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
-    options.inline_max_bytes = inline_max;
-    options.inline_when_busy = config.when_busy;
-    std::unique_ptr<DeviceWorker> worker = CreateWorker(options);
-    ASSERT_NE(worker, nullptr);
-    std::mt19937 rng(99);
-    for (int64_t n : {int64_t{1000}, int64_t{100000}}) {  // 4 KB: inline; 400 KB: handed off
-      std::vector<Tensor> one;
-      one.push_back(MakeTensor(rng, DType::kFloat32, {1, n, 1}, {}));
-      std::thread::id ran_on;
-      std::promise<BatchResult> promise;
-      worker->Submit(MakeBatch(one), [&](std::unique_ptr<Batch>, BatchResult result) {
-        ran_on = std::this_thread::get_id();
-        promise.set_value(std::move(result));
-      });
-      BatchResult result = promise.get_future().get();
-      ASSERT_TRUE(result.status.ok()) << result.status;
-      const bool expect_inline = inline_max > 0 && n == 1000;
-      EXPECT_EQ(ran_on == std::this_thread::get_id(), expect_inline)
-          << "inline_max_bytes=" << inline_max << " n=" << n;
-      ExpectMatchesReference(one[0]);
-    }
-    // Concurrent submitters, small and large batches mixed.
-    constexpr int kThreads = 8;
-    constexpr int kPerThread = 40;
-    std::vector<std::vector<Tensor>> tensors(kThreads * kPerThread);
-    for (int i = 0; i < kThreads * kPerThread; ++i) {
-      const int64_t n = i % 5 == 0 ? 70000 : std::uniform_int_distribution<int64_t>(1, 3000)(rng);
-      const DType dtype = i % 2 == 0 ? DType::kFloat32 : DType::kBFloat16;
-      tensors[i].push_back(MakeTensor(rng, dtype, {1 + i % 3, n, 1}, {1.0f, i % 4 == 0}));
-    }
-    std::atomic<int> failures{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back([&, t] {
-        for (int k = 0; k < kPerThread; ++k) {
-          BatchResult r = RunAndWait(*worker, MakeBatch(tensors[t * kPerThread + k]));
-          if (!r.status.ok()) failures.fetch_add(1);
-        }
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
-    EXPECT_EQ(failures.load(), 0);
-    for (const auto& t : tensors) ExpectMatchesReference(t[0]);
-    worker.reset();  // must not hang with slots lent and returned
-  }
-}
-
 // Outputs lent to the responses (OutputView): requests that accept a view
 // and are at least pinned_response_min_bytes keep their output in pinned
 // memory, both on the zero-copy path and after the D2H copy, and their own
@@ -385,26 +301,26 @@ TEST(DeviceWorkerTest, SmallBatchesRunOnTheSubmittingThreadWhenTheDeviceIsIdle) 
 // lent bytes stay within pinned_responses_max_bytes (beyond it, outputs are
 // copied), a batch cut into pieces lends nothing, and released views give
 // their pinned memory back.
-TEST(DeviceWorkerTest, LentOutputsMatchReferenceWithinTheirBoundAndGoBackWhenReleased) {
+TEST(CudaBackendTest, LentOutputsMatchReferenceWithinTheirBoundAndGoBackWhenReleased) {
   SKIP_WITHOUT_GPU();
-  DeviceWorkerOptions options;
+  CudaBackendOptions options;
   options.max_staging_bytes = 16 << 20;
   options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
   options.pinned_response_min_bytes = 16 << 10;
   options.pinned_responses_max_bytes = 6 << 20;
-  auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
+  auto created = CudaBackend::Create(options, [](const absl::Status& status) {
     ADD_FAILURE() << "unexpected GPU fault: " << status;
   });
   ASSERT_TRUE(created.ok()) << created.status();
-  std::unique_ptr<DeviceWorker> worker = std::move(*created);
+  std::unique_ptr<CudaBackend> worker = std::move(*created);
   std::mt19937 rng(31);
 
   // Runs `tensors` with views accepted; checks every output (from its view
   // or its buffer) and returns the result, views still held.
   auto run = [&](std::vector<Tensor>& tensors, bool in_place) {
     const std::vector<Tensor> originals = tensors;
-    std::unique_ptr<Batch> batch = MakeBatch(tensors);
-    for (Segment& segment : batch->segments) {
+    Batch batch = MakeBatch(tensors);
+    for (Segment& segment : batch.segments) {
       segment.output_view_ok = true;
       if (in_place) segment.output = const_cast<void*>(segment.input);
     }
@@ -471,7 +387,7 @@ TEST(DeviceWorkerTest, LentOutputsMatchReferenceWithinTheirBoundAndGoBackWhenRel
   options.max_staging_bytes = 1 << 20;
   options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
   options.pinned_responses_max_bytes = 1 << 30;
-  created = DeviceWorker::Create(options, [](const absl::Status& status) {
+  created = CudaBackend::Create(options, [](const absl::Status& status) {
     ADD_FAILURE() << "unexpected GPU fault: " << status;
   });
   ASSERT_TRUE(created.ok()) << created.status();
@@ -484,125 +400,11 @@ TEST(DeviceWorkerTest, LentOutputsMatchReferenceWithinTheirBoundAndGoBackWhenRel
   EXPECT_EQ(lent_count(run(whole, false)), 1);
 }
 
-// A slot's thread answers its batch's requests in the done callback with
-// its slot already free. A batch submitted meanwhile goes to a thread that
-// waits, not to that one (which would take it only once its callback ends):
-// here the first batch's callback blocks until the second batch is done.
-TEST(DeviceWorkerTest, ABatchSubmittedDuringAnotherBatchsCallbackRunsOnAWaitingSlot) {
-  SKIP_WITHOUT_GPU();
-  auto worker = MakeWorker(16 << 20);
-  ASSERT_NE(worker, nullptr);
-  std::mt19937 rng(41);
-  for (int round = 0; round < 5; ++round) {
-    std::vector<Tensor> first = {MakeTensor(rng, DType::kFloat32, {2, 1024, 1}, {})};
-    std::vector<Tensor> second = {MakeTensor(rng, DType::kFloat16, {8, 4096, 1}, {})};
-    std::promise<void> in_callback;
-    std::promise<BatchResult> second_done;
-    std::future<BatchResult> second_result = second_done.get_future();
-    std::atomic<bool> second_finished_in_time{false};
-    std::promise<void> first_done;
-    worker->Submit(MakeBatch(first), [&](std::unique_ptr<Batch>, BatchResult result) {
-      EXPECT_TRUE(result.status.ok()) << result.status;
-      in_callback.set_value();
-      // Held here until the second batch is answered, or 10 s.
-      second_finished_in_time =
-          second_result.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
-      first_done.set_value();
-    });
-    in_callback.get_future().wait();
-    worker->Submit(MakeBatch(second), [&](std::unique_ptr<Batch>, BatchResult result) {
-      second_done.set_value(std::move(result));
-    });
-    first_done.get_future().wait();
-    EXPECT_TRUE(second_finished_in_time.load()) << "round " << round;
-    BatchResult result = second_result.get();
-    ASSERT_TRUE(result.status.ok()) << result.status;
-    ExpectMatchesReference(first[0]);
-    ExpectMatchesReference(second[0]);
-  }
-}
-
-// A batch stamped at its submit (as the batcher does) reports how long it
-// waited for a stream's thread; and with idle_spin_us the threads poll for
-// the next batch after one instead of sleeping: batches submitted back to
-// back, from one thread and from several, all complete and match the
-// reference, and the worker stops while its threads poll.
-TEST(DeviceWorkerTest, IdleThreadsPollForTheNextBatchAndBatchesReportTheirDispatch) {
-  SKIP_WITHOUT_GPU();
-  struct Config {
-    int64_t idle_spin_us;
-    int idle_spin_threads;
-  };
-  for (const Config config : {Config{0, 1}, Config{2000000, 1}, Config{2000000, 3}}) {
-    const int64_t idle_spin_us = config.idle_spin_us;
-    DeviceWorkerOptions options;
-    options.max_staging_bytes = 8 << 20;
-    options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
-    options.idle_spin_us = idle_spin_us;
-    options.idle_spin_threads = config.idle_spin_threads;
-    std::unique_ptr<DeviceWorker> worker = CreateWorker(options);
-    ASSERT_NE(worker, nullptr);
-    EXPECT_EQ(worker->Describe().find("idle-spin=") != std::string::npos, idle_spin_us > 0);
-    std::mt19937 rng(7);
-    for (int i = 0; i < 20; ++i) {
-      std::vector<Tensor> one = {MakeTensor(rng, DType::kFloat32, {1 + i % 4, 1024, 1}, {})};
-      std::unique_ptr<Batch> batch = MakeBatch(one);
-      batch->submitted = std::chrono::steady_clock::now();
-      const BatchResult result = RunAndWait(*worker, std::move(batch));
-      ASSERT_TRUE(result.status.ok()) << result.status;
-      EXPECT_GT(result.dispatch_ns, 0) << i;
-      EXPECT_GT(result.kernel_ns, 0) << i;
-      EXPECT_LT(result.kernel_ns, result.compute_ns) << i;
-      ExpectMatchesReference(one[0]);
-    }
-    // Unstamped: nothing to report.
-    std::vector<Tensor> unstamped = {MakeTensor(rng, DType::kFloat16, {2, 512, 1}, {})};
-    EXPECT_EQ(RunAndWait(*worker, MakeBatch(unstamped)).dispatch_ns, 0);
-    // More submitters than slots: a batch left to a polling thread must not
-    // be lost while the others sleep.
-    constexpr int kThreads = 6;
-    constexpr int kPerThread = 30;
-    std::vector<std::vector<Tensor>> tensors(kThreads * kPerThread);
-    for (int i = 0; i < kThreads * kPerThread; ++i) {
-      const int64_t n = std::uniform_int_distribution<int64_t>(1, 5000)(rng);
-      tensors[i].push_back(MakeTensor(rng, i % 2 ? DType::kBFloat16 : DType::kFloat32,
-                                      {1 + i % 3, n, 1}, {}));
-    }
-    std::atomic<int> failures{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back([&, t] {
-        for (int k = 0; k < kPerThread; ++k) {
-          std::promise<BatchResult> promise;
-          std::future<BatchResult> future = promise.get_future();
-          worker->Submit(MakeBatch(tensors[t * kPerThread + k]),
-                         [&promise](std::unique_ptr<Batch>, BatchResult result) {
-                           promise.set_value(std::move(result));
-                         });
-          if (future.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
-            failures.fetch_add(1);
-            ADD_FAILURE() << "a batch was not run within 20 s";
-            std::abort();  // the worker would hang at its destruction
-          }
-          if (!future.get().status.ok()) failures.fetch_add(1);
-        }
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
-    EXPECT_EQ(failures.load(), 0);
-    for (const auto& t : tensors) ExpectMatchesReference(t[0]);
-    // Stops while a thread polls (for up to 2 s): it sees the stop at once.
-    const auto stop_start = std::chrono::steady_clock::now();
-    worker.reset();
-    EXPECT_LT(std::chrono::steady_clock::now() - stop_start, std::chrono::milliseconds(1500));
-  }
-}
-
 // Inputs staged in pinned memory as requests are admitted (StageInput) are
 // read where they are (by the kernels on the zero-copy path, by their own
 // H2D copy otherwise, also when cut into pieces) and, when their output is
 // not lent, computed in place there. Mixed with inputs that are packed.
-TEST(DeviceWorkerTest, StagedInputsAreReadWhereTheyAreAndComputedInPlaceWhenNotLent) {
+TEST(CudaBackendTest, StagedInputsAreReadWhereTheyAreAndComputedInPlaceWhenNotLent) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(43);
   struct Case {
@@ -632,21 +434,21 @@ TEST(DeviceWorkerTest, StagedInputsAreReadWhereTheyAreAndComputedInPlaceWhenNotL
         stage[i] = i != 1 && tensors[i].input.size() >= (16 << 10);
         if (stage[i]) staged_bytes += static_cast<int64_t>(tensors[i].input.size());
       }
-      DeviceWorkerOptions options;
+      CudaBackendOptions options;
       options.max_staging_bytes = c.max_staging_bytes;
       options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
       options.pinned_response_min_bytes = 16 << 10;
       // Without lending, room for the staged inputs and nothing more.
       options.pinned_responses_max_bytes = lend ? int64_t{1} << 30 : staged_bytes;
-      auto created = DeviceWorker::Create(options, [](const absl::Status& status) {
+      auto created = CudaBackend::Create(options, [](const absl::Status& status) {
         ADD_FAILURE() << "unexpected GPU fault: " << status;
       });
       ASSERT_TRUE(created.ok()) << created.status();
-      std::unique_ptr<DeviceWorker> worker = std::move(*created);
+      std::unique_ptr<CudaBackend> worker = std::move(*created);
 
-      std::unique_ptr<Batch> batch = MakeBatch(tensors);
+      Batch batch = MakeBatch(tensors);
       for (size_t i = 0; i < tensors.size(); ++i) {
-        Segment& segment = batch->segments[i];
+        Segment& segment = batch.segments[i];
         segment.output_view_ok = true;
         if (!stage[i]) continue;
         ASSERT_TRUE(worker->StageInput(segment)) << i;
@@ -654,7 +456,7 @@ TEST(DeviceWorkerTest, StagedInputsAreReadWhereTheyAreAndComputedInPlaceWhenNotL
         ASSERT_EQ(std::memcmp(segment.input, tensors[i].input.data(), tensors[i].input.size()), 0);
         segment.output = const_cast<void*>(segment.input);  // as the batcher does
       }
-      const std::vector<Segment> segments = batch->segments;  // keeps the staged buffers
+      const std::vector<Segment> segments = batch.segments;  // keeps the staged buffers
       BatchResult result = RunAndWait(*worker, std::move(batch));
       ASSERT_TRUE(result.status.ok()) << result.status;
       EXPECT_TRUE(result.segment_status.empty());
@@ -675,6 +477,188 @@ TEST(DeviceWorkerTest, StagedInputsAreReadWhereTheyAreAndComputedInPlaceWhenNotL
       }
     }
   }
+}
+
+// What the scheduler and the metrics read of it; and a batch stamped when it
+// became ready (as the batcher does) reports how long it waited for its
+// slot's thread, with every way of waiting for the GPU: polling the event
+// for event_spin_us then sleeping on it, sleeping at once (0), or spinning
+// in cudaEventSynchronize (negative).
+TEST(CudaBackendTest, BatchesReportTheirDispatchAndKernelTimeWithEveryEventWait) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t spin_us : {kEventSpinUs, int64_t{0}, int64_t{-1}}) {
+    SCOPED_TRACE(::testing::Message() << "event_spin_us " << spin_us);
+    CudaBackendOptions options;
+    options.slots = 2;
+    options.max_staging_bytes = 8 << 20;
+    options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
+    options.event_spin_us = spin_us;
+    std::unique_ptr<CudaBackend> worker = CreateWorker(options);
+    ASSERT_NE(worker, nullptr);
+    EXPECT_EQ(worker->Name(), "cuda:0");
+    EXPECT_EQ(worker->Slots(), 2);
+    EXPECT_TRUE(worker->ComputesInPlace());
+    EXPECT_NE(worker->Describe().find("streams=2"), std::string::npos) << worker->Describe();
+    EXPECT_GT(worker->Device().multiprocessors, 0);
+    std::mt19937 rng(7);
+    for (int i = 0; i < 20; ++i) {
+      // Small (zero copy) and larger (DMA copies) batches, on both slots.
+      const int64_t n = i % 4 == 3 ? 100000 : 1024;
+      std::vector<Tensor> one = {MakeTensor(rng, DType::kFloat32, {1 + i % 4, n, 1}, {})};
+      Batch batch = MakeBatch(one);
+      batch.submitted = std::chrono::steady_clock::now();
+      const BatchResult result = RunAndWait(*worker, std::move(batch), i % 2);
+      ASSERT_TRUE(result.status.ok()) << result.status;
+      EXPECT_GT(result.dispatch_ns, 0) << i;
+      EXPECT_GT(result.kernel_ns, 0) << i;
+      EXPECT_LT(result.kernel_ns, result.compute_ns) << i;
+      EXPECT_GE(result.launches, 1) << i;
+      EXPECT_EQ(result.kernel_bytes, 2 * static_cast<int64_t>(one[0].input.size())) << i;
+      ExpectMatchesReference(one[0]);
+    }
+    // Unstamped: nothing to report.
+    std::vector<Tensor> unstamped = {MakeTensor(rng, DType::kFloat16, {2, 512, 1}, {})};
+    EXPECT_EQ(RunAndWait(*worker, MakeBatch(unstamped), 1).dispatch_ns, 0);
+  }
+}
+
+// The backend as the server runs it: under the scheduler (one thread per
+// slot, named after the device) and the batcher, with many callers at once,
+// small and large requests mixed, half of them offering their input buffer
+// and accepting a lent output (so that inputs are staged at admission and
+// outputs lent or computed in place). Every answer is right; every loan is
+// given back once the answers are dropped; the threads stop.
+TEST(CudaBackendTest, ServesManyCallersThroughTheSchedulerAndBatcher) {
+  SKIP_WITHOUT_GPU();
+  CudaBackendOptions options;
+  options.max_staging_bytes = 8 << 20;
+  options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
+  std::unique_ptr<CudaBackend> worker = CreateWorker(options);
+  ASSERT_NE(worker, nullptr);
+  const int64_t pinned_before = worker->Memory()[1].in_use_bytes;
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 40;
+  std::mt19937 rng(99);
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < kThreads * kPerThread; ++i) {
+    const int64_t n = i % 5 == 0 ? 70000 : std::uniform_int_distribution<int64_t>(1, 3000)(rng);
+    const DType dtype = i % 2 == 0 ? DType::kFloat32 : DType::kBFloat16;
+    tensors.push_back(MakeTensor(rng, dtype, {1 + i % 3, n, 1}, {1.0f, i % 4 == 0}));
+  }
+  const std::vector<Tensor> originals = tensors;
+  std::vector<std::unique_ptr<testing::TestRequest>> requests;
+  std::vector<OutputView> views(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    requests.push_back(std::make_unique<testing::TestRequest>());
+  }
+  {
+    Scheduler scheduler({worker.get()});
+    BatcherOptions batcher_options;
+    batcher_options.max_queue_delay = std::chrono::microseconds(100);
+    batcher_options.max_batch_bytes = options.max_staging_bytes;
+    Batcher batcher(batcher_options, &scheduler);
+    EXPECT_TRUE(testing::Await([] { return testing::ThreadsNamed("sm-cuda0-s").size() == 3u; }));
+    std::vector<std::thread> callers;
+    for (int t = 0; t < kThreads; ++t) {
+      callers.emplace_back([&, t] {
+        for (int k = 0; k < kPerThread; ++k) {
+          const size_t i = static_cast<size_t>(t * kPerThread + k);
+          Tensor& tensor = tensors[i];
+          testing::TestRequest* request = requests[i].get();
+          auto item = std::make_unique<WorkItem>();
+          item->segment = testing::SegmentOf(tensor);
+          item->output = &request->output;
+          if (i % 2 == 1) {
+            item->input_buffer = &tensor.input;
+            item->output_view = &views[i];
+          }
+          item->done = [request](const absl::Status& status, const RequestTiming& timing) {
+            request->status = status;
+            request->timing = timing;
+            request->done.Notify();
+          };
+          ASSERT_TRUE(batcher.Enqueue(std::move(item)).ok());
+          // Every fourth caller waits for its answer, as a unary caller does.
+          if (k % 4 == 0) {
+            ASSERT_TRUE(request->Wait());
+          }
+        }
+      });
+    }
+    for (std::thread& caller : callers) caller.join();
+    for (auto& request : requests) ASSERT_TRUE(request->Wait());
+    batcher.Stop();
+    EXPECT_TRUE(testing::ThreadsNamed("sm-cuda0-s").empty());
+  }
+  int lent = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ASSERT_TRUE(requests[i]->status.ok()) << i << ": " << requests[i]->status;
+    EXPECT_GT(requests[i]->timing.kernel_ns, 0);
+    Tensor computed = originals[i];
+    if (views[i].data != nullptr) {
+      ++lent;
+      ASSERT_EQ(views[i].bytes, static_cast<int64_t>(computed.input.size()));
+      computed.output.assign(views[i].data, static_cast<size_t>(views[i].bytes));
+    } else {
+      computed.output = requests[i]->output;
+    }
+    ExpectMatchesReference(computed);
+    if (HasFailure()) return;
+  }
+  // The large requests that accepted a view (n = 70000, at least 16 KiB)
+  // were answered from pinned memory.
+  EXPECT_GT(lent, 0);
+  views.clear();
+  EXPECT_EQ(worker->Memory()[1].in_use_bytes, pinned_before);
+}
+
+// The fault path, in a child process of its own (a sticky CUDA error leaves
+// the process's context unusable): the batch that hits the fault fails
+// INTERNAL, the handler is told once, every later batch fails INTERNAL at
+// once on any slot, and nothing more is staged. Returns 0 when all of that
+// held, else the number of the check that failed.
+int RunFaultScenario() {
+  std::atomic<int> faults{0};
+  CudaBackendOptions options;
+  options.max_staging_bytes = 8 << 20;
+  options.inject_fault_after_batches = 2;
+  auto created = CudaBackend::Create(options, [&faults](const absl::Status& status) {
+    faults.fetch_add(1);
+    std::fprintf(stderr, "fault reported: %s\n", status.ToString().c_str());
+  });
+  if (!created.ok()) {
+    std::fprintf(stderr, "create: %s\n", created.status().ToString().c_str());
+    return 1;
+  }
+  // Never destroyed: the context it would tear down is dead.
+  CudaBackend* worker = created->release();
+  std::mt19937 rng(3);
+  std::vector<Tensor> first = {MakeTensor(rng, DType::kFloat32, {2, 1024, 1}, {})};
+  BatchResult result = RunAndWait(*worker, MakeBatch(first));
+  if (!result.status.ok() || faults.load() != 0) return 2;
+  std::vector<Tensor> second = {MakeTensor(rng, DType::kFloat32, {2, 1024, 1}, {})};
+  result = RunAndWait(*worker, MakeBatch(second));
+  std::fprintf(stderr, "faulted batch: %s\n", result.status.ToString().c_str());
+  if (result.status.code() != absl::StatusCode::kInternal) return 3;
+  if (faults.load() != 1) return 4;
+  for (int slot = 0; slot < worker->Slots(); ++slot) {
+    std::vector<Tensor> later = {MakeTensor(rng, DType::kFloat16, {1, 512, 1}, {})};
+    result = RunAndWait(*worker, MakeBatch(later), slot);
+    if (result.status.code() != absl::StatusCode::kInternal) return 5;
+  }
+  if (faults.load() != 1) return 6;
+  std::vector<Tensor> big = {MakeTensor(rng, DType::kFloat32, {64, 1024, 1}, {})};
+  Segment segment = testing::SegmentOf(big[0]);
+  segment.output_view_ok = true;
+  if (worker->StageInput(segment)) return 7;
+  return 0;
+}
+
+TEST(CudaBackendTest, StickyFaultFailsItsBatchAndEveryLaterOneAndIsReportedOnce) {
+  SKIP_WITHOUT_GPU();
+  // A fresh process (re-executed, not forked: CUDA is initialised here).
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  EXPECT_EXIT(_exit(RunFaultScenario()), ::testing::ExitedWithCode(0), "fault reported");
 }
 
 }  // namespace

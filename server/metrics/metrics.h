@@ -11,7 +11,7 @@
 // all on the hot path: a Collectable reads Backend::Memory() when Prometheus
 // scrapes.
 //
-// Thread-safety: every method may be called from any thread. SetBackend,
+// Thread-safety: every method may be called from any thread. SetBackends,
 // SetQueueCapacity are meant for start-up.
 #ifndef SOFTMAX_SERVER_METRICS_H_
 #define SOFTMAX_SERVER_METRICS_H_

@@ -1,7 +1,7 @@
 // Metrics: recorded values land in Collect() (what /metrics serves) with the
 // right names, labels, counts and bucket placement; allocator figures come
 // from the backend at collection time.
-#include "server/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <cmath>
 #include <map>
@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
+
+#include "server/testing/test_backends.h"
 
 namespace softmax::server {
 namespace {
@@ -75,45 +77,41 @@ std::unique_ptr<Metrics> NewMetrics() {
   return std::move(*metrics);
 }
 
-// A backend that only describes itself: a GPU-like device with two kernel
-// rows and allocator statistics the test changes between collections.
-class FakeBackend final : public Backend {
- public:
-  std::string Describe() const override { return "fake"; }
-  void Submit(std::unique_ptr<Batch> batch, Done done) override {
-    done(std::move(batch), BatchResult());
-  }
-  DeviceInfo Device() const override {
-    DeviceInfo info;
-    info.name = "Fake H200";
-    info.compute_capability = "9.0";
-    info.multiprocessors = 132;
-    info.memory_bytes = int64_t{150} << 30;
-    info.peak_bandwidth_bytes_per_second = 4.8e12;
-    KernelOccupancy warp;
-    warp.kernel = "row_per_warp";
-    warp.dtype = "float32";
-    warp.threads_per_block = 256;
-    warp.registers_per_thread = 32;
-    warp.shared_bytes = 0;
-    warp.blocks_per_sm = 8;
-    warp.grid = 1056;
-    KernelOccupancy cluster = warp;
-    cluster.kernel = "cluster_row/cluster4";
-    cluster.dtype = "bfloat16";
-    cluster.threads_per_block = 1024;
-    cluster.registers_per_thread = 40;
-    cluster.shared_bytes = 49152;
-    cluster.blocks_per_sm = 1;
-    cluster.cluster_size = 4;
-    cluster.grid = 132;
-    info.kernels = {warp, cluster};
-    return info;
-  }
-  std::vector<MemoryStats> Memory() const override { return memory; }
+// What a GPU-like fake backend describes: two kernel rows of the occupancy
+// probe.
+DeviceInfo FakeGpu() {
+  DeviceInfo info;
+  info.name = "Fake H200";
+  info.compute_capability = "9.0";
+  info.multiprocessors = 132;
+  info.memory_bytes = int64_t{150} << 30;
+  info.peak_bandwidth_bytes_per_second = 4.8e12;
+  KernelOccupancy warp;
+  warp.kernel = "row_per_warp";
+  warp.dtype = "float32";
+  warp.threads_per_block = 256;
+  warp.registers_per_thread = 32;
+  warp.shared_bytes = 0;
+  warp.blocks_per_sm = 8;
+  warp.grid = 1056;
+  KernelOccupancy cluster = warp;
+  cluster.kernel = "cluster_row/cluster4";
+  cluster.dtype = "bfloat16";
+  cluster.threads_per_block = 1024;
+  cluster.registers_per_thread = 40;
+  cluster.shared_bytes = 49152;
+  cluster.blocks_per_sm = 1;
+  cluster.cluster_size = 4;
+  cluster.grid = 132;
+  info.kernels = {warp, cluster};
+  return info;
+}
 
-  std::vector<MemoryStats> memory;
-};
+testing::FakeBackendOptions Named(const std::string& name) {
+  testing::FakeBackendOptions options;
+  options.name = name;
+  return options;
+}
 
 TEST(MetricsTest, RequestsCountByMethodAndCode) {
   auto metrics = NewMetrics();
@@ -287,11 +285,13 @@ TEST(MetricsTest, QueueAdmissionAndServingGauges) {
 }
 
 TEST(MetricsTest, DeviceInfoOccupancyAndAllocatorFromTheBackend) {
-  FakeBackend backend;
-  backend.memory = {{"device", 1024, 4096, 8192, 10, 7, 3},
-                    {"pinned", 512, 256, 768, 4, 2, 2}};
+  testing::FakeBackend backend(Named("cuda:0"));
+  backend.set_device(FakeGpu());
+  std::vector<MemoryStats> memory = {{"device", 1024, 4096, 8192, 10, 7, 3},
+                                     {"pinned", 512, 256, 768, 4, 2, 2}};
+  backend.set_memory(memory);
   auto metrics = NewMetrics();
-  metrics->SetBackend("cuda:0", &backend);
+  metrics->SetBackends({&backend});
   auto families = metrics->Collect();
   const ClientMetric* info = Find(families, "softmax_device_info",
                                   {{"device", "cuda:0"},
@@ -301,11 +301,13 @@ TEST(MetricsTest, DeviceInfoOccupancyAndAllocatorFromTheBackend) {
                                    {"memory_bytes", "161061273600"}});
   ASSERT_NE(info, nullptr);
   EXPECT_EQ(info->gauge.value, 1);
-  EXPECT_EQ(GaugeValue(families, "softmax_device_peak_bandwidth_bytes_per_second"), 4.8e12);
+  EXPECT_EQ(GaugeValue(families, "softmax_device_peak_bandwidth_bytes_per_second",
+                       {{"device", "cuda:0"}}), 4.8e12);
 
-  const std::map<std::string, std::string> warp{{"kernel", "row_per_warp"}, {"dtype", "float32"}};
-  const std::map<std::string, std::string> cluster{{"kernel", "cluster_row/cluster4"},
-                                                   {"dtype", "bfloat16"}};
+  const std::map<std::string, std::string> warp{
+      {"device", "cuda:0"}, {"kernel", "row_per_warp"}, {"dtype", "float32"}};
+  const std::map<std::string, std::string> cluster{
+      {"device", "cuda:0"}, {"kernel", "cluster_row/cluster4"}, {"dtype", "bfloat16"}};
   EXPECT_EQ(GaugeValue(families, "softmax_kernel_resident_blocks_per_sm", warp), 8);
   EXPECT_EQ(GaugeValue(families, "softmax_kernel_registers_per_thread", warp), 32);
   EXPECT_EQ(GaugeValue(families, "softmax_kernel_grid_blocks", warp), 1056);
@@ -314,47 +316,42 @@ TEST(MetricsTest, DeviceInfoOccupancyAndAllocatorFromTheBackend) {
   EXPECT_EQ(GaugeValue(families, "softmax_kernel_cluster_size", cluster), 4);
   EXPECT_EQ(GaugeValue(families, "softmax_kernel_resident_blocks_per_sm", cluster), 1);
 
-  EXPECT_EQ(GaugeValue(families, "softmax_allocator_in_use_bytes", {{"memory", "device"}}), 1024);
-  EXPECT_EQ(GaugeValue(families, "softmax_allocator_cached_bytes", {{"memory", "device"}}), 4096);
-  EXPECT_EQ(GaugeValue(families, "softmax_allocator_peak_bytes", {{"memory", "pinned"}}), 768);
-  EXPECT_EQ(CounterValue(families, "softmax_allocator_requests_total", {{"memory", "device"}}), 10);
+  const std::map<std::string, std::string> device_memory{{"device", "cuda:0"},
+                                                         {"memory", "device"}};
+  const std::map<std::string, std::string> pinned_memory{{"device", "cuda:0"},
+                                                         {"memory", "pinned"}};
+  EXPECT_EQ(GaugeValue(families, "softmax_allocator_in_use_bytes", device_memory), 1024);
+  EXPECT_EQ(GaugeValue(families, "softmax_allocator_cached_bytes", device_memory), 4096);
+  EXPECT_EQ(GaugeValue(families, "softmax_allocator_peak_bytes", pinned_memory), 768);
+  EXPECT_EQ(CounterValue(families, "softmax_allocator_requests_total", device_memory), 10);
+  EXPECT_EQ(CounterValue(families, "softmax_allocator_cache_hits_total", device_memory), 7);
   EXPECT_EQ(
-      CounterValue(families, "softmax_allocator_cache_hits_total", {{"memory", "device"}}), 7);
-  EXPECT_EQ(CounterValue(families, "softmax_allocator_backing_allocations_total",
-                         {{"memory", "pinned"}}), 2);
-  EXPECT_EQ(GaugeValue(families, "softmax_pinned_staging_bytes"), 768);
+      CounterValue(families, "softmax_allocator_backing_allocations_total", pinned_memory), 2);
+  EXPECT_EQ(GaugeValue(families, "softmax_pinned_staging_bytes", {{"device", "cuda:0"}}), 768);
   EXPECT_EQ(FindFamily(families, "softmax_allocator_requests_total")->type, MetricType::Counter);
   EXPECT_EQ(FindFamily(families, "softmax_allocator_in_use_bytes")->type, MetricType::Gauge);
 
   // Read at collection time: a change in the backend shows at the next scrape.
-  backend.memory[0].in_use_bytes = 0;
-  backend.memory[0].allocations = 11;
-  backend.memory[0].cache_hits = 8;
+  memory[0].in_use_bytes = 0;
+  memory[0].allocations = 11;
+  memory[0].cache_hits = 8;
+  backend.set_memory(memory);
   families = metrics->Collect();
-  EXPECT_EQ(GaugeValue(families, "softmax_allocator_in_use_bytes", {{"memory", "device"}}), 0);
-  EXPECT_EQ(CounterValue(families, "softmax_allocator_requests_total", {{"memory", "device"}}), 11);
+  EXPECT_EQ(GaugeValue(families, "softmax_allocator_in_use_bytes", device_memory), 0);
+  EXPECT_EQ(CounterValue(families, "softmax_allocator_requests_total", device_memory), 11);
+  EXPECT_EQ(CounterValue(families, "softmax_allocator_cache_hits_total", device_memory), 8);
   EXPECT_EQ(
-      CounterValue(families, "softmax_allocator_cache_hits_total", {{"memory", "device"}}), 8);
-  EXPECT_EQ(CounterValue(families, "softmax_allocator_backing_allocations_total",
-                         {{"memory", "device"}}), 3);
+      CounterValue(families, "softmax_allocator_backing_allocations_total", device_memory), 3);
 }
 
 TEST(MetricsTest, BackendWithoutAllocatorOrPeakExportsNeither) {
-  class Plain final : public Backend {
-   public:
-    std::string Describe() const override { return "plain"; }
-    void Submit(std::unique_ptr<Batch> batch, Done done) override {
-      done(std::move(batch), BatchResult());
-    }
-    DeviceInfo Device() const override {
-      DeviceInfo info;
-      info.name = "Some CPU";
-      info.multiprocessors = 2;
-      return info;
-    }
-  } backend;
+  testing::FakeBackend backend(Named("cpu"));
+  DeviceInfo info;
+  info.name = "Some CPU";
+  info.multiprocessors = 2;
+  backend.set_device(info);
   auto metrics = NewMetrics();
-  metrics->SetBackend("cpu", &backend);
+  metrics->SetBackends({&backend});
   const auto families = metrics->Collect();
   EXPECT_EQ(GaugeValue(families, "softmax_device_info",
                        {{"device", "cpu"}, {"name", "Some CPU"}, {"compute_capability", ""},
@@ -363,6 +360,115 @@ TEST(MetricsTest, BackendWithoutAllocatorOrPeakExportsNeither) {
   EXPECT_EQ(FindFamily(families, "softmax_allocator_in_use_bytes"), nullptr);
   EXPECT_EQ(FindFamily(families, "softmax_pinned_staging_bytes"), nullptr);
   EXPECT_EQ(FindFamily(families, "softmax_kernel_grid_blocks"), nullptr);
+}
+
+// With several backends (two GPUs here), batch metrics carry the `device`
+// label of the backend that ran each batch (BatchStats::backend, in the
+// order given to SetBackends), and allocator figures that of their backend.
+TEST(MetricsTest, BatchAndAllocatorMetricsCarryTheDeviceOfTheirBackend) {
+  testing::FakeBackend gpu0(Named("cuda:0")), gpu1(Named("cuda:1"));
+  gpu0.set_device(FakeGpu());
+  gpu1.set_device(FakeGpu());
+  gpu0.set_memory({{"device", 100, 0, 100, 1, 0, 1}, {"pinned", 10, 0, 10, 1, 0, 1}});
+  gpu1.set_memory({{"device", 200, 0, 200, 2, 0, 2}, {"pinned", 20, 5, 20, 2, 0, 2}});
+  auto metrics = NewMetrics();
+  metrics->SetBackends({&gpu0, &gpu1});
+  BatchStats on0;
+  on0.backend = 0;
+  on0.requests = 2;
+  on0.rows = 3;
+  on0.launches = 1;
+  on0.kernel_ns = 1'000'000;
+  on0.kernel_bytes = 1'000'000;
+  BatchStats on1 = on0;
+  on1.backend = 1;
+  on1.requests = 7;
+  on1.rows = 9;
+  on1.launches = 4;
+  BatchStats failed_on1 = on1;
+  failed_on1.ok = false;
+  metrics->OnBatchCompleted(on0);
+  metrics->OnBatchCompleted(on1);
+  metrics->OnBatchCompleted(on1);
+  metrics->OnBatchCompleted(failed_on1);
+  const auto families = metrics->Collect();
+  EXPECT_EQ(CounterValue(families, "softmax_batches_total",
+                         {{"device", "cuda:0"}, {"outcome", "ok"}}), 1);
+  EXPECT_EQ(CounterValue(families, "softmax_batches_total",
+                         {{"device", "cuda:0"}, {"outcome", "error"}}), 0);
+  EXPECT_EQ(CounterValue(families, "softmax_batches_total",
+                         {{"device", "cuda:1"}, {"outcome", "ok"}}), 2);
+  EXPECT_EQ(CounterValue(families, "softmax_batches_total",
+                         {{"device", "cuda:1"}, {"outcome", "error"}}), 1);
+  EXPECT_EQ(CounterValue(families, "softmax_kernel_launches_total", {{"device", "cuda:0"}}), 1);
+  EXPECT_EQ(CounterValue(families, "softmax_kernel_launches_total", {{"device", "cuda:1"}}), 12);
+  const ClientMetric* requests0 = Find(families, "softmax_batch_requests", {{"device", "cuda:0"}});
+  const ClientMetric* requests1 = Find(families, "softmax_batch_requests", {{"device", "cuda:1"}});
+  ASSERT_NE(requests0, nullptr);
+  ASSERT_NE(requests1, nullptr);
+  EXPECT_EQ(requests0->histogram.sample_count, 1u);
+  EXPECT_EQ(requests0->histogram.sample_sum, 2);
+  EXPECT_EQ(requests1->histogram.sample_count, 3u);
+  EXPECT_EQ(requests1->histogram.sample_sum, 21);
+  const ClientMetric* rows1 = Find(families, "softmax_batch_rows", {{"device", "cuda:1"}});
+  ASSERT_NE(rows1, nullptr);
+  EXPECT_EQ(rows1->histogram.sample_sum, 27);
+  const ClientMetric* bandwidth0 =
+      Find(families, "softmax_batch_bandwidth_bytes_per_second", {{"device", "cuda:0"}});
+  const ClientMetric* bandwidth1 =
+      Find(families, "softmax_batch_bandwidth_bytes_per_second", {{"device", "cuda:1"}});
+  ASSERT_NE(bandwidth0, nullptr);
+  ASSERT_NE(bandwidth1, nullptr);
+  EXPECT_EQ(bandwidth0->histogram.sample_count, 1u);
+  EXPECT_EQ(bandwidth1->histogram.sample_count, 2u);  // OK batches only
+  // No unlabelled batch series is left beside the devices'.
+  for (const char* name : {"softmax_batch_requests", "softmax_batch_rows",
+                           "softmax_batch_bandwidth_bytes_per_second",
+                           "softmax_kernel_launches_total"}) {
+    const MetricFamily* family = FindFamily(families, name);
+    ASSERT_NE(family, nullptr) << name;
+    EXPECT_EQ(family->metric.size(), 2u) << name;
+    for (const ClientMetric& metric : family->metric) {
+      ASSERT_FALSE(metric.label.empty()) << name;
+      EXPECT_EQ(metric.label[0].name, "device") << name;
+    }
+  }
+  EXPECT_EQ(FindFamily(families, "softmax_batches_total")->metric.size(), 4u);
+  // Allocators, per device and memory.
+  EXPECT_EQ(GaugeValue(families, "softmax_allocator_in_use_bytes",
+                       {{"device", "cuda:0"}, {"memory", "device"}}), 100);
+  EXPECT_EQ(GaugeValue(families, "softmax_allocator_in_use_bytes",
+                       {{"device", "cuda:1"}, {"memory", "device"}}), 200);
+  EXPECT_EQ(CounterValue(families, "softmax_allocator_requests_total",
+                         {{"device", "cuda:1"}, {"memory", "pinned"}}), 2);
+  EXPECT_EQ(FindFamily(families, "softmax_allocator_in_use_bytes")->metric.size(), 4u);
+  EXPECT_EQ(GaugeValue(families, "softmax_pinned_staging_bytes", {{"device", "cuda:0"}}), 10);
+  EXPECT_EQ(GaugeValue(families, "softmax_pinned_staging_bytes", {{"device", "cuda:1"}}), 25);
+  // Device info and peak bandwidth, one sample per device.
+  EXPECT_EQ(FindFamily(families, "softmax_device_info")->metric.size(), 2u);
+  EXPECT_EQ(GaugeValue(families, "softmax_device_peak_bandwidth_bytes_per_second",
+                       {{"device", "cuda:1"}}), 4.8e12);
+  EXPECT_EQ(GaugeValue(families, "softmax_kernel_grid_blocks",
+                       {{"device", "cuda:1"}, {"kernel", "row_per_warp"}, {"dtype", "float32"}}),
+            1056);
+}
+
+// Before SetBackends (and with --device=none, which sets none) batch
+// metrics have no device label; no backends: device "none".
+TEST(MetricsTest, WithoutBackendsBatchMetricsAreUnlabelledAndTheDeviceIsNone) {
+  auto metrics = NewMetrics();
+  BatchStats stats;
+  stats.requests = 1;
+  stats.rows = 1;
+  metrics->OnBatchCompleted(stats);
+  auto families = metrics->Collect();
+  EXPECT_EQ(CounterValue(families, "softmax_batches_total", {{"outcome", "ok"}}), 1);
+  metrics->SetBackends({});
+  families = metrics->Collect();
+  EXPECT_EQ(GaugeValue(families, "softmax_device_info",
+                       {{"device", "none"}, {"name", "none"}, {"compute_capability", ""},
+                        {"multiprocessors", "0"}, {"memory_bytes", "0"}}), 1);
+  EXPECT_EQ(FindFamily(families, "softmax_allocator_in_use_bytes"), nullptr);
 }
 
 TEST(MetricsTest, ExposerBindsAFreePort) {

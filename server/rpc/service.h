@@ -26,9 +26,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/batcher.h"
-#include "server/metrics.h"
-#include "server/validation.h"
+#include "server/scheduling/batcher.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/validation.h"
 #include "softmax/v1/softmax.grpc.pb.h"
 
 namespace softmax::server {

@@ -1,6 +1,6 @@
 // The service over a real gRPC channel on a free loopback port, with the
 // CPU backend behind the batcher.
-#include "server/service.h"
+#include "server/rpc/service.h"
 
 #include <atomic>
 #include <chrono>
@@ -20,10 +20,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_softmax.h"
-#include "server/batcher.h"
-#include "server/cpu_backend.h"
-#include "server/grpc_server.h"
-#include "server/metrics.h"
+#include "server/cpu/cpu_backend.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/grpc_server.h"
+#include "server/scheduling/batcher.h"
+#include "server/scheduling/scheduler.h"
 
 namespace softmax::server {
 namespace {
@@ -36,14 +37,16 @@ namespace {
 class StagingBackend final : public Backend {
  public:
   std::string Describe() const override { return "staging"; }
-  void Submit(std::unique_ptr<Batch> batch, Done done) override {
+  std::string Name() const override { return "staging"; }
+  bool ComputesInPlace() const override { return true; }
+  BatchResult Execute(int slot, Batch& batch) override {
     std::vector<std::string> staged;
-    for (const Segment& s : batch->segments) {
+    for (const Segment& s : batch.segments) {
       staged.emplace_back(static_cast<const char*>(s.input), static_cast<size_t>(s.bytes));
     }
     BatchResult result;
-    for (size_t i = 0; i < batch->segments.size(); ++i) {
-      const Segment& s = batch->segments[i];
+    for (size_t i = 0; i < batch.segments.size(); ++i) {
+      const Segment& s = batch.segments[i];
       segments.fetch_add(1);
       if (s.output == s.input) in_place.fetch_add(1);
       void* output = s.output;
@@ -57,13 +60,13 @@ class StagingBackend final : public Backend {
         lent_alive.fetch_add(1);
         lent.fetch_add(1);
         output = kept->data();
-        result.output_views.resize(batch->segments.size());
+        result.output_views.resize(batch.segments.size());
         result.output_views[i] = OutputView{kept->data(), s.bytes, kept};
       }
       CpuSoftmaxRows(staged[i].data(), output, s.dtype, s.shape, s.options, 0, s.shape.rows());
     }
     result.compute_ns = 1;
-    done(std::move(batch), std::move(result));
+    return result;
   }
   bool lend = false;
   std::atomic<int> segments{0};
@@ -75,7 +78,7 @@ class StagingBackend final : public Backend {
 struct Harness {
   // A delay of a millisecond or more is there to hold requests in the queue,
   // so those harnesses batch by the delay alone (no dispatch when idle).
-  // `in_place`: a StagingBackend with outputs_reuse_inputs, as on the GPU.
+  // `in_place`: a StagingBackend, which computes in place as the GPU does.
   explicit Harness(bool echo = false, std::chrono::microseconds delay = std::chrono::microseconds(100),
                    bool in_place = false) {
     metrics = std::move(*Metrics::Create(""));
@@ -87,11 +90,12 @@ struct Harness {
         auto staging_backend = std::make_unique<StagingBackend>();
         staging = staging_backend.get();
         backend = std::move(staging_backend);
-        batcher_options.outputs_reuse_inputs = true;
       } else {
         backend = std::make_unique<CpuBackend>(CpuBackendOptions{2, 4096});
       }
-      batcher = std::make_unique<Batcher>(batcher_options, backend.get(), metrics.get());
+      metrics->SetBackends({backend.get()});
+      scheduler = std::make_unique<Scheduler>(std::vector<Backend*>{backend.get()});
+      batcher = std::make_unique<Batcher>(batcher_options, scheduler.get(), metrics.get());
     }
     ServiceOptions options;
     options.limits.max_tensor_bytes = 1 << 20;
@@ -119,6 +123,7 @@ struct Harness {
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<Backend> backend;
   StagingBackend* staging = nullptr;  // when in_place
+  std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<Batcher> batcher;
   std::unique_ptr<SoftmaxServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
@@ -201,6 +206,18 @@ TEST(ServiceTest, UnaryComputesSoftmaxAlongAnyAxis) {
     // The CPU backend reports its compute as its kernels' time.
     EXPECT_EQ(response.timing().kernel_ns(), response.timing().compute_ns());
   }
+  // The batches were counted under the backend's device label.
+  double batches = 0;
+  for (const auto& family : harness.metrics->Collect()) {
+    if (family.name != "softmax_batches_total") continue;
+    for (const auto& metric : family.metric) {
+      std::map<std::string, std::string> labels;
+      for (const auto& label : metric.label) labels[label.name] = label.value;
+      EXPECT_EQ(labels["device"], "cpu");
+      if (labels["outcome"] == "ok") batches += metric.counter.value;
+    }
+  }
+  EXPECT_GE(batches, 3);
 }
 
 TEST(ServiceTest, UnaryBadRequestIsInvalidArgumentNamingTheField) {

@@ -1,4 +1,4 @@
-#include "server/validation.h"
+#include "server/rpc/validation.h"
 
 #include <cstdint>
 #include <limits>
@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "server/status_util.h"
+#include "server/rpc/status_util.h"
 
 namespace softmax::server {
 namespace {

@@ -12,7 +12,7 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include "absl/status/status.h"
-#include "server/backend.h"
+#include "server/scheduling/backend.h"
 #include "softmax/v1/softmax.pb.h"
 
 namespace softmax::server {

@@ -150,11 +150,18 @@ void Scheduler::SlotLoop(int index) {
       continue;
     }
     if (stopping_.load(std::memory_order_acquire)) return;
-    if (ran && PollForWork(index, seen)) continue;
+    uint64_t sleep_while = seen;
+    if (ran && PollForWork(index, seen)) {
+      if (LeastLoaded(backend_index)) continue;
+      // A less-loaded backend should run it: hand it to one of its threads
+      // (Notify wakes one, now that none polls), and sleep until the next.
+      Notify();
+      sleep_while = epoch_.load(std::memory_order_acquire);
+    }
     ran = false;
     absl::MutexLock lock(&mu_);
     SlotThread& me = slot_threads_[index];
-    while (epoch_.load(std::memory_order_acquire) == seen &&
+    while (epoch_.load(std::memory_order_acquire) == sleep_while &&
            !stopping_.load(std::memory_order_acquire)) {
       me.waiting = true;
       me.cv->Wait(&mu_);
