@@ -39,10 +39,9 @@
 //                              across blocks; two reads and one write.
 //                              (strided.cuh)
 //
-// Launches of ONE last-axis segment override the choice: rows of up to 4096 V
-// run the flat kernel (a group of threads per row, 2-4 vectors per thread,
-// full occupancy; flat.cuh), and aligned rows of 4097..8192 V the staged
-// kernel. Ragged tables whose warp/block/cluster rows all hold at most 8192 V
+// Launches of ONE last-axis segment override the choice: rows of up to 1024 V
+// run the flat kernel (a group of threads per row, 2 vectors per thread, full
+// occupancy; flat.cuh), and aligned rows of 1025..8192 V the staged kernel. Ragged tables whose warp/block/cluster rows all hold at most 8192 V
 // run the flat table kernel (flat.cuh) instead of the on-chip one.
 //
 // Every path vectorises with 16-byte accesses when the segment's pointers and
@@ -184,14 +183,16 @@ size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSeg
 // Enqueues softmax for `count` segments of `dtype` on `stream`. Segments of the
 // warp, block and cluster paths (any mix of n, temperature and op) share ONE
 // kernel launch; each staged segment adds one launch, each split-row or
-// strided segment a memset and one launch (two where its rows are read twice). A launch whose only non-empty
-// segment has last-axis rows of up to 4096 vectors (16384 float32, 32768
-// float16) runs the flat kernel instead of the on-chip one when `allow_flat`
-// (FlatKernelTakes), and one of aligned rows of 4097..8192 vectors the staged
-// kernel; `allow_flat` false keeps such launches on the paths ChoosePath names. `scratch` must hold SoftmaxScratchBytes(...) bytes (may be null
-// when that is 0). Returns cudaSuccess, cudaErrorInvalidValue for a bad
-// argument (n out of range, null pointer, scratch too small), or the launch
-// error. Asynchronous: errors during execution surface at a later sync.
+// strided segment a memset and one launch (two where its rows are read
+// twice). A launch whose only non-empty segment has last-axis rows of up to
+// 1024 vectors (4096 float32, 8192 float16) runs the flat kernel instead of
+// the on-chip one when `allow_flat` (FlatKernelTakes), and one of aligned
+// rows of 1025..8192 vectors the staged kernel; `allow_flat` false keeps such
+// launches on the paths ChoosePath names. `scratch` must hold
+// SoftmaxScratchBytes(...) bytes (may be null when that is 0). Returns
+// cudaSuccess, cudaErrorInvalidValue for a bad argument (n out of range, null
+// pointer, scratch too small), or the launch error. Asynchronous: errors
+// during execution surface at a later sync.
 cudaError_t LaunchSoftmax(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, void* scratch, size_t scratch_bytes, cudaStream_t stream,
                           bool allow_flat = true);

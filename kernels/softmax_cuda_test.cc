@@ -239,7 +239,7 @@ int64_t RowsFor(int64_t n, int64_t budget = 1 << 20) {
 TEST_F(SoftmaxCudaTest, PlanDescribesEveryKernel) {
   const std::string text = plan_->ToString();
   for (DType dtype : kDTypes) {
-    for (const char* family : {"on_chip", "flat_table", "flat.s2.t256", "flat.s4.t1024",
+    for (const char* family : {"on_chip", "flat_table", "flat.t64", "flat.t512",
                                "split_fused", "split_stats", "split_normalize", "strided_stats",
                                "strided_normalize"}) {
       const KernelProbe* probe = plan_->Find(family, dtype);
@@ -390,11 +390,11 @@ TEST_F(SoftmaxCudaTest, SingleRowEveryPath) {
   }
 }
 
-// The flat kernel (one-segment launches of rows of up to 4096 vectors): every
-// group size (1..1024 threads), both vector counts per thread (one-pass and
-// persistent pipelined grids), lengths at its limits and +-1 (just beyond,
-// the on-chip kernel runs), unaligned lengths and pointers, and more rows
-// than the persistent grid covers at once.
+// The flat kernel (one-segment launches of rows of up to 1024 vectors): every
+// group size (1..512 threads), lengths at its limit and +-1 (just beyond,
+// the staged kernel runs when the row is whole vectors, the flat table
+// kernel otherwise), unaligned lengths and pointers, and more rows than one
+// grid pass covers.
 TEST_F(SoftmaxCudaTest, FlatKernel) {
   std::mt19937_64 rng(9);
   for (DType dtype : kDTypes) {
@@ -406,10 +406,10 @@ TEST_F(SoftmaxCudaTest, FlatKernel) {
     std::vector<Case> cases = {
         {1, 1, true},          {5, 3, true},          {9, v, true},
         {7, 2 * v + 1, true},  {3, 16 * v, true},     {3, 16 * v + 1, true},
-        {2, 1023 * v, true},  {4, 1023 * v + 1, true}, {5, 2048 * v - 1, true},
-        {3, 2048 * v, true},   {2, 2048 * v + 1, true}, {3, 3000 * v + 3, true},
-        {2, 4096 * v - 1, true}, {3, 4096 * v, true},  {2, 4096 * v + 1, false},
-        {40000, 3 * v, true},  {301, 1500 * v, true}, {611, 3001 * v, true},  // many passes of the grid
+        {2, 511 * v, true},    {4, 511 * v + 1, true}, {5, 1024 * v - 1, true},
+        {3, 1024 * v, true},   {2, 1024 * v + 1, false}, {3, 1025 * v, false},
+        {2, 2048 * v, false},  {3, 3000 * v + 3, false}, {2, 4096 * v, false},
+        {40000, 3 * v, true},  {301, 700 * v, true},  {611, 3001 * v, false},  // many rows
     };
     for (bool log : {false, true}) {
       for (const Case& c : cases) {
@@ -473,8 +473,8 @@ TEST_F(SoftmaxCudaTest, StagedRows) {
       std::printf("staged path unavailable for %s (no clusters)\n", DTypeName(dtype));
       continue;
     }
-    std::vector<int64_t> lengths = {4097 * v,  8192 * v,  12289 * v, 16384 * v,
-                                    32769 * v, 65536 * v, 131071 * v, staged};
+    std::vector<int64_t> lengths = {1025 * v,  2048 * v,  4097 * v,   8192 * v,  12289 * v,
+                                    16384 * v, 32769 * v, 65536 * v, 131071 * v, staged};
     for (bool log : {false, true}) {
       std::vector<Problem> problems;
       for (int64_t n : lengths) {

@@ -322,7 +322,7 @@ def measure_point(ours, case, dtype_name, shape, dim, log_lines, results):
             continue
         try:
             fn = factory(x, y, dim)
-        except Unsupported as e:
+        except Exception as e:  # noqa: BLE001 - Unsupported, or a peer's own error
             row[f"{name}_gbps"], row[f"{name}_status"] = None, "unsupported: " + short_error(e)
             continue
         run_provider(name, fn, x, y, dim, rtol, fresh, nbytes, row, log_lines, label)
@@ -535,16 +535,15 @@ def main():
             return False
         return True
 
-    cases = args.cases.split(",")
-    sweep_n = [int(v) for v in args.ns.split(",")] if args.ns else SWEEP_N
-    for dtype_name in dtypes:
-        for n in sweep_n if "sweep" in cases else []:
-            if n > total or not in_budget():
-                continue
-            show(measure_point(ours, "sweep", dtype_name, (total // n, n), -1, log_lines, results))
     huge = [(16, 1 << 24), (4, 1 << 26)] if not args.quick else [(4, 1 << 22)]
     axis = [(4096, 65536), (65536, 4096), (1048576, 256)] if not args.quick else [(4096, 4096)]
+    cases = args.cases.split(",")
+    sweep_n = [int(v) for v in args.ns.split(",")] if args.ns else SWEEP_N
+    # dtype by dtype, so that a run cut short by --budget-s loses the last dtype's points
     for dtype_name in dtypes:
+        for n in sweep_n if "sweep" in cases else []:
+            if n <= total and in_budget():
+                show(measure_point(ours, "sweep", dtype_name, (total // n, n), -1, log_lines, results))
         for shape in huge if "huge" in cases else []:
             if in_budget():
                 show(measure_point(ours, "huge", dtype_name, shape, -1, log_lines, results))

@@ -1,7 +1,7 @@
 // The flat kernels: rows held by a group of threads with few vectors per
 // thread (2..8), so that many warps per SM keep the memory busy; the row's
 // max is reduced first and exp2 taken once per element.
-//   flat        launches of ONE last-axis segment with rows of <= 4096 V.
+//   flat        launches of ONE last-axis segment with rows of <= 1024 V.
 //   flat_table  ragged tables whose rows all hold <= 8192 V, in one launch.
 #ifndef SOFTMAX_KERNELS_CUDA_FLAT_CUH_
 #define SOFTMAX_KERNELS_CUDA_FLAT_CUH_
@@ -12,16 +12,16 @@ namespace softmax {
 namespace gpu {
 namespace detail {
 
-// Flat path: a launch of ONE last-axis segment whose rows fit in kS vectors
-// per thread of at most 1024 threads. A group of R = 2^group_log2 threads
-// holds a row (thread t of the group holding vectors j*R + t, so each load
-// instruction of a group covers R contiguous vectors); a block holds
-// blockDim/R groups (R <= 32) or is one group (R >= 64). Each thread holds
-// only kS (2 or 4) vectors, so the kernel runs at up to 64 warps per SM
-// against the on-chip kernel's 16: many blocks in different phases (load,
-// reduce, store) keep the memory busy, which the one-row-per-program kernels
-// of Triton's tutorial also rely on. The grid is persistent (what the probe
-// says fits); blocks loop over groups of rows.
+// Flat path: a launch of ONE last-axis segment whose rows fit in kFlatSlots
+// (2) vectors per thread of at most 512 threads. A group of R = 2^group_log2
+// threads holds a row (thread t of the group holding vectors j*R + t, so each
+// load instruction of a group covers R contiguous vectors); a block holds
+// blockDim/R groups (R <= 32) or is one group (R >= 64). With 2 vectors per
+// thread the kernel runs at up to 64 warps per SM against the on-chip
+// kernel's 16: many blocks in different phases (load, reduce, store) keep the
+// memory busy, which the one-row-per-program kernels of Triton's tutorial
+// also rely on. The grid is one pass over the rows (a block per group of
+// rows); the loop over rows only covers grids capped at 2^31 - 1 blocks.
 //
 // With so few elements per thread, merging (max, sum) pairs (two exp2 per
 // merge) would cost more exp2 than the elements themselves, so the row's max
@@ -62,11 +62,9 @@ __device__ __forceinline__ float FlatReduce(float v, int r_threads, float* slots
   return v;
 }
 
-// kPipeline: load the block's next rows before reducing the current ones
-// (used with 4 vectors per thread, where one 1024-thread block fills an SM).
-template <typename T, int kS, bool kVec, bool kLog>
+template <typename T, bool kVec, bool kLog>
 __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
-  constexpr bool kPipeline = kS == 4;
+  constexpr int kS = kFlatSlots;
   constexpr int V = VecWidth<T>();
   using Bits = typename Traits<T>::Bits;
   // [parity][max, sum][warp]: double-buffered, so rows need no barrier of
@@ -80,35 +78,15 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
   const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
   int parity = 0;
   const long long stride = static_cast<long long>(gridDim.x) * groups;
-  uint4 next[kS];
-  if constexpr (kPipeline) {
-    const long long row = static_cast<long long>(blockIdx.x) * groups + group;
-    const char* in = static_cast<const char*>(a.input) + row * pitch;
-#pragma unroll
-    for (int j = 0; j < kS; ++j) {
-      next[j] = row < a.rows ? LoadVector<T, kVec>(in, j * r_threads + t, a.n) : NegInfVector<T>();
-    }
-  }
   for (long long base = static_cast<long long>(blockIdx.x) * groups; base < a.rows;
        base += stride) {
     const long long row = base + group;
     const bool valid = row < a.rows;
     uint4 raw[kS];
-    if constexpr (kPipeline) {
-      const long long row2 = row + stride;
-      const char* in2 = static_cast<const char*>(a.input) + row2 * pitch;
+    const char* in = static_cast<const char*>(a.input) + row * pitch;
 #pragma unroll
-      for (int j = 0; j < kS; ++j) {
-        raw[j] = next[j];
-        next[j] = row2 < a.rows ? LoadVector<T, kVec>(in2, j * r_threads + t, a.n)
-                                : NegInfVector<T>();
-      }
-    } else {
-      const char* in = static_cast<const char*>(a.input) + row * pitch;
-#pragma unroll
-      for (int j = 0; j < kS; ++j) {
-        raw[j] = valid ? LoadVector<T, kVec>(in, j * r_threads + t, a.n) : NegInfVector<T>();
-      }
+    for (int j = 0; j < kS; ++j) {
+      raw[j] = valid ? LoadVector<T, kVec>(in, j * r_threads + t, a.n) : NegInfVector<T>();
     }
     float m = -INFINITY;
 #pragma unroll

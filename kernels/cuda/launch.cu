@@ -26,19 +26,8 @@ namespace {
     if (error_ != cudaSuccess) return error_; \
   } while (0)
 
-// Flat kernel shapes (vectors per thread, block size) that FlatShapeOf
-// returns; each is probed for its persistent grid.
-struct FlatConfig {
-  int slots;
-  int threads;
-};
-constexpr FlatConfig kFlatConfigs[] = {{2, 64}, {2, 128}, {2, 256}, {2, 512}, {2, 1024}, {4, 1024}};
-
-template <typename T>
-void* FlatKernelOf(int slots) {
-  return slots == 2 ? reinterpret_cast<void*>(&FlatKernel<T, 2, true, false>)
-                    : reinterpret_cast<void*>(&FlatKernel<T, 4, true, false>);
-}
+// Flat kernel block sizes that FlatShapeOf returns.
+constexpr int kFlatThreads[] = {64, 128, 256, 512};
 
 cudaError_t ProbeKernel(const void* kernel, const std::string& name, const char* paths,
                         DType dtype, int multiprocessors, KernelProbe* probe,
@@ -92,10 +81,11 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
   SOFTMAX_CUDA_RETURN_IF_ERROR(
       ProbeKernel(on_chip, "on_chip", "warp,block", dtype, multiprocessors, &probe));
   probes->push_back(probe);
-  for (const FlatConfig& f : kFlatConfigs) {
+  for (const int threads : kFlatThreads) {
     KernelProbe flat;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(FlatKernelOf<T>(f.slots), FlatProbeName(f.slots, f.threads),
-                                             "flat", dtype, multiprocessors, &flat, f.threads));
+    SOFTMAX_CUDA_RETURN_IF_ERROR(
+        ProbeKernel(reinterpret_cast<const void*>(&FlatKernel<T, true, false>),
+                    FlatProbeName(threads), "flat", dtype, multiprocessors, &flat, threads));
     probes->push_back(flat);
   }
   {
@@ -240,18 +230,8 @@ cudaError_t LaunchFlatTable(std::vector<RowSegment>* rows, void* table_scratch,
   return cudaGetLastError();
 }
 
-template <typename T, int kS>
-cudaError_t LaunchFlatSlots(const FlatArgs& a, bool vec, bool log, int grid, int threads,
-                            cudaStream_t stream) {
-  auto kernel = vec ? (log ? FlatKernel<T, kS, true, true> : FlatKernel<T, kS, true, false>)
-                    : (log ? FlatKernel<T, kS, false, true> : FlatKernel<T, kS, false, false>);
-  kernel<<<grid, threads, 0, stream>>>(a);
-  return cudaGetLastError();
-}
-
 template <typename T>
-cudaError_t LaunchFlat(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
-                       cudaStream_t stream) {
+cudaError_t LaunchFlat(DType dtype, const SoftmaxSegment& s, cudaStream_t stream) {
   constexpr int V = VecWidth<T>();
   const FlatShape shape = FlatShapeOf(CeilDiv(s.n, V));
   FlatArgs a = {};
@@ -262,18 +242,13 @@ cudaError_t LaunchFlat(const LaunchPlan& plan, DType dtype, const SoftmaxSegment
   a.scale = Log2Scale(s);
   a.group_log2 = shape.group_log2;
   const bool vec = VectorAligned(dtype, s);
-  const long long groups = shape.threads >> std::min(shape.group_log2, 30);
-  // Grid: with 2 vectors per thread, one pass over the rows (each block one
-  // group of rows); with 4, the persistent grid of the probe. H200, M x N =
-  // 2^28: one pass is 3-9% faster for 2 vectors per thread, 6-10% slower for 4.
-  long long grid = CeilDiv(s.outer, std::max(1LL, groups));
-  if (shape.slots == 4) {
-    grid = std::min<long long>(grid, GridOf(plan, FlatProbeName(shape.slots, shape.threads), dtype));
-  }
-  grid = std::min<long long>(grid, 0x7fffffffLL);
-  const int blocks = static_cast<int>(grid);
-  return shape.slots == 2 ? LaunchFlatSlots<T, 2>(a, vec, s.log, blocks, shape.threads, stream)
-                          : LaunchFlatSlots<T, 4>(a, vec, s.log, blocks, shape.threads, stream);
+  // One pass over the rows: each block one group of rows.
+  const long long groups = shape.threads >> shape.group_log2;
+  const long long grid = std::min<long long>(CeilDiv(s.outer, std::max(1LL, groups)), 0x7fffffffLL);
+  auto kernel = vec ? (s.log ? FlatKernel<T, true, true> : FlatKernel<T, true, false>)
+                    : (s.log ? FlatKernel<T, false, true> : FlatKernel<T, false, false>);
+  kernel<<<static_cast<unsigned>(grid), shape.threads, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 template <typename T>
@@ -464,7 +439,7 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
                         bool allow_flat) {
   constexpr int V = VecWidth<T>();
   if (const SoftmaxSegment* flat = FlatSegment(dtype, segments, count, allow_flat)) {
-    return LaunchFlat<T>(plan, dtype, *flat, stream);
+    return LaunchFlat<T>(dtype, *flat, stream);
   }
   if (const SoftmaxSegment* staged = StagedSegment(plan, dtype, segments, count, allow_flat)) {
     return LaunchStaged<T>(plan, dtype, *staged, stream);

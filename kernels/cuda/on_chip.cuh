@@ -8,7 +8,7 @@
 //   cluster_rows N <= 32768 V: a row per cluster of 2..8 blocks, (max, sum)
 //                pairs exchanged through distributed shared memory.
 // Launches of one segment and tables of rows up to 8192 V run flat.cuh's
-// kernels instead; aligned rows beyond 4096 V run staged.cuh's.
+// kernels instead; aligned rows beyond 8192 V run staged.cuh's.
 #ifndef SOFTMAX_KERNELS_CUDA_ON_CHIP_CUH_
 #define SOFTMAX_KERNELS_CUDA_ON_CHIP_CUH_
 

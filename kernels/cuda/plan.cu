@@ -18,15 +18,12 @@ int GridOf(const LaunchPlan& plan, const std::string& kernel, DType dtype, int c
 }
 
 FlatShape FlatShapeOf(long long vectors) {
-  const int slots = vectors <= 2048 ? 2 : 4;
-  const int group_log2 = CeilLog2(CeilDiv(vectors, slots));
+  const int group_log2 = CeilLog2(CeilDiv(vectors, kFlatSlots));
   const int threads = group_log2 <= 5 ? 256 : std::max(64, 1 << group_log2);
-  return {slots, threads, group_log2};
+  return {threads, group_log2};
 }
 
-std::string FlatProbeName(int slots, int threads) {
-  return "flat.s" + std::to_string(slots) + ".t" + std::to_string(threads);
-}
+std::string FlatProbeName(int threads) { return "flat.t" + std::to_string(threads); }
 
 const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, int count,
                                   bool allow_flat) {

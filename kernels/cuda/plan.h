@@ -46,8 +46,11 @@ constexpr int kTableThreads = 1024;
 constexpr int kTableSlots = 8;
 constexpr long long kTableMaxVectors = static_cast<long long>(kTableThreads) * kTableSlots;
 
-// Flat kernel: one-segment launches of rows of up to 4096 vectors.
-constexpr long long kFlatMaxVectors = 4096;
+// Flat kernel: one-segment launches of rows of up to 1024 vectors, 2 per
+// thread. Longer aligned rows of such launches go to the staged kernel: H200,
+// M x N = 2^28, N = 2048-4096 vectors: 0.96-0.97 of copy against 0.91-0.95 flat.
+constexpr long long kFlatMaxVectors = 1024;
+constexpr int kFlatSlots = 2;
 
 // Staged kernel (kernels/cuda/staged.cuh): a row per cluster of 1..16 blocks,
 // each block's share staged in shared memory by bulk copies.
@@ -55,7 +58,8 @@ constexpr int kStagedThreads = 256;
 constexpr int kStagedMaxStages = 16;          // bulk copies (one mbarrier each) per block
 constexpr int kStagedMinStageBytes = 16384;   // a stage is at least this (last one shorter)
 // Shares of up to this size let 3 blocks share an SM; the cluster grows
-// (up to the largest the probe found) before a share exceeds it.
+// (up to the largest the probe found) before a share exceeds it. H200, fp32
+// N = 16384 / 32768 / 65536 / 262144 (1 / 2 / 4 / 16 blocks): 0.96 / 0.95 / 0.91 / 0.76 of copy.
 constexpr long long kStagedTargetBytes = 65536;
 // Largest share (dynamic shared memory) a block stages: the 227 KiB opt-in
 // limit less the static barriers and slots.
@@ -122,21 +126,20 @@ inline bool VectorAligned(DType dtype, const SoftmaxSegment& s) {
 // Grid of `kernel` (a probe name) from the plan, or one block per SM.
 int GridOf(const LaunchPlan& plan, const std::string& kernel, DType dtype, int cluster = 1);
 
-// Flat kernel: vectors per thread and block size for rows of `vectors`.
+// Flat kernel: block size and group size for rows of `vectors`.
 struct FlatShape {
-  int slots;       // 2 up to 2048 vectors, 4 beyond
   int threads;     // block size: 256 for groups of <= 32 threads, else the group
   int group_log2;  // log2 of the threads holding a row
 };
 FlatShape FlatShapeOf(long long vectors);
-std::string FlatProbeName(int slots, int threads);  // "flat" + shape, e.g. "flat.s2.t256"
+std::string FlatProbeName(int threads);  // "flat" + block size, e.g. "flat.t256"
 
 // The one non-empty segment of a launch that the flat kernel takes, or null.
 const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, int count,
                                   bool allow_flat);
 
 // The one non-empty segment of a launch that the staged kernel takes although
-// ChoosePath names a register path (aligned rows of 4097..8192 vectors,
+// ChoosePath names a register path (aligned rows of 1025..8192 vectors,
 // which tables give the flat table kernel), or null.
 const SoftmaxSegment* StagedSegment(const LaunchPlan& plan, DType dtype,
                                     const SoftmaxSegment* segments, int count, bool allow_flat);

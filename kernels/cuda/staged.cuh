@@ -1,4 +1,4 @@
-// The staged_rows path: a last-axis row of more than 8192 vectors (4097..8192
+// The staged_rows path: a last-axis row of more than 8192 vectors (1025..8192
 // in launches of one segment) is split
 // evenly over a thread-block cluster of C = 1..16 blocks (one row per
 // cluster, grid = rows x C). Each block stages its share of the row in
@@ -15,6 +15,8 @@
 // required (a block reads its whole share before writing it).
 #ifndef SOFTMAX_KERNELS_CUDA_STAGED_CUH_
 #define SOFTMAX_KERNELS_CUDA_STAGED_CUH_
+
+#include <utility>
 
 #include "kernels/cuda/common.cuh"
 
@@ -105,6 +107,10 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
     }
   }
   __syncthreads();
+  // A block may write into a peer's shared memory only once every block of
+  // the cluster has started: arrive now, wait before the first remote store
+  // (by then the stages have landed).
+  auto cluster_started = cluster.barrier_arrive();
 
   // (max, sum) of this block's share, one stage at a time as stages land.
   MaxSum acc{-INFINITY, 0.0f};
@@ -125,6 +131,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
   acc = WarpMerge(acc, a.scale);
   if ((threadIdx.x & 31) == 0) warp_slots[threadIdx.x >> 5] = make_float2(acc.m, acc.d);
   __syncthreads();
+  cluster.barrier_wait(std::move(cluster_started));
   MaxSum total{-INFINITY, 0.0f};
   if (blocks == 1) {
 #pragma unroll
