@@ -5,52 +5,44 @@
 // Usable from plain C++: this header needs only cuda_runtime_api.h (for
 // cudaStream_t and cudaError_t). No Abseil, no gRPC.
 //
-// The kernel family (kernels/softmax_cuda.cu), chosen per segment from its row
-// length N (V = 16 bytes / element size: 4 for float32, 8 for float16/bfloat16).
-// Blocks have 256 threads; each thread holds up to 8 16-byte vectors of a row
-// in registers, so every on-chip path reads and writes each element once.
+// The kernel family (kernels/cuda/: one file per kernel family, plan.cu for
+// the choices below), chosen per segment from its row length N (V = 16 bytes
+// / element size: 4 for float32, 8 for float16/bfloat16). Each path reads and
+// writes each element once, except the two-pass split and strided forms.
 //
 //   SoftmaxPath::kWarpRows     N <= 256 V. Several short rows per warp (a group
-//                              of 1..32 lanes per row, up to 8 rows per lane at
-//                              once), or a row per warp; shuffle reductions, no
-//                              barriers. Wins for short rows.
+//                              of 1..32 lanes per row), shuffle reductions, no
+//                              barriers. (on_chip.cuh)
 //   SoftmaxPath::kBlockRows    N <= 2048 V. A row per group of 1..8 warps, one
-//                              named barrier per row (online max/sum merge).
-//                              Wins up to what one block holds in registers.
-//   SoftmaxPath::kClusterRows  N <= 32768 V. A row per thread-block cluster of
-//                              2..8 blocks, each holding its part in registers
-//                              (8 vectors per thread; 16 beyond N = 16384 V);
-//                              the (max, sum) pairs cross blocks through
-//                              distributed shared memory after one cluster
-//                              barrier; the next row is prefetched into L2
-//                              meanwhile. Wins for rows too long for one SM.
+//                              named barrier per row. (on_chip.cuh)
+//   SoftmaxPath::kClusterRows  N <= 16384 V, rows the staged path does not
+//                              take (not 16-byte aligned, or a table's rows
+//                              of up to 8192 V). A row per cluster of 2..8
+//                              blocks holding it in registers; (max, sum)
+//                              pairs cross blocks through distributed shared
+//                              memory. (on_chip.cuh)
+//   SoftmaxPath::kStagedRows   16-byte aligned rows of more than 8192 V, up to
+//                              what 16 blocks hold in shared memory (224 KiB
+//                              each). A row per cluster of 1..16 blocks, each
+//                              staging its share in shared memory with bulk
+//                              asynchronous copies (several stages in flight),
+//                              (max, sum) exchanged through distributed shared
+//                              memory. (staged.cuh)
 //   SoftmaxPath::kSplitRows    Longer rows, split across the blocks of a
-//                              persistent grid in parts of one block's worth.
-//                              Up to SplitSinglePassMaxLength (the grid holds
-//                              every part of a row at once): one cooperative
-//                              launch, one read and one write per element; a
-//                              block loads its next part, then waits for the
-//                              (max, sum) partials of its previous part's row
-//                              and writes that part from registers. Longer rows:
-//                              pass 1 writes partials, the last block of a row
-//                              merges them, pass 2 re-reads the row (in reverse
-//                              order, so that what is still in L2 comes first)
-//                              and writes it: two reads and one write.
+//                              persistent grid: one cooperative pass while the
+//                              grid holds every part of a row in registers
+//                              (SplitSinglePassMaxLength), else (max, sum)
+//                              partials then a re-read: two reads and one
+//                              write. (split.cuh)
 //   SoftmaxPath::kStrided      Softmax over a non-last axis ([outer, N, inner],
-//                              inner > 1): coalesced over inner (16-byte vectors
-//                              when aligned), rows of N split across blocks like
-//                              kSplitRows. Two reads and one write.
+//                              inner > 1): coalesced over inner, N split
+//                              across blocks; two reads and one write.
+//                              (strided.cuh)
 //
-// One-segment launches of last-axis rows of up to 4096 V (the common case of
-// one large tensor) run the flat kernel instead of the on-chip one: a group
-// of 1..1024 threads holds a row, 2 vectors per thread up to 2048 V and 4
-// beyond; the row's max is reduced first and exp2 taken once per element.
-// Few registers per thread give full occupancy; with 2 vectors per thread the
-// grid is one pass over the rows, with 4 it is persistent and each block
-// loads its next rows while reducing the current ones. On the H200 it reaches
-// 0.97-1.02 of copy bandwidth up to 1024 V and 0.90-0.95 from 2048 to 4096 V,
-// against 0.86-0.95 and 0.76-0.92 for the on-chip kernel, which keeps ragged
-// tables whose rows are too long for the flat table kernel.
+// Launches of ONE last-axis segment override the choice: rows of up to 1024 V
+// run the flat kernel (a group of threads per row, 2 vectors per thread, full
+// occupancy; flat.cuh), and aligned rows of 1025..8192 V the staged kernel. Ragged tables whose warp/block/cluster rows all hold at most 8192 V
+// run the flat table kernel (flat.cuh) instead of the on-chip one.
 //
 // Every path vectorises with 16-byte accesses when the segment's pointers and
 // row pitch are 16-byte aligned, and falls back to element accesses otherwise.
@@ -83,6 +75,7 @@ enum class SoftmaxPath : int {
   kClusterRows = 2,
   kSplitRows = 3,
   kStrided = 4,
+  kStagedRows = 5,
 };
 const char* SoftmaxPathName(SoftmaxPath path);
 
@@ -134,13 +127,15 @@ class LaunchPlan {
   bool clusters_supported() const { return clusters_supported_; }
   const std::vector<KernelProbe>& probes() const { return probes_; }
 
-  // The probe entry for `kernel` family ("on_chip", "split_fused", "split_stats",
+  // The probe entry for `kernel` ("on_chip", "flat.s2.t256" and the other flat
+  // shapes, "flat_table", "staged", "split_fused", "split_stats",
   // "split_normalize", "strided_stats", "strided_normalize"), dtype and
   // cluster size, or nullptr.
   const KernelProbe* Find(const std::string& family, DType dtype, int cluster_size = 1) const;
 
-  // Largest cluster size launches use on this device (8, 4, 2 or 1; probes
-  // also report 16-block clusters, which are not used: see softmax_cuda.cu).
+  // Largest cluster size the on-chip kernel's cluster path uses on this
+  // device (8, 4, 2 or 1; the staged kernel may use 16-block clusters, which
+  // its probes list).
   int max_cluster_size() const { return max_cluster_size_; }
 
   // Multi-line human-readable table of the probe.
@@ -162,7 +157,8 @@ class LaunchPlan {
 int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path);
 
 // The kernels a LaunchSoftmax call with these arguments runs, comma-separated,
-// from: flat, flat_table, on_chip, split_fused, split_two_pass, strided.
+// from: flat, flat_table, on_chip, staged, split_fused, split_stats,
+// split_normalize, strided_stats, strided_normalize.
 std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, bool allow_flat = true);
 
@@ -186,15 +182,17 @@ size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSeg
 
 // Enqueues softmax for `count` segments of `dtype` on `stream`. Segments of the
 // warp, block and cluster paths (any mix of n, temperature and op) share ONE
-// kernel launch; each split-row or strided segment adds a memset and one
-// launch (two where its rows are read twice). A launch whose only non-empty
-// segment has last-axis rows of up to 4096 vectors (16384 float32, 32768
-// float16) runs the flat kernel instead of the on-chip one when `allow_flat`
-// (FlatKernelTakes): rows held by a group of threads, 2-4 vectors per thread,
-// full occupancy. `scratch` must hold SoftmaxScratchBytes(...) bytes (may be null
-// when that is 0). Returns cudaSuccess, cudaErrorInvalidValue for a bad
-// argument (n out of range, null pointer, scratch too small), or the launch
-// error. Asynchronous: errors during execution surface at a later sync.
+// kernel launch; each staged segment adds one launch, each split-row or
+// strided segment a memset and one launch (two where its rows are read
+// twice). A launch whose only non-empty segment has last-axis rows of up to
+// 1024 vectors (4096 float32, 8192 float16) runs the flat kernel instead of
+// the on-chip one when `allow_flat` (FlatKernelTakes), and one of aligned
+// rows of 1025..8192 vectors the staged kernel; `allow_flat` false keeps such
+// launches on the paths ChoosePath names. `scratch` must hold
+// SoftmaxScratchBytes(...) bytes (may be null when that is 0). Returns
+// cudaSuccess, cudaErrorInvalidValue for a bad argument (n out of range, null
+// pointer, scratch too small), or the launch error. Asynchronous: errors
+// during execution surface at a later sync.
 cudaError_t LaunchSoftmax(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, void* scratch, size_t scratch_bytes, cudaStream_t stream,
                           bool allow_flat = true);

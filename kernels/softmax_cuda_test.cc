@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -198,11 +199,15 @@ std::string SoftmaxCudaTest::skip_reason_;
 bool SoftmaxCudaTest::create_failed_ = false;
 
 // Row lengths that land in each path, for a dtype: a few inside each class.
+// Lengths meant for the register cluster path and the split path are odd
+// (not a whole number of 16-byte vectors), so that the staged path, which
+// needs 16-byte rows, does not take them.
 std::vector<std::pair<SoftmaxPath, int64_t>> LengthsPerPath(const LaunchPlan& plan, DType dtype) {
   const int64_t v = VecWidth(dtype);
   const int64_t warp = PathMaxLength(plan, dtype, SoftmaxPath::kWarpRows);
   const int64_t block = PathMaxLength(plan, dtype, SoftmaxPath::kBlockRows);
   const int64_t cluster = PathMaxLength(plan, dtype, SoftmaxPath::kClusterRows);
+  const int64_t staged = PathMaxLength(plan, dtype, SoftmaxPath::kStagedRows);
   std::vector<std::pair<SoftmaxPath, int64_t>> out = {
       {SoftmaxPath::kWarpRows, 1},          {SoftmaxPath::kWarpRows, 3},
       {SoftmaxPath::kWarpRows, v},          {SoftmaxPath::kWarpRows, 32},
@@ -210,14 +215,20 @@ std::vector<std::pair<SoftmaxPath, int64_t>> LengthsPerPath(const LaunchPlan& pl
       {SoftmaxPath::kWarpRows, warp},       {SoftmaxPath::kBlockRows, warp + 1},
       {SoftmaxPath::kBlockRows, 700 * v},   {SoftmaxPath::kBlockRows, block},
   };
-  const int64_t split_from = std::max(block, cluster);
   if (cluster > block) {
     out.push_back({SoftmaxPath::kClusterRows, block + 1});
-    out.push_back({SoftmaxPath::kClusterRows, (block + cluster) / 3 + 3});
-    out.push_back({SoftmaxPath::kClusterRows, cluster});
+    out.push_back({SoftmaxPath::kClusterRows, ((block + cluster) / 3) | 1});
+    out.push_back({SoftmaxPath::kClusterRows, cluster - 1});
   }
-  out.push_back({SoftmaxPath::kSplitRows, split_from + 1});
+  if (staged > 0) {
+    out.push_back({SoftmaxPath::kStagedRows, 8193 * v});
+    out.push_back({SoftmaxPath::kStagedRows, 30001 * v});
+    out.push_back({SoftmaxPath::kStagedRows, staged});
+  }
+  const int64_t split_from = std::max({block, cluster, staged});
+  out.push_back({SoftmaxPath::kSplitRows, (split_from + 1) | 1});
   out.push_back({SoftmaxPath::kSplitRows, split_from * 3 + 5});
+  if (staged > 0) out.push_back({SoftmaxPath::kSplitRows, staged + v});  // aligned, too long to stage
   return out;
 }
 
@@ -228,8 +239,9 @@ int64_t RowsFor(int64_t n, int64_t budget = 1 << 20) {
 TEST_F(SoftmaxCudaTest, PlanDescribesEveryKernel) {
   const std::string text = plan_->ToString();
   for (DType dtype : kDTypes) {
-    for (const char* family : {"on_chip", "flat_table", "split_fused", "split_stats",
-                               "split_normalize", "strided_stats", "strided_normalize"}) {
+    for (const char* family : {"on_chip", "flat_table", "flat.t64", "flat.t512",
+                               "split_fused", "split_stats", "split_normalize", "strided_stats",
+                               "strided_normalize"}) {
       const KernelProbe* probe = plan_->Find(family, dtype);
       ASSERT_NE(probe, nullptr) << family << " " << DTypeName(dtype);
       EXPECT_GT(probe->registers_per_thread, 0);
@@ -242,7 +254,12 @@ TEST_F(SoftmaxCudaTest, PlanDescribesEveryKernel) {
       ASSERT_NE(cluster, nullptr);
       EXPECT_GE(cluster->max_active_clusters, 1);
       EXPECT_EQ(cluster->grid % cluster->cluster_size, 0);
+      const KernelProbe* staged = plan_->Find("staged", dtype, 2);
+      ASSERT_NE(staged, nullptr);
+      EXPECT_GE(staged->max_active_clusters, 1);
+      EXPECT_EQ(staged->local_bytes_per_thread, 0);
     }
+    EXPECT_EQ(plan_->Find("on_chip", dtype)->local_bytes_per_thread, 0);
   }
 }
 
@@ -273,7 +290,8 @@ TEST_F(SoftmaxCudaTest, ClassBoundariesPlusMinusOne) {
     // cluster sizes in between.
     std::vector<int64_t> bases = {v, 2 * v, 32 * v, 64 * v};
     for (SoftmaxPath path :
-         {SoftmaxPath::kWarpRows, SoftmaxPath::kBlockRows, SoftmaxPath::kClusterRows}) {
+         {SoftmaxPath::kWarpRows, SoftmaxPath::kBlockRows, SoftmaxPath::kClusterRows,
+          SoftmaxPath::kStagedRows}) {
       const int64_t limit = PathMaxLength(*plan_, dtype, path);
       if (limit > 0) bases.push_back(limit);
     }
@@ -335,7 +353,7 @@ TEST_F(SoftmaxCudaTest, SpecialValues) {
       std::vector<std::pair<int64_t, int64_t>> shapes = {
           {1, 5}, {1, 100}, {1, 1000 * v}, {1, 9000 * v}, {1, 80000 * v}};
       for (int64_t inner : {int64_t{1}, int64_t{3}, int64_t{64}}) {
-        for (int64_t n : {int64_t{7}, 40 * v, 3000 * v}) {
+        for (int64_t n : {int64_t{7}, 40 * v, 3000 * v, 6000 * v}) {
           if (inner > 1 && n > 10000) continue;
           Problem p = MakeProblem(dtype, 6, n, inner, rng, 1.0f, log);
           const int64_t rows = p.shape.rows();
@@ -372,11 +390,11 @@ TEST_F(SoftmaxCudaTest, SingleRowEveryPath) {
   }
 }
 
-// The flat kernel (one-segment launches of rows of up to 4096 vectors): every
-// group size (1..1024 threads), both vector counts per thread (one-pass and
-// persistent pipelined grids), lengths at its limits and +-1 (just beyond,
-// the on-chip kernel runs), unaligned lengths and pointers, and more rows
-// than the persistent grid covers at once.
+// The flat kernel (one-segment launches of rows of up to 1024 vectors): every
+// group size (1..512 threads), lengths at its limit and +-1 (just beyond,
+// the staged kernel runs when the row is whole vectors, the flat table
+// kernel otherwise), unaligned lengths and pointers, and more rows than one
+// grid pass covers.
 TEST_F(SoftmaxCudaTest, FlatKernel) {
   std::mt19937_64 rng(9);
   for (DType dtype : kDTypes) {
@@ -388,10 +406,10 @@ TEST_F(SoftmaxCudaTest, FlatKernel) {
     std::vector<Case> cases = {
         {1, 1, true},          {5, 3, true},          {9, v, true},
         {7, 2 * v + 1, true},  {3, 16 * v, true},     {3, 16 * v + 1, true},
-        {2, 1023 * v, true},  {4, 1023 * v + 1, true}, {5, 2048 * v - 1, true},
-        {3, 2048 * v, true},   {2, 2048 * v + 1, true}, {3, 3000 * v + 3, true},
-        {2, 4096 * v - 1, true}, {3, 4096 * v, true},  {2, 4096 * v + 1, false},
-        {40000, 3 * v, true},  {301, 1500 * v, true}, {611, 3001 * v, true},  // many passes of the grid
+        {2, 511 * v, true},    {4, 511 * v + 1, true}, {5, 1024 * v - 1, true},
+        {3, 1024 * v, true},   {2, 1024 * v + 1, false}, {3, 1025 * v, false},
+        {2, 2048 * v, false},  {3, 3000 * v + 3, false}, {2, 4096 * v, false},
+        {40000, 3 * v, true},  {301, 700 * v, true},  {611, 3001 * v, false},  // many rows
     };
     for (bool log : {false, true}) {
       for (const Case& c : cases) {
@@ -439,6 +457,68 @@ TEST_F(SoftmaxCudaTest, SplitSingleAndTwoPass) {
       }
       RunAndCheck(dtype, problems, "split one/two pass");
     }
+  }
+}
+
+// The staged path: every cluster size it picks (2..16 blocks), shares that
+// do not divide evenly (the last block of a row holds fewer vectors), many
+// rows per launch, the longest row it takes, and in-place launches. Rows
+// that are misaligned or not whole vectors go to the register paths.
+TEST_F(SoftmaxCudaTest, StagedRows) {
+  std::mt19937_64 rng(11);
+  for (DType dtype : kDTypes) {
+    const int64_t v = VecWidth(dtype);
+    const int64_t staged = PathMaxLength(*plan_, dtype, SoftmaxPath::kStagedRows);
+    if (staged == 0) {
+      std::printf("staged path unavailable for %s (no clusters)\n", DTypeName(dtype));
+      continue;
+    }
+    std::vector<int64_t> lengths = {1025 * v,  2048 * v,  4097 * v,   8192 * v,  12289 * v,
+                                    16384 * v, 32769 * v, 65536 * v, 131071 * v, staged};
+    for (bool log : {false, true}) {
+      std::vector<Problem> problems;
+      for (int64_t n : lengths) {
+        if (n > staged) continue;
+        SoftmaxSegment s;
+        s.n = n;
+        // Rows of up to 8192 vectors take a register path in tables, the
+        // staged kernel in launches of one segment.
+        EXPECT_EQ(ChoosePath(*plan_, dtype, s) == SoftmaxPath::kStagedRows, n > 8192 * v)
+            << "n=" << n;
+        s.outer = 3;
+        EXPECT_EQ(LaunchKernels(*plan_, dtype, &s, 1), "staged") << "n=" << n;
+        problems.push_back(MakeProblem(dtype, RowsFor(n, 1 << 21), n, 1, rng, 0.9f, log));
+        std::vector<Problem> one;
+        one.push_back(problems.back());
+        RunAndCheck(dtype, one, "staged alone");
+      }
+      RunAndCheck(dtype, problems, "staged in a table");
+    }
+    // In place: output == input.
+    const int64_t n = 20000 * v;
+    Problem p = MakeProblem(dtype, 5, n, 1, rng);
+    std::vector<double> ref(static_cast<size_t>(p.shape.elements()));
+    ReferenceSoftmax(p.input.data(), dtype, p.shape, p.options, ref.data());
+    void* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, p.input.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d, p.input.data(), p.input.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    SoftmaxSegment s;
+    s.input = d;
+    s.output = d;
+    s.outer = p.shape.outer;
+    s.n = n;
+    ASSERT_EQ(ChoosePath(*plan_, dtype, s), SoftmaxPath::kStagedRows);
+    ASSERT_EQ(LaunchSoftmax(*plan_, dtype, &s, 1, nullptr, 0, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint8_t> host(p.input.size());
+    ASSERT_EQ(cudaMemcpy(host.data(), d, host.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(d);
+    int64_t bad = 0;
+    for (int64_t e = 0; e < p.shape.elements(); ++e) {
+      const double y = LoadAsFloat(host.data(), dtype, e);
+      if (!(std::fabs(y - ref[e]) <= 1e-6 + Rtol(dtype) * std::fabs(ref[e]))) ++bad;
+    }
+    EXPECT_EQ(bad, 0) << "staged in place " << DTypeName(dtype);
   }
 }
 
@@ -492,16 +572,21 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
       std::uniform_real_distribution<float> temperature(0.3f, 3.0f);
       for (int i = 0; i < count; ++i) {
         const int64_t max_n = (i % 3 == 0) ? 8192 * v : (i % 3 == 1 ? 300 * v : 16 * v);
-        const int64_t n = std::uniform_int_distribution<int64_t>(1, max_n)(rng);
+        int64_t n = std::uniform_int_distribution<int64_t>(1, max_n)(rng);
+        if (n > 4096 * v) n |= 1;  // not whole vectors: the staged path does not take it
         const int64_t outer = std::uniform_int_distribution<int64_t>(1, n > 1000 ? 9 : 700)(rng);
         problems.push_back(MakeProblem(dtype, outer, n, 1, rng, temperature(rng), i % 2 == 0));
         if (i % 4 == 1) problems.back().input_offset_elements = 3;
       }
       problems.push_back(MakeProblem(dtype, 3, 8192 * v, 1, rng));  // the table's limit
+      problems.back().input_offset_elements = 1;  // misaligned: the staged path does not take it
       std::vector<SoftmaxSegment> described(problems.size());
       for (size_t i = 0; i < problems.size(); ++i) {
         described[i].outer = problems[i].shape.outer;
         described[i].n = problems[i].shape.n;
+        if (problems[i].input_offset_elements > 0) {
+          described[i].input = reinterpret_cast<const void*>(uintptr_t{2});
+        }
       }
       const int described_count = static_cast<int>(described.size());
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count), "flat_table");

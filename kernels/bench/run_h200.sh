@@ -1,20 +1,74 @@
 #!/bin/bash
-# Runs on the GPU machine, from the repository root: the GPU unit tests, then
-# the benchmark. Binaries come prebuilt (see kernels/README.md); results go to
-# $OUT (default ./bench-out).
-#   kernels/bench/run_h200.sh [build-dir]
+# On the GPU machine: installs the peers' wheels (when given), runs the GPU
+# unit tests, then the benchmark. Binaries come prebuilt (kernels/README.md).
+#
+#   kernels/bench/run_h200.sh DIR [WHEELS_DIR ...]
+#
+# DIR holds softmax_cuda_test, libsoftmax_kernels_c.so and softmax_bench.py
+# (each may be xz-compressed as NAME.xz). Each WHEELS_DIR holds *.whl files
+# and *.tar.xz archives of installed files (a wheel too large for one
+# transfer, unpacked and recompressed), or their parts NAME.part-aa, -ab, ...
+# which are joined first; all are installed offline into /tmp/peers_site
+# (--no-index --no-deps: torch, triton and numpy are the machine's own).
+#
+# Environment: OUT (results, default ./bench-out), TESTS=0 skips the unit
+# tests, BENCH=0 the benchmark, BENCH_ARGS more benchmark arguments,
+# STASH=DIR only copies the wheel folders into DIR and exits (the first of two
+# transfers; name DIR as a WHEELS_DIR of the second).
 set -u
-BUILD=${1:-build-kernels}
+DIR=${1:?usage: run_h200.sh DIR [WHEELS_DIR ...]}
+shift
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+
+if [ -n "${STASH:-}" ]; then
+  mkdir -p "$STASH"
+  for d in "$@"; do cp "$d"/* "$STASH"/; done
+  echo "stashed in $STASH:"; ls -la "$STASH"
+  exit 0
+fi
+
+for f in "$DIR"/*.xz; do
+  case "$f" in *.tar.xz|*"*"*) continue ;; esac
+  "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$f" "${f%.xz}" && chmod +x "${f%.xz}"
+done
+
+if [ $# -gt 0 ]; then
+  SITE=/tmp/peers_site
+  JOIN=/tmp/peers_join
+  rm -rf "$JOIN"; mkdir -p "$JOIN" "$SITE"
+  for d in "$@"; do cp "$d"/* "$JOIN"/ 2>/dev/null; done
+  for base in $(ls "$JOIN" | grep '\.part-' | sed 's/\.part-.*$//' | sort -u); do
+    cat "$JOIN/$base".part-* > "$JOIN/$base" && rm -f "$JOIN/$base".part-*
+    echo "joined $base"
+  done
+  for w in "$JOIN"/*.whl; do
+    [ -e "$w" ] && { "$PY" -m zipfile -e "$w" "$SITE" || echo "WARNING: cannot unpack $w"; }
+  done
+  for t in "$JOIN"/*.tar.xz; do
+    [ -e "$t" ] && { "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$t" "$SITE" || echo "WARNING: cannot unpack $t"; }
+  done
+  # Unpacked wheels skip .pth files: nvidia_cutlass_dsl.pth adds dsl_packages.
+  export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}"
+  echo "peers installed in $SITE: $(ls "$SITE" | grep dist-info | tr '\n' ' ')"
+fi
+
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
-timeout 300 "$BUILD/bin/softmax_cuda_test" --gtest_output="xml:$OUT/gtest.xml" > "$OUT/gtest.log" 2>&1
-echo "softmax_cuda_test exit code $?"
-grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|tests? ran" "$OUT/gtest.log" | tail -15
-grep -E "Failure|problem .* path" "$OUT/gtest.log" | head -20
-PYTHONUNBUFFERED=1 python3 kernels/bench/softmax_bench.py \
-  --lib "$BUILD/lib/libsoftmax_kernels_c.so" --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
-echo "softmax_bench exit code $?"
-cat "$OUT/bench.log" | grep -v "^  " | tail -70
+if [ "${TESTS:-1}" != "0" ]; then
+  timeout "${TEST_TIMEOUT:-240}" "$DIR/softmax_cuda_test" > "$OUT/gtest.log" 2>&1
+  echo "softmax_cuda_test exit code $?"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|tests? ran|^\[       OK|^\[  FAILED" "$OUT/gtest.log" | tail -25
+  grep -E "Failure|problem .* path" "$OUT/gtest.log" | head -20
+fi
+if [ "${BENCH:-1}" != "0" ]; then
+  "$PY" "$DIR/softmax_bench.py" --lib "$DIR/libsoftmax_kernels_c.so" --out "$OUT" \
+    ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  echo "softmax_bench exit code $?"
+  grep -v "^  " "$OUT/bench.log" | tail -80
+fi

@@ -1,20 +1,31 @@
 #!/usr/bin/env python3
-"""Softmax bandwidth on one GPU: this project's kernels, torch.softmax, a
-Triton fused-softmax kernel (one program per row, as in the public Triton
-tutorial) and a device-to-device copy, side by side with one timer.
+"""Softmax bandwidth on one GPU: this project's kernels beside its peers and a
+device-to-device copy, in one process with one timer.
+
+Providers:
+  ours           libsoftmax_kernels_c.so through ctypes (--lib)
+  torch          torch.softmax
+  triton         a Triton kernel with one program per row (N <= 16384)
+  quack          QuACK (quack-kernels, CuTe DSL): quack.softmax._softmax_fwd(x, out)
+  liger_cutedsl  Liger: liger_kernel.functional.softmax(x, impl="nvidia-cutedsl")
+  liger_triton   Liger: liger_kernel.functional.softmax(x, impl="nvidia-triton")
+  torch_compile  torch.compile(torch.softmax), static shapes, default mode
+  copy           y.copy_(x): the ceiling
 
 Usage (on the GPU machine; see kernels/README.md):
-    python3 kernels/bench/softmax_bench.py --lib build-kernels/lib/libsoftmax_kernels_c.so \
-        --out results/
+    python3 kernels/bench/softmax_bench.py --lib build/lib/libsoftmax_kernels_c.so --out DIR
 
 GB/s = 2 * M * N * itemsize / median time (bytes read once + written once).
 Every provider is validated against a float64 torch reference on fresh random
 normal inputs before it is timed (|y - ref| <= 1e-6 + rtol |ref|, rtol 1e-5 /
-2e-3 / 1.6e-2); a provider that fails is reported as invalid.
+2e-3 / 1.6e-2); one that fails is recorded as invalid and not timed. A peer
+that cannot be imported, or raises for a point, is recorded as
+"unsupported: <reason>" for that point; the run goes on.
 Writes softmax_bench.json (one object per point) and softmax_bench.png.
 """
 import argparse
 import ctypes
+import importlib
 import json
 import math
 import os
@@ -89,7 +100,7 @@ class Ours:
         return run, paths
 
 
-PATH_NAMES = ["warp", "block", "cluster", "split", "strided"]
+PATH_NAMES = ["warp_rows", "block_rows", "cluster_rows", "split_rows", "strided", "staged_rows"]
 
 
 @triton.jit
@@ -113,7 +124,7 @@ def triton_softmax(x, y):
 
 
 def median_ms(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
 def check(y, x, dim, rtol):
@@ -131,7 +142,154 @@ def gbps(nbytes, ms):
     return 2.0 * nbytes / (ms * 1e-3) / 1e9 if ms else None
 
 
+
+# ---------------------------------------------------------------------------
+# Peers. Each setup returns factory(x, y, dim) -> fn; fn() computes softmax of
+# x along dim and returns the output tensor. A setup that raises makes every
+# point of that peer "unsupported: <reason>"; a factory or first call that
+# raises does so for its point.
+
+PEERS = ["torch", "triton", "quack", "liger_cutedsl", "liger_triton", "torch_compile"]
+LABELS = {"ours": "softmax-serve", "torch": "torch.softmax", "triton": "Triton, one program per row",
+          "quack": "QuACK", "liger_cutedsl": "Liger (CuTe DSL)", "liger_triton": "Liger (Triton)",
+          "torch_compile": "torch.compile", "copy": "device-to-device copy"}
+STYLES = {"ours": "o-", "torch": "x-", "triton": "+-", "quack": "s-", "liger_cutedsl": "v-",
+          "liger_triton": "^-", "torch_compile": "D-", "copy": "k--"}
+SMEM_PER_BLOCK = 232448  # sm_90 opt-in shared memory per block (227 KiB)
+
+
+class Unsupported(Exception):
+    """A peer that cannot run a point; the message is the reason."""
+
+
+def short_error(e, limit=200):
+    text = str(e) if isinstance(e, Unsupported) else f"{type(e).__name__}: {e}"
+    text = " | ".join(l.strip() for l in text.splitlines() if l.strip())
+    return text[:limit]
+
+
+def last_axis_only(dim):
+    if dim != -1:
+        raise Unsupported("last axis only")
+
+
+def setup_torch():
+    return lambda x, y, dim: (lambda: torch.softmax(x, dim=dim))
+
+
+def setup_triton():
+    def factory(x, y, dim):
+        last_axis_only(dim)
+        if x.shape[-1] > TRITON_MAX_N:
+            raise Unsupported(f"one program holds a row: N <= {TRITON_MAX_N}")
+        return lambda: (triton_softmax(x, y), y)[1]
+    return factory
+
+
+def quack_cluster(n, itemsize):
+    """QuACK 0.6.5's cluster size on sm_90 (quack/softmax.py, Softmax._set_cluster_n)."""
+    limits = ([(16 << 10, 1), (32 << 10, 2), (64 << 10, 4), (128 << 10, 8)] if itemsize == 2
+              else [(32 << 10, 1), (64 << 10, 2), (128 << 10, 4), (256 << 10, 8)])
+    return next((c for lim, c in limits if n <= lim), 16)
+
+
+def setup_quack():
+    # importlib: quack/__init__.py rebinds the name quack.softmax to a function.
+    module = importlib.import_module("quack.softmax")
+    fwd = module._softmax_fwd
+
+    def factory(x, y, dim):
+        last_axis_only(dim)
+        n, itemsize = x.shape[-1], x.element_size()
+        if n % (16 // itemsize):
+            raise Unsupported(f"N must be a multiple of {16 // itemsize}")
+        share = n * itemsize // quack_cluster(n, itemsize)
+        if share > SMEM_PER_BLOCK:
+            raise Unsupported(f"a block's share of the row ({share >> 10} KiB) exceeds shared memory")
+        return lambda: (fwd(x, y), y)[1]
+    return factory
+
+
+def liger_functional():
+    # Strict: a requested implementation that cannot take the input raises
+    # instead of falling back to another one.
+    os.environ["LIGER_KERNEL_STRICT"] = "1"
+    functional = importlib.import_module("liger_kernel.functional")
+    if not hasattr(functional, "softmax"):
+        raise Unsupported("this liger-kernel has no functional.softmax")
+    return functional
+
+
+def setup_liger(impl, max_n):
+    functional = liger_functional()
+
+    def factory(x, y, dim):
+        last_axis_only(dim)
+        if x.shape[-1] > max_n:
+            raise Unsupported(f"Liger's {impl} softmax takes N <= {max_n}")
+        return lambda: functional.softmax(x, impl=impl)
+    return factory
+
+
+def setup_torch_compile():
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(int(getattr(config, name)), 1024))
+    compiled = {}
+
+    def factory(x, y, dim):
+        if dim not in compiled:
+            compiled[dim] = torch.compile(lambda t: torch.softmax(t, dim=dim), dynamic=False)
+        fn = compiled[dim]
+        return lambda: fn(x)
+    return factory
+
+
+SETUP = {"torch": setup_torch, "triton": setup_triton, "quack": setup_quack,
+         "liger_cutedsl": lambda: setup_liger("nvidia-cutedsl", 32768),
+         "liger_triton": lambda: setup_liger("nvidia-triton", 65536),
+         "torch_compile": setup_torch_compile}
+FACTORIES = {}  # name -> factory, or "unsupported: ..." when the setup failed
+
+
+def setup_peers(names):
+    for name in names:
+        try:
+            FACTORIES[name] = SETUP[name]()
+            print(f"peer {name}: ready", flush=True)
+        except Exception as e:  # noqa: BLE001 - a missing peer is a result, not a crash
+            FACTORIES[name] = "unsupported: " + short_error(e)
+            print(f"peer {name}: {FACTORIES[name]}", flush=True)
+
+
 VARIANTS = {}  # name -> Ours, extra builds timed beside "ours" (--variant)
+
+
+def run_provider(name, fn, x, y, dim, rtol, fresh, nbytes, row, log_lines, label):
+    """Validates fn on fresh inputs, then times it; records <name>_gbps/_ms/_status."""
+    row[f"{name}_gbps"] = None
+    try:
+        y.fill_(float("nan"))
+        fresh()
+        out = fn()
+        torch.cuda.synchronize()
+        valid, bad = check(out if out is not None else y, x, dim, rtol)
+        del out
+    except Exception as e:  # noqa: BLE001
+        if not torch.cuda.is_available():
+            raise
+        row[f"{name}_status"] = "unsupported: " + short_error(e)
+        return
+    if not valid:
+        row[f"{name}_status"] = f"invalid: {bad} elements off"
+        log_lines.append(f"INVALID {name} {label}: {bad} elements off")
+        return
+    ms = median_ms(fn)
+    row[f"{name}_gbps"] = gbps(nbytes, ms)
+    row[f"{name}_ms"] = ms
+    row[f"{name}_status"] = "ok"
 
 
 def measure_point(ours, case, dtype_name, shape, dim, log_lines, results):
@@ -140,40 +298,39 @@ def measure_point(ours, case, dtype_name, shape, dim, log_lines, results):
     y = torch.empty_like(x)
     nbytes = x.numel() * x.element_size()
     if dim == -1:
-        m, n = (shape[0], shape[1])
-        outer, axis_n, inner = m, n, 1
+        outer, axis_n, inner = shape[0], shape[1], 1
     else:  # dim 0 of a 2-D tensor
         outer, axis_n, inner = 1, shape[0], shape[1]
     row = {"case": case, "dtype": dtype_name, "M": shape[0], "N": shape[1],
            "shape": list(shape), "dim": dim}
 
+    def fresh():
+        x.copy_(torch.randn(shape, device="cuda", dtype=torch.float32).to(torch_dtype))
+
+    label = f"{case} {dtype_name} {list(shape)} dim {dim}"
     run_ours, paths = ours.prepare(code, [(x, y, outer, axis_n, inner)])
     row["ours_path"] = ",".join(PATH_NAMES[p] for p in paths)
     row["ours_kernels"] = run_ours.kernels
-    # torch.softmax allocates its output; the call alone is timed, its result validated.
-    providers = [("ours", run_ours), ("torch", lambda: torch.softmax(x, dim=dim))]
-    if dim == -1 and shape[1] <= TRITON_MAX_N:
-        providers.append(("triton", lambda: triton_softmax(x, y)))
+    run_provider("ours", lambda: (run_ours(), y)[1], x, y, dim, rtol, fresh, nbytes, row,
+                 log_lines, label)
+    for name in PEERS:
+        factory = FACTORIES.get(name)
+        if factory is None:
+            continue
+        if isinstance(factory, str):
+            row[f"{name}_gbps"], row[f"{name}_status"] = None, factory
+            continue
+        try:
+            fn = factory(x, y, dim)
+        except Exception as e:  # noqa: BLE001 - Unsupported, or a peer's own error
+            row[f"{name}_gbps"], row[f"{name}_status"] = None, "unsupported: " + short_error(e)
+            continue
+        run_provider(name, fn, x, y, dim, rtol, fresh, nbytes, row, log_lines, label)
     if case == "sweep":
         for vname, vlib in VARIANTS.items():
-            providers.append((f"variant_{vname}", vlib.prepare(code, [(x, y, outer, axis_n, inner)])[0]))
-    for name, fn in providers:
-        y.fill_(float("nan"))
-        # fresh inputs for the check
-        x.copy_(torch.randn(shape, device="cuda", dtype=torch.float32).to(torch_dtype))
-        out = fn()
-        torch.cuda.synchronize()
-        result = out if name == "torch" else y
-        valid, bad = check(result, x, dim, rtol)
-        del out
-        ms = median_ms(fn)
-        row[f"{name}_gbps"] = gbps(nbytes, ms)
-        row[f"{name}_ms"] = ms
-        row[f"{name}_valid"] = valid
-        if not valid:
-            log_lines.append(f"INVALID {name} {case} {dtype_name} {shape}: {bad} elements off")
-    for name in ("triton",):
-        row.setdefault(f"{name}_gbps", None)
+            run_v = vlib.prepare(code, [(x, y, outer, axis_n, inner)])[0]
+            run_provider(f"variant_{vname}", lambda: (run_v(), y)[1], x, y, dim, rtol, fresh,
+                         nbytes, row, log_lines, label)
     ms = median_ms(lambda: y.copy_(x))
     row["copy_gbps"] = gbps(nbytes, ms)
     row["copy_ms"] = ms
@@ -193,7 +350,7 @@ def measure_ragged(ours, dtype_name, log_lines, results, seed=0):
     run_ours, paths = ours.prepare(code, [(x, y, x.shape[0], x.shape[1], 1) for x, y in zip(xs, ys)])
     row = {"case": "ragged", "dtype": dtype_name, "M": sum(s[0] for s in shapes), "N": None,
            "tensors": len(shapes), "elements": sum(s[0] * s[1] for s in shapes),
-           "ours_path": ",".join(PATH_NAMES[p] for p in paths), "triton_gbps": None,
+           "ours_path": ",".join(PATH_NAMES[p] for p in paths),
            "ours_kernels": run_ours.kernels}
 
     def torch_all():
@@ -213,7 +370,7 @@ def measure_ragged(ours, dtype_name, log_lines, results, seed=0):
         ms = median_ms(fn)
         row[f"{name}_gbps"] = gbps(nbytes, ms)
         row[f"{name}_ms"] = ms
-        row[f"{name}_valid"] = bad == 0
+        row[f"{name}_status"] = "ok" if bad == 0 else f"invalid: {bad} elements off"
         if bad:
             log_lines.append(f"INVALID {name} ragged {dtype_name}: {bad} elements off")
     # Diagnostics: the same launch restricted to the segments of each path.
@@ -240,19 +397,39 @@ def fmt(v, w=7):
     return f"{v:{w}.0f}" if isinstance(v, (int, float)) and v is not None else f"{'-':>{w}}"
 
 
+def best_peer(r):
+    """(name, GB/s) of the fastest valid peer at a point, or (None, None)."""
+    peers = [(r.get(f"{p}_gbps"), p) for p in PEERS if r.get(f"{p}_gbps")]
+    if not peers:
+        return None, None
+    gb, name = max(peers)
+    return name, gb
+
+
+def print_header():
+    print(f"{'case':7s} {'dtype':9s} {'shape':>18s} {'kernel':>14s} {'ours':>7s} "
+          + " ".join(f"{p[:7]:>7s}" for p in PEERS)
+          + f" {'copy':>7s} {'ours/cp':>8s} {'ours/pr':>8s} best", flush=True)
+
+
 def print_row(r):
-    best_peer = max([v for v in (r.get("torch_gbps"), r.get("triton_gbps")) if v] or [float("nan")])
-    oc = r["ours_gbps"] / r["copy_gbps"] if r.get("copy_gbps") else float("nan")
-    op = r["ours_gbps"] / best_peer if best_peer == best_peer else float("nan")
+    name, best = best_peer(r)
+    ours = r.get("ours_gbps")
+    oc = ours / r["copy_gbps"] if ours and r.get("copy_gbps") else float("nan")
+    op = ours / best if ours and best else float("nan")
     shape = f"{r['M']}x{r['N']}" if r["N"] else f"{r.get('tensors')} tensors"
     if r.get("dim", -1) == 0:
         shape += " dim0"
     kernels = r.get("ours_kernels") or r.get("ours_path", "")
-    print(f"{r['case']:7s} {r['dtype']:9s} {shape:>18s} {kernels:>12s} "
-          f"{fmt(r['ours_gbps'])} {fmt(r.get('torch_gbps'))} {fmt(r.get('triton_gbps'))} "
-          f"{fmt(r['copy_gbps'])} {oc:8.3f} {op:8.3f}"
+    print(f"{r['case']:7s} {r['dtype']:9s} {shape:>18s} {kernels[:14]:>14s} {fmt(ours)} "
+          + " ".join(fmt(r.get(f"{p}_gbps")) for p in PEERS)
+          + f" {fmt(r['copy_gbps'])} {oc:8.3f} {op:8.3f} {name or '-'}"
           + "".join(f"  {k[8:-5]}={v:.0f}" for k, v in r.items()
-                    if k.startswith("variant_") and k.endswith("_gbps")), flush=True)
+                    if k.startswith("variant_") and k.endswith("_gbps") and v), flush=True)
+
+
+def geomean(v):
+    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
 
 
 def summarize(results):
@@ -261,17 +438,21 @@ def summarize(results):
               "huge+axis": [r for r in results if r["case"] in ("huge", "axis")],
               "ragged": [r for r in results if r["case"] == "ragged"]}
     for name, rows in groups.items():
+        rows = [r for r in rows if r.get("ours_gbps")]
         if not rows:
             continue
         oc = [r["ours_gbps"] / r["copy_gbps"] for r in rows]
-        op = []
-        for r in rows:
-            peers = [v for v in (r.get("torch_gbps"), r.get("triton_gbps")) if v]
-            if peers:
-                op.append(r["ours_gbps"] / max(peers))
-        g = lambda v: math.exp(sum(math.log(x) for x in v) / len(v))
-        lines.append(f"{name:10s} ours/copy min {min(oc):.3f} geomean {g(oc):.3f}   "
-                     f"ours/best-peer min {min(op):.3f} geomean {g(op):.3f}")
+        op = [r["ours_gbps"] / best_peer(r)[1] for r in rows if best_peer(r)[1]]
+        lines.append(f"{name:10s} ours/copy min {min(oc):.3f} geomean {geomean(oc):.3f}   "
+                     f"ours/best-peer min {min(op, default=float('nan')):.3f} "
+                     f"geomean {geomean(op):.3f}")
+    # Where QuACK or Liger runs: ours against the best of them.
+    vs = [r["ours_gbps"] / max(r[f"{p}_gbps"] for p in ("quack", "liger_cutedsl", "liger_triton")
+                                if r.get(f"{p}_gbps"))
+          for r in results if r.get("ours_gbps") and any(
+              r.get(f"{p}_gbps") for p in ("quack", "liger_cutedsl", "liger_triton"))]
+    if vs:
+        lines.append(f"vs QuACK/Liger ({len(vs)} points): min {min(vs):.3f} geomean {geomean(vs):.3f}")
     return lines
 
 
@@ -286,9 +467,8 @@ def plot(results, path):
         if not rows:
             continue
         ns = [r["N"] for r in rows]
-        for key, label, style in (("ours_gbps", "softmax-serve", "o-"), ("torch_gbps", "torch.softmax", "s-"),
-                                  ("triton_gbps", "Triton (one program per row)", "^-"),
-                                  ("copy_gbps", "device-to-device copy", "k--")):
+        for name in ["ours"] + PEERS + ["copy"]:
+            key, label, style = f"{name}_gbps", LABELS[name], STYLES[name]
             pts = [(n, r[key]) for n, r in zip(ns, rows) if r.get(key)]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
@@ -297,7 +477,7 @@ def plot(results, path):
         ax.set_title(f"softmax {dtype_name}, H200")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("GB/s (read + write)")
-    axes[0].legend()
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -308,6 +488,14 @@ def main():
     parser.add_argument("--out", default=".", help="folder for JSON and PNG")
     parser.add_argument("--dtypes", default="float32,float16,bfloat16")
     parser.add_argument("--quick", action="store_true", help="M*N = 2^24, fewer points (smoke test)")
+    parser.add_argument("--ns", default="", help="comma-separated row lengths of the sweep "
+                        "(default: the standard sweep)")
+    parser.add_argument("--cases", default="sweep,huge,axis,ragged",
+                        help="comma-separated cases to run (sweep, huge, axis, ragged)")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help="comma-separated peers to run (default: all)")
+    parser.add_argument("--budget-s", type=float, default=0,
+                        help="stop starting new points after this many seconds (0: no limit)")
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME=path of another build of the library, timed beside ours "
                              "(sweep and ragged points)")
@@ -320,11 +508,19 @@ def main():
         VARIANTS[name] = Ours(path)
     print(ours.plan(), flush=True)
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    setup_peers([p for p in args.peers.split(",") if p])
+    versions = {}
+    for dist in ("quack-kernels", "nvidia-cutlass-dsl", "liger-kernel"):
+        try:
+            from importlib import metadata
+            versions[dist] = metadata.version(dist)
+        except Exception:  # noqa: BLE001
+            versions[dist] = None
+    print(f"peer versions: {versions}", flush=True)
     total = 1 << (24 if args.quick else 28)
     dtypes = args.dtypes.split(",")
     results, log_lines = [], []
-    print(f"{'case':7s} {'dtype':9s} {'shape':>18s} {'kernel':>12s} {'ours':>7s} {'torch':>7s} "
-          f"{'triton':>7s} {'copy':>7s} {'ours/cp':>8s} {'ours/pr':>8s}")
+    print_header()
     start = time.time()
     json_path = os.path.join(args.out, "softmax_bench.json")
 
@@ -333,23 +529,33 @@ def main():
         with open(json_path, "w") as f:
             json.dump(results, f, indent=1)
 
-    for dtype_name in dtypes:
-        for n in SWEEP_N:
-            if n > total:
-                continue
-            show(measure_point(ours, "sweep", dtype_name, (total // n, n), -1, log_lines, results))
+    def in_budget():
+        if args.budget_s and time.time() - start > args.budget_s:
+            log_lines.append(f"budget of {args.budget_s:.0f} s spent: later points skipped")
+            return False
+        return True
+
     huge = [(16, 1 << 24), (4, 1 << 26)] if not args.quick else [(4, 1 << 22)]
     axis = [(4096, 65536), (65536, 4096), (1048576, 256)] if not args.quick else [(4096, 4096)]
+    cases = args.cases.split(",")
+    sweep_n = [int(v) for v in args.ns.split(",")] if args.ns else SWEEP_N
+    # dtype by dtype, so that a run cut short by --budget-s loses the last dtype's points
     for dtype_name in dtypes:
-        for shape in huge:
-            show(measure_point(ours, "huge", dtype_name, shape, -1, log_lines, results))
-        for shape in axis:
-            show(measure_point(ours, "axis", dtype_name, shape, 0, log_lines, results))
-        show(measure_ragged(ours, dtype_name, log_lines, results))
+        for n in sweep_n if "sweep" in cases else []:
+            if n <= total and in_budget():
+                show(measure_point(ours, "sweep", dtype_name, (total // n, n), -1, log_lines, results))
+        for shape in huge if "huge" in cases else []:
+            if in_budget():
+                show(measure_point(ours, "huge", dtype_name, shape, -1, log_lines, results))
+        for shape in axis if "axis" in cases else []:
+            if in_budget():
+                show(measure_point(ours, "axis", dtype_name, shape, 0, log_lines, results))
+        if "ragged" in cases and in_budget():
+            show(measure_ragged(ours, dtype_name, log_lines, results))
     for line in log_lines:
         print(line)
     summary = summarize(results)
-    log_lines = [l for l in log_lines if l.startswith("INVALID")]
+    invalid = [l for l in log_lines if l.startswith("INVALID")]
     for line in summary:
         print(line)
     with open(json_path, "w") as f:
@@ -358,7 +564,7 @@ def main():
         plot(results, os.path.join(args.out, "softmax_bench.png"))
     except Exception as e:  # the numbers matter more than the chart
         print(f"plot failed: {e}")
-    print(f"done in {time.time() - start:.0f} s; invalid providers: {len(log_lines)}")
+    print(f"done in {time.time() - start:.0f} s; invalid providers: {len(invalid)}")
     return 0
 
 

@@ -1,40 +1,65 @@
 #!/usr/bin/env python3
-"""Prints the markdown tables of a softmax_bench.json (used for results/README.md)."""
+"""Prints the markdown tables of a softmax_bench.json (for bench/results/README.md).
+
+    python3 kernels/bench/summarize.py softmax_bench.json
+"""
 import json
 import math
 import sys
 
+PEERS = ["quack", "liger_cutedsl", "liger_triton", "torch_compile", "torch", "triton"]
+QUACK_LIGER = ["quack", "liger_cutedsl", "liger_triton"]
+
+
+def geomean(v):
+    return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
+
+
+def best(r, names):
+    found = [(r[f"{p}_gbps"], p) for p in names if r.get(f"{p}_gbps")]
+    return max(found) if found else (None, None)
+
 
 def main(path):
     rows = json.load(open(path))
-    print("| case | dtype | shape | kernel | ours | torch | triton | copy | ours/copy | ours/best peer |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    copy = lambda r: r["copy_gbps"]
+    f = lambda v: f"{v:.0f}" if v else "-"
+    ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"
+    print("| case | dtype | shape | kernels | ours | copy | QuACK | Liger CuTe | Liger Triton "
+          "| torch.compile | torch | ours / copy | ours / best peer (which) |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        peers = [v for v in (r.get("torch_gbps"), r.get("triton_gbps")) if v]
-        best = max(peers) if peers else None
-        shape = f"{r['M']} x {r['N']}" if r["N"] else f"{r['tensors']} tensors, {r['elements']} elements"
+        shape = f"{r['M']} x {r['N']}" if r["N"] else f"{r['tensors']} tensors"
         if r.get("dim") == 0:
             shape = f"dim 0 of [{r['M']}, {r['N']}]"
-        f = lambda v: f"{v:.0f}" if v else "-"
-        print(f"| {r['case']} | {r['dtype']} | {shape} | {r.get('ours_kernels') or r.get('ours_path', '')} | {f(r['ours_gbps'])} | "
-              f"{f(r.get('torch_gbps'))} | {f(r.get('triton_gbps'))} | {f(r['copy_gbps'])} | "
-              f"{r['ours_gbps'] / r['copy_gbps']:.3f} | {r['ours_gbps'] / best:.3f} |")
+        gb, name = best(r, PEERS)
+        print(f"| {r['case']} | {r['dtype']} | {shape} | {r.get('ours_kernels') or ''} "
+              f"| {f(r.get('ours_gbps'))} | {f(copy(r))} "
+              + "".join(f"| {f(r.get(p + '_gbps'))} " for p in
+                        ("quack", "liger_cutedsl", "liger_triton", "torch_compile", "torch"))
+              + f"| {ratio(r.get('ours_gbps'), copy(r))} | {ratio(r.get('ours_gbps'), gb)} ({name}) |")
     print()
-    for name, keep in (("sweep", ("sweep",)), ("huge rows and non-last axes", ("huge", "axis")),
-                       ("ragged", ("ragged",))):
-        sel = [r for r in rows if r["case"] in keep]
+    for label, keep in (("sweep", ("sweep",)), ("huge rows and non-last axes", ("huge", "axis")),
+                        ("ragged", ("ragged",))):
+        sel = [r for r in rows if r["case"] in keep and r.get("ours_gbps")]
         if not sel:
             continue
-        oc = [r["ours_gbps"] / r["copy_gbps"] for r in sel]
-        op = [r["ours_gbps"] / max(v for v in (r.get("torch_gbps"), r.get("triton_gbps")) if v) for r in sel]
-        g = lambda v: math.exp(sum(map(math.log, v)) / len(v))
-        print(f"- {name}: ours/copy min {min(oc):.3f}, geometric mean {g(oc):.3f}; "
-              f"ours/best peer min {min(op):.3f}, geometric mean {g(op):.3f}")
+        oc = [r["ours_gbps"] / copy(r) for r in sel]
+        op = [r["ours_gbps"] / best(r, PEERS)[0] for r in sel if best(r, PEERS)[0]]
+        print(f"- {label} ({len(sel)} points): ours/copy min {min(oc):.3f}, geometric mean "
+              f"{geomean(oc):.3f}; ours/best peer min {min(op):.3f}, geometric mean {geomean(op):.3f}")
+    vs = [(r["ours_gbps"] / best(r, QUACK_LIGER)[0], r) for r in rows
+          if r.get("ours_gbps") and best(r, QUACK_LIGER)[0]]
+    if vs:
+        worst = min(vs, key=lambda t: t[0])
+        print(f"- where QuACK or Liger runs ({len(vs)} points): ours / best of them min "
+              f"{worst[0]:.3f} ({worst[1]['dtype']} N={worst[1]['N']}), geometric mean "
+              f"{geomean([v for v, _ in vs]):.3f}; below 0.98 at "
+              + ", ".join(f"{r['dtype']} {r['N']} ({v:.2f})" for v, r in vs if v < 0.98))
     for r in rows:
-        if r["case"] == "ragged":
+        if r["case"] == "ragged" and r.get("torch_ms"):
             print(f"- ragged {r['dtype']}: ours {r['ours_ms'] * 1000:.1f} us in one launch, "
-                  f"64 torch calls {r['torch_ms'] * 1000:.1f} us (ratio {r['ours_ms'] / r['torch_ms']:.3f}), "
-                  f"copy of the same bytes {r['copy_ms'] * 1000:.1f} us")
+                  f"64 torch calls {r['torch_ms'] * 1000:.1f} us (ratio {r['ours_ms'] / r['torch_ms']:.3f})")
 
 
 if __name__ == "__main__":

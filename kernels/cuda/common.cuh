@@ -1,0 +1,364 @@
+// Shared device code of the softmax kernels: element types held as raw
+// 16-byte vectors, loads and stores, (max, sum) pairs and their reductions.
+//
+// Conventions shared by every kernel:
+// - Rows are held as raw 16-byte vectors (uint4) of the input's own bits,
+//   converted to float32 on use; V = 16 / element size elements per vector.
+// - Rows are padded with -inf; padding never contributes to a sum and is never
+//   stored.
+// - exp(x / t) is computed as exp2((x - max) * scale) with scale =
+//   log2(e) / t; log-softmax as ((x - max) * scale - log2(sum)) * ln 2.
+// - A NaN or +inf in a row, or a row of all -inf, gives a row of NaN.
+#ifndef SOFTMAX_KERNELS_CUDA_COMMON_CUH_
+#define SOFTMAX_KERNELS_CUDA_COMMON_CUH_
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/plan.h"
+
+namespace softmax {
+namespace gpu {
+namespace detail {
+
+namespace cg = cooperative_groups;
+
+constexpr float kLn2 = 0.693147180559945309f;
+
+// Element types.
+
+// A thread's data is held as raw 16-byte vectors (uint4) of the input's own
+// bits; each 32-bit word holds kPerWord elements. Word access uses only
+// compile-time indices so the vectors stay in registers.
+
+__device__ __forceinline__ unsigned Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ uint4 MakeVector(unsigned a, unsigned b, unsigned c, unsigned d) {
+  uint4 v;
+  v.x = a;
+  v.y = b;
+  v.z = c;
+  v.w = d;
+  return v;
+}
+
+template <typename T>
+struct Traits;
+template <>
+struct Traits<float> {
+  using Bits = unsigned int;
+  static constexpr int kPerWord = 1;
+  static constexpr unsigned kNegInfWord = 0xff800000u;
+  __device__ static void WordToFloats(unsigned w, float* f) { f[0] = __uint_as_float(w); }
+  __device__ static unsigned FloatsToWord(const float* f) { return __float_as_uint(f[0]); }
+  __device__ static unsigned ElementsToWord(const Bits* e) { return e[0]; }
+  __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
+    return fmaxf(fmaxf(__uint_as_float(a), __uint_as_float(b)),
+                 fmaxf(__uint_as_float(c), __uint_as_float(d)));
+  }
+  __device__ static Bits Element(unsigned w, int k) { return w; }
+};
+template <>
+struct Traits<__half> {
+  using Bits = unsigned short;
+  static constexpr int kPerWord = 2;
+  static constexpr unsigned kNegInfWord = 0xfc00fc00u;
+  // volatile: each pass converts again instead of keeping 8 floats per
+  // vector alive across the reductions (which would spill).
+  __device__ static void WordToFloats(unsigned w, float* f) {
+    asm volatile(
+        "{.reg .b16 lo, hi;\n\t"
+        "mov.b32 {lo, hi}, %2;\n\t"
+        "cvt.f32.f16 %0, lo;\n\t"
+        "cvt.f32.f16 %1, hi;}"
+        : "=f"(f[0]), "=f"(f[1])
+        : "r"(w));
+  }
+  __device__ static unsigned FloatsToWord(const float* f) {
+    return static_cast<unsigned>(__half_as_ushort(__float2half_rn(f[0]))) |
+           (static_cast<unsigned>(__half_as_ushort(__float2half_rn(f[1]))) << 16);
+  }
+  __device__ static unsigned ElementsToWord(const Bits* e) {
+    return static_cast<unsigned>(e[0]) | (static_cast<unsigned>(e[1]) << 16);
+  }
+  __device__ static Bits Element(unsigned w, int k) {
+    return static_cast<Bits>(k == 0 ? (w & 0xffffu) : (w >> 16));
+  }
+  // Packed max of 8 elements (NaN is dropped, like fmaxf; sums catch NaN).
+  __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
+    unsigned ab, cd, r;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(ab) : "r"(a), "r"(b));
+    asm("max.f16x2 %0, %1, %2;" : "=r"(cd) : "r"(c), "r"(d));
+    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(ab), "r"(cd));
+    float f[2];
+    WordToFloats(r, f);
+    return fmaxf(f[0], f[1]);
+  }
+};
+template <>
+struct Traits<__nv_bfloat16> {
+  using Bits = unsigned short;
+  static constexpr int kPerWord = 2;
+  static constexpr unsigned kNegInfWord = 0xff80ff80u;
+  // volatile: see Traits<__half>::WordToFloats.
+  __device__ static void WordToFloats(unsigned w, float* f) {
+    unsigned lo, hi;
+    asm volatile("shl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;" : "=r"(lo), "=r"(hi) : "r"(w));
+    f[0] = __uint_as_float(lo);
+    f[1] = __uint_as_float(hi);
+  }
+  __device__ static unsigned FloatsToWord(const float* f) {
+    return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(f[0]))) |
+           (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(f[1]))) << 16);
+  }
+  __device__ static unsigned ElementsToWord(const Bits* e) {
+    return static_cast<unsigned>(e[0]) | (static_cast<unsigned>(e[1]) << 16);
+  }
+  __device__ static Bits Element(unsigned w, int k) {
+    return static_cast<Bits>(k == 0 ? (w & 0xffffu) : (w >> 16));
+  }
+  __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
+    unsigned ab, cd, r;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(ab) : "r"(a), "r"(b));
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(cd) : "r"(c), "r"(d));
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(ab), "r"(cd));
+    float f[2];
+    WordToFloats(r, f);
+    return fmaxf(f[0], f[1]);
+  }
+};
+
+// Max of the V elements of a vector, as float.
+template <typename T>
+__device__ __forceinline__ float VectorMax(uint4 v) {
+  return Traits<T>::MaxOfWords(v.x, v.y, v.z, v.w);
+}
+
+template <typename T>
+__host__ __device__ constexpr int VecWidth() { return 16 / static_cast<int>(sizeof(typename Traits<T>::Bits)); }
+
+template <typename T>
+__device__ __forceinline__ uint4 NegInfVector() {
+  constexpr unsigned w = Traits<T>::kNegInfWord;
+  return MakeVector(w, w, w, w);
+}
+
+template <typename T>
+__device__ __forceinline__ void Unpack(uint4 raw, float* x) {
+  constexpr int P = Traits<T>::kPerWord;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) Traits<T>::WordToFloats(Word(raw, i), x + i * P);
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 Pack(const float* y) {
+  constexpr int P = Traits<T>::kPerWord;
+  return MakeVector(Traits<T>::FloatsToWord(y), Traits<T>::FloatsToWord(y + P),
+                    Traits<T>::FloatsToWord(y + 2 * P), Traits<T>::FloatsToWord(y + 3 * P));
+}
+
+// 16-byte global accesses used by every path.
+__device__ __forceinline__ uint4 LoadGlobal16(const uint4* p) { return __ldg(p); }
+__device__ __forceinline__ void StoreGlobal16(uint4* p, uint4 v) { *p = v; }
+
+// Element-wise load of V elements starting at p[e0]; positions >= limit read -inf.
+template <typename T>
+__device__ __forceinline__ uint4 LoadElements(const typename Traits<T>::Bits* p, long long e0,
+                                              long long limit) {
+  constexpr int V = VecWidth<T>();
+  constexpr int P = Traits<T>::kPerWord;
+  using Bits = typename Traits<T>::Bits;
+  constexpr Bits kNegInf = static_cast<Bits>(Traits<T>::kNegInfWord);
+  unsigned w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    Bits e[P];
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const long long idx = e0 + i * P + k;
+      e[k] = idx < limit ? __ldg(p + idx) : kNegInf;
+    }
+    w[i] = Traits<T>::ElementsToWord(e);
+  }
+  (void)V;
+  return MakeVector(w[0], w[1], w[2], w[3]);
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreElements(typename Traits<T>::Bits* p, long long e0,
+                                              long long limit, uint4 v) {
+  constexpr int P = Traits<T>::kPerWord;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const long long idx = e0 + i * P + k;
+      if (idx < limit) p[idx] = Traits<T>::Element(Word(v, i), k);
+    }
+  }
+}
+
+// Loads vector `vi` (elements vi*V .. vi*V+V-1) of a row of n elements; lanes
+// past n read -inf. `vec`: the row start is 16-byte aligned and n % V == 0.
+template <typename T, bool kVec>
+__device__ __forceinline__ uint4 LoadVector(const void* row, long long vi, long long n) {
+  constexpr int V = VecWidth<T>();
+  if constexpr (kVec) {
+    if (vi * V < n) return LoadGlobal16(static_cast<const uint4*>(row) + vi);
+    return NegInfVector<T>();
+  }
+  return LoadElements<T>(static_cast<const typename Traits<T>::Bits*>(row), vi * V, n);
+}
+
+// Stores packed vector v as vector `vi` of a row of n elements (lanes past n dropped).
+template <typename T, bool kVec>
+__device__ __forceinline__ void StoreVector(void* row, long long vi, long long n, uint4 v) {
+  constexpr int V = VecWidth<T>();
+  if constexpr (kVec) {
+    if (vi * V < n) StoreGlobal16(static_cast<uint4*>(row) + vi, v);
+    return;
+  }
+  StoreElements<T>(static_cast<typename Traits<T>::Bits*>(row), vi * V, n, v);
+}
+
+// ---------------------------------------------------------------------------
+// (max, sum) pairs: sum = sum_i exp2((x_i - max) * scale). Merging is
+// associative (online softmax). A part with max == -inf contributes 0 * its
+// sum, so a NaN sum still poisons the row and empty parts vanish.
+
+// 2^x with one MUFU instruction; results below 2^-126 flush to 0 (far under
+// every tolerance), -inf gives 0, NaN stays NaN.
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+struct MaxSum {
+  float m;
+  float d;
+};
+
+__device__ __forceinline__ float Rescale(float m_part, float m, float scale) {
+  return m_part == -INFINITY ? 0.0f : FastExp2((m_part - m) * scale);
+}
+
+__device__ __forceinline__ MaxSum Merge(MaxSum a, MaxSum b, float scale) {
+  const float m = fmaxf(a.m, b.m);
+  return {m, a.d * Rescale(a.m, m, scale) + b.d * Rescale(b.m, m, scale)};
+}
+
+__device__ __forceinline__ MaxSum WarpMerge(MaxSum v, float scale) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    MaxSum other{__shfl_xor_sync(0xffffffffu, v.m, offset),
+                 __shfl_xor_sync(0xffffffffu, v.d, offset)};
+    v = Merge(v, other, scale);
+  }
+  return v;
+}
+
+// (max, sum) over the kSlots vectors one thread holds.
+template <typename T, int kN>
+__device__ __forceinline__ MaxSum LocalMaxSum(const uint4 (&raw)[kN], float scale) {
+  constexpr int V = VecWidth<T>();
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
+  // With m == -inf every value is -inf (-> 0) or NaN (-> NaN): shift by 0.
+  const float shift = m == -INFINITY ? 0.0f : m;
+  float d = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    float x[V];
+    Unpack<T>(raw[j], x);
+#pragma unroll
+    for (int k = 0; k < V; ++k) d += FastExp2((x[k] - shift) * scale);
+  }
+  return {m, d};
+}
+
+// Final values of one vector given the row's merged (max, sum), packed.
+// `factor` is log2(sum) for log-softmax and 1/sum otherwise.
+template <typename T>
+__device__ __forceinline__ uint4 NormalizeVector(uint4 raw, float m, float scale, bool log,
+                                                 float factor) {
+  constexpr int P = Traits<T>::kPerWord;
+  unsigned w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float x[P];
+    Traits<T>::WordToFloats(Word(raw, i), x);
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      x[k] = log ? ((x[k] - m) * scale - factor) * kLn2 : FastExp2((x[k] - m) * scale) * factor;
+    }
+    w[i] = Traits<T>::FloatsToWord(x);
+  }
+  return MakeVector(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ float OutputFactor(bool log, float sum) {
+  return log ? log2f(sum) : 1.0f / sum;
+}
+
+// Asks L2 to fetch [p, p + bytes) ahead of the loads that will read it (one
+// bulk prefetch per 64 KiB); lets a worker's next unit stream in while it
+// reduces the current one, without holding registers.
+__device__ __forceinline__ void PrefetchL2(const void* p, size_t bytes) {
+  uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~static_cast<uintptr_t>(15);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + 15) & ~static_cast<uintptr_t>(15);
+  for (; begin < end; begin += 65536) {
+    const unsigned size = static_cast<unsigned>(min(static_cast<uintptr_t>(65536), end - begin));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(begin), "r"(size) : "memory");
+  }
+}
+
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Block-wide merge; every thread gets the result. `slots` holds kWarps pairs
+// and may be reused once this returns.
+__device__ __forceinline__ MaxSum BlockMerge(MaxSum v, float scale, float2* slots) {
+  v = WarpMerge(v, scale);
+  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = make_float2(v.m, v.d);
+  __syncthreads();
+  MaxSum total{-INFINITY, 0.0f};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total = Merge(total, MaxSum{slots[w].x, slots[w].y}, scale);
+  __syncthreads();
+  return total;
+}
+
+// Block-wide merge of `parts` (max, sum) partials written by other blocks
+// (read through L2); every thread gets the result.
+__device__ __forceinline__ MaxSum MergePartials(const float2* partials, int parts, float scale,
+                                                float2* slots) {
+  MaxSum total{-INFINITY, 0.0f};
+  for (int k = threadIdx.x; k < parts; k += kThreads) {
+    const float2 p = __ldcg(partials + k);
+    total = Merge(total, MaxSum{p.x, p.y}, scale);
+  }
+  return BlockMerge(total, scale, slots);
+}
+
+// First unit that worker `worker` of `workers` owns when unit 0 goes to worker
+// `first_worker` and unit u to worker (first_worker + u) % workers. The host
+// rotates first_worker across segments so that small segments do not all
+// land on worker 0.
+__device__ __forceinline__ int FirstUnit(int worker, int workers, int first_worker) {
+  const int r = worker - first_worker;
+  return r < 0 ? r + workers : r;
+}
+
+}  // namespace detail
+}  // namespace gpu
+}  // namespace softmax
+
+#endif  // SOFTMAX_KERNELS_CUDA_COMMON_CUH_

@@ -1,0 +1,326 @@
+// Host-side planning: the launch plan (occupancy probe), which path takes a
+// segment, the geometry of each path, and the scratch a launch needs. No
+// kernel lives here (launch.cu owns them all).
+#include "kernels/cuda/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace softmax {
+namespace gpu {
+namespace detail {
+
+int GridOf(const LaunchPlan& plan, const std::string& kernel, DType dtype, int cluster) {
+  const KernelProbe* probe = plan.Find(kernel, dtype, cluster);
+  return probe != nullptr ? probe->grid : plan.multiprocessors();
+}
+
+FlatShape FlatShapeOf(long long vectors) {
+  const int group_log2 = CeilLog2(CeilDiv(vectors, kFlatSlots));
+  const int threads = group_log2 <= 5 ? 256 : std::max(64, 1 << group_log2);
+  return {threads, group_log2};
+}
+
+std::string FlatProbeName(int threads) { return "flat.t" + std::to_string(threads); }
+
+const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, int count,
+                                  bool allow_flat) {
+  if (!allow_flat) return nullptr;
+  const SoftmaxSegment* only = nullptr;
+  for (int i = 0; i < count; ++i) {
+    if (Empty(segments[i])) continue;
+    if (only != nullptr) return nullptr;
+    only = &segments[i];
+  }
+  if (only == nullptr || only->inner != 1) return nullptr;
+  if (CeilDiv(only->n, Vectors(dtype)) > kFlatMaxVectors) return nullptr;
+  return only;
+}
+
+const SoftmaxSegment* StagedSegment(const LaunchPlan& plan, DType dtype,
+                                    const SoftmaxSegment* segments, int count, bool allow_flat) {
+  if (!allow_flat) return nullptr;
+  const SoftmaxSegment* only = nullptr;
+  for (int i = 0; i < count; ++i) {
+    if (Empty(segments[i])) continue;
+    if (only != nullptr) return nullptr;
+    only = &segments[i];
+  }
+  if (only == nullptr || only->inner != 1 || !VectorAligned(dtype, *only)) return nullptr;
+  const long long vectors = CeilDiv(only->n, Vectors(dtype));
+  StagedShape shape;
+  if (vectors <= kFlatMaxVectors || vectors > kTableMaxVectors ||
+      !StagedShapeOf(plan, dtype, vectors, &shape)) {
+    return nullptr;
+  }
+  return only;
+}
+
+int TableGroupLog2(long long vectors) {
+  // At most kTableSlots vectors per thread, no 64-thread groups (at most 8
+  // groups of whole warps per block, one named barrier each).
+  const int group_log2 = CeilLog2(CeilDiv(vectors, kTableSlots));
+  return group_log2 > 5 && group_log2 < 7 ? 7 : group_log2;
+}
+
+int ClusterLog2(long long vectors) { return CeilLog2(CeilDiv(vectors, kBlockVectors)); }
+
+bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, StagedShape* shape) {
+  // Largest cluster the probe could launch at the largest share.
+  int largest = 0;
+  for (int c = 1; c <= kMaxClusterSize; c *= 2) {
+    const KernelProbe* p = plan.Find("staged", dtype, c);
+    if (p != nullptr && p->max_active_clusters > 0) largest = c;
+  }
+  if (largest == 0) return false;
+  int cluster = 1;
+  while (cluster < largest && CeilDiv(vectors, cluster) * 16 > kStagedTargetBytes) cluster *= 2;
+  const long long chunk = CeilDiv(vectors, cluster);
+  if (chunk * 16 > kStagedMaxBytes) return false;
+  shape->cluster = cluster;
+  shape->chunk_vectors = static_cast<int>(chunk);
+  shape->stage_vectors = static_cast<int>(
+      std::max<long long>(kStagedMinStageBytes / 16, CeilDiv(chunk, kStagedMaxStages)));
+  shape->shared_bytes = static_cast<size_t>(chunk) * 16;
+  return true;
+}
+
+SplitShape SplitShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  const long long vectors = CeilDiv(s.n, Vectors(dtype));
+  const long long chunks = CeilDiv(vectors, kBlockVectors);
+  if (chunks <= GridOf(plan, "split_fused", dtype)) {
+    return {kBlockVectors, static_cast<int>(chunks), true};
+  }
+  const long long rows = s.outer;
+  const long long grid = GridOf(plan, "split_stats", dtype);
+  long long parts = std::min(chunks, std::max(1LL, CeilDiv(grid, rows)));
+  const long long part_vectors = CeilDiv(chunks, parts) * kBlockVectors;
+  parts = CeilDiv(vectors, part_vectors);
+  return {part_vectors, static_cast<int>(parts), false};
+}
+
+StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  const int v = Vectors(dtype);
+  StridedShape shape;
+  shape.lanes_log2 = std::min(5, CeilLog2(CeilDiv(s.inner, v)));
+  const long long strip_columns = (1LL << shape.lanes_log2) * v;
+  shape.strips = CeilDiv(s.inner, strip_columns);
+  const long long rows_per_pass = kWarps * (32 >> shape.lanes_log2);
+  const long long base_units = s.outer * shape.strips;
+  const long long grid = GridOf(plan, "strided_stats", dtype);
+  long long parts = std::min(CeilDiv(s.n, rows_per_pass), std::max(1LL, CeilDiv(grid, base_units)));
+  shape.part_rows = CeilDiv(CeilDiv(s.n, parts), rows_per_pass) * rows_per_pass;
+  shape.parts = static_cast<int>(CeilDiv(s.n, shape.part_rows));
+  return shape;
+}
+
+size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
+                      SoftmaxPath path) {
+  if (path == SoftmaxPath::kSplitRows) {
+    const SplitShape shape = SplitShapeOf(plan, dtype, s);
+    return Align256(sizeof(float2) * s.outer * shape.parts) + Align256(sizeof(float2) * s.outer) +
+           Align256(sizeof(unsigned) * s.outer);
+  }
+  if (path == SoftmaxPath::kStrided) {
+    const StridedShape shape = StridedShapeOf(plan, dtype, s);
+    const size_t columns = 32 * Vectors(dtype);
+    const size_t os = static_cast<size_t>(s.outer * shape.strips);
+    return Align256(sizeof(float2) * columns * os * shape.parts) +
+           Align256(sizeof(float2) * columns * os) + Align256(sizeof(unsigned) * os);
+  }
+  return 0;
+}
+
+namespace {
+
+// Longest row (in vectors) the cluster path takes; 0 when it is not used.
+long long ClusterMaxVectors(const LaunchPlan& plan) {
+  if (plan.max_cluster_size() < 2) return 0;
+  const long long limit = static_cast<long long>(kBlockVectors) * plan.max_cluster_size();
+  return limit > kBlockVectors ? limit : 0;
+}
+
+// Longest row (in vectors) the staged path takes; 0 when it is not used.
+long long StagedMaxVectors(const LaunchPlan& plan, DType dtype) {
+  StagedShape shape;
+  long long lo = kTableMaxVectors;  // the floor; find the largest length that fits
+  long long hi = kMaxClusterSize * kStagedMaxBytes / 16;
+  if (!StagedShapeOf(plan, dtype, lo + 1, &shape)) return 0;
+  while (lo < hi) {
+    const long long mid = (lo + hi + 1) / 2;
+    if (StagedShapeOf(plan, dtype, mid, &shape)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+}  // namespace
+
+}  // namespace detail
+
+using namespace detail;  // NOLINT: the planning helpers of this file
+
+const char* SoftmaxPathName(SoftmaxPath path) {
+  switch (path) {
+    case SoftmaxPath::kWarpRows: return "warp_rows";
+    case SoftmaxPath::kBlockRows: return "block_rows";
+    case SoftmaxPath::kClusterRows: return "cluster_rows";
+    case SoftmaxPath::kSplitRows: return "split_rows";
+    case SoftmaxPath::kStrided: return "strided";
+    case SoftmaxPath::kStagedRows: return "staged_rows";
+  }
+  return "unknown";
+}
+
+cudaError_t LaunchPlan::Create(int device, LaunchPlan* plan) {
+  cudaError_t error = cudaSetDevice(device);
+  if (error != cudaSuccess) return error;
+  cudaDeviceProp prop;
+  error = cudaGetDeviceProperties(&prop, device);
+  if (error != cudaSuccess) return error;
+  LaunchPlan p;
+  p.device_ = device;
+  p.device_name_ = prop.name;
+  p.multiprocessors_ = prop.multiProcessorCount;
+  p.l2_bytes_ = prop.l2CacheSize;
+  p.clusters_supported_ = prop.major >= 9;
+  p.max_cluster_size_ = kMaxClusterSize;
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    error = ProbeKernels(dtype, p.multiprocessors_, p.clusters_supported_, &p.probes_,
+                         &p.max_cluster_size_);
+    if (error != cudaSuccess) return error;
+  }
+  p.max_cluster_size_ = std::min(p.max_cluster_size_, kMaxUsedClusterSize);
+  if (!p.clusters_supported_) p.max_cluster_size_ = 1;
+  *plan = std::move(p);
+  return cudaSuccess;
+}
+
+const KernelProbe* LaunchPlan::Find(const std::string& family, DType dtype,
+                                    int cluster_size) const {
+  const std::string name = family + "<" + DTypeName(dtype) + ">";
+  for (const KernelProbe& probe : probes_) {
+    if (probe.kernel == name && probe.cluster_size == cluster_size) return &probe;
+  }
+  return nullptr;
+}
+
+std::string LaunchPlan::ToString() const {
+  std::ostringstream out;
+  out << "softmax launch plan: device " << device_ << " (" << device_name_ << "), "
+      << multiprocessors_ << " SMs, L2 " << (l2_bytes_ >> 20) << " MiB, clusters up to "
+      << max_cluster_size_ << "\n";
+  char line[256];
+  std::snprintf(line, sizeof(line), "  %-28s %-22s %7s %5s %6s %7s %10s %8s %9s %6s\n", "kernel",
+                "paths", "threads", "regs", "local", "static", "blocks/SM", "cluster",
+                "clusters", "grid");
+  out << line;
+  for (const KernelProbe& p : probes_) {
+    std::snprintf(line, sizeof(line), "  %-28s %-22s %7d %5d %6d %7d %10d %8d %9d %6d\n",
+                  p.kernel.c_str(), p.paths.c_str(), p.threads_per_block, p.registers_per_thread,
+                  p.local_bytes_per_thread, p.static_shared_bytes, p.blocks_per_sm,
+                  p.cluster_size, p.max_active_clusters, p.grid);
+    out << line;
+  }
+  return out.str();
+}
+
+SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {
+  if (segment.inner != 1) return SoftmaxPath::kStrided;
+  const long long vectors = CeilDiv(segment.n, Vectors(dtype));
+  if (vectors <= kWarpVectors) return SoftmaxPath::kWarpRows;
+  if (vectors <= kBlockVectors) return SoftmaxPath::kBlockRows;
+  StagedShape staged;
+  if (vectors > kTableMaxVectors && VectorAligned(dtype, segment) &&
+      StagedShapeOf(plan, dtype, vectors, &staged)) {
+    return SoftmaxPath::kStagedRows;
+  }
+  if (vectors <= ClusterMaxVectors(plan)) return SoftmaxPath::kClusterRows;
+  return SoftmaxPath::kSplitRows;
+}
+
+std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                          int count, bool allow_flat) {
+  if (FlatSegment(dtype, segments, count, allow_flat) != nullptr) return "flat";
+  if (StagedSegment(plan, dtype, segments, count, allow_flat) != nullptr) return "staged";
+  const int v = Vectors(dtype);
+  std::vector<std::string> kernels;
+  bool on_chip = false;
+  bool table_fits = true;
+  auto add = [&kernels](const std::string& k) {
+    if (std::find(kernels.begin(), kernels.end(), k) == kernels.end()) kernels.push_back(k);
+  };
+  for (int i = 0; i < count; ++i) {
+    const SoftmaxSegment& s = segments[i];
+    if (Empty(s)) continue;
+    const SoftmaxPath path = ChoosePath(plan, dtype, s);
+    if (path == SoftmaxPath::kSplitRows) {
+      if (SplitShapeOf(plan, dtype, s).fused) {
+        add("split_fused");
+      } else {
+        add("split_stats");
+        add("split_normalize");
+      }
+    } else if (path == SoftmaxPath::kStrided) {
+      add("strided_stats");
+      add("strided_normalize");
+    } else if (path == SoftmaxPath::kStagedRows) {
+      add("staged");
+    } else {
+      on_chip = true;
+      table_fits = table_fits && CeilDiv(s.n, v) <= kTableMaxVectors;
+    }
+  }
+  if (on_chip) kernels.insert(kernels.begin(), allow_flat && table_fits ? "flat_table" : "on_chip");
+  std::string out;
+  for (const std::string& k : kernels) out += (out.empty() ? "" : ",") + k;
+  return out;
+}
+
+bool FlatKernelTakes(DType dtype, int64_t n) {
+  SoftmaxSegment s;
+  s.n = n;
+  return FlatSegment(dtype, &s, 1, true) != nullptr;
+}
+
+int64_t SplitSinglePassMaxLength(const LaunchPlan& plan, DType dtype) {
+  const KernelProbe* probe = plan.Find("split_fused", dtype);
+  if (probe == nullptr) return 0;
+  return static_cast<int64_t>(probe->grid) * kBlockVectors * Vectors(dtype);
+}
+
+int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path) {
+  const int64_t v = Vectors(dtype);
+  switch (path) {
+    case SoftmaxPath::kWarpRows: return kWarpVectors * v;
+    case SoftmaxPath::kBlockRows: return kBlockVectors * v;
+    case SoftmaxPath::kClusterRows: return ClusterMaxVectors(plan) * v;
+    case SoftmaxPath::kStagedRows: return StagedMaxVectors(plan, dtype) * v;
+    default: return (int64_t{1} << 31) - 1;
+  }
+}
+
+size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                           int count) {
+  size_t on_chip = 0;
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    if (Empty(segments[i])) continue;
+    const SoftmaxPath path = ChoosePath(plan, dtype, segments[i]);
+    if (path == SoftmaxPath::kSplitRows || path == SoftmaxPath::kStrided) {
+      total += SegmentScratch(plan, dtype, segments[i], path);
+    } else if (path != SoftmaxPath::kStagedRows) {
+      on_chip += static_cast<size_t>(CeilDiv(segments[i].outer, kMaxPieceRows));
+    }
+  }
+  if (on_chip > static_cast<size_t>(kInlineSegments)) total += Align256(on_chip * sizeof(RowSegment));
+  return total;
+}
+
+}  // namespace gpu
+}  // namespace softmax

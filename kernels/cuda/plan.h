@@ -1,0 +1,195 @@
+// Internal to kernels/: the geometry that the kernels (kernels/cuda/*.cuh) and
+// the host planning (plan.cu, launch.cu) share. Not part of the library's API
+// (kernels/softmax_cuda.h is).
+//
+// Path and kernel names, used the same way in code, probes, logs and docs:
+//   paths (SoftmaxPath):  warp_rows, block_rows, cluster_rows, staged_rows,
+//                         split_rows, strided
+//   kernels (probes, LaunchKernels): flat, flat_table, on_chip, staged,
+//                         split_fused, split_stats, split_normalize,
+//                         strided_stats, strided_normalize
+#ifndef SOFTMAX_KERNELS_CUDA_PLAN_H_
+#define SOFTMAX_KERNELS_CUDA_PLAN_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "kernels/softmax_cuda.h"
+
+namespace softmax {
+namespace gpu {
+namespace detail {
+
+// Blocks of the on-chip, split and strided kernels.
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kSlots = 8;         // vectors per thread: block, cluster, split paths
+constexpr int kWarpSlots = 8;     // vectors per lane: warp path
+constexpr int kStridedSlots = 8;  // rows per thread and batch: strided path
+constexpr int kBlockVectors = kThreads * kSlots;  // vectors one block holds
+constexpr int kWarpVectors = 32 * kWarpSlots;   // vectors one warp-path row holds
+constexpr int kGroupWarpVectors = 32 * kSlots;  // vectors one warp of a block-path group holds
+constexpr int kMaxClusterSize = 16;             // probed (and reported) up to this size
+// Largest cluster the register cluster path uses: 16-block clusters measured
+// no faster on the H200 (0.52-0.55 of copy at N = 262144 fp16).
+constexpr int kMaxUsedClusterSize = 8;
+constexpr int kInlineSegments = 64;  // on-chip table entries passed in the kernel parameters
+constexpr long long kMaxPieceRows = 1LL << 30;  // on-chip segments are cut into pieces of this
+
+// Flat table kernel: 1024-thread blocks, at most 8 vectors per thread.
+constexpr int kTableThreads = 1024;
+constexpr int kTableSlots = 8;
+constexpr long long kTableMaxVectors = static_cast<long long>(kTableThreads) * kTableSlots;
+
+// Flat kernel: one-segment launches of rows of up to 1024 vectors, 2 per
+// thread. Longer aligned rows of such launches go to the staged kernel: H200,
+// M x N = 2^28, N = 2048-4096 vectors: 0.96-0.97 of copy against 0.91-0.95 flat.
+constexpr long long kFlatMaxVectors = 1024;
+constexpr int kFlatSlots = 2;
+
+// Staged kernel (kernels/cuda/staged.cuh): a row per cluster of 1..16 blocks,
+// each block's share staged in shared memory by bulk copies.
+constexpr int kStagedThreads = 256;
+constexpr int kStagedMaxStages = 16;          // bulk copies (one mbarrier each) per block
+constexpr int kStagedMinStageBytes = 16384;   // a stage is at least this (last one shorter)
+// Shares of up to this size let 3 blocks share an SM; the cluster grows
+// (up to the largest the probe found) before a share exceeds it. H200, fp32
+// N = 16384 / 32768 / 65536 / 262144 (1 / 2 / 4 / 16 blocks): 0.96 / 0.95 / 0.91 / 0.76 of copy.
+constexpr long long kStagedTargetBytes = 65536;
+// Largest share (dynamic shared memory) a block stages: the 227 KiB opt-in
+// limit less the static barriers and slots.
+constexpr long long kStagedMaxBytes = 224 * 1024;
+
+constexpr double kLog2e = 1.4426950408889634074;
+
+// On-chip kernel: the config word of a table entry.
+enum Config : int {
+  kPathMask = 0xf,     // SoftmaxPath
+  kLogBit = 1 << 4,    // log-softmax
+  kVecBit = 1 << 5,    // 16-byte accesses
+  kShapeShift = 8,     // log2 of: lanes per row (warp path), warps per row
+                       // (block path), blocks per row (cluster path), threads
+                       // per row (flat table kernel)
+  kColumnsShift = 12,  // log2 of vectors per lane per row (warp path)
+};
+
+// One segment of the on-chip and flat table kernels' table (48 bytes). The
+// host splits segments so that rows < 2^30: loop indices are 32-bit.
+struct RowSegment {
+  const void* input;
+  void* output;
+  int rows;
+  int units;         // work units of this segment
+  int n;
+  int first_worker;  // on_chip: the worker that takes unit 0 (rotates across
+                     // segments); flat_table: the segment's first unit
+  float scale;       // log2(e) / temperature
+  int config;        // Config bits
+  int unused[2];
+};
+static_assert(sizeof(RowSegment) == 48, "RowSegment layout");
+
+// Kernel argument of the on-chip and flat table kernels: the table travels
+// inline (<= kInlineSegments entries, no copy) or in device memory.
+struct TableArgs {
+  const RowSegment* table;  // null: use inline_segments
+  int count;
+  int launch_cluster;  // on_chip: cluster size of this launch (1: none);
+                       // flat_table: the table's total units
+  RowSegment inline_segments[kInlineSegments];
+};
+
+inline int CeilLog2(long long x) {
+  int l = 0;
+  while ((1LL << l) < x) ++l;
+  return l;
+}
+inline long long CeilDiv(long long a, long long b) { return (a + b - 1) / b; }
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline size_t Align256(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }
+inline bool Empty(const SoftmaxSegment& s) { return s.outer == 0 || s.inner == 0 || s.n == 0; }
+inline int Vectors(DType dtype) { return 16 / ItemSize(dtype); }  // elements per 16-byte vector
+// The kernels' exponent prescale: exp(x / t) = exp2(x * log2(e) / t).
+inline float Log2Scale(const SoftmaxSegment& s) {
+  return static_cast<float>(kLog2e / static_cast<double>(s.temperature));
+}
+// Whether a last-axis segment allows 16-byte accesses to every row.
+inline bool VectorAligned(DType dtype, const SoftmaxSegment& s) {
+  return Aligned16(s.input) && Aligned16(s.output) && (s.n * ItemSize(dtype)) % 16 == 0;
+}
+
+// Grid of `kernel` (a probe name) from the plan, or one block per SM.
+int GridOf(const LaunchPlan& plan, const std::string& kernel, DType dtype, int cluster = 1);
+
+// Flat kernel: block size and group size for rows of `vectors`.
+struct FlatShape {
+  int threads;     // block size: 256 for groups of <= 32 threads, else the group
+  int group_log2;  // log2 of the threads holding a row
+};
+FlatShape FlatShapeOf(long long vectors);
+std::string FlatProbeName(int threads);  // "flat" + block size, e.g. "flat.t256"
+
+// The one non-empty segment of a launch that the flat kernel takes, or null.
+const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, int count,
+                                  bool allow_flat);
+
+// The one non-empty segment of a launch that the staged kernel takes although
+// ChoosePath names a register path (aligned rows of 1025..8192 vectors,
+// which tables give the flat table kernel), or null.
+const SoftmaxSegment* StagedSegment(const LaunchPlan& plan, DType dtype,
+                                    const SoftmaxSegment* segments, int count, bool allow_flat);
+
+// log2 of the group size the flat table kernel gives rows of `vectors`.
+int TableGroupLog2(long long vectors);
+
+// Cluster path (registers): log2 of the blocks per row.
+int ClusterLog2(long long vectors);
+
+// Staged path: blocks per row (a power of two), vectors per block, and the
+// stage (bulk copy) size.
+struct StagedShape {
+  int cluster;
+  int chunk_vectors;
+  int stage_vectors;
+  size_t shared_bytes;  // dynamic shared memory per block
+};
+// Returns false when the plan cannot stage rows of `vectors` vectors.
+bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, StagedShape* shape);
+
+// Split path: parts of a row and whether one cooperative pass does it.
+struct SplitShape {
+  long long part_vectors;
+  int parts;
+  bool fused;  // single pass (split_fused): parts of one block each, parts <= grid
+};
+SplitShape SplitShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s);
+
+// Strided path: lanes per column group, column strips, and parts of n.
+struct StridedShape {
+  int lanes_log2;
+  long long strips;
+  long long part_rows;
+  int parts;
+};
+StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s);
+
+// Scratch bytes of one split or strided segment: partials, finals, counters.
+size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
+                      SoftmaxPath path);
+
+// Implemented in launch.cu, which owns every kernel: appends the probes of
+// every kernel for `dtype` and lowers *max_cluster to the largest cluster
+// size the on-chip kernel can launch.
+cudaError_t ProbeKernels(DType dtype, int multiprocessors, bool clusters,
+                         std::vector<KernelProbe>* probes, int* max_cluster);
+
+}  // namespace detail
+}  // namespace gpu
+}  // namespace softmax
+
+#endif  // SOFTMAX_KERNELS_CUDA_PLAN_H_

@@ -1,0 +1,204 @@
+// The split_rows path: last-axis rows too long for one cluster's shared
+// memory, cut into parts held by the blocks of a persistent grid.
+//   split_fused                      rows whose parts the grid holds at once:
+//                                    one cooperative launch, one read + one write.
+//   split_stats + split_normalize    longer rows: (max, sum) partials, then a
+//                                    re-read in reverse order: two reads + one write.
+#ifndef SOFTMAX_KERNELS_CUDA_SPLIT_CUH_
+#define SOFTMAX_KERNELS_CUDA_SPLIT_CUH_
+
+#include "kernels/cuda/common.cuh"
+
+namespace softmax {
+namespace gpu {
+namespace detail {
+
+// Split rows (last axis, rows too long for a cluster): a row of `vectors`
+// vectors is cut into `parts` parts of part_vectors; unit = (row, part).
+
+struct SplitArgs {
+  const void* input;
+  void* output;
+  long long rows;
+  long long n;
+  long long part_vectors;  // multiple of kBlockVectors
+  int parts;
+  float scale;
+  int log;
+  int vec;
+  float2* partials;         // rows * parts
+  float2* finals;           // rows
+  unsigned int* counters;   // rows, zero on entry; left zero
+};
+
+// Pass 1: (max, sum) per part; the last part of a row to finish merges the
+// row's partials into finals[row] (threadfence reduction, no waiting).
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads, 2) SplitStatsKernel(const SplitArgs a) {
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  __shared__ float2 slots[kWarps];
+  __shared__ int is_last;
+  const long long vectors = (a.n + V - 1) / V;
+  const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
+  const long long units = a.rows * a.parts;
+  for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+    const long long row = u / a.parts;
+    const int part = static_cast<int>(u % a.parts);
+    const char* in = static_cast<const char*>(a.input) + row * pitch;
+    const long long begin = part * a.part_vectors;
+    const long long end = min(vectors, begin + a.part_vectors);
+    MaxSum acc{-INFINITY, 0.0f};
+    for (long long base = begin; base < end; base += kBlockVectors) {
+      uint4 raw[kSlots];
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const long long vi = base + j * kThreads + threadIdx.x;
+        raw[j] = vi < end ? LoadVector<T, kVec>(in, vi, a.n) : NegInfVector<T>();
+      }
+      acc = Merge(acc, LocalMaxSum<T>(raw, a.scale), a.scale);
+    }
+    const MaxSum part_total = BlockMerge(acc, a.scale, slots);
+    if (threadIdx.x == 0) {
+      a.partials[u] = make_float2(part_total.m, part_total.d);
+      __threadfence();
+      is_last = atomicAdd(a.counters + row, 1u) == static_cast<unsigned>(a.parts - 1);
+    }
+    __syncthreads();
+    if (is_last) {
+      __threadfence();
+      const MaxSum row_total = MergePartials(a.partials + row * a.parts, a.parts, a.scale, slots);
+      if (threadIdx.x == 0) {
+        a.finals[row] = make_float2(row_total.m, row_total.d);
+        a.counters[row] = 0;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Pass 2: re-read and write, units and chunks in reverse order so that the
+// data pass 1 read last (most likely still in L2) is read first.
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads, 2) SplitNormalizeKernel(const SplitArgs a) {
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  const long long vectors = (a.n + V - 1) / V;
+  const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
+  const long long units = a.rows * a.parts;
+  for (long long i = blockIdx.x; i < units; i += gridDim.x) {
+    const long long u = units - 1 - i;
+    const long long row = u / a.parts;
+    const int part = static_cast<int>(u % a.parts);
+    const char* in = static_cast<const char*>(a.input) + row * pitch;
+    char* out = static_cast<char*>(a.output) + row * pitch;
+    const long long begin = part * a.part_vectors;
+    const long long end = min(vectors, begin + a.part_vectors);
+    const float2 total = a.finals[row];
+    const float factor = OutputFactor(a.log, total.y);
+    const long long chunks = (end - begin + kBlockVectors - 1) / kBlockVectors;
+    for (long long c = chunks - 1; c >= 0; --c) {
+      const long long base = begin + c * kBlockVectors;
+      uint4 raw[kSlots];
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const long long vi = base + j * kThreads + threadIdx.x;
+        raw[j] = vi < end ? LoadVector<T, kVec>(in, vi, a.n) : NegInfVector<T>();
+      }
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const long long vi = base + j * kThreads + threadIdx.x;
+        if (vi < end) {
+          StoreVector<T, kVec>(out, vi, a.n,
+                         NormalizeVector<T>(raw[j], total.x, a.scale, a.log, factor));
+        }
+      }
+    }
+  }
+}
+
+// Single-pass split rows: used when every part of a row can be held at once
+// by the grid (parts <= grid) and each part is one block's worth of vectors
+// (part_vectors == kBlockVectors). Unit u = (row, part) goes to block
+// u % grid, as its (u / grid)-th unit. A block loads unit u into registers,
+// then finishes its previous unit while those loads are in flight: it waits
+// until every part of that unit's row has published its (max, sum) partial,
+// merges them, and writes the previous unit's part from registers. Then it
+// publishes unit u's partial. Each element is read once and written once.
+//
+// Why it cannot deadlock: the grid is launched cooperatively (all blocks
+// resident). A block waiting at its k-th unit needs the partials of a row
+// whose units lie in steps k-1 and k (parts <= grid); a step-k unit v of that
+// row has v - grid in an earlier row (otherwise the row would have more than
+// grid parts), so its owner waits only on earlier rows: waits follow rows in
+// increasing order and the first row waits on nothing.
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads, 2) SplitFusedKernel(const SplitArgs a) {
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  __shared__ float2 slots[kWarps];
+  const long long vectors = (a.n + V - 1) / V;
+  const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
+  const long long units = a.rows * a.parts;
+  uint4 prev[kSlots];
+  long long prev_u = -1;
+  MaxSum prev_total{-INFINITY, 0.0f};  // the row's total when parts == 1
+  for (long long u = blockIdx.x;; u += gridDim.x) {
+    const bool have = u < units;
+    const long long row = u / a.parts;
+    const long long begin = (u % a.parts) * kBlockVectors;
+    const char* in = static_cast<const char*>(a.input) + row * pitch;
+    uint4 cur[kSlots];
+    if (have) {
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const long long vi = begin + j * kThreads + threadIdx.x;
+        cur[j] = vi < vectors ? LoadVector<T, kVec>(in, vi, a.n) : NegInfVector<T>();
+      }
+    }
+    if (prev_u >= 0) {
+      const long long prow = prev_u / a.parts;
+      const long long pbegin = (prev_u % a.parts) * kBlockVectors;
+      MaxSum total = prev_total;
+      if (a.parts > 1) {
+        if (threadIdx.x == 0) {
+          const volatile unsigned* counter = a.counters + prow;
+          while (*counter < static_cast<unsigned>(a.parts)) __nanosleep(100);
+          __threadfence();
+        }
+        __syncthreads();
+        total = MergePartials(a.partials + prow * a.parts, a.parts, a.scale, slots);
+      }
+      const float factor = OutputFactor(a.log, total.d);
+      char* out = static_cast<char*>(a.output) + prow * pitch;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const long long vi = pbegin + j * kThreads + threadIdx.x;
+        if (vi < vectors) {
+          StoreVector<T, kVec>(out, vi, a.n,
+                               NormalizeVector<T>(prev[j], total.m, a.scale, a.log, factor));
+        }
+      }
+    }
+    if (!have) break;
+    const MaxSum part_total = BlockMerge(LocalMaxSum<T>(cur, a.scale), a.scale, slots);
+    if (a.parts > 1) {
+      if (threadIdx.x == 0) {
+        a.partials[u] = make_float2(part_total.m, part_total.d);
+        __threadfence();
+        atomicAdd(a.counters + row, 1u);
+      }
+    } else {
+      prev_total = part_total;
+    }
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) prev[j] = cur[j];
+    prev_u = u;
+  }
+}
+
+}  // namespace detail
+}  // namespace gpu
+}  // namespace softmax
+
+#endif  // SOFTMAX_KERNELS_CUDA_SPLIT_CUH_

@@ -1,0 +1,240 @@
+// The strided path: softmax along n of [outer, n, inner] with inner > 1
+// (a non-last axis): strided_stats writes per-column (max, sum) partials,
+// strided_normalize re-reads and writes. Two reads + one write.
+#ifndef SOFTMAX_KERNELS_CUDA_STRIDED_CUH_
+#define SOFTMAX_KERNELS_CUDA_STRIDED_CUH_
+
+#include "kernels/cuda/common.cuh"
+
+namespace softmax {
+namespace gpu {
+namespace detail {
+
+// Strided: softmax along n of [outer, n, inner], inner > 1. A warp covers
+// 32/L rows of n x L column vectors (L = 2^lanes_log2 lanes per row, V
+// columns per lane), a block 16 such row groups; "strip" = L*V adjacent
+// columns. Unit = (outer index, strip, part of n); per-column (max, sum)
+// partials merge like the split path.
+
+struct StridedArgs {
+  const void* input;
+  void* output;
+  long long outer;
+  long long n;
+  long long inner;
+  long long strips;
+  long long part_rows;  // multiple of rows per block pass
+  int parts;
+  int lanes_log2;
+  float scale;
+  int log;
+  int vec;                // inner % V == 0 and pointers 16-byte aligned
+  float2* partials;       // [outer * strips * parts][32 * V]
+  float2* finals;         // [outer * strips][32 * V]
+  unsigned int* counters; // [outer * strips]
+};
+
+template <typename T, bool kVec>
+__device__ __forceinline__ uint4 LoadColumns(const char* base, long long col0, long long inner) {
+  using Bits = typename Traits<T>::Bits;
+  if constexpr (kVec) {
+    if (col0 < inner) return LoadGlobal16(reinterpret_cast<const uint4*>(base + col0 * sizeof(Bits)));
+    return NegInfVector<T>();
+  }
+  return LoadElements<T>(reinterpret_cast<const Bits*>(base), col0, inner);
+}
+
+template <typename T, bool kVec>
+__device__ __forceinline__ void StoreColumns(char* base, long long col0, long long inner,
+                                             const float* y) {
+  using Bits = typename Traits<T>::Bits;
+  const uint4 v = Pack<T>(y);
+  if constexpr (kVec) {
+    if (col0 < inner) StoreGlobal16(reinterpret_cast<uint4*>(base + col0 * sizeof(Bits)), v);
+    return;
+  }
+  StoreElements<T>(reinterpret_cast<Bits*>(base), col0, inner, v);
+}
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads, 2) StridedStatsKernel(const StridedArgs a) {
+  constexpr int V = VecWidth<T>();
+  constexpr int kStripColumns = 32 * V;
+  using Bits = typename Traits<T>::Bits;
+  __shared__ float2 tile[kWarps][kStripColumns];
+  __shared__ int is_last;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int lanes = 1 << a.lanes_log2;
+  const int column_vector = lane & (lanes - 1);
+  const int rows_per_warp = 32 >> a.lanes_log2;
+  const int row_in_pass = warp * rows_per_warp + (lane >> a.lanes_log2);
+  const int rows_per_pass = kWarps * rows_per_warp;
+  const int strip_columns = lanes * V;
+  const long long row_pitch = a.inner * static_cast<long long>(sizeof(Bits));
+  const long long units = a.outer * a.strips * a.parts;
+  for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+    const long long os = u / a.parts;
+    const int part = static_cast<int>(u % a.parts);
+    const long long o = os / a.strips;
+    const long long col0 = (os % a.strips) * strip_columns + column_vector * V;
+    const char* base = static_cast<const char*>(a.input) + o * a.n * row_pitch;
+    const long long row_begin = part * a.part_rows;
+    const long long row_end = min(a.n, row_begin + a.part_rows);
+    float m[V], d[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      m[k] = -INFINITY;
+      d[k] = 0.0f;
+    }
+    for (long long r0 = row_begin + row_in_pass; r0 < row_end;
+         r0 += static_cast<long long>(kStridedSlots) * rows_per_pass) {
+      uint4 raw[kStridedSlots];
+#pragma unroll
+      for (int j = 0; j < kStridedSlots; ++j) {
+        const long long r = r0 + static_cast<long long>(j) * rows_per_pass;
+        raw[j] = r < row_end ? LoadColumns<T, kVec>(base + r * row_pitch, col0, a.inner)
+                             : NegInfVector<T>();
+      }
+      float x[kStridedSlots][V];
+#pragma unroll
+      for (int j = 0; j < kStridedSlots; ++j) Unpack<T>(raw[j], x[j]);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        float mk = m[k];
+#pragma unroll
+        for (int j = 0; j < kStridedSlots; ++j) mk = fmaxf(mk, x[j][k]);
+        const float shift = mk == -INFINITY ? 0.0f : mk;
+        float dk = d[k] * Rescale(m[k], mk, a.scale);
+#pragma unroll
+        for (int j = 0; j < kStridedSlots; ++j) dk += FastExp2((x[j][k] - shift) * a.scale);
+        m[k] = mk;
+        d[k] = dk;
+      }
+    }
+    // Merge the rows a warp covers (lanes with the same column vector).
+    for (int offset = 16; offset >= lanes; offset >>= 1) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const MaxSum other{__shfl_xor_sync(0xffffffffu, m[k], offset),
+                           __shfl_xor_sync(0xffffffffu, d[k], offset)};
+        const MaxSum merged = Merge(MaxSum{m[k], d[k]}, other, a.scale);
+        m[k] = merged.m;
+        d[k] = merged.d;
+      }
+    }
+    if (lane < lanes) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) tile[warp][column_vector * V + k] = make_float2(m[k], d[k]);
+    }
+    __syncthreads();
+    if (threadIdx.x < strip_columns) {
+      MaxSum column{-INFINITY, 0.0f};
+      for (int w = 0; w < kWarps; ++w) {
+        column = Merge(column, MaxSum{tile[w][threadIdx.x].x, tile[w][threadIdx.x].y}, a.scale);
+      }
+      a.partials[u * kStripColumns + threadIdx.x] = make_float2(column.m, column.d);
+      __threadfence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      is_last = atomicAdd(a.counters + os, 1u) == static_cast<unsigned>(a.parts - 1);
+    }
+    __syncthreads();
+    if (is_last) {
+      __threadfence();
+      // strip_columns <= 256 columns, >= 2 threads per column.
+      const int slices = kThreads / strip_columns;
+      const int column_index = threadIdx.x % strip_columns;
+      const int slice = threadIdx.x / strip_columns;
+      MaxSum column{-INFINITY, 0.0f};
+      if (slice < slices) {
+        for (int p = slice; p < a.parts; p += slices) {
+          const float2 v = __ldcg(a.partials + (os * a.parts + p) * kStripColumns + column_index);
+          column = Merge(column, MaxSum{v.x, v.y}, a.scale);
+        }
+      }
+      float2* scratch = &tile[0][0];  // kWarps * kStripColumns >= kThreads
+      if (slice < slices) scratch[threadIdx.x] = make_float2(column.m, column.d);
+      __syncthreads();
+      if (threadIdx.x < strip_columns) {
+        MaxSum total{-INFINITY, 0.0f};
+        for (int s = 0; s < slices; ++s) {
+          const float2 v = scratch[s * strip_columns + threadIdx.x];
+          total = Merge(total, MaxSum{v.x, v.y}, a.scale);
+        }
+        a.finals[os * kStripColumns + threadIdx.x] = make_float2(total.m, total.d);
+      }
+      if (threadIdx.x == 0) a.counters[os] = 0;
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads, 2) StridedNormalizeKernel(const StridedArgs a) {
+  constexpr int V = VecWidth<T>();
+  constexpr int kStripColumns = 32 * V;
+  using Bits = typename Traits<T>::Bits;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int lanes = 1 << a.lanes_log2;
+  const int column_vector = lane & (lanes - 1);
+  const int rows_per_warp = 32 >> a.lanes_log2;
+  const int row_in_pass = warp * rows_per_warp + (lane >> a.lanes_log2);
+  const int rows_per_pass = kWarps * rows_per_warp;
+  const int strip_columns = lanes * V;
+  const long long row_pitch = a.inner * static_cast<long long>(sizeof(Bits));
+  const long long units = a.outer * a.strips * a.parts;
+  for (long long i = blockIdx.x; i < units; i += gridDim.x) {
+    const long long u = units - 1 - i;
+    const long long os = u / a.parts;
+    const int part = static_cast<int>(u % a.parts);
+    const long long o = os / a.strips;
+    const long long col0 = (os % a.strips) * strip_columns + column_vector * V;
+    const long long offset = o * a.n * row_pitch;
+    const char* in = static_cast<const char*>(a.input) + offset;
+    char* out = static_cast<char*>(a.output) + offset;
+    float m[V], factor[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float2 f = a.finals[os * kStripColumns + column_vector * V + k];
+      m[k] = f.x;
+      factor[k] = OutputFactor(a.log, f.y);
+    }
+    const long long row_begin = part * a.part_rows;
+    const long long row_end = min(a.n, row_begin + a.part_rows);
+    const long long step = static_cast<long long>(kStridedSlots) * rows_per_pass;
+    const long long passes = (row_end - row_begin + step - 1) / step;
+    for (long long p = passes - 1; p >= 0; --p) {
+      const long long r0 = row_begin + p * step + row_in_pass;
+      uint4 raw[kStridedSlots];
+#pragma unroll
+      for (int j = 0; j < kStridedSlots; ++j) {
+        const long long r = r0 + static_cast<long long>(j) * rows_per_pass;
+        raw[j] = r < row_end ? LoadColumns<T, kVec>(in + r * row_pitch, col0, a.inner)
+                             : NegInfVector<T>();
+      }
+#pragma unroll
+      for (int j = 0; j < kStridedSlots; ++j) {
+        const long long r = r0 + static_cast<long long>(j) * rows_per_pass;
+        if (r < row_end) {
+          float x[V], y[V];
+          Unpack<T>(raw[j], x);
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            y[k] = a.log ? ((x[k] - m[k]) * a.scale - factor[k]) * kLn2
+                         : FastExp2((x[k] - m[k]) * a.scale) * factor[k];
+          }
+          StoreColumns<T, kVec>(out + r * row_pitch, col0, a.inner, y);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace gpu
+}  // namespace softmax
+
+#endif  // SOFTMAX_KERNELS_CUDA_STRIDED_CUH_
