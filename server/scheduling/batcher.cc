@@ -128,15 +128,13 @@ void Batcher::Stop() {
 }
 
 bool Batcher::ShouldNotifyLocked(SteadyClock::time_point now) {
-  if (in_flight_ >= max_in_flight_ || !ReadyLocked(now)) return false;
-  // A wake-up is already on its way to a slot, which will take every
-  // request that fits; a second batch's worth is worth another.
-  if (notified_ && queued_rows_ < options_.max_batch_rows &&
-      queued_bytes_ < options_.max_batch_bytes) {
-    return false;
-  }
-  if (!notified_) notified_at_ = now;
-  notified_ = true;
+  // One wake-up per free slot at most: each woken thread takes every request
+  // that fits, and the rest of the free slots each get one of their own, so
+  // that small batches pipeline over the slots as they did when the
+  // receiving thread handed each its own batch.
+  if (in_flight_ + wakes_pending_ >= max_in_flight_ || !ReadyLocked(now)) return false;
+  if (wakes_pending_ == 0) notified_at_ = now;
+  ++wakes_pending_;
   return true;
 }
 
@@ -144,13 +142,13 @@ void Batcher::TimerLoop() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     const SteadyClock::time_point now = SteadyClock::now();
-    if (!notified_ && ShouldNotifyLocked(now)) {
+    if (wakes_pending_ == 0 && ShouldNotifyLocked(now)) {
       mu_.Unlock();
       scheduler_->Notify();
       mu_.Lock();
       continue;
     }
-    if (!queue_.empty() && !notified_ && in_flight_ < max_in_flight_) {
+    if (!queue_.empty() && wakes_pending_ == 0 && in_flight_ < max_in_flight_) {
       const auto due = queue_.front()->enqueued + options_.max_queue_delay;
       if (due > now) {
         cv_.WaitWithTimeout(&mu_, absl::Nanoseconds(Nanos(due - now)));
@@ -219,8 +217,10 @@ std::unique_ptr<Batch> Batcher::TakeBatch() {
   {
     absl::MutexLock lock(&mu_);
     const SteadyClock::time_point now = SteadyClock::now();
-    ready_since = notified_ ? notified_at_ : now;
-    notified_ = false;
+    ready_since = wakes_pending_ > 0 ? notified_at_ : now;
+    // Every Notify is followed by a TakeBatch (a woken or polling thread's,
+    // or a busy one's once it completes), so this count comes back to 0.
+    if (wakes_pending_ > 0) --wakes_pending_;
     if (in_flight_ < max_in_flight_ && ReadyLocked(now)) {
       batch = TakeBatchLocked(&dropped);
       // Another ready batch and another free slot: tell the scheduler too.

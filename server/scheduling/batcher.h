@@ -187,9 +187,8 @@ class Batcher final : public BatchSource {
   // True when a batch should be formed now.
   bool ReadyLocked(std::chrono::steady_clock::time_point now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True when a slot is free for a ready batch and no wake-up is on its way
-  // to one already (or the queue holds more than one batch): the caller
-  // then tells the scheduler, after releasing the lock.
+  // True when a batch is ready and a free slot has no wake-up on its way to
+  // it yet: the caller then tells the scheduler, after releasing the lock.
   bool ShouldNotifyLocked(std::chrono::steady_clock::time_point now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A batch has been answered: frees its place in flight.
@@ -217,9 +216,9 @@ class Batcher final : public BatchSource {
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Batches taken by slot threads and not yet answered.
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // The scheduler was told of a ready batch that no slot has taken yet, and
-  // since when (the batch's dispatch wait starts there).
-  bool notified_ ABSL_GUARDED_BY(mu_) = false;
+  // Notify calls not yet followed by a TakeBatch, and since when the first
+  // of them has waited (a batch's dispatch wait starts there).
+  int wakes_pending_ ABSL_GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point notified_at_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Groups of requests handed to the completion threads, not yet answered.
