@@ -1,7 +1,7 @@
 # softmax-serve container image.
 #
 #   docker build -t softmax-serve .
-#   docker run --gpus all -p 50051:50051 -p 9464:9464 softmax-serve
+#   docker run --gpus all -p 50051:50051 -p 8000:8000 -p 9464:9464 softmax-serve
 #
 # Build stage: Debian 12, so the same scripts/install-deps.sh installs the same
 # Debian packages as on a bare machine, plus nvcc and the CUDA runtime from
