@@ -2,10 +2,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
+#include <cstdint>
 #include <chrono>
 #include <deque>
 #include <memory>
 #include <utility>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/slice.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +38,7 @@ struct InferCall {
   v1::SoftmaxRequest request;
   v1::SoftmaxResponse response;
   OutputView view;
+  inference::ModelInferRequest message;  // the unary call's parsed request
 };
 
 // The int64 / double value of request parameter `name`, when given.
@@ -105,8 +112,10 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request, InferCall* call
   return kserve::BuildSoftmaxRequest(&parts, &built, &call->request);
 }
 
-// Fills `out` with the answer of an OK `call`; takes its output bytes.
-void FillInferResponse(InferCall* call, inference::ModelInferResponse* out) {
+// Fills `out` with the answer of an OK `call` but its output bytes, which
+// are returned: a view of the lent output, or (view.data null) moved into
+// out's raw_output_contents.
+OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out) {
   out->set_model_name(kserve::ModelName(call->model));
   out->set_model_version(kserve::kModelVersion);
   out->set_id(call->request.request_id());
@@ -115,14 +124,81 @@ void FillInferResponse(InferCall* call, inference::ModelInferResponse* out) {
   const auto dtype = static_cast<DType>(static_cast<int>(call->request.input().dtype()));
   output->set_datatype(kserve::DatatypeName(dtype));
   output->mutable_shape()->CopyFrom(call->request.input().shape());
-  std::string* raw = out->add_raw_output_contents();
-  if (call->view.data != nullptr) {
-    // The backend lent its output (pinned memory on the GPU): one copy here.
-    raw->assign(call->view.data, static_cast<size_t>(call->view.bytes));
-    call->view = OutputView{};
-  } else {
-    raw->swap(*call->response.mutable_output()->mutable_data());
+  if (call->view.data != nullptr) return std::move(call->view);
+  out->add_raw_output_contents()->swap(*call->response.mutable_output()->mutable_data());
+  return OutputView{};
+}
+
+using google::protobuf::io::CodedOutputStream;
+
+// Wire tags (field number << 3 | 2): ModelInferResponse.raw_output_contents
+// = 6, ModelStreamInferResponse.infer_response = 2.
+constexpr uint8_t kRawOutputTag = (6 << 3) | 2;
+constexpr uint8_t kInferResponseTag = (2 << 3) | 2;
+
+void ReleaseOwner(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
+
+template <typename Message>
+absl::Status SerializeMessage(const Message& message, grpc::ByteBuffer* out) {
+  bool own_buffer = false;
+  const grpc::Status status =
+      grpc::SerializationTraits<Message>::Serialize(message, out, &own_buffer);
+  if (status.ok()) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("cannot serialise the response: ", status.error_message()));
+}
+
+// Serialises `response` into `out`, as a ModelStreamInferResponse's
+// infer_response when `in_stream`. With a view, its bytes follow as the
+// last raw_output_contents entry, referenced and not copied (a repeated
+// field may come anywhere in a message); the view's owner is released with
+// the buffer's last reference.
+absl::Status SerializeInferResponse(inference::ModelInferResponse* response, OutputView view,
+                                    bool in_stream, grpc::ByteBuffer* out) {
+  if (view.data == nullptr) {
+    if (!in_stream) return SerializeMessage(*response, out);
+    inference::ModelStreamInferResponse wrapper;
+    wrapper.mutable_infer_response()->Swap(response);
+    return SerializeMessage(wrapper, out);
   }
+  const uint64_t data_bytes = static_cast<uint64_t>(view.bytes);
+  const size_t message_bytes = response->ByteSizeLong();
+  const uint64_t entry_bytes = 1 + CodedOutputStream::VarintSize64(data_bytes) + data_bytes;
+  const uint64_t inner_bytes = message_bytes + entry_bytes;
+  if (inner_bytes + 16 > static_cast<uint64_t>(INT32_MAX)) {
+    return absl::InternalError("cannot serialise the response: over 2 GiB");
+  }
+  const size_t head_bytes = (in_stream ? 1 + CodedOutputStream::VarintSize64(inner_bytes) : 0) +
+                            message_bytes + 1 + CodedOutputStream::VarintSize64(data_bytes);
+  grpc::Slice head(head_bytes);
+  uint8_t* p = const_cast<uint8_t*>(head.begin());
+  if (in_stream) {
+    *p++ = kInferResponseTag;
+    p = CodedOutputStream::WriteVarint64ToArray(inner_bytes, p);
+  }
+  p = response->SerializeWithCachedSizesToArray(p);
+  *p++ = kRawOutputTag;
+  p = CodedOutputStream::WriteVarint64ToArray(data_bytes, p);
+  if (p != head.end()) return absl::InternalError("response header size mismatch");
+  grpc::Slice slices[2] = {
+      std::move(head),
+      grpc::Slice(const_cast<char*>(view.data), static_cast<size_t>(view.bytes), &ReleaseOwner,
+                  new std::shared_ptr<const void>(std::move(view.owner)))};
+  grpc::ByteBuffer buffer(slices, 2);
+  out->Swap(&buffer);
+  return absl::OkStatus();
+}
+
+// Parses a ModelInferRequest out of `buffer` (consumed).
+absl::Status ParseInferRequest(grpc::ByteBuffer* buffer, inference::ModelInferRequest* request) {
+  const grpc::Status status =
+      grpc::SerializationTraits<inference::ModelInferRequest>::Deserialize(buffer, request);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request is not a valid inference.ModelInferRequest message (",
+                     status.error_message(), ")"));
+  }
+  return absl::OkStatus();
 }
 
 // Statistics and metrics of a finished request.
@@ -145,14 +221,17 @@ void Record(KServeGrpcService* service, RpcMethod method, const InferCall& call,
   }
 }
 
-// Starts `call` (owned by the completion from here on); `complete` runs
-// exactly once with the outcome, possibly before this returns.
+// Parses `buffer` into `request` and starts `call` (owned by the completion
+// from here on); `complete` runs exactly once with the outcome, possibly
+// before this returns.
 template <typename Complete>
 void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context,
-                inference::ModelInferRequest* request, std::unique_ptr<InferCall> owned,
+                grpc::ByteBuffer* buffer, inference::ModelInferRequest* request,
+                std::unique_ptr<InferCall> owned,
                 std::function<bool()> is_cancelled, Complete complete) {
   InferCall* call = owned.release();
-  absl::Status status = PrepareInfer(request, call);
+  absl::Status status = ParseInferRequest(buffer, request);
+  if (status.ok()) status = PrepareInfer(request, call);
   if (status.ok()) {
     status = kserve::RenameInputFields(
         service->softmax()->Dispatch(&call->request, &call->response, &call->view,
@@ -168,9 +247,7 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
 // ModelStreamInfer. Lifetime as softmax.v1's stream (service.cc): Finish
 // only once reads are done and no response is pending, so no completion
 // reaches a deleted reactor.
-class StreamInferCall final
-    : public grpc::ServerBidiReactor<inference::ModelInferRequest,
-                                     inference::ModelStreamInferResponse> {
+class StreamInferCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamInferCall(KServeGrpcService* service, grpc::CallbackServerContext* context,
                   int max_pending)
@@ -196,10 +273,8 @@ class StreamInferCall final
     }
     Entry* raw = entry.release();  // owned by the completion from here on
     auto call = std::make_unique<InferCall>();
-    raw->request_id = raw->incoming.id();
-    raw->model_name = raw->incoming.model_name();
     StartInfer(
-        service_, context_, &raw->incoming, std::move(call),
+        service_, context_, &raw->incoming, &raw->request, std::move(call),
         [this] { return cancelled_.load(std::memory_order_relaxed) || context_->IsCancelled(); },
         [this, raw](std::unique_ptr<InferCall> done, const absl::Status& outcome) {
           Complete(std::unique_ptr<Entry>(raw), std::move(done), outcome);
@@ -268,10 +343,9 @@ class StreamInferCall final
 
  private:
   struct Entry {
-    inference::ModelInferRequest incoming;
-    inference::ModelStreamInferResponse outgoing;
-    std::string request_id;  // read before the request is consumed
-    std::string model_name;
+    grpc::ByteBuffer incoming;  // the request as read
+    inference::ModelInferRequest request;
+    grpc::ByteBuffer outgoing;  // the response as written
   };
 
   void StartNextRead() {
@@ -281,16 +355,23 @@ class StreamInferCall final
 
   void Complete(std::unique_ptr<Entry> entry, std::unique_ptr<InferCall> call,
                 const absl::Status& status) {
-    if (status.ok()) {
-      FillInferResponse(call.get(), entry->outgoing.mutable_infer_response());
-    } else {
-      entry->outgoing.set_error_message(std::string(status.message()));
-      entry->outgoing.mutable_infer_response()->set_id(entry->request_id);
-      entry->outgoing.mutable_infer_response()->set_model_name(entry->model_name);
+    absl::Status outcome = status;
+    if (outcome.ok()) {
+      inference::ModelInferResponse response;
+      OutputView view = FillInferResponse(call.get(), &response);
+      outcome = SerializeInferResponse(&response, std::move(view), true, &entry->outgoing);
     }
-    Record(service_, RpcMethod::kModelStreamInfer, *call, status);
+    if (!outcome.ok()) {
+      // In band: the error, with the request's id and model for the caller.
+      inference::ModelStreamInferResponse error;
+      error.set_error_message(std::string(outcome.message()));
+      error.mutable_infer_response()->set_id(entry->request.id());
+      error.mutable_infer_response()->set_model_name(entry->request.model_name());
+      SerializeMessage(error, &entry->outgoing).IgnoreError();
+    }
+    Record(service_, RpcMethod::kModelStreamInfer, *call, outcome);
     call.reset();
-    entry->incoming.Clear();
+    entry->request.Clear();
     Entry* next = nullptr;
     bool finish = false;
     {
@@ -431,28 +512,35 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelStatistics(
   return FinishWith(context, model.status());
 }
 
-grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(
-    grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
-    inference::ModelInferResponse* response) {
+grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   softmax_->RequestsStarted(1);
-  // gRPC hands the request as const, but it is this call's until it
-  // finishes and is not read again: its raw contents are moved, not copied.
+  auto call = std::make_unique<InferCall>();
+  inference::ModelInferRequest* message = &call->message;
+  // gRPC hands the request as const, but the buffer is this call's and is
+  // not read again once this handler has it: parsing consumes it.
   StartInfer(
-      this, context, const_cast<inference::ModelInferRequest*>(request),
-      std::make_unique<InferCall>(), [context] { return context->IsCancelled(); },
-      [this, reactor, response](std::unique_ptr<InferCall> call, const absl::Status& status) {
-        if (status.ok()) FillInferResponse(call.get(), response);
-        Record(this, RpcMethod::kModelInfer, *call, status);
-        call.reset();
-        reactor->Finish(ToGrpcStatus(status));
+      this, context, const_cast<grpc::ByteBuffer*>(request), message, std::move(call),
+      [context] { return context->IsCancelled(); },
+      [this, reactor, response](std::unique_ptr<InferCall> done, const absl::Status& status) {
+        absl::Status outcome = status;
+        if (outcome.ok()) {
+          inference::ModelInferResponse answer;
+          OutputView view = FillInferResponse(done.get(), &answer);
+          outcome = SerializeInferResponse(&answer, std::move(view), false, response);
+        }
+        Record(this, RpcMethod::kModelInfer, *done, outcome);
+        done.reset();
+        reactor->Finish(ToGrpcStatus(outcome));
         softmax_->RequestsEnded(1);
       });
   return reactor;
 }
 
-grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-KServeGrpcService::ModelStreamInfer(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KServeGrpcService::ModelStreamInfer(
+    grpc::CallbackServerContext* context) {
   return new StreamInferCall(this, context, max_stream_pending_);
 }
 

@@ -26,7 +26,38 @@
 
 namespace softmax::server {
 
-class KServeGrpcService final : public inference::GRPCInferenceService::CallbackService {
+// Every method on the callback API (none synchronous). ModelInfer and
+// ModelStreamInfer take and give raw byte buffers, as softmax.v1 does
+// (wire.h): a response references an output the backend lent (OutputView,
+// pinned memory on the GPU) instead of copying it.
+namespace kserve_grpc_internal {
+using G = inference::GRPCInferenceService;
+using Base =
+    G::WithRawCallbackMethod_ModelInfer<
+    G::WithRawCallbackMethod_ModelStreamInfer<
+    G::WithCallbackMethod_ServerLive<
+    G::WithCallbackMethod_ServerReady<
+    G::WithCallbackMethod_ModelReady<
+    G::WithCallbackMethod_ServerMetadata<
+    G::WithCallbackMethod_ModelMetadata<
+    G::WithCallbackMethod_ModelConfig<
+    G::WithCallbackMethod_ModelStatistics<
+    G::WithCallbackMethod_RepositoryIndex<
+    G::WithCallbackMethod_RepositoryModelLoad<
+    G::WithCallbackMethod_RepositoryModelUnload<
+    G::WithCallbackMethod_SystemSharedMemoryStatus<
+    G::WithCallbackMethod_SystemSharedMemoryRegister<
+    G::WithCallbackMethod_SystemSharedMemoryUnregister<
+    G::WithCallbackMethod_CudaSharedMemoryStatus<
+    G::WithCallbackMethod_CudaSharedMemoryRegister<
+    G::WithCallbackMethod_CudaSharedMemoryUnregister<
+    G::WithCallbackMethod_TraceSetting<
+    G::WithCallbackMethod_LogSettings<
+    G::Service>>>>>>>>>>>>>>>>>>>>;
+}  // namespace kserve_grpc_internal
+using KServeGrpcBase = kserve_grpc_internal::Base;
+
+class KServeGrpcService final : public KServeGrpcBase {
  public:
   // `softmax` (dispatch, drain, in-flight accounting, metrics) and
   // `statistics` must outlive the gRPC server this is registered with.
@@ -49,10 +80,10 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
                                           const inference::ModelMetadataRequest* request,
                                           inference::ModelMetadataResponse* response) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
-                                       const inference::ModelInferRequest* request,
-                                       inference::ModelInferResponse* response) override;
-  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-  ModelStreamInfer(grpc::CallbackServerContext* context) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ModelStreamInfer(
+      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* context,
                                         const inference::ModelConfigRequest* request,
                                         inference::ModelConfigResponse* response) override;
