@@ -237,6 +237,25 @@ def test_bad_requests_are_refused_naming_the_field(raw_stub, request_message, co
     assert np.allclose(np.frombuffer(response.raw_output_contents[0], "<f4"), 0.5)
 
 
+def test_bytes_that_are_no_message_are_refused(server):
+    channel = server.channel()
+    unary = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    with pytest.raises(grpc.RpcError) as error:
+        unary(b"\xff\xff\xff", timeout=10)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ModelInferRequest" in error.value.details()
+    stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+    good = infer_request(np.zeros((1, 2))).SerializeToString()
+    replies = [service_pb2.ModelStreamInferResponse.FromString(r)
+               for r in stream(iter([b"\xff\xff\xff", good]), timeout=10)]
+    assert len(replies) == 2
+    assert "ModelInferRequest" in replies[0].error_message
+    assert replies[1].error_message == ""
+    assert np.allclose(np.frombuffer(replies[1].infer_response.raw_output_contents[0], "<f4"),
+                       0.5)
+    channel.close()
+
+
 def test_too_large_is_refused(start_server):
     server = start_server("--max_tensor_bytes=4096")
     client = triton_grpc.InferenceServerClient(server.grpc_address)

@@ -230,6 +230,18 @@ def test_bad_binary_requests(server):
     assert status == 200 and json.loads(reply)["outputs"][0]["data"] == [0.5] * 4
 
 
+def test_a_body_without_content_length_is_refused(server):
+    import http.client
+    host, port = server.http_address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request("POST", "/v2/models/softmax/infer", body=iter([b'{"inputs": []}']),
+                       headers={"Content-Type": "application/json"}, encode_chunked=True)
+    response = connection.getresponse()
+    assert response.status == 400
+    assert "Content-Length" in json.loads(response.read())["error"]
+    connection.close()
+
+
 def test_tritonclient_sees_the_errors(client):
     with pytest.raises(InferenceServerException) as error:
         client.infer("softmax", [make_input(np.zeros((2, 2), np.float32), "float32")],
