@@ -42,6 +42,13 @@ struct Reply {
   bool binary_reply = false;
 };
 
+// A reply of a status and no body (health and readiness).
+Reply EmptyReply(int status) {
+  Reply reply;
+  reply.status = status;
+  return reply;
+}
+
 Reply JsonReply(int status, const Json& json) {
   Reply reply;
   reply.status = status;
@@ -178,15 +185,15 @@ struct HttpCall {
   std::atomic<bool> abandoned{false};
 };
 
-struct InferOptions {
-  bool binary_output = false;
-};
+}  // namespace
 
-// Parses the infer request in `body` into `parts`.
-absl::Status ParseInferRequest(std::string* body, int64_t header_length,
-                               kserve::InferRequestParts* parts, InferOptions* options,
-                               std::string* data_field) {
-  const Json header = Json::parse(body->begin(), body->begin() + header_length, nullptr, false);
+absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_length,
+                                   kserve::InferRequestParts* parts, HttpInferOptions* options) {
+  if (header_length < 0 || header_length > static_cast<int64_t>(body.size())) {
+    return absl::InvalidArgumentError("Inference-Header-Content-Length: beyond the body");
+  }
+  parts->data_field = "inputs[0].data";
+  const Json header = Json::parse(body.begin(), body.begin() + header_length, nullptr, false);
   if (header.is_discarded() || !header.is_object()) {
     return absl::InvalidArgumentError("request body: not a JSON object");
   }
@@ -238,7 +245,7 @@ absl::Status ParseInferRequest(std::string* body, int64_t header_length,
       }
     }
   }
-  const int64_t binary_bytes = static_cast<int64_t>(body->size()) - header_length;
+  const int64_t binary_bytes = static_cast<int64_t>(body.size()) - header_length;
   if (parts->input_count != 1) {
     return absl::OkStatus();  // BuildSoftmaxRequest names the error
   }
@@ -283,8 +290,8 @@ absl::Status ParseInferRequest(std::string* body, int64_t header_length,
           "inputs[0].parameters.binary_data_size: ", *binary_size, " bytes, but the body holds ",
           binary_bytes, " bytes after the JSON header (Inference-Header-Content-Length)"));
     }
-    *data_field = "inputs[0] binary data";
-    parts->input_data.assign(*body, static_cast<size_t>(header_length), std::string::npos);
+    parts->data_field = "inputs[0] binary data";
+    parts->input_data.assign(body, static_cast<size_t>(header_length), std::string::npos);
     return absl::OkStatus();
   }
   if (binary_bytes != 0) {
@@ -296,9 +303,10 @@ absl::Status ParseInferRequest(std::string* body, int64_t header_length,
     return absl::InvalidArgumentError(
         "inputs[0].data: missing (give data, or binary_data_size with binary data)");
   }
-  *data_field = "inputs[0].data";
   return AppendJsonData(*data, *dtype, &parts->input_data);
 }
+
+namespace {
 
 // POST .../infer: reads the body, answers it; returns the HTTP status sent.
 int Infer(mg_connection* connection, const std::string& name, const std::string& version,
@@ -370,9 +378,8 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
   kserve::InferRequestParts parts;
   parts.model_name = name;
   parts.model_version = version;
-  InferOptions options;
-  std::string data_field = "inputs[0].data";
-  absl::Status status = ParseInferRequest(&body, header_length, &parts, &options, &data_field);
+  HttpInferOptions options;
+  absl::Status status = ParseHttpInferRequest(body, header_length, &parts, &options);
   body = std::string();
   data_bytes = static_cast<int64_t>(parts.input_data.size());
   auto call = std::make_shared<HttpCall>();
@@ -390,7 +397,7 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
             call->status = outcome;
             call->done.Notify();
           }),
-      data_field);
+      parts.data_field);
   if (!status.ok()) {
     softmax->RequestsEnded(1);
     return fail(status);
@@ -510,8 +517,8 @@ int KServeHttpServer::Handle(mg_connection* connection) {
                                             {"extensions", extensions}}));
   }
   if (segments[1] == "health" && segments.size() == 3 && require("GET")) {
-    if (segments[2] == "live") return reply_and_return(Reply{200});
-    if (segments[2] == "ready") return reply_and_return(Reply{draining ? 503 : 200});
+    if (segments[2] == "live") return reply_and_return(EmptyReply(200));
+    if (segments[2] == "ready") return reply_and_return(EmptyReply(draining ? 503 : 200));
     return not_found();
   }
   if (segments[1] != "models" || segments.size() < 3) return not_found();
@@ -540,7 +547,7 @@ int KServeHttpServer::Handle(mg_connection* connection) {
   absl::StatusOr<kserve::Model> model = kserve::FindModel(name, version);
   if (!model.ok()) return reply_and_return(ErrorReply(model.status()));
   if (action.empty()) return reply_and_return(JsonReply(200, MetadataJson(*model)));
-  if (action == "ready") return reply_and_return(Reply{draining ? 503 : 200});
+  if (action == "ready") return reply_and_return(EmptyReply(draining ? 503 : 200));
   if (action == "config") return reply_and_return(JsonReply(200, ConfigJson(*model)));
   if (action == "stats") {
     return reply_and_return(JsonReply(

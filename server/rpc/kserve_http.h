@@ -46,6 +46,21 @@ struct HttpServerOptions {
   std::string server_version;
 };
 
+// What an infer request asks for besides its tensor.
+struct HttpInferOptions {
+  // Binary output: request parameter binary_data_output, or an output's
+  // binary_data. Otherwise outputs are JSON numbers.
+  bool binary_output = false;
+};
+
+// Parses an infer request body: `header_length` bytes of JSON (all of it
+// without Inference-Header-Content-Length), then the binary tensor data.
+// Fills `parts` but model_name / model_version (from the URL), including
+// parts->data_field; INVALID_ARGUMENT naming the field otherwise. What is
+// checked later (BuildSoftmaxRequest, Dispatch) is left to them.
+absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_length,
+                                   kserve::InferRequestParts* parts, HttpInferOptions* options);
+
 class KServeHttpServer {
  public:
   // Starts listening. `softmax` and `statistics` must outlive the server.
