@@ -24,6 +24,8 @@ except ImportError as error:  # pragma: no cover - the venv lacks it
     raise ImportError("tritonclient is missing from the test venv: run 'make venv'") from error
 
 DATATYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
+MODELS = {"softmax", "log_softmax", "softmax_fp16", "log_softmax_fp16", "softmax_bf16",
+          "log_softmax_bf16"}
 
 
 def representable(values, dtype):
@@ -87,6 +89,22 @@ def test_health_metadata_and_config(client):
     assert [i.name for i in config.input] == ["INPUT"]
     assert list(config.input[0].dims) == [-1, -1] and list(config.output[0].dims) == [-1, -1]
     assert config.input[0].data_type == config.output[0].data_type != 0
+
+
+@pytest.mark.parametrize("model,datatype", [("softmax_fp16", "FP16"), ("log_softmax_bf16", "BF16"),
+                                            ("softmax", "FP32")])
+def test_typed_variants_advertise_their_datatype_and_compute_the_same(client, model, datatype):
+    metadata = client.get_model_metadata(model, as_json=True)
+    assert metadata["inputs"][0]["datatype"] == datatype
+    assert metadata["outputs"][0]["datatype"] == datatype
+    config = client.get_model_config(model, as_json=True)["config"]
+    assert config["input"][0]["data_type"] == f"TYPE_{datatype}"
+    dtype = {v: k for k, v in DATATYPES.items()}[datatype]
+    values = representable(np.random.default_rng(8).normal(size=(3, 21)), dtype)
+    for sent in (dtype, "float32"):  # every variant takes every type
+        result = client.infer(model, [make_input(values, sent)])
+        assert_close(result.as_numpy("OUTPUT"),
+                     reference_softmax(values, -1, 1.0, model.startswith("log")), sent, model)
 
 
 def test_unknown_model_is_not_found(client):
@@ -326,7 +344,7 @@ def test_statistics_count_per_model(server):
     assert int(infer["compute_infer"]["count"]) == count + 3
     assert int(stats["last_inference"]) > 0
     every = client.get_inference_statistics(as_json=True)["model_stats"]
-    assert {s["name"] for s in every} == {"softmax", "log_softmax"}
+    assert {s["name"] for s in every} == MODELS
     client.close()
 
 

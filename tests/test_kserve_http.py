@@ -88,7 +88,9 @@ def test_health_metadata_config_and_statistics(server, client):
     stats = client.get_inference_statistics("softmax")["model_stats"]
     assert [s["name"] for s in stats] == ["softmax"]
     assert {s["name"] for s in client.get_inference_statistics()["model_stats"]} == {
-        "softmax", "log_softmax"}
+        "softmax", "log_softmax", "softmax_fp16", "log_softmax_fp16", "softmax_bf16",
+        "log_softmax_bf16"}
+    assert client.get_model_metadata("log_softmax_bf16")["inputs"][0]["datatype"] == "BF16"
     for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/softmax/ready",
                  "/v2/models/softmax/versions/1/ready"):
         assert http(server, "GET", path)[0] == 200, path

@@ -31,7 +31,30 @@ void SetDuration(uint64_t count, uint64_t ns, inference::StatisticDuration* out)
 }  // namespace
 
 const char* ModelName(Model model) {
-  return model == Model::kLogSoftmax ? "log_softmax" : "softmax";
+  switch (model) {
+    case Model::kSoftmax: return "softmax";
+    case Model::kLogSoftmax: return "log_softmax";
+    case Model::kSoftmaxFp16: return "softmax_fp16";
+    case Model::kLogSoftmaxFp16: return "log_softmax_fp16";
+    case Model::kSoftmaxBf16: return "softmax_bf16";
+    case Model::kLogSoftmaxBf16: return "log_softmax_bf16";
+  }
+  return "unknown";
+}
+
+bool IsLog(Model model) {
+  return model == Model::kLogSoftmax || model == Model::kLogSoftmaxFp16 ||
+         model == Model::kLogSoftmaxBf16;
+}
+
+DType AdvertisedType(Model model) {
+  switch (model) {
+    case Model::kSoftmaxFp16:
+    case Model::kLogSoftmaxFp16: return DType::kFloat16;
+    case Model::kSoftmaxBf16:
+    case Model::kLogSoftmaxBf16: return DType::kBFloat16;
+    default: return DType::kFloat32;
+  }
 }
 
 absl::StatusOr<Model> FindModel(absl::string_view name, absl::string_view version) {
@@ -44,7 +67,8 @@ absl::StatusOr<Model> FindModel(absl::string_view name, absl::string_view versio
     return model;
   }
   return absl::NotFoundError(absl::StrCat(
-      "unknown model \"", name, "\" (served: \"softmax\", \"log_softmax\")"));
+      "unknown model \"", name,
+      "\" (served: \"softmax\", \"log_softmax\", and both with _fp16 or _bf16)"));
 }
 
 absl::StatusOr<DType> ParseDatatype(absl::string_view datatype, absl::string_view field) {
@@ -102,7 +126,7 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
     }
     out->set_temperature(static_cast<float>(t));
   }
-  out->set_log(*model == Model::kLogSoftmax);
+  out->set_log(IsLog(*model));
   out->set_request_id(parts->id);
   v1::Tensor* input = out->mutable_input();
   input->set_dtype(static_cast<v1::DType>(static_cast<int>(*dtype)));
@@ -151,9 +175,9 @@ inference::ModelMetadataResponse Metadata(Model model) {
   metadata.set_name(ModelName(model));
   metadata.add_versions(kModelVersion);
   metadata.set_platform(kPlatform);
-  // FP32 is advertised; FP16 and BF16 are accepted as well (the README says).
+  // One type is advertised; all three are accepted (see Model).
   for (auto* tensor : {metadata.add_inputs(), metadata.add_outputs()}) {
-    tensor->set_datatype("FP32");
+    tensor->set_datatype(DatatypeName(AdvertisedType(model)));
     tensor->add_shape(-1);
     tensor->add_shape(-1);
   }
@@ -171,12 +195,12 @@ inference::ModelConfig Config(Model model) {
   config.set_max_batch_size(0);
   inference::ModelInput* input = config.add_input();
   input->set_name(kInputName);
-  input->set_data_type(ConfigType(DType::kFloat32));
+  input->set_data_type(ConfigType(AdvertisedType(model)));
   input->add_dims(-1);
   input->add_dims(-1);
   inference::ModelOutput* output = config.add_output();
   output->set_name(kOutputName);
-  output->set_data_type(ConfigType(DType::kFloat32));
+  output->set_data_type(ConfigType(AdvertisedType(model)));
   output->add_dims(-1);
   output->add_dims(-1);
   config.mutable_dynamic_batching();

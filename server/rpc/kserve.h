@@ -5,8 +5,8 @@
 // result to SoftmaxServiceImpl::Dispatch: the same validation, draining and
 // Batcher as softmax.v1, so requests of every protocol batch together.
 //
-// Models: `softmax` and `log_softmax`, version "1" (an empty version means
-// "1"). One input of any name (metadata calls it INPUT), FP32 / FP16 / BF16,
+// Models: `softmax` and `log_softmax` (and their `_fp16` / `_bf16`
+// variants, see Model), version "1" (an empty version means "1"). One input of any name (metadata calls it INPUT), FP32 / FP16 / BF16,
 // any shape; one output, OUTPUT, of the input's type and shape. Request
 // parameters `axis` (int64, default -1) and `temperature` (double, default 1).
 //
@@ -46,11 +46,28 @@ inline constexpr char kPlatform[] = "softmax-serve";
 inline constexpr std::array<const char*, 3> kExtensions = {"binary_tensor_data",
                                                            "model_configuration", "statistics"};
 
-// The served models, indexing ModelStatistics.
-enum class Model { kSoftmax = 0, kLogSoftmax = 1 };
-inline constexpr int kModelCount = 2;
-inline constexpr std::array<Model, kModelCount> kModels = {Model::kSoftmax, Model::kLogSoftmax};
+// The served models, indexing ModelStatistics. Every one accepts FP32,
+// FP16 and BF16. `softmax` and `log_softmax` advertise FP32 in metadata and
+// configuration; the `_fp16` / `_bf16` variants compute the same and
+// advertise their type, for tools that generate inputs from the metadata
+// (perf_analyzer), as a Triton deployment would serve one model per type.
+enum class Model {
+  kSoftmax = 0,
+  kLogSoftmax = 1,
+  kSoftmaxFp16 = 2,
+  kLogSoftmaxFp16 = 3,
+  kSoftmaxBf16 = 4,
+  kLogSoftmaxBf16 = 5,
+};
+inline constexpr int kModelCount = 6;
+inline constexpr std::array<Model, kModelCount> kModels = {
+    Model::kSoftmax,     Model::kLogSoftmax,     Model::kSoftmaxFp16,
+    Model::kLogSoftmaxFp16, Model::kSoftmaxBf16, Model::kLogSoftmaxBf16};
 const char* ModelName(Model model);
+// log_softmax (any variant) rather than softmax.
+bool IsLog(Model model);
+// The datatype metadata and configuration show for the model's tensors.
+DType AdvertisedType(Model model);
 
 // The model called `name` at `version` ("" or "1"); NOT_FOUND naming what is
 // served otherwise.

@@ -25,6 +25,23 @@ TEST(KServeTest, FindModelServesTwoModelsAtVersionOne) {
   EXPECT_EQ(FindModel("resnet", "").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(KServeTest, TypedVariantsAdvertiseTheirTypeAndComputeTheSame) {
+  ASSERT_EQ(*FindModel("log_softmax_bf16", "1"), Model::kLogSoftmaxBf16);
+  EXPECT_TRUE(IsLog(Model::kLogSoftmaxBf16));
+  EXPECT_FALSE(IsLog(Model::kSoftmaxFp16));
+  EXPECT_EQ(Metadata(Model::kSoftmaxFp16).inputs(0).datatype(), "FP16");
+  EXPECT_EQ(Config(Model::kLogSoftmaxBf16).input(0).data_type(), inference::TYPE_BF16);
+  EXPECT_EQ(Config(Model::kSoftmax).output(0).data_type(), inference::TYPE_FP32);
+  for (Model model : kModels) EXPECT_EQ(*FindModel(ModelName(model), ""), model);
+  InferRequestParts parts = GoodParts();
+  parts.model_name = "log_softmax_fp16";  // an FP32 input: every variant takes every type
+  Model model;
+  v1::SoftmaxRequest request;
+  ASSERT_TRUE(BuildSoftmaxRequest(&parts, &model, &request).ok());
+  EXPECT_TRUE(request.log());
+  EXPECT_EQ(request.input().dtype(), v1::DTYPE_FLOAT32);
+}
+
 TEST(KServeTest, BuildsTheSoftmaxV1RequestThatDispatchValidates) {
   InferRequestParts parts = GoodParts();
   parts.model_name = "log_softmax";
@@ -114,6 +131,7 @@ TEST(KServeTest, StatisticsCountPerModel) {
   EXPECT_GT(softmax.last_inference(), 0u);
   const inference::ModelStatistics log = stats.Get(Model::kLogSoftmax);
   EXPECT_EQ(log.inference_count(), 0u);
+  EXPECT_EQ(stats.Get(Model::kSoftmaxBf16).inference_count(), 0u);
   EXPECT_EQ(log.inference_stats().fail().count(), 1u);
 }
 
