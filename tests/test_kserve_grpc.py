@@ -165,6 +165,12 @@ def test_infer_matches_the_reference(client, dtype, shape, axis, model):
                  f"{model} {dtype} {shape} axis {axis}")
 
 
+def test_large_tensor(client):
+    values = representable(np.random.default_rng(6).normal(0, 4, size=(64, 32000)), "bfloat16")
+    result = client.infer("log_softmax", [make_input(values, "bfloat16")])
+    assert_close(result.as_numpy("OUTPUT"), reference_softmax(values, -1, 1.0, True), "bfloat16")
+
+
 @pytest.mark.parametrize("temperature", [0.5, 2.0, 3])
 def test_temperature(client, temperature):
     values = np.random.default_rng(1).normal(0, 2, size=(3, 50)).astype(np.float32)

@@ -133,6 +133,13 @@ def test_binary_infer_matches_the_reference(client, dtype, shape, axis, model):
                  f"{model} {dtype} {shape} axis {axis}")
 
 
+def test_large_binary_tensor(client):
+    values = representable(np.random.default_rng(6).normal(0, 4, size=(64, 32000)), "bfloat16")
+    result = client.infer("softmax_bf16", [make_input(values, "bfloat16")], parameters={"axis": 0},
+                          outputs=[triton_http.InferRequestedOutput("OUTPUT", binary_data=True)])
+    assert_close(result.as_numpy("OUTPUT"), reference_softmax(values, 0), "bfloat16")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_json_tensors_in_and_out(client, dtype):
     values = representable(np.random.default_rng(4).normal(size=(3, 9)), dtype)
