@@ -140,15 +140,25 @@ Json StatisticsJson(const inference::ModelStatistics& stats) {
           {"batch_stats", Json::array()}};
 }
 
+// Nesting accepted in a tensor's JSON data: far more than any tensor's rank,
+// and a bound on the recursion below.
+constexpr int kMaxJsonDataDepth = 64;
+
 // Appends the numbers of a (nested) JSON array, as `dtype`, to `out`.
-absl::Status AppendJsonData(const Json& data, DType dtype, std::string* out) {
+absl::Status AppendJsonData(const Json& data, DType dtype, std::string* out, int depth = 0) {
   if (data.is_array()) {
-    for (const Json& item : data) SOFTMAX_RETURN_IF_ERROR(AppendJsonData(item, dtype, out));
+    if (depth >= kMaxJsonDataDepth) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("inputs[0].data: arrays nested deeper than ", kMaxJsonDataDepth));
+    }
+    for (const Json& item : data) {
+      SOFTMAX_RETURN_IF_ERROR(AppendJsonData(item, dtype, out, depth + 1));
+    }
     return absl::OkStatus();
   }
   if (!data.is_number()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("inputs[0].data: expected numbers, got ", data.dump()));
+        absl::StrCat("inputs[0].data: expected numbers, got a ", data.type_name()));
   }
   const float value = data.get<float>();
   if (dtype == DType::kFloat32) {
@@ -497,6 +507,10 @@ int KServeHttpServer::Handle(mg_connection* connection) {
   const std::string path = info->local_uri != nullptr ? info->local_uri : "";
   std::vector<std::string> segments = absl::StrSplit(path, '/', absl::SkipEmpty());
   // segments[0] == "v2" (the handler's prefix).
+  if (segments.empty() || segments[0] != "v2") {
+    Send(connection, ErrorReply(absl::NotFoundError(absl::StrCat("no endpoint ", path))));
+    return 404;
+  }
   auto reply_and_return = [connection](const Reply& reply) {
     Send(connection, reply);
     return reply.status;

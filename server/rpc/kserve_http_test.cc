@@ -105,6 +105,11 @@ TEST(KServeHttpTest, RefusesMalformedBodiesNamingTheField) {
   kserve::InferRequestParts parts;
   HttpInferOptions options;
   EXPECT_FALSE(ParseHttpInferRequest("{}", 3, &parts, &options).ok());
+  // Nesting far beyond any rank is refused, not recursed into.
+  const std::string deep = R"({"inputs": [{"datatype": "FP32", "shape": [1], "data": )" +
+                           std::string(5000, '[') + "1" + std::string(5000, ']') + "}]}";
+  const absl::Status status = Parse(deep, &parts, &options);
+  EXPECT_NE(status.message().find("nested deeper"), absl::string_view::npos) << status;
 }
 
 }  // namespace
