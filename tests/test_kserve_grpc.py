@@ -7,7 +7,9 @@ RPCs left UNIMPLEMENTED, metrics, and softmax.v1 and KServe requests riding in
 one batch."""
 
 import queue
+import signal
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -364,6 +366,24 @@ def test_metrics_count_kserve_methods(server, client):
                                  {"method": "ModelInfer", "code": "OK"}) == before + 1
     assert e2e_util.metric_value(text, "softmax_request_duration_seconds_count",
                                  {"method": "ModelStreamInfer"}) is not None
+
+
+def test_draining_is_not_ready_and_refuses_with_unavailable(start_server):
+    server = start_server("--lame_duck_ms=4000")
+    client = triton_grpc.InferenceServerClient(server.grpc_address)
+    assert client.is_server_ready()
+    server.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 3
+    while client.is_server_ready():
+        assert time.monotonic() < deadline, "ServerReady never turned false"
+        time.sleep(0.05)
+    assert client.is_server_live()
+    assert not client.is_model_ready("softmax")
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("softmax", [make_input(np.zeros((1, 2), np.float32), "float32")])
+    assert error.value.status() == "StatusCode.UNAVAILABLE"
+    client.close()
+    assert server.process.wait(timeout=30) == 0
 
 
 # ------------------------------------------------------ one shared batcher
