@@ -1,7 +1,7 @@
 # softmax-serve container image.
 #
 #   docker build -t softmax-serve .
-#   docker run --gpus all -p 50051:50051 -p 9464:9464 softmax-serve
+#   docker run --gpus all -p 50051:50051 -p 8000:8000 -p 9464:9464 softmax-serve
 #
 # Build stage: Debian 12, so the same scripts/install-deps.sh installs the same
 # Debian packages as on a bare machine, plus nvcc and the CUDA runtime from
@@ -56,11 +56,11 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin soft
  && ln -s /opt/softmax-serve/softmax-server /usr/local/bin/softmax-server \
  && ln -s /opt/softmax-serve/softmax-client /usr/local/bin/softmax-client
 USER softmax
-EXPOSE 50051 9464
+EXPOSE 50051 8000 9464
 # SIGTERM: health goes NOT_SERVING, in-flight requests finish (up to
 # --shutdown_grace_s, 30 s by default; give `docker stop -t` a bit more).
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
   CMD ["/opt/softmax-serve/softmax-client", "health", "--target=127.0.0.1:50051", "--timeout_ms=3000"]
 ENTRYPOINT ["/opt/softmax-serve/softmax-server"]
-CMD ["--grpc_address=0.0.0.0:50051", "--metrics_address=0.0.0.0:9464", "--device=auto"]
+CMD ["--grpc_address=0.0.0.0:50051", "--http_address=0.0.0.0:8000", "--metrics_address=0.0.0.0:9464", "--device=auto"]

@@ -29,7 +29,15 @@ $(VENV)/.ready:
 	$(VENV)/bin/pip install -q pytest
 	touch $@
 
-venv: deps $(VENV)/.ready
+# tritonclient for the KServe v2 tests. 2.46.0 is the newest that keeps
+# Debian's protobuf; its gRPC stubs need grpcio >= 1.64, which it does not
+# declare, so grpcio is pinned beside it (the venv's copy shadows Debian's;
+# softmax.v1's stubs from Debian's grpc_python_plugin run on it unchanged).
+$(VENV)/.tritonclient: $(VENV)/.ready
+	$(VENV)/bin/pip install -q 'tritonclient[grpc,http]==2.46.0' 'grpcio==1.64.1'
+	touch $@
+
+venv: deps $(VENV)/.ready $(VENV)/.tritonclient
 
 serve: build
 	$(BUILD_DIR)/bin/softmax-server $(ARGS)

@@ -9,6 +9,9 @@ build_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev
+  # The KServe v2 HTTP front-end (server/rpc/kserve_http.cc); its CMake
+  # package also wants the `civetweb` binary package.
+  libcivetweb-dev civetweb
 )
 test_packages=(
   python3 python3-venv python3-grpcio python3-protobuf python3-numpy

@@ -27,6 +27,8 @@
 #include "server/device.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/grpc_server.h"
+#include "server/rpc/kserve_grpc.h"
+#include "server/rpc/kserve_http.h"
 #include "server/rpc/service.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
@@ -47,6 +49,9 @@ constexpr std::chrono::milliseconds kCloseLinger(200);
 ABSL_FLAG(std::string, grpc_address, kDefaults.grpc_address,
           "host:port for gRPC; port 0 picks a free port (the bound one is printed in the "
           "\"listening\" line)");
+ABSL_FLAG(std::string, http_address, kDefaults.http_address,
+          "host:port for the KServe v2 / Triton HTTP/REST API (/v2/...); empty disables; port 0 "
+          "picks a free port");
 ABSL_FLAG(std::string, metrics_address, kDefaults.metrics_address,
           "host:port for Prometheus /metrics; empty disables; port 0 picks a free port");
 ABSL_FLAG(std::string, device, kDefaults.device,
@@ -88,6 +93,7 @@ ServerOptions OptionsFromFlags() {
   ServerOptions options;
   options.grpc_address = absl::GetFlag(FLAGS_grpc_address);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  options.http_address = absl::GetFlag(FLAGS_http_address);
   options.device = absl::GetFlag(FLAGS_device);
   options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
   options.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
@@ -207,18 +213,38 @@ int Run(const ServerOptions& options) {
   service_options.echo = backends.empty();
   SoftmaxServiceImpl service(service_options, batcher.get(), metrics.get());
 
+  // The Open Inference Protocol (KServe v2): gRPC beside softmax.v1, HTTP on
+  // its own port; both dispatch through `service`, into the one batcher.
+  kserve::ModelStatistics kserve_statistics;
+  KServeGrpcService kserve_service(&service, &kserve_statistics, SOFTMAX_VERSION);
+
   GrpcServerOptions grpc_options;
   grpc_options.address = options.grpc_address;
   grpc_options.max_tensor_bytes = options.max_tensor_bytes;
+  grpc_options.additional_services.push_back(&kserve_service);
   absl::StatusOr<RunningServer> server = StartGrpcServer(grpc_options, &service);
   if (!server.ok()) return Fail(server.status());
+
+  std::unique_ptr<KServeHttpServer> http;
+  if (!options.http_address.empty()) {
+    HttpServerOptions http_options;
+    http_options.address = options.http_address;
+    http_options.max_tensor_bytes = options.max_tensor_bytes;
+    http_options.server_version = SOFTMAX_VERSION;
+    absl::StatusOr<std::unique_ptr<KServeHttpServer>> started =
+        KServeHttpServer::Start(http_options, &service, &kserve_statistics);
+    if (!started.ok()) return Fail(started.status());
+    http = std::move(*started);
+  }
 
   const size_t colon = options.grpc_address.rfind(':');
   const std::string grpc_host =
       colon == std::string::npos ? options.grpc_address : options.grpc_address.substr(0, colon);
   if (metrics != nullptr) metrics->SetServing(true);
-  std::fprintf(stderr, "softmax-server: listening grpc=%s:%d metrics=%s\n", grpc_host.c_str(),
-               server->port, metrics != nullptr ? metrics->BoundAddress().c_str() : "off");
+  std::fprintf(stderr, "softmax-server: listening grpc=%s:%d http=%s metrics=%s\n",
+               grpc_host.c_str(), server->port,
+               http != nullptr ? http->BoundAddress().c_str() : "off",
+               metrics != nullptr ? metrics->BoundAddress().c_str() : "off");
   std::fflush(stderr);
 
   int signal_number = 0;
@@ -256,6 +282,7 @@ int Run(const ServerOptions& options) {
   // to end; then gRPC cancels them.
   server->server->Shutdown(absl::ToChronoTime(grace_end));
   server->server->Wait();
+  if (http != nullptr) http->Stop();
   std::fprintf(stderr, "softmax-server: stopped\n");
   // A fault during a graceful drain still ends in the fault's exit status.
   return fault || device_faulted.load() ? 2 : 0;

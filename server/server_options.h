@@ -15,6 +15,7 @@ namespace softmax::server {
 struct ServerOptions {
   std::string grpc_address = "0.0.0.0:50051";
   std::string metrics_address = "0.0.0.0:9464";
+  std::string http_address = "0.0.0.0:8000";
   std::string device = "auto";
   int64_t max_tensor_bytes = int64_t{1} << 30;
   int64_t max_batch_rows = 8192;

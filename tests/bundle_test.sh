@@ -39,12 +39,12 @@ LD_LIBRARY_PATH="$bundle/lib" ldd "$bundle/bin/softmax-server" | grep "libgrpc++
 ln -s "$bundle/softmax-server" "$work/server-link"
 log="$work/server.log"
 (cd / && exec env -i PATH=/usr/bin:/bin "$work/server-link" --grpc_address=127.0.0.1:0 \
-    --metrics_address= --device=cpu) 2> "$log" &
+    --metrics_address= --http_address= --device=cpu) 2> "$log" &
 pid=$!
 trap 'kill -KILL $pid 2>/dev/null || true' EXIT
 address=""
 for _ in $(seq 1 300); do
-  address=$(sed -n 's/^softmax-server: listening grpc=\([^ ]*\) metrics=off$/\1/p' "$log")
+  address=$(sed -n 's/^softmax-server: listening grpc=\([^ ]*\) http=off metrics=off$/\1/p' "$log")
   [[ -n "$address" ]] && break
   kill -0 $pid 2>/dev/null || fail "bundled server exited: $(cat "$log")"
   sleep 0.1

@@ -36,7 +36,8 @@ sys.path.insert(0, _required_env("SOFTMAX_PYTHON_DIR"))
 import grpc  # noqa: E402
 from softmax.v1 import softmax_pb2, softmax_pb2_grpc  # noqa: E402,F401
 
-LISTENING = re.compile(r"softmax-server: listening grpc=(\S+) metrics=(\S+)")
+LISTENING = re.compile(
+    r"softmax-server: listening grpc=(\S+) (?:http=(\S+) )?metrics=(\S+)")
 
 DTYPES = {
     "float32": softmax_pb2.DTYPE_FLOAT32,
@@ -54,7 +55,7 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
 class Server:
     """One softmax-server process on loopback with ports picked by the kernel.
 
-    Construct, then use .grpc_address / .metrics_address; stop() sends a
+    Construct, then use .grpc_address / .http_address / .metrics_address; stop() sends a
     signal and returns the exit code; kill() is the always-safe cleanup.
     """
 
@@ -62,18 +63,20 @@ class Server:
         self.log = tempfile.NamedTemporaryFile(
             mode="w+", prefix="softmax-server-", suffix=".log", delete=False)
         self.args = [SERVER_BIN, "--grpc_address=127.0.0.1:0",
-                     "--metrics_address=127.0.0.1:0", f"--device={device}",
+                     "--metrics_address=127.0.0.1:0", "--http_address=127.0.0.1:0",
+                     f"--device={device}",
                      *extra_args]
         self.process = subprocess.Popen(
             self.args, stdout=self.log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL)
         self.grpc_address = None
+        self.http_address = None  # "off" when disabled
         self.metrics_address = None
         deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:
             match = LISTENING.search(self.output())
             if match:
-                self.grpc_address, self.metrics_address = match.groups()
+                self.grpc_address, self.http_address, self.metrics_address = match.groups()
                 return
             if self.process.poll() is not None:
                 break

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import flags_table  # noqa: E402
 
 EXPECTED = {
-    "grpc_address", "metrics_address", "device", "max_tensor_bytes", "max_batch_rows",
+    "grpc_address", "http_address", "metrics_address", "device", "max_tensor_bytes", "max_batch_rows",
     "max_batch_bytes", "max_queue_delay_us", "dispatch_when_idle", "max_queued_requests",
     "max_queued_bytes", "cpu_threads", "cuda_memory_limit_bytes", "lame_duck_ms",
     "shutdown_grace_s",

@@ -186,6 +186,10 @@ def test_request_counters_match_what_was_sent(prometheus, traffic):
         "Softmax/INVALID_ARGUMENT": UNARY_BAD,
         "SoftmaxStream/OK": STREAM_OK,
         "SoftmaxStream/INVALID_ARGUMENT": STREAM_BAD,
+        # The KServe v2 methods' OK series exist from the start.
+        "ModelInfer/OK": 0,
+        "ModelStreamInfer/OK": 0,
+        "http_infer/OK": 0,
     }
     for labels in counts:
         assert dict(labels)["job"] == "softmax-serve"
@@ -195,7 +199,8 @@ def test_latency_histograms_count_every_request(prometheus, traffic):
     durations = {dict(labels)["method"]: value for labels, value in
                  prometheus.query("softmax_request_duration_seconds_count").items()}
     assert durations == {"Softmax": UNARY_OK + UNARY_BAD,
-                         "SoftmaxStream": STREAM_OK + STREAM_BAD}
+                         "SoftmaxStream": STREAM_OK + STREAM_BAD,
+                         "ModelInfer": 0, "ModelStreamInfer": 0, "http_infer": 0}
     # The +Inf bucket is the count; every observation is under the 10 s bucket.
     assert prometheus.value(
         'sum(softmax_request_duration_seconds_bucket{le="+Inf"})') == traffic

@@ -29,7 +29,7 @@ import time
 import urllib.request
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-LISTENING = re.compile(r"softmax-server: listening grpc=(\S+) metrics=(\S+)")
+LISTENING = re.compile(r"softmax-server: listening grpc=(\S+) (?:http=\S+ )?metrics=(\S+)")
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
@@ -54,7 +54,8 @@ class Server:
         self.log_path = log_path
         self.log = open(log_path, "w")
         self.process = subprocess.Popen(
-            [binary, "--grpc_address=127.0.0.1:0", "--metrics_address=127.0.0.1:0", *args],
+            [binary, "--grpc_address=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
+             "--http_address=", *args],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

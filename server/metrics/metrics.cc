@@ -24,7 +24,8 @@ constexpr const char* kCodeNames[] = {
     "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
     "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
     "UNAUTHENTICATED"};
-constexpr const char* kMethodNames[] = {"Softmax", "SoftmaxStream"};
+constexpr const char* kMethodNames[] = {"Softmax", "SoftmaxStream", "ModelInfer",
+                                        "ModelStreamInfer", "http_infer"};
 
 // 1, 2.5, 5 per decade from 10^first to 10^last inclusive. Parsed from text
 // so each bound is the double nearest its decimal (and prints as such).

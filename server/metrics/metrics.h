@@ -44,6 +44,10 @@ namespace softmax::server {
 enum class RpcMethod {
   kSoftmax = 0,        // unary softmax.v1.SoftmaxService/Softmax
   kSoftmaxStream = 1,  // one request (message) on SoftmaxStream
+  // The Open Inference Protocol (KServe v2), server/rpc/kserve_*.
+  kModelInfer = 2,        // unary inference.GRPCInferenceService/ModelInfer
+  kModelStreamInfer = 3,  // one request (message) on ModelStreamInfer
+  kHttpInfer = 4,         // POST /v2/models/{model}/infer
 };
 
 class Metrics final : public BatcherObserver {
@@ -106,7 +110,7 @@ class Metrics final : public BatcherObserver {
 
  private:
   class MemoryCollectable;
-  static constexpr int kMethods = 2;
+  static constexpr int kMethods = 5;
   static constexpr int kCodes = 17;  // grpc::StatusCode OK .. UNAUTHENTICATED
 
   // The batch metrics of one device.

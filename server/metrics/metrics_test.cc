@@ -133,10 +133,14 @@ TEST(MetricsTest, RequestsCountByMethodAndCode) {
                          {{"method", "SoftmaxStream"}, {"code", "INVALID_ARGUMENT"}}), 2);
   EXPECT_EQ(CounterValue(families, "softmax_requests_total",
                          {{"method", "SoftmaxStream"}, {"code", "UNAVAILABLE"}}), 1);
-  // OK of both methods exists from the start; other codes only once seen.
+  // OK of every method exists from the start; other codes only once seen.
   EXPECT_EQ(CounterValue(families, "softmax_requests_total",
                          {{"method", "SoftmaxStream"}, {"code", "OK"}}), 0);
-  EXPECT_EQ(FindFamily(families, "softmax_requests_total")->metric.size(), 5u);
+  for (const char* method : {"ModelInfer", "ModelStreamInfer", "http_infer"}) {
+    EXPECT_EQ(CounterValue(families, "softmax_requests_total",
+                           {{"method", method}, {"code", "OK"}}), 0) << method;
+  }
+  EXPECT_EQ(FindFamily(families, "softmax_requests_total")->metric.size(), 8u);
 
   const ClientMetric* unary =
       Find(families, "softmax_request_duration_seconds", {{"method", "Softmax"}});

@@ -23,6 +23,7 @@ absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
   builder.SetMaxReceiveMessageSize(static_cast<int>(limit));
   builder.SetMaxSendMessageSize(static_cast<int>(limit));
   builder.RegisterService(service);
+  for (grpc::Service* additional : options.additional_services) builder.RegisterService(additional);
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {
     if (running.server != nullptr) running.server->Shutdown();

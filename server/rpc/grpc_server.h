@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -30,6 +31,9 @@ struct GrpcServerOptions {
   // kMessageHeadroomBytes (capped at INT_MAX, gRPC's own limit). Larger
   // messages fail in gRPC with RESOURCE_EXHAUSTED.
   int64_t max_tensor_bytes = int64_t{1} << 30;
+  // More services on the same port (inference.GRPCInferenceService); each
+  // must outlive the server.
+  std::vector<grpc::Service*> additional_services;
 };
 
 struct RunningServer {

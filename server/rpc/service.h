@@ -80,6 +80,8 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   // which would answer calls it accepted but never dispatched with CANCELLED
   // (not retryable). Any thread; irreversible.
   void StartDraining() { draining_.store(true); }
+  // True from StartDraining on (readiness of the KServe front-ends).
+  bool draining() const { return draining_.load(std::memory_order_relaxed); }
 
   // Waits until no request is in flight (every accepted request's response
   // written), or until `deadline`; true when none is. Used on shutdown after

@@ -1,0 +1,271 @@
+#include "server/rpc/kserve.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "server/rpc/validation.h"
+
+namespace softmax::server::kserve {
+namespace {
+
+inference::DataType ConfigType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return inference::TYPE_FP32;
+    case DType::kFloat16: return inference::TYPE_FP16;
+    case DType::kBFloat16: return inference::TYPE_BF16;
+  }
+  return inference::TYPE_INVALID;
+}
+
+void SetDuration(uint64_t count, uint64_t ns, inference::StatisticDuration* out) {
+  out->set_count(count);
+  out->set_ns(ns);
+}
+
+}  // namespace
+
+const char* ModelName(Model model) {
+  switch (model) {
+    case Model::kSoftmax: return "softmax";
+    case Model::kLogSoftmax: return "log_softmax";
+    case Model::kSoftmaxFp16: return "softmax_fp16";
+    case Model::kLogSoftmaxFp16: return "log_softmax_fp16";
+    case Model::kSoftmaxBf16: return "softmax_bf16";
+    case Model::kLogSoftmaxBf16: return "log_softmax_bf16";
+  }
+  return "unknown";
+}
+
+bool IsLog(Model model) {
+  return model == Model::kLogSoftmax || model == Model::kLogSoftmaxFp16 ||
+         model == Model::kLogSoftmaxBf16;
+}
+
+DType AdvertisedType(Model model) {
+  switch (model) {
+    case Model::kSoftmaxFp16:
+    case Model::kLogSoftmaxFp16: return DType::kFloat16;
+    case Model::kSoftmaxBf16:
+    case Model::kLogSoftmaxBf16: return DType::kBFloat16;
+    default: return DType::kFloat32;
+  }
+}
+
+absl::StatusOr<Model> FindModel(absl::string_view name, absl::string_view version) {
+  for (Model model : kModels) {
+    if (name != ModelName(model)) continue;
+    if (!version.empty() && version != kModelVersion) {
+      return absl::NotFoundError(absl::StrCat("model \"", name, "\" has no version \"", version,
+                                              "\" (served: \"", kModelVersion, "\")"));
+    }
+    return model;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "unknown model \"", name,
+      "\" (served: \"softmax\", \"log_softmax\", and both with _fp16 or _bf16)"));
+}
+
+absl::StatusOr<DType> ParseDatatype(absl::string_view datatype, absl::string_view field) {
+  if (datatype == "FP32") return DType::kFloat32;
+  if (datatype == "FP16") return DType::kFloat16;
+  if (datatype == "BF16") return DType::kBFloat16;
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": expected FP32, FP16 or BF16, got \"", datatype, "\""));
+}
+
+const char* DatatypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "FP32";
+    case DType::kFloat16: return "FP16";
+    case DType::kBFloat16: return "BF16";
+  }
+  return "INVALID";
+}
+
+absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
+                                 v1::SoftmaxRequest* out) {
+  absl::StatusOr<Model> found = FindModel(parts->model_name, parts->model_version);
+  if (!found.ok()) return found.status();
+  *model = *found;
+  if (parts->input_count != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "inputs: the model takes exactly one input tensor, got ", parts->input_count));
+  }
+  for (size_t i = 0; i < parts->requested_outputs.size(); ++i) {
+    if (parts->requested_outputs[i] != kOutputName) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outputs[", i, "].name: unknown output \"", parts->requested_outputs[i],
+          "\" (the model has one output, \"", kOutputName, "\")"));
+    }
+  }
+  absl::StatusOr<DType> dtype = ParseDatatype(parts->input_datatype, "inputs[0].datatype");
+  if (!dtype.ok()) return dtype.status();
+
+  const int rank = static_cast<int>(parts->input_shape.size());
+  if (parts->axis.has_value()) {
+    const int64_t axis = *parts->axis;
+    if (axis < std::numeric_limits<int32_t>::min() ||
+        axis > std::numeric_limits<int32_t>::max()) {
+      // softmax.v1's message, for an axis its int32 field cannot carry.
+      return NormalizeAxis(axis, rank).status();
+    }
+    out->set_axis(static_cast<int32_t>(axis));
+  }
+  if (parts->temperature.has_value()) {
+    const double t = *parts->temperature;
+    // Checked as a double, then narrowed: what the kernels compute with.
+    if (!std::isfinite(t) || t <= 0.0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("temperature: must be finite and > 0, got ", t));
+    }
+    out->set_temperature(static_cast<float>(t));
+  }
+  out->set_log(IsLog(*model));
+  out->set_request_id(parts->id);
+  v1::Tensor* input = out->mutable_input();
+  input->set_dtype(static_cast<v1::DType>(static_cast<int>(*dtype)));
+  input->mutable_shape()->Add(parts->input_shape.begin(), parts->input_shape.end());
+  input->mutable_data()->swap(parts->input_data);
+  return absl::OkStatus();
+}
+
+absl::Status RenameInputFields(const absl::Status& status, absl::string_view data_field) {
+  if (status.ok() || status.code() != absl::StatusCode::kInvalidArgument) return status;
+  std::string message = absl::StrReplaceAll(
+      status.message(), {{"input.data", data_field}, {"input.shape", "inputs[0].shape"},
+                         {"input.dtype", "inputs[0].datatype"}});
+  if (absl::StartsWith(message, "input:")) message = absl::StrCat("inputs[0]", message.substr(5));
+  return absl::InvalidArgumentError(message);
+}
+
+bool HasContents(const inference::InferTensorContents& c) {
+  return c.bool_contents_size() > 0 || c.int_contents_size() > 0 ||
+         c.int64_contents_size() > 0 || c.uint_contents_size() > 0 ||
+         c.uint64_contents_size() > 0 || c.fp32_contents_size() > 0 ||
+         c.fp64_contents_size() > 0 || c.bytes_contents_size() > 0;
+}
+
+absl::StatusOr<std::string> BytesFromContents(const inference::InferTensorContents& contents,
+                                              DType dtype, absl::string_view field) {
+  if (dtype != DType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", DatatypeName(dtype),
+        " data has no typed contents field; send it in raw_input_contents"));
+  }
+  inference::InferTensorContents others = contents;
+  others.clear_fp32_contents();
+  if (HasContents(others)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": FP32 data goes in fp32_contents; another field is set"));
+  }
+  static_assert(sizeof(float) == 4, "fp32_contents are IEEE binary32");
+  std::string bytes(static_cast<size_t>(contents.fp32_contents_size()) * 4, '\0');
+  if (!bytes.empty()) std::memcpy(bytes.data(), contents.fp32_contents().data(), bytes.size());
+  return bytes;
+}
+
+inference::ModelMetadataResponse Metadata(Model model) {
+  inference::ModelMetadataResponse metadata;
+  metadata.set_name(ModelName(model));
+  metadata.add_versions(kModelVersion);
+  metadata.set_platform(kPlatform);
+  // One type is advertised; all three are accepted (see Model).
+  for (auto* tensor : {metadata.add_inputs(), metadata.add_outputs()}) {
+    tensor->set_datatype(DatatypeName(AdvertisedType(model)));
+    tensor->add_shape(-1);
+    tensor->add_shape(-1);
+  }
+  metadata.mutable_inputs(0)->set_name(kInputName);
+  metadata.mutable_outputs(0)->set_name(kOutputName);
+  return metadata;
+}
+
+inference::ModelConfig Config(Model model) {
+  inference::ModelConfig config;
+  config.set_name(ModelName(model));
+  config.set_platform(kPlatform);
+  config.set_backend(kPlatform);
+  config.mutable_version_policy()->mutable_latest()->set_num_versions(1);
+  config.set_max_batch_size(0);
+  inference::ModelInput* input = config.add_input();
+  input->set_name(kInputName);
+  input->set_data_type(ConfigType(AdvertisedType(model)));
+  input->add_dims(-1);
+  input->add_dims(-1);
+  inference::ModelOutput* output = config.add_output();
+  output->set_name(kOutputName);
+  output->set_data_type(ConfigType(AdvertisedType(model)));
+  output->add_dims(-1);
+  output->add_dims(-1);
+  config.mutable_dynamic_batching();
+  return config;
+}
+
+void ModelStatistics::RecordSuccess(Model model, int64_t total_ns,
+                                    const RequestTiming& timing) {
+  Counters& c = models_[static_cast<int>(model)];
+  c.success_count.fetch_add(1, std::memory_order_relaxed);
+  c.success_ns.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, total_ns)),
+                         std::memory_order_relaxed);
+  c.queue_ns.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, timing.queue_ns)),
+                       std::memory_order_relaxed);
+  c.compute_ns.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, timing.compute_ns)),
+                         std::memory_order_relaxed);
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  c.last_inference_ms.store(static_cast<uint64_t>(now.count()), std::memory_order_relaxed);
+}
+
+void ModelStatistics::RecordFailure(Model model, int64_t total_ns) {
+  Counters& c = models_[static_cast<int>(model)];
+  c.fail_count.fetch_add(1, std::memory_order_relaxed);
+  c.fail_ns.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, total_ns)),
+                      std::memory_order_relaxed);
+}
+
+inference::ModelStatistics ModelStatistics::Get(Model model) const {
+  const Counters& c = models_[static_cast<int>(model)];
+  inference::ModelStatistics stats;
+  stats.set_name(ModelName(model));
+  stats.set_version(kModelVersion);
+  const uint64_t success = c.success_count.load(std::memory_order_relaxed);
+  stats.set_last_inference(c.last_inference_ms.load(std::memory_order_relaxed));
+  stats.set_inference_count(success);
+  // Each request is one execution of the model as a client sees it; the
+  // batches it rode in are the Prometheus batch metrics' (they mix models).
+  stats.set_execution_count(success);
+  inference::InferStatistics* infer = stats.mutable_inference_stats();
+  SetDuration(success, c.success_ns.load(std::memory_order_relaxed), infer->mutable_success());
+  SetDuration(c.fail_count.load(std::memory_order_relaxed),
+              c.fail_ns.load(std::memory_order_relaxed), infer->mutable_fail());
+  SetDuration(success, c.queue_ns.load(std::memory_order_relaxed), infer->mutable_queue());
+  SetDuration(success, 0, infer->mutable_compute_input());
+  SetDuration(success, c.compute_ns.load(std::memory_order_relaxed),
+              infer->mutable_compute_infer());
+  SetDuration(success, 0, infer->mutable_compute_output());
+  return stats;
+}
+
+int HttpStatus(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange: return 400;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kUnimplemented: return 501;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kResourceExhausted: return 503;
+    case absl::StatusCode::kDeadlineExceeded: return 504;
+    case absl::StatusCode::kCancelled: return 499;
+    default: return 500;
+  }
+}
+
+}  // namespace softmax::server::kserve

@@ -1,0 +1,158 @@
+// The Open Inference Protocol (KServe v2, with Triton's extensions): the part
+// both front-ends share, free of any transport. The gRPC service
+// (kserve_grpc.h) and the HTTP server (kserve_http.h) each turn their wire
+// form into an InferRequestParts, call BuildSoftmaxRequest, and hand the
+// result to SoftmaxServiceImpl::Dispatch: the same validation, draining and
+// Batcher as softmax.v1, so requests of every protocol batch together.
+//
+// Models: `softmax` and `log_softmax` (and their `_fp16` / `_bf16`
+// variants, see Model), version "1" (an empty version means "1"). One input of any name (metadata calls it INPUT), FP32 / FP16 / BF16,
+// any shape; one output, OUTPUT, of the input's type and shape. Request
+// parameters `axis` (int64, default -1) and `temperature` (double, default 1).
+//
+// Errors are absl::Status values naming the KServe field: INVALID_ARGUMENT
+// for a bad request (the softmax.v1 checks, with `input.*` renamed to the
+// KServe field), NOT_FOUND for an unknown model or version.
+//
+// Thread-safety: free functions are pure; ModelStatistics is thread-safe.
+#ifndef SOFTMAX_SERVER_KSERVE_H_
+#define SOFTMAX_SERVER_KSERVE_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "inference/grpc_service.pb.h"
+#include "kernels/dtype.h"
+#include "server/scheduling/batcher.h"
+#include "softmax/v1/softmax.pb.h"
+
+namespace softmax::server::kserve {
+
+// What ServerMetadata and GET /v2 report.
+inline constexpr char kServerName[] = "softmax-serve";
+inline constexpr char kInputName[] = "INPUT";
+inline constexpr char kOutputName[] = "OUTPUT";
+inline constexpr char kModelVersion[] = "1";
+inline constexpr char kPlatform[] = "softmax-serve";
+// The extensions served (Triton's names). Shared memory, repository, trace
+// and logging are not among them.
+inline constexpr std::array<const char*, 3> kExtensions = {"binary_tensor_data",
+                                                           "model_configuration", "statistics"};
+
+// The served models, indexing ModelStatistics. Every one accepts FP32,
+// FP16 and BF16. `softmax` and `log_softmax` advertise FP32 in metadata and
+// configuration; the `_fp16` / `_bf16` variants compute the same and
+// advertise their type, for tools that generate inputs from the metadata
+// (perf_analyzer), as a Triton deployment would serve one model per type.
+enum class Model {
+  kSoftmax = 0,
+  kLogSoftmax = 1,
+  kSoftmaxFp16 = 2,
+  kLogSoftmaxFp16 = 3,
+  kSoftmaxBf16 = 4,
+  kLogSoftmaxBf16 = 5,
+};
+inline constexpr int kModelCount = 6;
+inline constexpr std::array<Model, kModelCount> kModels = {
+    Model::kSoftmax,     Model::kLogSoftmax,     Model::kSoftmaxFp16,
+    Model::kLogSoftmaxFp16, Model::kSoftmaxBf16, Model::kLogSoftmaxBf16};
+const char* ModelName(Model model);
+// log_softmax (any variant) rather than softmax.
+bool IsLog(Model model);
+// The datatype metadata and configuration show for the model's tensors.
+DType AdvertisedType(Model model);
+
+// The model called `name` at `version` ("" or "1"); NOT_FOUND naming what is
+// served otherwise.
+absl::StatusOr<Model> FindModel(absl::string_view name, absl::string_view version);
+
+// "FP32" / "FP16" / "BF16" <-> DType; INVALID_ARGUMENT naming `field` for
+// any other datatype.
+absl::StatusOr<DType> ParseDatatype(absl::string_view datatype, absl::string_view field);
+const char* DatatypeName(DType dtype);
+
+// One inference request as either front-end extracted it.
+struct InferRequestParts {
+  std::string model_name;
+  std::string model_version;
+  std::string id;
+  // How many input tensors the request carried: exactly one is accepted.
+  int input_count = 0;
+  std::string input_datatype;
+  std::vector<int64_t> input_shape;
+  // The input's bytes, little-endian row-major, gathered by the front-end
+  // from raw or typed contents. Moved into the softmax.v1 request.
+  std::string input_data;
+  // The wire field that carried input_data, for messages (e.g.
+  // "raw_input_contents[0]", "inputs[0].contents.fp32_contents").
+  std::string data_field;
+  // The names of the requested outputs (empty: all, i.e. OUTPUT).
+  std::vector<std::string> requested_outputs;
+  std::optional<int64_t> axis;
+  std::optional<double> temperature;
+};
+
+// Checks what is KServe's own in `parts` (model, input count, datatype,
+// requested outputs, parameter ranges) and fills `out`, a softmax.v1
+// request of the same meaning, for Dispatch, which checks the rest (shape,
+// byte count, limits: rename its messages with RenameInputFields). `*model`
+// receives the model. Takes parts->input_data. On error the request must not
+// be dispatched.
+absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
+                                 v1::SoftmaxRequest* out);
+
+// Renames the softmax.v1 fields in a validation message (from
+// SoftmaxServiceImpl::Dispatch) to the KServe ones: `input.data` to
+// `data_field`, `input.shape` to `inputs[0].shape`, `input` to `inputs[0]`.
+absl::Status RenameInputFields(const absl::Status& status, absl::string_view data_field);
+
+// Typed contents -> little-endian bytes of `dtype`: FP32 takes fp32_contents
+// only; FP16 / BF16 have no typed field and take raw contents only.
+// INVALID_ARGUMENT naming `field` otherwise.
+absl::StatusOr<std::string> BytesFromContents(const inference::InferTensorContents& contents,
+                                              DType dtype, absl::string_view field);
+
+// True when `contents` holds any value.
+bool HasContents(const inference::InferTensorContents& contents);
+
+// The metadata and configuration of `model`, as gRPC returns them (HTTP
+// converts them to JSON).
+inference::ModelMetadataResponse Metadata(Model model);
+inference::ModelConfig Config(Model model);
+
+// Per-model counts and cumulative durations (Triton's statistics extension)
+// for requests of both KServe front-ends. softmax.v1 requests are not a
+// model's and are not counted here (the Prometheus families count all).
+class ModelStatistics {
+ public:
+  // A request answered OK: `total_ns` from receipt to answer, with the
+  // batcher's timing.
+  void RecordSuccess(Model model, int64_t total_ns, const RequestTiming& timing);
+  // A request that failed after its model was known.
+  void RecordFailure(Model model, int64_t total_ns);
+  // The statistics of `model`, as ModelStatistics returns them.
+  inference::ModelStatistics Get(Model model) const;
+
+ private:
+  struct Counters {
+    std::atomic<uint64_t> success_count{0}, success_ns{0};
+    std::atomic<uint64_t> fail_count{0}, fail_ns{0};
+    std::atomic<uint64_t> queue_ns{0}, compute_ns{0};
+    std::atomic<uint64_t> last_inference_ms{0};
+  };
+  std::array<Counters, kModelCount> models_;
+};
+
+// The HTTP status of a canonical code, as the KServe HTTP API uses them.
+int HttpStatus(absl::StatusCode code);
+
+}  // namespace softmax::server::kserve
+
+#endif  // SOFTMAX_SERVER_KSERVE_H_

@@ -1,0 +1,547 @@
+#include "server/rpc/kserve_grpc.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/slice.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "server/rpc/status_util.h"
+
+namespace softmax::server {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+int64_t NanosSince(SteadyClock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - start)
+      .count();
+}
+
+// One inference request on its way through Dispatch.
+struct InferCall {
+  SteadyClock::time_point start = SteadyClock::now();
+  bool model_known = false;
+  kserve::Model model = kserve::Model::kSoftmax;
+  std::string data_field = "raw_input_contents[0]";
+  int64_t data_bytes = 0;
+  v1::SoftmaxRequest request;
+  v1::SoftmaxResponse response;
+  OutputView view;
+  inference::ModelInferRequest message;  // the unary call's parsed request
+};
+
+// The int64 / double value of request parameter `name`, when given.
+absl::Status ReadParameters(const inference::ModelInferRequest& request,
+                            kserve::InferRequestParts* parts) {
+  for (const auto& [name, value] : request.parameters()) {
+    if (name == "axis") {
+      if (value.parameter_choice_case() != inference::InferParameter::kInt64Param) {
+        return absl::InvalidArgumentError("parameters.axis: expected an int64 parameter");
+      }
+      parts->axis = value.int64_param();
+    } else if (name == "temperature") {
+      if (value.parameter_choice_case() == inference::InferParameter::kDoubleParam) {
+        parts->temperature = value.double_param();
+      } else if (value.parameter_choice_case() == inference::InferParameter::kInt64Param) {
+        parts->temperature = static_cast<double>(value.int64_param());
+      } else {
+        return absl::InvalidArgumentError(
+            "parameters.temperature: expected a double (or int64) parameter");
+      }
+    }
+    // Other parameters (Triton's priority, timeout, ...) are ignored, as
+    // Triton ignores those a model does not use.
+  }
+  return absl::OkStatus();
+}
+
+// Turns `request` (whose raw contents are taken) into call->request.
+absl::Status PrepareInfer(inference::ModelInferRequest* request, InferCall* call) {
+  absl::StatusOr<kserve::Model> model =
+      kserve::FindModel(request->model_name(), request->model_version());
+  if (!model.ok()) return model.status();
+  call->model_known = true;
+  call->model = *model;
+
+  kserve::InferRequestParts parts;
+  parts.model_name = request->model_name();
+  parts.model_version = request->model_version();
+  parts.id = request->id();
+  parts.input_count = request->inputs_size();
+  for (const auto& output : request->outputs()) parts.requested_outputs.push_back(output.name());
+  SOFTMAX_RETURN_IF_ERROR(ReadParameters(*request, &parts));
+  if (request->raw_input_contents_size() > 0 &&
+      request->raw_input_contents_size() != request->inputs_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "raw_input_contents: expected one entry per input (", request->inputs_size(), "), got ",
+        request->raw_input_contents_size()));
+  }
+  if (request->inputs_size() == 1) {
+    const auto& input = request->inputs(0);
+    parts.input_datatype = input.datatype();
+    parts.input_shape.assign(input.shape().begin(), input.shape().end());
+    absl::StatusOr<DType> dtype = kserve::ParseDatatype(input.datatype(), "inputs[0].datatype");
+    if (!dtype.ok()) return dtype.status();
+    if (request->raw_input_contents_size() == 1) {
+      if (input.has_contents() && kserve::HasContents(input.contents())) {
+        return absl::InvalidArgumentError(
+            "inputs[0].contents: given together with raw_input_contents; send one or the other");
+      }
+      parts.input_data.swap(*request->mutable_raw_input_contents(0));
+    } else {
+      call->data_field = "inputs[0].contents.fp32_contents";
+      absl::StatusOr<std::string> bytes =
+          kserve::BytesFromContents(input.contents(), *dtype, "inputs[0].contents");
+      if (!bytes.ok()) return bytes.status();
+      parts.input_data = std::move(*bytes);
+    }
+    call->data_bytes = static_cast<int64_t>(parts.input_data.size());
+  }
+  kserve::Model built = call->model;
+  return kserve::BuildSoftmaxRequest(&parts, &built, &call->request);
+}
+
+// Fills `out` with the answer of an OK `call` but its output bytes, which
+// are returned: a view of the lent output, or (view.data null) moved into
+// out's raw_output_contents.
+OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out) {
+  out->set_model_name(kserve::ModelName(call->model));
+  out->set_model_version(kserve::kModelVersion);
+  out->set_id(call->request.request_id());
+  auto* output = out->add_outputs();
+  output->set_name(kserve::kOutputName);
+  const auto dtype = static_cast<DType>(static_cast<int>(call->request.input().dtype()));
+  output->set_datatype(kserve::DatatypeName(dtype));
+  output->mutable_shape()->CopyFrom(call->request.input().shape());
+  if (call->view.data != nullptr) return std::move(call->view);
+  out->add_raw_output_contents()->swap(*call->response.mutable_output()->mutable_data());
+  return OutputView{};
+}
+
+using google::protobuf::io::CodedOutputStream;
+
+// Wire tags (field number << 3 | 2): ModelInferResponse.raw_output_contents
+// = 6, ModelStreamInferResponse.infer_response = 2.
+constexpr uint8_t kRawOutputTag = (6 << 3) | 2;
+constexpr uint8_t kInferResponseTag = (2 << 3) | 2;
+
+void ReleaseOwner(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
+
+template <typename Message>
+absl::Status SerializeMessage(const Message& message, grpc::ByteBuffer* out) {
+  bool own_buffer = false;
+  const grpc::Status status =
+      grpc::SerializationTraits<Message>::Serialize(message, out, &own_buffer);
+  if (status.ok()) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("cannot serialise the response: ", status.error_message()));
+}
+
+// Serialises `response` into `out`, as a ModelStreamInferResponse's
+// infer_response when `in_stream`. With a view, its bytes follow as the
+// last raw_output_contents entry, referenced and not copied (a repeated
+// field may come anywhere in a message); the view's owner is released with
+// the buffer's last reference.
+absl::Status SerializeInferResponse(inference::ModelInferResponse* response, OutputView view,
+                                    bool in_stream, grpc::ByteBuffer* out) {
+  if (view.data == nullptr) {
+    if (!in_stream) return SerializeMessage(*response, out);
+    inference::ModelStreamInferResponse wrapper;
+    wrapper.mutable_infer_response()->Swap(response);
+    return SerializeMessage(wrapper, out);
+  }
+  const uint64_t data_bytes = static_cast<uint64_t>(view.bytes);
+  const size_t message_bytes = response->ByteSizeLong();
+  const uint64_t entry_bytes = 1 + CodedOutputStream::VarintSize64(data_bytes) + data_bytes;
+  const uint64_t inner_bytes = message_bytes + entry_bytes;
+  if (inner_bytes + 16 > static_cast<uint64_t>(INT32_MAX)) {
+    return absl::InternalError("cannot serialise the response: over 2 GiB");
+  }
+  const size_t head_bytes = (in_stream ? 1 + CodedOutputStream::VarintSize64(inner_bytes) : 0) +
+                            message_bytes + 1 + CodedOutputStream::VarintSize64(data_bytes);
+  grpc::Slice head(head_bytes);
+  uint8_t* p = const_cast<uint8_t*>(head.begin());
+  if (in_stream) {
+    *p++ = kInferResponseTag;
+    p = CodedOutputStream::WriteVarint64ToArray(inner_bytes, p);
+  }
+  p = response->SerializeWithCachedSizesToArray(p);
+  *p++ = kRawOutputTag;
+  p = CodedOutputStream::WriteVarint64ToArray(data_bytes, p);
+  if (p != head.end()) return absl::InternalError("response header size mismatch");
+  grpc::Slice slices[2] = {
+      std::move(head),
+      grpc::Slice(const_cast<char*>(view.data), static_cast<size_t>(view.bytes), &ReleaseOwner,
+                  new std::shared_ptr<const void>(std::move(view.owner)))};
+  grpc::ByteBuffer buffer(slices, 2);
+  out->Swap(&buffer);
+  return absl::OkStatus();
+}
+
+// Parses a ModelInferRequest out of `buffer` (consumed).
+absl::Status ParseInferRequest(grpc::ByteBuffer* buffer, inference::ModelInferRequest* request) {
+  const grpc::Status status =
+      grpc::SerializationTraits<inference::ModelInferRequest>::Deserialize(buffer, request);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request is not a valid inference.ModelInferRequest message (",
+                     status.error_message(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+// Statistics and metrics of a finished request.
+void Record(KServeGrpcService* service, RpcMethod method, const InferCall& call,
+            const absl::Status& status) {
+  const int64_t elapsed = NanosSince(call.start);
+  if (call.model_known) {
+    if (status.ok()) {
+      RequestTiming timing;
+      timing.queue_ns = call.response.timing().queue_ns();
+      timing.compute_ns = call.response.timing().compute_ns();
+      service->statistics()->RecordSuccess(call.model, elapsed, timing);
+    } else {
+      service->statistics()->RecordFailure(call.model, elapsed);
+    }
+  }
+  if (Metrics* metrics = service->softmax()->metrics(); metrics != nullptr) {
+    metrics->RecordRequest(method, status.code(), static_cast<double>(elapsed) * 1e-9,
+                           2 * call.data_bytes);
+  }
+}
+
+// Parses `buffer` into `request` and starts `call` (owned by the completion
+// from here on); `complete` runs exactly once with the outcome, possibly
+// before this returns.
+template <typename Complete>
+void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context,
+                grpc::ByteBuffer* buffer, inference::ModelInferRequest* request,
+                std::unique_ptr<InferCall> owned,
+                std::function<bool()> is_cancelled, Complete complete) {
+  InferCall* call = owned.release();
+  absl::Status status = ParseInferRequest(buffer, request);
+  if (status.ok()) status = PrepareInfer(request, call);
+  if (status.ok()) {
+    status = kserve::RenameInputFields(
+        service->softmax()->Dispatch(&call->request, &call->response, &call->view,
+                                     context->deadline(), std::move(is_cancelled),
+                                     [call, complete](const absl::Status& outcome) {
+                                       complete(std::unique_ptr<InferCall>(call), outcome);
+                                     }),
+        call->data_field);
+  }
+  if (!status.ok()) complete(std::unique_ptr<InferCall>(call), status);
+}
+
+// ModelStreamInfer. Lifetime as softmax.v1's stream (service.cc): Finish
+// only once reads are done and no response is pending, so no completion
+// reaches a deleted reactor.
+class StreamInferCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  StreamInferCall(KServeGrpcService* service, grpc::CallbackServerContext* context,
+                  int max_pending)
+      : service_(service), context_(context), max_pending_(std::max(1, max_pending)) {
+    StartNextRead();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      bool finish = false;
+      {
+        absl::MutexLock lock(&mu_);
+        reads_done_ = true;
+        finish = ShouldFinishLocked();
+      }
+      if (finish) FinishStream();
+      return;
+    }
+    std::unique_ptr<Entry> entry = std::move(reading_);
+    {
+      absl::MutexLock lock(&mu_);
+      AddPendingLocked(1);
+    }
+    Entry* raw = entry.release();  // owned by the completion from here on
+    auto call = std::make_unique<InferCall>();
+    StartInfer(
+        service_, context_, &raw->incoming, &raw->request, std::move(call),
+        [this] { return cancelled_.load(std::memory_order_relaxed) || context_->IsCancelled(); },
+        [this, raw](std::unique_ptr<InferCall> done, const absl::Status& outcome) {
+          Complete(std::unique_ptr<Entry>(raw), std::move(done), outcome);
+        });
+
+    bool read_more = false;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (write_failed_ || cancelled_.load(std::memory_order_relaxed)) {
+        reads_done_ = true;
+        finish = ShouldFinishLocked();
+      } else if (pending_ >= max_pending_) {
+        read_paused_ = true;
+      } else {
+        read_more = true;
+      }
+    }
+    if (read_more) StartNextRead();
+    if (finish) FinishStream();
+  }
+
+  void OnWriteDone(bool ok) override {
+    Entry* next = nullptr;
+    bool resume_reading = false;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_.reset();
+      AddPendingLocked(-1);
+      if (!ok) {
+        write_failed_ = true;
+        AddPendingLocked(-static_cast<int>(write_queue_.size()));
+        write_queue_.clear();
+      }
+      next = NextWriteLocked();
+      if (read_paused_ && !write_failed_ && pending_ < max_pending_) {
+        read_paused_ = false;
+        resume_reading = true;
+      } else if (read_paused_ && write_failed_) {
+        read_paused_ = false;
+        reads_done_ = true;
+      }
+      finish = ShouldFinishLocked();
+    }
+    if (next != nullptr) StartWrite(&next->outgoing);
+    if (resume_reading) StartNextRead();
+    if (finish) FinishStream();
+  }
+
+  void OnCancel() override {
+    cancelled_.store(true, std::memory_order_relaxed);
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (read_paused_) {
+        read_paused_ = false;
+        reads_done_ = true;
+      }
+      finish = ShouldFinishLocked();
+    }
+    if (finish) FinishStream();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct Entry {
+    grpc::ByteBuffer incoming;  // the request as read
+    inference::ModelInferRequest request;
+    grpc::ByteBuffer outgoing;  // the response as written
+  };
+
+  void StartNextRead() {
+    reading_ = std::make_unique<Entry>();
+    StartRead(&reading_->incoming);
+  }
+
+  void Complete(std::unique_ptr<Entry> entry, std::unique_ptr<InferCall> call,
+                const absl::Status& status) {
+    absl::Status outcome = status;
+    if (outcome.ok()) {
+      inference::ModelInferResponse response;
+      OutputView view = FillInferResponse(call.get(), &response);
+      outcome = SerializeInferResponse(&response, std::move(view), true, &entry->outgoing);
+    }
+    if (!outcome.ok()) {
+      // In band: the error, with the request's id and model for the caller.
+      inference::ModelStreamInferResponse error;
+      error.set_error_message(std::string(outcome.message()));
+      error.mutable_infer_response()->set_id(entry->request.id());
+      error.mutable_infer_response()->set_model_name(entry->request.model_name());
+      SerializeMessage(error, &entry->outgoing).IgnoreError();
+    }
+    Record(service_, RpcMethod::kModelStreamInfer, *call, outcome);
+    call.reset();
+    entry->request.Clear();
+    Entry* next = nullptr;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (write_failed_) {
+        AddPendingLocked(-1);
+      } else {
+        write_queue_.push_back(std::move(entry));
+        next = NextWriteLocked();
+      }
+      finish = ShouldFinishLocked();
+    }
+    if (next != nullptr) StartWrite(&next->outgoing);
+    if (finish) FinishStream();
+  }
+
+  Entry* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ != nullptr || write_queue_.empty() || write_failed_) return nullptr;
+    writing_ = std::move(write_queue_.front());
+    write_queue_.pop_front();
+    return writing_.get();
+  }
+
+  void AddPendingLocked(int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    pending_ += delta;
+    if (delta > 0) service_->softmax()->RequestsStarted(delta);
+    if (delta < 0) service_->softmax()->RequestsEnded(-delta);
+  }
+
+  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || !reads_done_ || pending_ != 0) return false;
+    finished_ = true;
+    return true;
+  }
+
+  void FinishStream() {
+    Finish(cancelled_.load() ? grpc::Status::CANCELLED : grpc::Status::OK);
+  }
+
+  KServeGrpcService* const service_;
+  grpc::CallbackServerContext* const context_;
+  const int max_pending_;
+  std::atomic<bool> cancelled_{false};
+  std::unique_ptr<Entry> reading_;
+
+  absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::unique_ptr<Entry>> write_queue_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Entry> writing_ ABSL_GUARDED_BY(mu_);
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
+                                     const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace
+
+KServeGrpcService::KServeGrpcService(SoftmaxServiceImpl* softmax,
+                                     kserve::ModelStatistics* statistics,
+                                     std::string server_version, int max_stream_pending)
+    : softmax_(softmax),
+      statistics_(statistics),
+      server_version_(std::move(server_version)),
+      max_stream_pending_(max_stream_pending) {}
+
+grpc::ServerUnaryReactor* KServeGrpcService::Unimplemented(grpc::CallbackServerContext* context,
+                                                           const char* rpc) {
+  return FinishWith(context, absl::UnimplementedError(absl::StrCat(
+                                 "inference.GRPCInferenceService/", rpc,
+                                 " is not implemented by softmax-serve")));
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::ServerLive(grpc::CallbackServerContext* context,
+                                                        const inference::ServerLiveRequest*,
+                                                        inference::ServerLiveResponse* response) {
+  response->set_live(true);
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::ServerReady(
+    grpc::CallbackServerContext* context, const inference::ServerReadyRequest*,
+    inference::ServerReadyResponse* response) {
+  response->set_ready(!softmax_->draining());
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::ModelReady(
+    grpc::CallbackServerContext* context, const inference::ModelReadyRequest* request,
+    inference::ModelReadyResponse* response) {
+  absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
+  if (model.ok()) response->set_ready(!softmax_->draining());
+  return FinishWith(context, model.status());
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::ServerMetadata(
+    grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
+    inference::ServerMetadataResponse* response) {
+  response->set_name(kserve::kServerName);
+  response->set_version(server_version_);
+  for (const char* extension : kserve::kExtensions) response->add_extensions(extension);
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::ModelMetadata(
+    grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
+    inference::ModelMetadataResponse* response) {
+  absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
+  if (model.ok()) *response = kserve::Metadata(*model);
+  return FinishWith(context, model.status());
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::ModelConfig(
+    grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
+    inference::ModelConfigResponse* response) {
+  absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
+  if (model.ok()) *response->mutable_config() = kserve::Config(*model);
+  return FinishWith(context, model.status());
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::ModelStatistics(
+    grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
+  if (request->name().empty()) {
+    for (kserve::Model model : kserve::kModels) {
+      *response->add_model_stats() = statistics_->Get(model);
+    }
+    return FinishWith(context, absl::OkStatus());
+  }
+  absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
+  if (model.ok()) *response->add_model_stats() = statistics_->Get(*model);
+  return FinishWith(context, model.status());
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  softmax_->RequestsStarted(1);
+  auto call = std::make_unique<InferCall>();
+  inference::ModelInferRequest* message = &call->message;
+  // gRPC hands the request as const, but the buffer is this call's and is
+  // not read again once this handler has it: parsing consumes it.
+  StartInfer(
+      this, context, const_cast<grpc::ByteBuffer*>(request), message, std::move(call),
+      [context] { return context->IsCancelled(); },
+      [this, reactor, response](std::unique_ptr<InferCall> done, const absl::Status& status) {
+        absl::Status outcome = status;
+        if (outcome.ok()) {
+          inference::ModelInferResponse answer;
+          OutputView view = FillInferResponse(done.get(), &answer);
+          outcome = SerializeInferResponse(&answer, std::move(view), false, response);
+        }
+        Record(this, RpcMethod::kModelInfer, *done, outcome);
+        done.reset();
+        reactor->Finish(ToGrpcStatus(outcome));
+        softmax_->RequestsEnded(1);
+      });
+  return reactor;
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KServeGrpcService::ModelStreamInfer(
+    grpc::CallbackServerContext* context) {
+  return new StreamInferCall(this, context, max_stream_pending_);
+}
+
+}  // namespace softmax::server

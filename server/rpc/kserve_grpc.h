@@ -1,0 +1,128 @@
+// inference.GRPCInferenceService (the Open Inference Protocol over gRPC,
+// with Triton's extensions) on the gRPC callback API, served on the same
+// port as softmax.v1. Inference goes through SoftmaxServiceImpl::Dispatch:
+// one validation, one drain and one Batcher for every protocol.
+//
+// Served: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
+// ModelInfer, ModelStreamInfer, ModelConfig, ModelStatistics. Every other RPC
+// of the service answers UNIMPLEMENTED naming it. Outputs are always sent as
+// raw_output_contents, as Triton's gRPC endpoint does.
+//
+// ModelStreamInfer reads continuously and writes each response (or its
+// error_message; the stream goes on) in completion order, one write at a
+// time; it stops reading while `max_stream_pending` responses are unwritten.
+//
+// Thread-safety: gRPC calls the service from its own threads.
+#ifndef SOFTMAX_SERVER_KSERVE_GRPC_H_
+#define SOFTMAX_SERVER_KSERVE_GRPC_H_
+
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "inference/grpc_service.grpc.pb.h"
+#include "server/rpc/kserve.h"
+#include "server/rpc/service.h"
+
+namespace softmax::server {
+
+// Every method on the callback API (none synchronous). ModelInfer and
+// ModelStreamInfer take and give raw byte buffers, as softmax.v1 does
+// (wire.h): a response references an output the backend lent (OutputView,
+// pinned memory on the GPU) instead of copying it.
+namespace kserve_grpc_internal {
+using G = inference::GRPCInferenceService;
+using Base =
+    G::WithRawCallbackMethod_ModelInfer<
+    G::WithRawCallbackMethod_ModelStreamInfer<
+    G::WithCallbackMethod_ServerLive<
+    G::WithCallbackMethod_ServerReady<
+    G::WithCallbackMethod_ModelReady<
+    G::WithCallbackMethod_ServerMetadata<
+    G::WithCallbackMethod_ModelMetadata<
+    G::WithCallbackMethod_ModelConfig<
+    G::WithCallbackMethod_ModelStatistics<
+    G::WithCallbackMethod_RepositoryIndex<
+    G::WithCallbackMethod_RepositoryModelLoad<
+    G::WithCallbackMethod_RepositoryModelUnload<
+    G::WithCallbackMethod_SystemSharedMemoryStatus<
+    G::WithCallbackMethod_SystemSharedMemoryRegister<
+    G::WithCallbackMethod_SystemSharedMemoryUnregister<
+    G::WithCallbackMethod_CudaSharedMemoryStatus<
+    G::WithCallbackMethod_CudaSharedMemoryRegister<
+    G::WithCallbackMethod_CudaSharedMemoryUnregister<
+    G::WithCallbackMethod_TraceSetting<
+    G::WithCallbackMethod_LogSettings<
+    G::Service>>>>>>>>>>>>>>>>>>>>;
+}  // namespace kserve_grpc_internal
+using KServeGrpcBase = kserve_grpc_internal::Base;
+
+class KServeGrpcService final : public KServeGrpcBase {
+ public:
+  // `softmax` (dispatch, drain, in-flight accounting, metrics) and
+  // `statistics` must outlive the gRPC server this is registered with.
+  KServeGrpcService(SoftmaxServiceImpl* softmax, kserve::ModelStatistics* statistics,
+                    std::string server_version, int max_stream_pending = 1024);
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
+                                       const inference::ServerLiveRequest* request,
+                                       inference::ServerLiveResponse* response) override;
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
+                                        const inference::ServerReadyRequest* request,
+                                        inference::ServerReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
+                                       const inference::ModelReadyRequest* request,
+                                       inference::ModelReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
+                                           const inference::ServerMetadataRequest* request,
+                                           inference::ServerMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
+                                          const inference::ModelMetadataRequest* request,
+                                          inference::ModelMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ModelStreamInfer(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* context,
+                                        const inference::ModelConfigRequest* request,
+                                        inference::ModelConfigResponse* response) override;
+  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
+                                            const inference::ModelStatisticsRequest* request,
+                                            inference::ModelStatisticsResponse* response) override;
+
+#define SOFTMAX_KSERVE_UNIMPLEMENTED(rpc)                                              \
+  grpc::ServerUnaryReactor* rpc(grpc::CallbackServerContext* context,                  \
+                                const inference::rpc##Request*, inference::rpc##Response*) \
+      override {                                                                       \
+    return Unimplemented(context, #rpc);                                               \
+  }
+  SOFTMAX_KSERVE_UNIMPLEMENTED(RepositoryIndex)
+  SOFTMAX_KSERVE_UNIMPLEMENTED(RepositoryModelLoad)
+  SOFTMAX_KSERVE_UNIMPLEMENTED(RepositoryModelUnload)
+  SOFTMAX_KSERVE_UNIMPLEMENTED(SystemSharedMemoryStatus)
+  SOFTMAX_KSERVE_UNIMPLEMENTED(SystemSharedMemoryRegister)
+  SOFTMAX_KSERVE_UNIMPLEMENTED(SystemSharedMemoryUnregister)
+  SOFTMAX_KSERVE_UNIMPLEMENTED(CudaSharedMemoryStatus)
+  SOFTMAX_KSERVE_UNIMPLEMENTED(CudaSharedMemoryRegister)
+  SOFTMAX_KSERVE_UNIMPLEMENTED(CudaSharedMemoryUnregister)
+  SOFTMAX_KSERVE_UNIMPLEMENTED(TraceSetting)
+  SOFTMAX_KSERVE_UNIMPLEMENTED(LogSettings)
+#undef SOFTMAX_KSERVE_UNIMPLEMENTED
+
+  SoftmaxServiceImpl* softmax() const { return softmax_; }
+  kserve::ModelStatistics* statistics() const { return statistics_; }
+
+ private:
+  static grpc::ServerUnaryReactor* Unimplemented(grpc::CallbackServerContext* context,
+                                                 const char* rpc);
+
+  SoftmaxServiceImpl* const softmax_;
+  kserve::ModelStatistics* const statistics_;
+  const std::string server_version_;
+  const int max_stream_pending_;
+};
+
+}  // namespace softmax::server
+
+#endif  // SOFTMAX_SERVER_KSERVE_GRPC_H_

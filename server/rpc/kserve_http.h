@@ -1,0 +1,98 @@
+// The Open Inference Protocol over HTTP/REST (KServe v2 with Triton's binary
+// tensor data, model configuration and statistics extensions), on civetweb.
+//
+// Endpoints: GET /v2/health/live, /v2/health/ready, /v2, /v2/models/stats,
+// /v2/models/{model}[/versions/{v}], .../ready, .../config, .../stats;
+// POST .../infer with JSON tensors or binary tensor data
+// (Inference-Header-Content-Length, binary_data_size, binary_data_output,
+// per-output binary_data). Errors are {"error": "..."} with the status of
+// their code (kserve::HttpStatus): 400 invalid, 404 unknown model or
+// endpoint, 503 draining or overloaded.
+//
+// Each request is handled on one of civetweb's worker threads, which waits
+// for the batcher's answer: at most kHttpRequestTimeout (the request's
+// deadline in the batcher, which drops it after that), then 504.
+//
+// Thread-safety: Start/Stop from one thread; handlers run on civetweb's.
+#ifndef SOFTMAX_SERVER_KSERVE_HTTP_H_
+#define SOFTMAX_SERVER_KSERVE_HTTP_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/rpc/kserve.h"
+#include "server/rpc/service.h"
+
+struct mg_context;
+struct mg_connection;
+
+namespace softmax::server {
+
+// Longest an HTTP inference request may take, queue included.
+inline constexpr std::chrono::seconds kHttpRequestTimeout(60);
+// civetweb worker threads: requests served at once (each waits for its
+// answer on its thread); more connections wait for a free thread.
+inline constexpr int kHttpThreads = 256;
+
+struct HttpServerOptions {
+  // host:port; port 0 picks a free port.
+  std::string address = "0.0.0.0:8000";
+  // Largest input tensor; bodies are limited accordingly (JSON text takes
+  // more bytes per element than binary data).
+  int64_t max_tensor_bytes = int64_t{1} << 30;
+  std::string server_version;
+};
+
+// What an infer request asks for besides its tensor.
+struct HttpInferOptions {
+  // Binary output: request parameter binary_data_output, or an output's
+  // binary_data. Otherwise outputs are JSON numbers.
+  bool binary_output = false;
+};
+
+// Parses an infer request body: `header_length` bytes of JSON (all of it
+// without Inference-Header-Content-Length), then the binary tensor data.
+// Fills `parts` but model_name / model_version (from the URL), including
+// parts->data_field; INVALID_ARGUMENT naming the field otherwise. What is
+// checked later (BuildSoftmaxRequest, Dispatch) is left to them.
+absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_length,
+                                   kserve::InferRequestParts* parts, HttpInferOptions* options);
+
+class KServeHttpServer {
+ public:
+  // Starts listening. `softmax` and `statistics` must outlive the server.
+  // UNAVAILABLE when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<KServeHttpServer>> Start(
+      const HttpServerOptions& options, SoftmaxServiceImpl* softmax,
+      kserve::ModelStatistics* statistics);
+  ~KServeHttpServer();  // Stop()
+
+  KServeHttpServer(const KServeHttpServer&) = delete;
+  KServeHttpServer& operator=(const KServeHttpServer&) = delete;
+
+  // host:port actually bound.
+  const std::string& BoundAddress() const { return bound_address_; }
+
+  // Closes the listener and waits for the handlers running. Idempotent.
+  void Stop();
+
+  // civetweb's request handler (public for its C callback).
+  int Handle(mg_connection* connection);
+
+ private:
+  KServeHttpServer(const HttpServerOptions& options, SoftmaxServiceImpl* softmax,
+                   kserve::ModelStatistics* statistics);
+
+  const HttpServerOptions options_;
+  SoftmaxServiceImpl* const softmax_;
+  kserve::ModelStatistics* const statistics_;
+  mg_context* context_ = nullptr;
+  std::string bound_address_;
+};
+
+}  // namespace softmax::server
+
+#endif  // SOFTMAX_SERVER_KSERVE_HTTP_H_

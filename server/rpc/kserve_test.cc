@@ -1,0 +1,149 @@
+#include "server/rpc/kserve.h"
+
+#include <gtest/gtest.h>
+
+#include "server/rpc/validation.h"
+
+namespace softmax::server::kserve {
+namespace {
+
+InferRequestParts GoodParts() {
+  InferRequestParts parts;
+  parts.model_name = "softmax";
+  parts.id = "r1";
+  parts.input_count = 1;
+  parts.input_datatype = "FP32";
+  parts.input_shape = {2, 3};
+  parts.input_data = std::string(24, '\0');
+  return parts;
+}
+
+TEST(KServeTest, FindModelServesTwoModelsAtVersionOne) {
+  EXPECT_EQ(*FindModel("softmax", ""), Model::kSoftmax);
+  EXPECT_EQ(*FindModel("log_softmax", "1"), Model::kLogSoftmax);
+  EXPECT_EQ(FindModel("softmax", "2").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(FindModel("resnet", "").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(KServeTest, TypedVariantsAdvertiseTheirTypeAndComputeTheSame) {
+  ASSERT_EQ(*FindModel("log_softmax_bf16", "1"), Model::kLogSoftmaxBf16);
+  EXPECT_TRUE(IsLog(Model::kLogSoftmaxBf16));
+  EXPECT_FALSE(IsLog(Model::kSoftmaxFp16));
+  EXPECT_EQ(Metadata(Model::kSoftmaxFp16).inputs(0).datatype(), "FP16");
+  EXPECT_EQ(Config(Model::kLogSoftmaxBf16).input(0).data_type(), inference::TYPE_BF16);
+  EXPECT_EQ(Config(Model::kSoftmax).output(0).data_type(), inference::TYPE_FP32);
+  for (Model model : kModels) EXPECT_EQ(*FindModel(ModelName(model), ""), model);
+  InferRequestParts parts = GoodParts();
+  parts.model_name = "log_softmax_fp16";  // an FP32 input: every variant takes every type
+  Model model;
+  v1::SoftmaxRequest request;
+  ASSERT_TRUE(BuildSoftmaxRequest(&parts, &model, &request).ok());
+  EXPECT_TRUE(request.log());
+  EXPECT_EQ(request.input().dtype(), v1::DTYPE_FLOAT32);
+}
+
+TEST(KServeTest, BuildsTheSoftmaxV1RequestThatDispatchValidates) {
+  InferRequestParts parts = GoodParts();
+  parts.model_name = "log_softmax";
+  parts.axis = 0;
+  parts.temperature = 2.0;
+  Model model;
+  v1::SoftmaxRequest request;
+  ASSERT_TRUE(BuildSoftmaxRequest(&parts, &model, &request).ok());
+  EXPECT_EQ(model, Model::kLogSoftmax);
+  EXPECT_TRUE(request.log());
+  EXPECT_EQ(request.axis(), 0);
+  EXPECT_FLOAT_EQ(request.temperature(), 2.0f);
+  EXPECT_EQ(request.request_id(), "r1");
+  EXPECT_EQ(request.input().dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_EQ(request.input().data().size(), 24u);
+  EXPECT_TRUE(ParseRequest(request, RequestLimits{}).ok());
+}
+
+TEST(KServeTest, RejectsWhatIsKServesOwnNamingTheField) {
+  Model model;
+  struct Case {
+    void (*mutate)(InferRequestParts*);
+    absl::StatusCode code;
+    const char* field;
+  };
+  const Case cases[] = {
+      {[](InferRequestParts* p) { p->model_name = "nope"; }, absl::StatusCode::kNotFound,
+       "unknown model"},
+      {[](InferRequestParts* p) { p->input_count = 2; }, absl::StatusCode::kInvalidArgument,
+       "inputs:"},
+      {[](InferRequestParts* p) { p->input_count = 0; }, absl::StatusCode::kInvalidArgument,
+       "inputs:"},
+      {[](InferRequestParts* p) { p->input_datatype = "INT32"; },
+       absl::StatusCode::kInvalidArgument, "inputs[0].datatype"},
+      {[](InferRequestParts* p) { p->requested_outputs = {"OUTPUT", "PROBS"}; },
+       absl::StatusCode::kInvalidArgument, "outputs[1].name"},
+      {[](InferRequestParts* p) { p->temperature = 0.0; }, absl::StatusCode::kInvalidArgument,
+       "temperature"},
+      {[](InferRequestParts* p) { p->axis = int64_t{1} << 40; },
+       absl::StatusCode::kInvalidArgument, "axis"},
+  };
+  for (const Case& c : cases) {
+    InferRequestParts parts = GoodParts();
+    c.mutate(&parts);
+    v1::SoftmaxRequest request;
+    const absl::Status status = BuildSoftmaxRequest(&parts, &model, &request);
+    EXPECT_EQ(status.code(), c.code) << status;
+    EXPECT_NE(status.message().find(c.field), absl::string_view::npos) << status;
+  }
+}
+
+TEST(KServeTest, RenamesSoftmaxV1FieldsToKServeOnes) {
+  const absl::Status renamed = RenameInputFields(
+      absl::InvalidArgumentError("input.data: expected 24 bytes, got 20"),
+      "raw_input_contents[0]");
+  EXPECT_EQ(renamed.message(), "raw_input_contents[0]: expected 24 bytes, got 20");
+  EXPECT_EQ(RenameInputFields(absl::InvalidArgumentError("input: tensor too big"), "x").message(),
+            "inputs[0]: tensor too big");
+  EXPECT_EQ(RenameInputFields(absl::UnavailableError("input.data"), "x").message(), "input.data");
+}
+
+TEST(KServeTest, TypedContentsOnlyForFp32) {
+  inference::InferTensorContents contents;
+  contents.add_fp32_contents(1.0f);
+  contents.add_fp32_contents(2.0f);
+  absl::StatusOr<std::string> bytes = BytesFromContents(contents, DType::kFloat32, "c");
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(bytes->size(), 8u);
+  EXPECT_FALSE(BytesFromContents(contents, DType::kFloat16, "c").ok());
+  contents.add_int_contents(3);
+  EXPECT_FALSE(BytesFromContents(contents, DType::kFloat32, "c").ok());
+}
+
+TEST(KServeTest, StatisticsCountPerModel) {
+  ModelStatistics stats;
+  RequestTiming timing;
+  timing.queue_ns = 10;
+  timing.compute_ns = 20;
+  stats.RecordSuccess(Model::kSoftmax, 100, timing);
+  stats.RecordSuccess(Model::kSoftmax, 50, timing);
+  stats.RecordFailure(Model::kLogSoftmax, 7);
+  const inference::ModelStatistics softmax = stats.Get(Model::kSoftmax);
+  EXPECT_EQ(softmax.inference_count(), 2u);
+  EXPECT_EQ(softmax.inference_stats().success().ns(), 150u);
+  EXPECT_EQ(softmax.inference_stats().queue().ns(), 20u);
+  EXPECT_EQ(softmax.inference_stats().compute_infer().ns(), 40u);
+  EXPECT_GT(softmax.last_inference(), 0u);
+  const inference::ModelStatistics log = stats.Get(Model::kLogSoftmax);
+  EXPECT_EQ(log.inference_count(), 0u);
+  EXPECT_EQ(stats.Get(Model::kSoftmaxBf16).inference_count(), 0u);
+  EXPECT_EQ(log.inference_stats().fail().count(), 1u);
+}
+
+TEST(KServeTest, ConfigSaysDynamicBatchingAndVariableDims) {
+  const inference::ModelConfig config = Config(Model::kLogSoftmax);
+  EXPECT_EQ(config.name(), "log_softmax");
+  EXPECT_TRUE(config.has_dynamic_batching());
+  ASSERT_EQ(config.input_size(), 1);
+  EXPECT_EQ(config.input(0).dims(0), -1);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kNotFound), 404);
+  EXPECT_EQ(HttpStatus(absl::StatusCode::kUnavailable), 503);
+}
+
+}  // namespace
+}  // namespace softmax::server::kserve
