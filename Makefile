@@ -24,9 +24,11 @@ build: configure
 
 # Python test packages live in a venv under the build folder; it sees Debian's
 # python3-grpcio / python3-protobuf / python3-numpy through system site packages.
+# ml_dtypes: bfloat16 arrays for the Python client's tests (tests/test_python_client.py
+# builds and installs clients/python itself, from the current source).
 $(VENV)/.ready:
 	/usr/bin/python3 -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/pip install -q pytest
+	$(VENV)/bin/pip install -q pytest ml_dtypes
 	touch $@
 
 venv: deps $(VENV)/.ready
