@@ -48,6 +48,33 @@ def package_dir():
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_sdist_builds_a_wheel_on_its_own(tmp_path):
+    """An sdist carries the .proto and the in-tree build backend, so a wheel
+    builds from it away from the repository."""
+    source = tmp_path / "source"
+    shutil.copytree(REPO / "clients" / "python", source,
+                    ignore=shutil.ignore_patterns("build", "dist", "*.egg-info"))
+    env = dict(os.environ, SOFTMAX_PROTO_ROOT=str(REPO / "proto"))
+    result = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)],
+                            cwd=source, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (archive,) = tmp_path.glob("softmax-serve-client-*.tar.gz")
+    shutil.unpack_archive(archive, tmp_path / "unpacked")
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    assert (unpacked / "proto" / "softmax" / "v1" / "softmax.proto").is_file()
+    env.pop("SOFTMAX_PROTO_ROOT")
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps",
+         "--no-index", "-w", str(tmp_path / "wheels"), str(unpacked)],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = (tmp_path / "wheels").glob("*.whl")
+    import zipfile
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "softmax_client/_generated/softmax_pb2.py" in names, names
+    assert "softmax_client/py.typed" in names, names
+
+
 @pytest.fixture(scope="module")
 def softmax_client(package_dir):
     sys.path.insert(0, str(package_dir))
@@ -213,6 +240,23 @@ def test_stream_answers_every_request_and_reports_bad_ones(client, softmax_clien
     with pytest.raises(softmax_client.SoftmaxError) as error:
         client.softmax_many([arrays[0], np.zeros((2, 2), np.float32)], axis=4)
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_service_config_retries_unavailable_with_backoff(softmax_client):
+    import json
+    config = json.loads(softmax_client.client.service_config(
+        softmax_client.DEFAULT_RETRY_POLICY, "round_robin"))
+    assert config["loadBalancingConfig"] == [{"round_robin": {}}]
+    (method,) = config["methodConfig"]
+    assert method["name"] == [{"service": "softmax.v1.SoftmaxService"}]
+    policy = method["retryPolicy"]
+    assert policy["maxAttempts"] == 5
+    assert "UNAVAILABLE" in policy["retryableStatusCodes"]
+    assert float(policy["initialBackoff"].rstrip("s")) > 0
+    assert float(policy["maxBackoff"].rstrip("s")) >= float(policy["initialBackoff"].rstrip("s"))
+    assert policy["backoffMultiplier"] > 1
+    off = json.loads(softmax_client.client.service_config(None, "pick_first"))
+    assert "retryPolicy" not in off["methodConfig"][0]
 
 
 def call_until(client, stop, shape=(4, 64)):

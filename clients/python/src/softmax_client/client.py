@@ -53,14 +53,18 @@ class RetryPolicy:
     the service: a call that fails with a retryable code before any response
     arrived is sent again after an exponential, jittered backoff. UNAVAILABLE
     is what a draining or restarting server (and a full admission queue)
-    answers, so retrying it rides through a rolling update. gRPC caps
+    answers, so retrying it rides through a rolling update. CANCELLED is
+    retried too: a call that reaches a server in the instant it shuts down,
+    before any handler took it, is answered CANCELLED by gRPC core
+    (grpc/grpc#41785), and softmax is a pure function, so sending it again is
+    safe (a call the caller cancels itself is never retried). gRPC caps
     max_attempts at 5. A stream is retried only until its first response."""
 
     max_attempts: int = 5
     initial_backoff_s: float = 0.1
     max_backoff_s: float = 2.0
     backoff_multiplier: float = 2.0
-    retryable_codes: Tuple[str, ...] = ("UNAVAILABLE",)
+    retryable_codes: Tuple[str, ...] = ("UNAVAILABLE", "CANCELLED")
 
     def method_config(self) -> Dict[str, Any]:
         return {
