@@ -26,11 +26,12 @@ build: configure
 # Python test packages live in a venv under the build folder; it sees Debian's
 # python3-grpcio / python3-protobuf / python3-numpy through system site packages.
 # ml_dtypes: bfloat16 arrays for the Python client's tests (tests/test_python_client.py
-# builds and installs clients/python itself, from the current source); pyyaml:
-# tests/test_deploy.py reads the manifests.
+# builds and installs clients/python itself, from the current source and
+# offline, with this venv's setuptools and wheel); pyyaml: tests/test_deploy.py
+# reads the manifests.
 $(VENV)/.ready:
 	/usr/bin/python3 -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/pip install -q pytest ml_dtypes pyyaml
+	$(VENV)/bin/pip install -q pytest ml_dtypes pyyaml setuptools wheel
 	touch $@
 
 # The deploy validators (tests/test_deploy.py) in a venv of their own: checkov
