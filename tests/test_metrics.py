@@ -251,8 +251,9 @@ def test_gauges_and_info(prometheus, server, traffic):
     assert len(builds) == 1
     labels = dict(next(iter(builds)))
     assert labels["version"].count(".") == 2 and labels["revision"], labels
-    # The CPU backend has no caching allocator.
+    # The CPU backend has no caching allocator, and no GPU for NVML to read.
     assert prometheus.query("softmax_allocator_in_use_bytes") == {}
+    assert prometheus.query('{__name__=~"softmax_gpu_.+"}') == {}
 
 
 def test_alert_rules_load_and_evaluate(prometheus, traffic):
