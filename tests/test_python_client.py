@@ -192,11 +192,11 @@ def test_unreachable_server_is_unavailable_after_retries(softmax_client):
     assert error.value.code == grpc.StatusCode.UNAVAILABLE
 
 
-def test_token_is_sent_as_bearer_metadata(softmax_client):
-    """The token rides every call as authorization metadata (checked with an
-    in-process gRPC server standing in for softmax-server)."""
+def echo_server(softmax_client, seen, credentials=None):
+    """An in-process gRPC server standing in for softmax-server: answers
+    Softmax with its input and records each call's authorization metadata.
+    Returns (server, port)."""
     from concurrent import futures
-    seen = []
 
     def handler(request, context):
         seen.append(dict(context.invocation_metadata()).get("authorization"))
@@ -209,14 +209,51 @@ def test_token_is_sent_as_bearer_metadata(softmax_client):
             request_deserializer=softmax_client.client.softmax_pb2.SoftmaxRequest.FromString,
             response_serializer=softmax_client.client.softmax_pb2.SoftmaxResponse
             .SerializeToString)})])
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = (server.add_secure_port("localhost:0", credentials) if credentials
+            else server.add_insecure_port("127.0.0.1:0"))
     server.start()
+    return server, port
+
+
+def test_token_is_sent_as_bearer_metadata(softmax_client):
+    seen = []
+    server, port = echo_server(softmax_client, seen)
     try:
         with softmax_client.Client(f"127.0.0.1:{port}", token="s3cret") as c:
             c.softmax(np.ones((1, 2), np.float32))
     finally:
         server.stop(0)
     assert seen == ["Bearer s3cret"]
+
+
+def test_tls_with_a_private_ca_and_a_token(softmax_client, tmp_path):
+    """tls=ChannelCredentials verifies the server against the given root, and
+    the token travels as call credentials; a client that does not trust the
+    certificate fails with UNAVAILABLE."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl command to make a test certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+    seen = []
+    server, port = echo_server(softmax_client, seen, credentials)
+    try:
+        trusted = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        with softmax_client.Client(f"localhost:{port}", tls=trusted, token="t0k") as c:
+            output = c.softmax(np.ones((1, 2), np.float32))
+        assert output.tolist() == [[1.0, 1.0]]  # the stand-in echoes its input
+        with softmax_client.Client(f"localhost:{port}", tls=True, timeout=5,
+                                   retry=None) as c:
+            with pytest.raises(softmax_client.SoftmaxError) as error:
+                c.softmax(np.ones((1, 2), np.float32))
+        assert error.value.code == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(0)
+    assert seen == ["Bearer t0k"]
 
 
 def test_stream_answers_every_request_and_reports_bad_ones(client, softmax_client):
