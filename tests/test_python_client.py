@@ -41,8 +41,10 @@ def package_dir():
              "--no-index", "--target", str(target), str(source)],
             capture_output=True, text=True, timeout=300, env=env)
         assert result.returncode == 0, result.stdout + result.stderr
-        generated = list(target.glob("softmax_client/_generated/softmax_pb2.py"))
-        assert generated, sorted(str(p) for p in target.rglob("*"))
+        for name in ("softmax_pb2.py", "softmax_pb2.pyi"):
+            assert (target / "softmax_client" / "_generated" / name).is_file(), (
+                sorted(str(p) for p in target.rglob("*")))
+        assert (target / "softmax_client" / "py.typed").is_file()
         yield target
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Generates softmax_client/_generated/softmax_pb2.py from the wire contract
+"""Generates softmax_client/_generated/softmax_pb2.py (and its .pyi) from the wire contract
 while the package is built, so no generated code sits in the source tree.
 
 The contract is looked up, in order, at $SOFTMAX_PROTO_ROOT, this folder's
@@ -42,7 +42,9 @@ def proto_root() -> Path:
 def generate(out_dir: Path) -> None:
     root = proto_root()
     with tempfile.TemporaryDirectory() as tmp:
-        args = [f"--proto_path={root}", f"--python_out={tmp}", str(root / PROTO)]
+        # The .pyi beside the module types the message classes for checkers.
+        args = [f"--proto_path={root}", f"--python_out={tmp}", f"--pyi_out={tmp}",
+                str(root / PROTO)]
         protoc = usable_protoc()
         if protoc:
             subprocess.run([protoc, *args], check=True)
@@ -51,7 +53,8 @@ def generate(out_dir: Path) -> None:
             if grpc_tools_protoc.main(["protoc", *args]) != 0:
                 raise RuntimeError("grpcio-tools' protoc failed on " + str(root / PROTO))
         out_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy(Path(tmp) / "softmax" / "v1" / "softmax_pb2.py", out_dir / "softmax_pb2.py")
+        for name in ("softmax_pb2.py", "softmax_pb2.pyi"):
+            shutil.copy(Path(tmp) / "softmax" / "v1" / name, out_dir / name)
     (out_dir / "__init__.py").write_text(
         '"""Message classes generated from softmax/v1/softmax.proto at build time."""\n')
 

@@ -24,7 +24,7 @@ from softmax_client._generated import softmax_pb2
 try:  # optional: NumPy has no bfloat16 of its own
     import ml_dtypes as _ml_dtypes
 except ImportError:  # pragma: no cover - depends on the environment
-    _ml_dtypes = None
+    _ml_dtypes = None  # type: ignore[assignment]
 
 SERVICE = "softmax.v1.SoftmaxService"
 _UNARY = f"/{SERVICE}/Softmax"
