@@ -6,6 +6,7 @@ JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
 ARGS ?=
 VENV := $(BUILD_DIR)/venv
+DEPLOY_VENV := $(BUILD_DIR)/deploy-venv
 
 .PHONY: all deps configure build serve test venv bundle gpu-bundle clean
 
@@ -24,9 +25,14 @@ build: configure
 
 # Python test packages live in a venv under the build folder; it sees Debian's
 # python3-grpcio / python3-protobuf / python3-numpy through system site packages.
-$(VENV)/.ready:
+# Both venvs are brought up to date when this Makefile (their package lists) changes.
+# ml_dtypes: bfloat16 arrays for the Python client's tests (tests/test_python_client.py
+# builds and installs clients/python itself, from the current source and
+# offline, with this venv's setuptools and wheel); pyyaml: tests/test_deploy.py
+# reads the manifests.
+$(VENV)/.ready: Makefile
 	/usr/bin/python3 -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/pip install -q pytest
+	$(VENV)/bin/pip install -q pytest ml_dtypes pyyaml setuptools wheel
 	touch $@
 
 # tritonclient for the KServe v2 tests. 2.46.0 is the newest that keeps
@@ -37,7 +43,16 @@ $(VENV)/.tritonclient: $(VENV)/.ready
 	$(VENV)/bin/pip install -q 'tritonclient[grpc,http]==2.46.0' 'grpcio==1.64.1'
 	touch $@
 
-venv: deps $(VENV)/.ready $(VENV)/.tritonclient
+
+# The deploy validators (tests/test_deploy.py) in a venv of their own: checkov
+# brings its own NumPy and many pins, which must not shadow Debian's packages
+# in the test venv.
+$(DEPLOY_VENV)/.ready: Makefile
+	/usr/bin/python3 -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/pip install -q kubernetes-validate==1.37.0 checkov==3.3.30
+	touch $@
+
+venv: deps $(VENV)/.ready $(VENV)/.tritonclient $(DEPLOY_VENV)/.ready
 
 serve: build
 	$(BUILD_DIR)/bin/softmax-server $(ARGS)

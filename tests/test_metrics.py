@@ -8,9 +8,11 @@ rules."""
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -254,8 +256,9 @@ def test_gauges_and_info(prometheus, server, traffic):
     assert len(builds) == 1
     labels = dict(next(iter(builds)))
     assert labels["version"].count(".") == 2 and labels["revision"], labels
-    # The CPU backend has no caching allocator.
+    # The CPU backend has no caching allocator, and no GPU for NVML to read.
     assert prometheus.query("softmax_allocator_in_use_bytes") == {}
+    assert prometheus.query('{__name__=~"softmax_gpu_.+"}') == {}
 
 
 def test_alert_rules_load_and_evaluate(prometheus, traffic):
@@ -268,8 +271,8 @@ def test_alert_rules_load_and_evaluate(prometheus, traffic):
     assert [group["name"] for group in groups] == ["softmax-serve"]
     rules = groups[0]["rules"]
     assert sorted(rule["name"] for rule in rules) == [
-        "SoftmaxLatencyP99High", "SoftmaxNotServing", "SoftmaxQueueNearFull",
-        "SoftmaxServerErrorRateHigh"]
+        "SoftmaxGpuClocksThrottled", "SoftmaxLatencyP99High", "SoftmaxNotServing",
+        "SoftmaxQueueNearFull", "SoftmaxServerErrorRateHigh"]
     for rule in rules:
         assert rule["type"] == "alerting"
         assert not rule.get("lastError"), rule
@@ -277,7 +280,8 @@ def test_alert_rules_load_and_evaluate(prometheus, traffic):
     # (INVALID_ARGUMENT) trips none of these. (The latency rule depends on
     # this machine's speed, so its state is not asserted.)
     states = {rule["name"]: rule["state"] for rule in rules}
-    for name in ("SoftmaxNotServing", "SoftmaxQueueNearFull", "SoftmaxServerErrorRateHigh"):
+    for name in ("SoftmaxNotServing", "SoftmaxQueueNearFull", "SoftmaxServerErrorRateHigh",
+                 "SoftmaxGpuClocksThrottled"):
         assert states[name] == "inactive", states
 
 
@@ -294,7 +298,7 @@ def test_promtool_accepts_the_alert_rules():
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERT_RULES)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 4 rules found" in result.stdout, result.stdout
+    assert "SUCCESS: 5 rules found" in result.stdout, result.stdout
 
 
 def test_empty_metrics_address_turns_metrics_off(start_server):
@@ -304,18 +308,80 @@ def test_empty_metrics_address_turns_metrics_off(start_server):
     assert len(response.output.data) == 8 * 4
 
 
-def test_dashboard_queries_run_and_see_data(prometheus, traffic):
-    """Every PromQL expression of the Grafana dashboard parses in Prometheus,
-    and those that do not depend on a GPU return data for this server."""
-    dashboard = json.loads(
+def load_dashboard():
+    return json.loads(
         (REPO / "deploy" / "grafana" / "dashboards" / "softmax-serve.json").read_text())
-    gpu_only = ("softmax_device_peak_bandwidth", "softmax_allocator_", "softmax_kernel_")
-    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def dashboard_exprs(dashboard):
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def test_dashboard_is_what_make_dashboard_writes():
+    result = subprocess.run(
+        [sys.executable, str(REPO / "deploy" / "grafana" / "make_dashboard.py"), "--print"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == load_dashboard(), (
+        "deploy/grafana/dashboards/softmax-serve.json is stale: run "
+        "python3 deploy/grafana/make_dashboard.py")
+
+
+def test_dashboard_variables_pick_datasource_and_replicas(prometheus, server, traffic):
+    """No hard-coded datasource: every panel and query uses ${datasource};
+    every query is restricted to the replicas of $instance, whose values
+    (label_values(softmax_build_info, instance)) Prometheus knows."""
+    dashboard = load_dashboard()
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    instance = variables["instance"]
+    assert instance["type"] == "query" and instance["multi"] and instance["includeAll"]
+    assert instance["datasource"]["uid"] == "${datasource}"
+    match = re.fullmatch(r"label_values\((\w+), instance\)", instance["definition"])
+    assert match, instance["definition"]
+    values = prometheus.api("label/instance/values", **{"match[]": match.group(1)})
+    assert values == [server.metrics_address]
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+            # Every metric selector of the query carries the instance matcher.
+            selectors = re.findall(r"\b(softmax_\w+)(\{[^}]*\})?", target["expr"])
+            assert selectors, target["expr"]
+            for name, labels in selectors:
+                assert 'instance=~"$instance"' in labels, (panel["title"], name, target["expr"])
+    # Per-replica panels break their series out by instance.
+    titles = {panel["title"]: panel for panel in dashboard["panels"]}
+    for title in ("Throughput per replica", "Request latency p99 per replica",
+                  "Queue depth per replica"):
+        assert all("by (instance" in t["expr"] for t in titles[title]["targets"]), title
+    for name in ("softmax_gpu_utilization_ratio", "softmax_gpu_memory_used_bytes",
+                 "softmax_gpu_memory_total_bytes", "softmax_gpu_power_watts",
+                 "softmax_gpu_temperature_celsius", "softmax_gpu_sm_clock_hertz",
+                 "softmax_gpu_clock_throttle_reasons"):
+        assert any(name in expr for expr in dashboard_exprs(dashboard)), name
+
+
+@pytest.mark.parametrize("instance", ["all", "this", "other"])
+def test_dashboard_queries_run_and_see_data(prometheus, server, traffic, instance):
+    """Every PromQL expression of the Grafana dashboard parses in Prometheus,
+    and those that do not depend on a GPU return data for this server, with
+    $instance at All (Grafana's ".*") or at this server, and none for another
+    replica."""
+    # Grafana escapes a regex variable's value for the PromQL string literal.
+    value = {"all": ".*", "this": re.escape(server.metrics_address).replace("\\", "\\\\"),
+             "other": "10.0.0.1:9464"}[instance]
+    gpu_only = ("softmax_device_peak_bandwidth", "softmax_allocator_", "softmax_kernel_",
+                "softmax_gpu_")
+    exprs = dashboard_exprs(load_dashboard())
     assert len(exprs) >= 8
     for expr in exprs:
         # Grafana's $__rate_interval: at least four scrape intervals.
-        query = expr.replace("$__rate_interval", "1m")
+        query = expr.replace("$__rate_interval", "1m").replace("$instance", value)
         prometheus.query(query)  # fails on a syntax error
-        if not any(name in expr for name in gpu_only):
+        if instance == "other":
+            assert prometheus.query(query) in ({}, {frozenset(): 0.0}), query
+        elif not any(name in expr for name in gpu_only):
             # rate() needs two scrapes of a series inside the window.
             wait_until(lambda: prometheus.query(query), 15, f"data for {expr}")

@@ -146,7 +146,8 @@ class Metrics::MemoryCollectable final : public prometheus::Collectable {
 
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      memory_(std::make_shared<MemoryCollectable>()) {
+      memory_(std::make_shared<MemoryCollectable>()),
+      gpu_health_(std::make_shared<NvmlCollector>()) {
   prometheus::Registry& r = *registry_;
   requests_total_ = &prometheus::BuildCounter()
                          .Name("softmax_requests_total")
@@ -237,6 +238,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
   }
   metrics->exposer_->RegisterCollectable(metrics->registry_);
   metrics->exposer_->RegisterCollectable(metrics->memory_);
+  metrics->exposer_->RegisterCollectable(metrics->gpu_health_);
   const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
   if (ports.empty()) {
     return absl::UnavailableError(absl::StrCat("metrics: no port bound for ", address));
@@ -346,6 +348,11 @@ void Metrics::SetBackends(const std::vector<const Backend*>& backends) {
   }
   devices_ = std::move(devices);
   memory_->SetBackends(backends);
+  // Without NVML (no driver, no GPU) the GPU health families are simply
+  // absent; that is not an error for the server.
+  std::vector<std::string> names;
+  for (const Backend* backend : backends) names.push_back(backend->Name());
+  gpu_health_->SetDevices(names).IgnoreError();
 }
 
 void Metrics::SetQueueCapacity(int64_t requests, int64_t bytes) {
@@ -416,6 +423,8 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
   std::vector<prometheus::MetricFamily> memory = memory_->Collect();
   for (auto& family : memory) families.push_back(std::move(family));
+  std::vector<prometheus::MetricFamily> gpu_health = gpu_health_->Collect();
+  for (auto& family : gpu_health) families.push_back(std::move(family));
   return families;
 }
 

@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/metrics/nvml_collector.h"
 #include "server/scheduling/backend.h"
 #include "server/scheduling/batcher.h"
 
@@ -71,8 +72,8 @@ class Metrics final : public BatcherObserver {
   // backend indexes them); empty for --device=none. Each one's Name() is the
   // `device` label of its softmax_device_info, peak bandwidth gauge
   // (exported only when known), occupancy gauges, batch metrics and, at
-  // every scrape, allocator figures. Before this call batch metrics carry no
-  // device label.
+  // every scrape, allocator figures and, for GPUs, NVML's health readings
+  // (nvml_collector.h). Before this call batch metrics carry no device label.
   // REQUIRES: the backends outlive this object; called at most once, before
   // serving.
   void SetBackends(const std::vector<const Backend*>& backends);
@@ -102,8 +103,8 @@ class Metrics final : public BatcherObserver {
   void OnRequestRejected() override;
   void OnQueueDepth(int64_t requests, int64_t bytes) override;
 
-  // Everything /metrics serves (the registry and the allocator collectable),
-  // whether or not an exposer runs.
+  // Everything /metrics serves (the registry, the allocator and the NVML
+  // collectables), whether or not an exposer runs.
   std::vector<prometheus::MetricFamily> Collect() const;
 
   prometheus::Registry& registry() { return *registry_; }
@@ -138,6 +139,7 @@ class Metrics final : public BatcherObserver {
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<MemoryCollectable> memory_;
+  std::shared_ptr<NvmlCollector> gpu_health_;
 
   prometheus::Family<prometheus::Counter>* requests_total_;
   std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kMethods> request_counters_;

@@ -1,0 +1,309 @@
+"""The softmax-serve client: NumPy arrays to softmax.v1 requests and back.
+
+Dtypes: float32 and float16 arrays travel as themselves. bfloat16 arrays
+travel as bfloat16 when `ml_dtypes` is installed (pip install
+"softmax-serve-client[bfloat16]"): pass an ml_dtypes.bfloat16 array and get
+one back. Without ml_dtypes NumPy has no bfloat16, so bfloat16 data is raw
+uint16 bits (the high half of each float32): a uint16 array is sent as
+bfloat16 and its result comes back as uint16 bits too. Other dtypes are
+refused with TypeError rather than cast silently.
+
+Thread-safety: a Client may be shared by threads; each call is independent.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import grpc
+import numpy as np
+
+from softmax_client._generated import softmax_pb2
+
+try:  # optional: NumPy has no bfloat16 of its own
+    import ml_dtypes as _ml_dtypes
+except ImportError:  # pragma: no cover - depends on the environment
+    _ml_dtypes = None  # type: ignore[assignment]
+
+SERVICE = "softmax.v1.SoftmaxService"
+_UNARY = f"/{SERVICE}/Softmax"
+_STREAM = f"/{SERVICE}/SoftmaxStream"
+
+
+def bfloat16_dtype() -> Optional[np.dtype]:
+    """ml_dtypes' bfloat16 dtype, or None when ml_dtypes is not installed."""
+    return np.dtype(_ml_dtypes.bfloat16) if _ml_dtypes is not None else None
+
+
+class SoftmaxError(Exception):
+    """A failed request: `code` is the grpc.StatusCode, `details` the
+    server's message (naming the offending field for INVALID_ARGUMENT)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, request_id: str = ""):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+        self.request_id = request_id
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """gRPC's retry policy (gRFC A6), applied by the channel to every call of
+    the service: a call that fails with a retryable code before any response
+    arrived is sent again after an exponential, jittered backoff. UNAVAILABLE
+    is what a draining or restarting server (and a full admission queue)
+    answers, so retrying it rides through a rolling update. CANCELLED is
+    retried too: a call that reaches a server in the instant it shuts down,
+    before any handler took it, is answered CANCELLED by gRPC core
+    (grpc/grpc#41785), and softmax is a pure function, so sending it again is
+    safe (a call the caller cancels itself is never retried). gRPC caps
+    max_attempts at 5. A stream is retried only until its first response."""
+
+    max_attempts: int = 5
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+    backoff_multiplier: float = 2.0
+    retryable_codes: Tuple[str, ...] = ("UNAVAILABLE", "CANCELLED")
+
+    def method_config(self) -> Dict[str, Any]:
+        return {
+            "maxAttempts": self.max_attempts,
+            "initialBackoff": f"{self.initial_backoff_s}s",
+            "maxBackoff": f"{self.max_backoff_s}s",
+            "backoffMultiplier": self.backoff_multiplier,
+            "retryableStatusCodes": list(self.retryable_codes),
+        }
+
+
+DEFAULT_RETRY_POLICY = RetryPolicy()
+
+
+@dataclasses.dataclass
+class StreamResult:
+    """One answer on a stream: `index` is the request's position in the
+    iterable given to Client.stream; exactly one of `output` and `error` is
+    set."""
+
+    index: int
+    output: Optional[np.ndarray]
+    error: Optional[SoftmaxError]
+    timing: Any = None  # softmax.v1.Timing of the batch it rode in
+
+
+def service_config(retry: Optional[RetryPolicy], load_balancing: str) -> str:
+    """The JSON service config the channel is created with."""
+    method: Dict[str, Any] = {"name": [{"service": SERVICE}]}
+    if retry is not None:
+        method["retryPolicy"] = retry.method_config()
+    return json.dumps({"loadBalancingConfig": [{load_balancing: {}}],
+                       "methodConfig": [method]})
+
+
+# ------------------------------------------------------------------ tensors
+
+_WIRE_DTYPES = {
+    np.dtype(np.float32): softmax_pb2.DTYPE_FLOAT32,
+    np.dtype(np.float16): softmax_pb2.DTYPE_FLOAT16,
+    np.dtype(np.uint16): softmax_pb2.DTYPE_BFLOAT16,  # raw bfloat16 bits
+}
+
+
+def to_tensor(array: np.ndarray) -> "softmax_pb2.Tensor":
+    """A softmax.v1.Tensor holding `array` (little-endian, row-major)."""
+    array = np.asarray(array)
+    if _ml_dtypes is not None and array.dtype == bfloat16_dtype():
+        wire, raw = softmax_pb2.DTYPE_BFLOAT16, array.view(np.uint16)
+    elif array.dtype.newbyteorder("=") in _WIRE_DTYPES:
+        wire, raw = _WIRE_DTYPES[array.dtype.newbyteorder("=")], array
+    else:
+        raise TypeError(
+            f"softmax-serve takes float32, float16 or bfloat16 arrays, not {array.dtype} "
+            "(cast it; bfloat16 is ml_dtypes.bfloat16, or uint16 bits without ml_dtypes)")
+    data = np.ascontiguousarray(raw).astype(raw.dtype.newbyteorder("<"), copy=False).tobytes()
+    return softmax_pb2.Tensor(dtype=wire, shape=list(array.shape), data=data)
+
+
+def from_tensor(tensor: "softmax_pb2.Tensor", like: np.dtype) -> np.ndarray:
+    """The array a softmax.v1.Tensor holds, with the dtype the caller sent."""
+    wire = {softmax_pb2.DTYPE_FLOAT32: "<f4", softmax_pb2.DTYPE_FLOAT16: "<f2",
+            softmax_pb2.DTYPE_BFLOAT16: "<u2"}.get(tensor.dtype)
+    if wire is None:
+        raise SoftmaxError(grpc.StatusCode.INTERNAL, f"response tensor has dtype {tensor.dtype}")
+    flat = np.frombuffer(tensor.data, dtype=wire).astype(np.dtype(wire).newbyteorder("="))
+    if tensor.dtype == softmax_pb2.DTYPE_BFLOAT16 and like != np.dtype(np.uint16):
+        flat = flat.view(like)
+    return flat.reshape(tuple(tensor.shape))
+
+
+# ------------------------------------------------------------------- client
+
+class _Token(grpc.AuthMetadataPlugin):
+    def __init__(self, token: str):
+        self._metadata = (("authorization", f"Bearer {token}"),)
+
+    def __call__(self, context, callback):
+        callback(self._metadata, None)
+
+
+class Client:
+    """A channel to one softmax-serve target.
+
+    Args:
+      target: a gRPC target: "host:port", "dns:///svc.ns:50051" (every
+        address the name resolves to, e.g. a headless Kubernetes Service) or
+        "ipv4:10.0.0.1:50051,10.0.0.2:50051".
+      tls: False for plaintext; True for TLS with the system's roots; or
+        ready grpc.ChannelCredentials (private CA, client certificates).
+      token: sent as "authorization: Bearer <token>" on every call (over TLS
+        as call credentials; on a plaintext channel as plain metadata, meant
+        for a trusted network or a local proxy only).
+      timeout: default deadline of each call, in seconds (None: none).
+      retry: the retry policy for UNAVAILABLE; None turns retries off.
+      load_balancing: "round_robin" (default: calls spread over every
+        address of the target, and a draining one is left at once) or
+        "pick_first".
+      wait_for_ready: queue calls while no server is reachable (until their
+        deadline) instead of failing them fast with UNAVAILABLE.
+      options: extra grpc channel options.
+
+    Message sizes are unlimited on both sides of the channel; the server
+    enforces its own --max_tensor_bytes.
+    """
+
+    def __init__(self, target: str, *, tls: Union[bool, grpc.ChannelCredentials] = False,
+                 token: Optional[str] = None, timeout: Optional[float] = 60.0,
+                 retry: Optional[RetryPolicy] = DEFAULT_RETRY_POLICY,
+                 load_balancing: str = "round_robin", wait_for_ready: bool = False,
+                 options: Sequence[Tuple[str, Any]] = ()):
+        channel_options: List[Tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.enable_retries", 1 if retry is not None else 0),
+            ("grpc.service_config", service_config(retry, load_balancing)),
+            *options,
+        ]
+        self._metadata: Tuple[Tuple[str, str], ...] = ()
+        if tls:
+            credentials = (tls if isinstance(tls, grpc.ChannelCredentials)
+                           else grpc.ssl_channel_credentials())
+            if token:
+                credentials = grpc.composite_channel_credentials(
+                    credentials, grpc.metadata_call_credentials(_Token(token)))
+            self._channel = grpc.secure_channel(target, credentials, options=channel_options)
+        else:
+            if token:
+                self._metadata = (("authorization", f"Bearer {token}"),)
+            self._channel = grpc.insecure_channel(target, options=channel_options)
+        self._timeout = timeout
+        self._wait_for_ready = wait_for_ready
+        serialize = softmax_pb2.SoftmaxRequest.SerializeToString
+        parse = softmax_pb2.SoftmaxResponse.FromString
+        self._unary = self._channel.unary_unary(_UNARY, request_serializer=serialize,
+                                                response_deserializer=parse)
+        self._stream = self._channel.stream_stream(_STREAM, request_serializer=serialize,
+                                                   response_deserializer=parse)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the channel; calls in flight are cancelled."""
+        self._channel.close()
+
+    @property
+    def channel(self) -> grpc.Channel:
+        """The underlying channel (for health checks and the like)."""
+        return self._channel
+
+    def _deadline(self, timeout: Optional[float]) -> Optional[float]:
+        return self._timeout if timeout is None else timeout
+
+    def softmax(self, array: np.ndarray, axis: int = -1, temperature: float = 1.0,
+                log: bool = False, *, timeout: Optional[float] = None) -> np.ndarray:
+        """softmax(array / temperature) along `axis` (log-softmax when `log`),
+        computed by the server in float32 or wider; returns an array of the
+        input's shape and dtype.
+
+        Raises SoftmaxError with the server's gRPC code: INVALID_ARGUMENT for
+        a bad axis or temperature or a tensor over --max_tensor_bytes,
+        DEADLINE_EXCEEDED past `timeout` seconds (default: the client's),
+        UNAVAILABLE once retries are spent; TypeError for an unsupported
+        dtype before anything is sent."""
+        array = np.asarray(array)
+        request = _request(array, axis, temperature, log)
+        try:
+            response = self._unary(request, timeout=self._deadline(timeout),
+                                   metadata=self._metadata or None,
+                                   wait_for_ready=self._wait_for_ready)
+        except grpc.RpcError as error:
+            raise SoftmaxError(error.code(), error.details() or "") from None
+        return from_tensor(response.output, array.dtype)
+
+    def stream(self, arrays: Iterable[Union[np.ndarray, Tuple[np.ndarray, Dict[str, Any]]]],
+               *, timeout: Optional[float] = None) -> Iterator[StreamResult]:
+        """Sends every array on one SoftmaxStream and yields a StreamResult per
+        array as answers arrive (the server may answer out of order; `index`
+        says which request each is). An item is an array or (array, kwargs)
+        with kwargs among axis / temperature / log. A bad request gets a
+        result carrying its error and the stream goes on; a failure of the
+        stream itself (deadline, server gone) raises SoftmaxError. `timeout`
+        bounds the whole stream."""
+        dtypes: Dict[str, np.dtype] = {}
+
+        def requests() -> Iterator["softmax_pb2.SoftmaxRequest"]:
+            for index, item in enumerate(arrays):
+                array, kwargs = item if isinstance(item, tuple) else (item, {})
+                array = np.asarray(array)
+                dtypes[str(index)] = array.dtype
+                yield _request(array, request_id=str(index), **kwargs)
+
+        call = self._stream(requests(), timeout=self._deadline(timeout),
+                            metadata=self._metadata or None,
+                            wait_for_ready=self._wait_for_ready)
+        try:
+            for response in call:
+                index = int(response.request_id)
+                if response.error.code:
+                    error = SoftmaxError(_status_code(response.error.code),
+                                         response.error.message, response.request_id)
+                    yield StreamResult(index, None, error, response.timing)
+                else:
+                    yield StreamResult(index, from_tensor(response.output,
+                                                          dtypes[response.request_id]),
+                                       None, response.timing)
+        except grpc.RpcError as error:
+            raise SoftmaxError(error.code(), error.details() or "") from None
+
+    def softmax_many(self, arrays: Iterable[np.ndarray], axis: int = -1,
+                     temperature: float = 1.0, log: bool = False, *,
+                     timeout: Optional[float] = None) -> List[np.ndarray]:
+        """Every array through one stream, results in the arrays' order;
+        raises the first request's SoftmaxError if any failed."""
+        items = [(a, {"axis": axis, "temperature": temperature, "log": log}) for a in arrays]
+        results: List[Optional[np.ndarray]] = [None] * len(items)
+        for result in self.stream(items, timeout=timeout):
+            if result.error is not None:
+                raise result.error
+            results[result.index] = result.output
+        missing = [i for i, r in enumerate(results) if r is None]
+        if missing:
+            raise SoftmaxError(grpc.StatusCode.INTERNAL, f"no answer for requests {missing[:5]}")
+        return results  # type: ignore[return-value]
+
+
+def _status_code(value: int) -> grpc.StatusCode:
+    for code in grpc.StatusCode:
+        if code.value[0] == value:
+            return code
+    return grpc.StatusCode.UNKNOWN
+
+
+def _request(array: np.ndarray, axis: int = -1, temperature: float = 1.0, log: bool = False,
+             request_id: str = "") -> "softmax_pb2.SoftmaxRequest":
+    return softmax_pb2.SoftmaxRequest(request_id=request_id, input=to_tensor(array),
+                                      axis=int(axis), temperature=float(temperature),
+                                      log=bool(log))
