@@ -369,11 +369,11 @@ def test_metrics_count_kserve_methods(server, client):
 
 
 def test_draining_is_not_ready_and_refuses_with_unavailable(start_server):
-    server = start_server("--lame_duck_ms=4000")
+    server = start_server("--lame_duck_ms=10000")
     client = triton_grpc.InferenceServerClient(server.grpc_address)
     assert client.is_server_ready()
     server.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 8
     while client.is_server_ready():
         assert time.monotonic() < deadline, "ServerReady never turned false"
         time.sleep(0.05)
@@ -389,10 +389,10 @@ def test_draining_is_not_ready_and_refuses_with_unavailable(start_server):
 # ------------------------------------------------------ one shared batcher
 
 def test_softmax_v1_and_kserve_requests_ride_in_one_batch(start_server):
-    # Requests gather for 300 ms (no dispatch on an idle device), so the two
+    # Requests gather for a second (no dispatch on an idle device), so the two
     # sent together form one batch if, and only if, both protocols feed the
     # same batcher.
-    server = start_server("--max_queue_delay_us=300000", "--dispatch_when_idle=false")
+    server = start_server("--max_queue_delay_us=1000000", "--dispatch_when_idle=false")
     client = triton_grpc.InferenceServerClient(server.grpc_address)
     stub = server.stub()
     values = np.random.default_rng(2).normal(size=(2, 16)).astype(np.float32)
@@ -421,7 +421,7 @@ def test_mixed_load_batches_both_protocols_together(start_server):
     """Many callers of both protocols at once: every answer right, and
     softmax.v1 responses report batches holding more requests than the
     softmax.v1 callers alone could have put there."""
-    server = start_server("--max_queue_delay_us=5000", "--dispatch_when_idle=false")
+    server = start_server("--max_queue_delay_us=50000", "--dispatch_when_idle=false")
     values = np.random.default_rng(3).normal(size=(4, 64)).astype(np.float32)
     reference = reference_softmax(values)
     v1_callers, kserve_callers, rounds = 2, 6, 15

@@ -296,10 +296,10 @@ def test_http_disabled_with_an_empty_address(start_server):
 
 
 def test_draining_answers_503(start_server):
-    server = start_server("--lame_duck_ms=4000")
+    server = start_server("--lame_duck_ms=10000")
     assert http(server, "GET", "/v2/health/ready")[0] == 200
     server.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 8
     while http(server, "GET", "/v2/health/ready")[0] != 503:
         assert time.monotonic() < deadline, "ready never turned 503"
         time.sleep(0.05)
