@@ -97,7 +97,7 @@ def test_network_policy_covers_the_pods(resources):
     assert sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"]
     assert policy["spec"]["egress"] == []
     ports = sorted(p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"])
-    assert ports == ["grpc", "metrics"]
+    assert ports == ["grpc", "http", "metrics"]
     service = resources[("Service", "softmax-serve")]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
