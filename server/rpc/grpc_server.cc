@@ -22,6 +22,9 @@ absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
   builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &running.port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(limit));
   builder.SetMaxSendMessageSize(static_cast<int>(limit));
+  // gRPC sets SO_REUSEPORT by default on Linux, so a second server on an
+  // occupied port would bind and share it; it must fail instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service);
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {

@@ -355,8 +355,14 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
   // gRPC hands the request as const, but the buffer is the call's (its
   // message holder's, destroyed after OnDone) and gRPC does not read it
   // again once this handler has it: parsing consumes it.
+  // gRPC runs this handler even when the call ended (cancelled, reset or
+  // past its deadline) before its message fully arrived; it then hands an
+  // invalid buffer. That is no fault of the request's content: CANCELLED,
+  // not INVALID_ARGUMENT, so the error figures do not blame the caller.
   absl::Status status =
-      ParseRequestMessage(const_cast<grpc::ByteBuffer*>(request), &call->request());
+      !request->Valid()
+          ? absl::CancelledError("the call ended before its request message arrived")
+          : ParseRequestMessage(const_cast<grpc::ByteBuffer*>(request), &call->request());
   call->set_data_bytes(static_cast<int64_t>(call->request().input().data().size()));
   if (status.ok()) {
     status = Dispatch(
