@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -42,6 +43,14 @@ constexpr int64_t kMaxQueueDelayUs = int64_t{3600} * 1000 * 1000;
 // Pause between the last response and closing the connections, so callers
 // read their responses before the close (see WaitForRequestsInFlight).
 constexpr std::chrono::milliseconds kCloseLinger(200);
+// How long refusals are held once Shutdown has started (see
+// SoftmaxServiceImpl::HoldRefusals): Shutdown sends its GOAWAY at once, and
+// loopback clients read it well within this.
+constexpr std::chrono::milliseconds kHoldRefusalsAfterShutdown(100);
+// Once every request is answered, Shutdown waits this long for the idle
+// connections to go before it closes them: gRPC 1.51 otherwise waits until
+// each client closes its own after the GOAWAY (grpcio: about 4.5 s).
+constexpr std::chrono::milliseconds kCloseIdleConnectionsAfter(300);
 }  // namespace
 
 ABSL_FLAG(std::string, grpc_address, kDefaults.grpc_address,
@@ -243,19 +252,39 @@ int Run(const ServerOptions& options) {
   // delay; Stop() returns once the backend has answered all of it.
   if (batcher != nullptr) batcher->Stop();
   std::this_thread::sleep_for(std::chrono::milliseconds(options.lame_duck_ms));
+  // The lame duck is over: /metrics goes too (its stop takes about a
+  // second, spent beside the rest of the shutdown).
+  std::thread stop_metrics([&metrics] {
+    if (metrics != nullptr) metrics->StopExposer();
+  });
   // Let every accepted request be answered, then give the callers a moment
   // to read their last responses before the connections close (see
   // SoftmaxServiceImpl::WaitForRequestsInFlight).
   const absl::Time grace_end = absl::Now() + absl::Seconds(fault ? 5 : options.shutdown_grace_s);
-  if (!service.WaitForRequestsInFlight(grace_end)) {
+  const bool all_answered = service.WaitForRequestsInFlight(grace_end);
+  if (!all_answered) {
     std::fprintf(stderr, "softmax-server: %d request(s) still in flight at the grace deadline\n",
                  service.requests_in_flight());
   }
+  // Streams ended when their last request was answered (StartDraining).
+  // Refusals are held from here across the start of Shutdown, so closed-loop
+  // callers have nothing on its way when gRPC would cancel it (HoldRefusals);
+  // anything still open gets what is left of the grace period, then gRPC
+  // cancels it.
+  service.HoldRefusals();
   std::this_thread::sleep_for(kCloseLinger);
-  // Open streams with nothing in flight get what is left of the grace period
-  // to end; then gRPC cancels them.
-  server->server->Shutdown(absl::ToChronoTime(grace_end));
+  const absl::Time close_by = all_answered
+                                 ? std::min(grace_end, absl::Now() + absl::FromChrono(
+                                                                        kCloseIdleConnectionsAfter))
+                                 : grace_end;
+  std::thread shutdown([&server, close_by] {
+    server->server->Shutdown(absl::ToChronoTime(close_by));
+  });
+  std::this_thread::sleep_for(kHoldRefusalsAfterShutdown);
+  service.ReleaseHeldCalls();
+  shutdown.join();
   server->server->Wait();
+  stop_metrics.join();
   std::fprintf(stderr, "softmax-server: stopped\n");
   // A fault during a graceful drain still ends in the fault's exit status.
   return fault || device_faulted.load() ? 2 : 0;

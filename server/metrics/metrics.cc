@@ -1,7 +1,15 @@
 #include "server/metrics/metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -224,6 +232,40 @@ Metrics::Metrics()
 }
 
 Metrics::~Metrics() { exposer_.reset(); }
+
+namespace {
+
+// Opens and closes one loopback TCP connection to `port`.
+void Knock(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  close(fd);
+}
+
+}  // namespace
+
+void Metrics::StopExposer() {
+  if (exposer_ == nullptr) return;
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  std::atomic<bool> stopped{false};
+  std::thread stopper([this, &stopped] {
+    exposer_.reset();
+    stopped.store(true);
+  });
+  // civetweb's accept loop polls its listeners with a 2 s timeout and sees
+  // the stop only when that poll returns: a connection makes it return now
+  // (a listener on another address than loopback waits the poll out).
+  for (int attempt = 0; attempt < 200 && !stopped.load() && !ports.empty(); ++attempt) {
+    Knock(ports.front());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stopper.join();
+}
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address) {
   std::unique_ptr<Metrics> metrics(new Metrics());

@@ -88,16 +88,42 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
 // Bidirectional stream. Lifetime: gRPC calls OnDone only after Finish, and
 // Finish is called only once reads are done and no response is pending, so
 // no batcher completion can reach a deleted reactor.
-class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+//
+// Draining (SoftmaxServiceImpl::StartDraining): the stream finishes with
+// UNAVAILABLE once nothing of it is in flight, whether or not the client
+// has finished writing; a message read after that is dropped unanswered.
+class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                         public SoftmaxServiceImpl::Drainable {
  public:
   StreamCall(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context,
              int max_pending)
       : service_(service), context_(context), max_pending_(std::max(1, max_pending)) {
+    if (!service_->RegisterStream(this)) {
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+        draining_ = true;
+      }
+      FinishStream();
+      return;
+    }
     reading_ = std::make_unique<Entry>();
     StartRead(&reading_->incoming);
   }
 
+  bool BeginDrain() override {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    return ShouldFinishLocked();
+  }
+  void FinishDrained() override { FinishStream(); }
+
   void OnReadDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      // Finished by a drain while this read was outstanding.
+      if (finished_) return;
+    }
     if (!ok) {
       bool finish = false;
       {
@@ -195,7 +221,10 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     if (finish) FinishStream();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->UnregisterStream(this);
+    delete this;
+  }
 
  private:
   struct Entry {
@@ -273,13 +302,27 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || !reads_done_ || pending_ != 0) return false;
+    if (finished_ || pending_ != 0 || (!reads_done_ && !draining_)) return false;
     finished_ = true;
+    ended_by_drain_ = !reads_done_;
     return true;
   }
 
+  // REQUIRES: ShouldFinishLocked returned true (once per stream).
   void FinishStream() {
-    Finish(cancelled_.load() ? grpc::Status::CANCELLED : grpc::Status::OK);
+    bool by_drain = false;
+    {
+      absl::MutexLock lock(&mu_);
+      by_drain = ended_by_drain_ || !reads_done_;
+    }
+    if (cancelled_.load()) {
+      Finish(grpc::Status::CANCELLED);
+    } else if (by_drain) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "server is shutting down; retry on another replica"));
+    } else {
+      Finish(grpc::Status::OK);
+    }
   }
 
   SoftmaxServiceImpl* const service_;
@@ -297,6 +340,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_by_drain_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -370,7 +415,13 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
         [context] { return context->IsCancelled(); },
         [call](const absl::Status& outcome) { call->Complete(outcome); });
   }
-  if (!status.ok()) call->Complete(status);
+  if (!status.ok()) {
+    if (status.code() == absl::StatusCode::kUnavailable && draining() &&
+        HoldRefusal([call, status] { call->Complete(status); })) {
+      return call;
+    }
+    call->Complete(status);
+  }
   return call;
 }
 
@@ -396,6 +447,54 @@ void SoftmaxServiceImpl::RequestsEnded(int count) {
 int SoftmaxServiceImpl::requests_in_flight() {
   absl::MutexLock lock(&calls_mu_);
   return requests_in_flight_;
+}
+
+void SoftmaxServiceImpl::StartDraining() {
+  std::vector<Drainable*> idle;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    draining_.store(true);
+    for (Drainable* stream : streams_) {
+      if (stream->BeginDrain()) idle.push_back(stream);
+    }
+  }
+  // Outside streams_mu_: a finished stream's OnDone takes it. The streams
+  // cannot be gone yet: only Finish leads to OnDone.
+  for (Drainable* stream : idle) stream->FinishDrained();
+}
+
+bool SoftmaxServiceImpl::RegisterStream(Drainable* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  if (draining_.load()) return false;
+  streams_.insert(stream);
+  return true;
+}
+
+void SoftmaxServiceImpl::UnregisterStream(Drainable* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.erase(stream);
+}
+
+void SoftmaxServiceImpl::HoldRefusals() {
+  absl::MutexLock lock(&streams_mu_);
+  holding_ = true;
+}
+
+bool SoftmaxServiceImpl::HoldRefusal(std::function<void()> release) {
+  absl::MutexLock lock(&streams_mu_);
+  if (!holding_) return false;
+  held_.push_back(std::move(release));
+  return true;
+}
+
+void SoftmaxServiceImpl::ReleaseHeldCalls() {
+  std::vector<std::function<void()>> held;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    holding_ = false;
+    held.swap(held_);
+  }
+  for (std::function<void()>& release : held) release();
 }
 
 bool SoftmaxServiceImpl::WaitForRequestsInFlight(absl::Time deadline) {
