@@ -85,6 +85,9 @@ ABSL_FLAG(int, cpu_threads, kDefaults.cpu_threads,
 ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
           "device memory each GPU backend may hold, staging included, for a GPU shared with "
           "other processes; past it requests get RESOURCE_EXHAUSTED; 0 = no cap");
+ABSL_FLAG(int, max_concurrent_streams, kDefaults.max_concurrent_streams,
+          "calls one client connection may have open at once (HTTP/2 "
+          "SETTINGS_MAX_CONCURRENT_STREAMS); bounds what one connection can hold");
 ABSL_FLAG(int, lame_duck_ms, kDefaults.lame_duck_ms,
           "after SIGINT/SIGTERM, milliseconds spent refusing new requests with UNAVAILABLE "
           "(health NOT_SERVING) before the listener closes");
@@ -107,6 +110,7 @@ ServerOptions OptionsFromFlags() {
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   options.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
   // A testing hook, not an operator's decision: an environment variable.
@@ -124,10 +128,10 @@ int Fail(const absl::Status& status) {
 int Run(const ServerOptions& options) {
   if (options.max_tensor_bytes <= 0 || options.max_batch_rows <= 0 ||
       options.max_batch_bytes <= 0 || options.max_queued_requests <= 0 ||
-      options.max_queued_bytes <= 0) {
+      options.max_queued_bytes <= 0 || options.max_concurrent_streams <= 0) {
     return Fail(absl::InvalidArgumentError(
-        "--max_tensor_bytes, --max_batch_rows, --max_batch_bytes, --max_queued_requests and "
-        "--max_queued_bytes must be positive"));
+        "--max_tensor_bytes, --max_batch_rows, --max_batch_bytes, --max_queued_requests, "
+        "--max_queued_bytes and --max_concurrent_streams must be positive"));
   }
   if (options.max_queue_delay_us < 0 || options.cpu_threads < 0 || options.lame_duck_ms < 0 ||
       options.shutdown_grace_s < 0 || options.cuda_memory_limit_bytes < 0 ||
@@ -219,6 +223,12 @@ int Run(const ServerOptions& options) {
   GrpcServerOptions grpc_options;
   grpc_options.address = options.grpc_address;
   grpc_options.max_tensor_bytes = options.max_tensor_bytes;
+  grpc_options.max_concurrent_streams = options.max_concurrent_streams;
+  // What the transport may buffer: the queue's bytes plus a few messages in
+  // reading at their largest (the queue bound is checked after a message is
+  // read, so this is the bound on reading, not on queueing).
+  grpc_options.transport_memory_bytes =
+      options.max_queued_bytes + 4 * (options.max_tensor_bytes + kMessageHeadroomBytes);
   absl::StatusOr<RunningServer> server = StartGrpcServer(grpc_options, &service);
   if (!server.ok()) return Fail(server.status());
 

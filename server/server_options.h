@@ -25,6 +25,7 @@ struct ServerOptions {
   int64_t max_queued_bytes = int64_t{4} << 30;
   int cpu_threads = 0;
   int64_t cuda_memory_limit_bytes = 0;
+  int max_concurrent_streams = 100;
   int lame_duck_ms = 500;
   int shutdown_grace_s = 30;
   // Testing only, from SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES: the GPU

@@ -63,3 +63,104 @@ def test_occupied_grpc_port_fails_with_exit_1(server):
     assert result.returncode == 1, result.stderr
     assert "cannot listen" in result.stderr and "listening" not in result.stderr.replace(
         "cannot listen", ""), result.stderr
+
+
+def _raw_request_bytes(request_id_bytes):
+    """A SoftmaxRequest on the wire whose request_id (field 1) is any bytes,
+    which the Python protobuf library would refuse to encode."""
+    body = request(np.zeros((1, 4))).SerializeToString()
+    return (e2e_util._varint(1 << 3 | 2) + e2e_util._varint(len(request_id_bytes)) +
+            request_id_bytes + body)
+
+
+@pytest.mark.parametrize("request_id", [b"x" * 257, b"\xff\xfe", b"ok\xc0\xaf"])
+def test_bad_request_id_is_invalid_argument_unary(server, request_id):
+    call = server.channel().unary_unary(SOFTMAX_PATH)
+    with pytest.raises(grpc.RpcError) as caught:
+        call(_raw_request_bytes(request_id), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    if len(request_id) > 256:  # invalid UTF-8 already fails protobuf's parse
+        assert "request_id" in caught.value.details()
+
+
+def test_bad_request_id_on_a_stream_is_an_error_response_not_echoed(server):
+    """The stream goes on: the error response carries no request_id (an
+    invalid one echoed would make the whole stream unparseable), and the
+    next request is answered."""
+    call = server.channel().stream_stream("/softmax.v1.SoftmaxService/SoftmaxStream")
+    good = request(np.zeros((1, 4)), request_id="good").SerializeToString()
+    responses = list(call(iter([_raw_request_bytes(b"\xff" * 3),
+                                _raw_request_bytes(b"y" * 300), good]), timeout=10))
+    parsed = [e2e_util.softmax_pb2.SoftmaxResponse.FromString(r) for r in responses]
+    assert len(parsed) == 3
+    errors = [p for p in parsed if p.error.code]
+    assert len(errors) == 2
+    for p in errors:
+        assert p.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert p.request_id == ""
+    assert any("request_id" in p.error.message for p in errors)
+    assert [p.request_id for p in parsed if not p.error.code] == ["good"]
+
+
+def test_max_concurrent_streams_is_advertised(start_server):
+    for args, expected in (((), 100), (("--max_concurrent_streams=7",), 7)):
+        server = start_server(*args)
+        connection = h2_util.Connection(server.grpc_address)
+        try:
+            settings = connection.server_settings()
+        finally:
+            connection.close()
+        assert settings.get(h2_util.SETTINGS_MAX_CONCURRENT_STREAMS) == expected, settings
+
+
+def _closed_by_server(sock, timeout):
+    sock.settimeout(timeout)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_connections_without_a_preface_are_closed_after_the_handshake_timeout(server):
+    """Sockets that never send the HTTP/2 preface are closed within the 5 s
+    handshake timeout (gRPC's default, 120 s, let them pile up)."""
+    host, port = server.grpc_address.rsplit(":", 1)
+    sockets = [socket.create_connection((host, int(port)), timeout=5) for _ in range(20)]
+    try:
+        for sock in sockets:
+            assert _closed_by_server(sock, timeout=8), "a silent connection was kept open"
+    finally:
+        for sock in sockets:
+            sock.close()
+    # The server still answers.
+    server.stub().Softmax(request(np.zeros((1, 4))), timeout=10)
+
+
+def _rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_compressed_request_is_refused_before_inflating(start_server):
+    """A gzip bomb (64 MiB of zeros, about 64 KiB compressed) is refused with
+    UNIMPLEMENTED without the server inflating it: RSS grows far less than
+    the bomb's size, and the server keeps answering."""
+    server = start_server("--max_tensor_bytes=134217728")
+    stub = server.stub()
+    stub.Softmax(request(np.zeros((1, 4))), timeout=10)  # warm up
+    before = _rss_bytes(server.process.pid)
+    bomb = request(tensor=e2e_util.softmax_pb2.Tensor(
+        dtype=e2e_util.softmax_pb2.DTYPE_FLOAT32, shape=[16, 1 << 20], data=bytes(64 << 20)))
+    for _ in range(4):
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Softmax(bomb, timeout=30, compression=grpc.Compression.Gzip)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED, caught.value
+    assert _rss_bytes(server.process.pid) - before < (16 << 20)
+    stub.Softmax(request(np.zeros((1, 4))), timeout=10)

@@ -4,7 +4,9 @@
 #include <climits>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpc/compression.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -25,6 +27,23 @@ absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
   // gRPC sets SO_REUSEPORT by default on Linux, so a second server on an
   // occupied port would bind and share it; it must fail instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Hardening against slow and hostile clients (README, "Limits against
+  // hostile clients").
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kMaxConnectionIdleMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  // Compression off: gRPC 1.51 inflates a whole message before it checks the
+  // receive limit, so 254 KiB of gzip would become a 256 MiB allocation. A
+  // compressed call is refused (UNIMPLEMENTED) before its message is read.
+  builder.AddChannelArgument(GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET,
+                             1 << GRPC_COMPRESS_NONE);
+  if (options.transport_memory_bytes > 0) {
+    grpc::ResourceQuota quota("softmax-server");
+    quota.Resize(static_cast<size_t>(options.transport_memory_bytes));
+    builder.SetResourceQuota(quota);
+  }
   builder.RegisterService(service);
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {

@@ -247,7 +247,13 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     v1::SoftmaxResponse& response = entry.response;
     response.clear_output();
     response.clear_timing();
-    response.set_request_id(entry.request.request_id());
+    // An invalid request_id is not echoed: clients could not parse it.
+    const std::string& id = entry.request.request_id();
+    if (id.size() <= kMaxRequestIdBytes && IsValidUtf8(id)) {
+      response.set_request_id(id);
+    } else {
+      response.clear_request_id();
+    }
     response.mutable_error()->set_code(static_cast<int>(status.code()));
     response.mutable_error()->set_message(std::string(status.message()));
   }
