@@ -3,6 +3,7 @@
 // SIGTERM drain and exit 0; a GPU fault exits 2.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -120,6 +121,21 @@ ServerOptions OptionsFromFlags() {
   return options;
 }
 
+// Raises the soft open-file limit to the hard one: every connection is a
+// file descriptor, and the common soft default (1,024) is exhausted by about
+// a thousand idle clients. gRPC 1.51's listener stops accepting for good
+// after accept4 fails with EMFILE, so the limit must not be reached.
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == limit.rlim_max) return;
+  const rlim_t soft = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    std::fprintf(stderr, "softmax-server: warning: cannot raise the open-file limit from %llu\n",
+                 static_cast<unsigned long long>(soft));
+  }
+}
+
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "softmax-server: error: %s\n", std::string(status.message()).c_str());
   return 1;
@@ -148,6 +164,7 @@ int Run(const ServerOptions& options) {
   }
   absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options.device);
   if (!spec.ok()) return Fail(spec.status());
+  RaiseOpenFileLimit();
   // Before any other thread starts allocating.
   if (!softmax::ApplyMallocTuning(softmax::MallocTuning())) {
     std::fprintf(stderr, "softmax-server: warning: glibc refused the malloc settings\n");

@@ -164,3 +164,35 @@ def test_compressed_request_is_refused_before_inflating(start_server):
         assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED, caught.value
     assert _rss_bytes(server.process.pid) - before < (16 << 20)
     stub.Softmax(request(np.zeros((1, 4))), timeout=10)
+
+
+def _open_file_limits(pid):
+    with open(f"/proc/{pid}/limits") as f:
+        for line in f:
+            if line.startswith("Max open files"):
+                soft, hard = line.split()[3:5]
+                return soft, hard
+    raise AssertionError("no open-file limit")
+
+
+def test_open_file_soft_limit_is_raised_to_the_hard_limit(tmp_path):
+    """Started with a soft limit of 256 and a hard one of 4096, the server
+    runs with 4096."""
+    import resource
+
+    def lower_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
+
+    process = subprocess.Popen(
+        [e2e_util.SERVER_BIN, "--grpc_address=127.0.0.1:0", "--metrics_address=",
+         "--device=cpu"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        preexec_fn=lower_limit, text=True)
+    try:
+        line = process.stderr.readline()
+        while line and "listening" not in line:
+            line = process.stderr.readline()
+        assert "listening" in line
+        assert _open_file_limits(process.pid) == ("4096", "4096")
+    finally:
+        process.kill()
+        process.wait(timeout=10)
