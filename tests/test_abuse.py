@@ -196,3 +196,21 @@ def test_open_file_soft_limit_is_raised_to_the_hard_limit(tmp_path):
     finally:
         process.kill()
         process.wait(timeout=10)
+
+
+def test_metrics_answer_with_50_half_open_connections_held(server):
+    """Connections that send half a request and wait must not stall scrapes
+    (two of them did, for about 20 s)."""
+    host, port = server.metrics_address.rsplit(":", 1)
+    held = []
+    try:
+        for _ in range(50):
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never end
+            held.append(sock)
+        for _ in range(3):
+            text = scrape_metrics(server.metrics_address, timeout=3)
+            assert "softmax_serving" in text
+    finally:
+        for sock in held:
+            sock.close()

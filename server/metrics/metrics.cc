@@ -59,6 +59,15 @@ prometheus::Histogram::BucketBoundaries SecondsBuckets() { return Decades(-5, 1)
 // Bandwidth histograms: 1 MB/s to 10 TB/s (an H200 peaks near 4.8 TB/s).
 prometheus::Histogram::BucketBoundaries BandwidthBuckets() { return Decades(6, 13); }
 
+// civetweb serves one connection per thread, for as long as the client
+// takes to send its request: prometheus-cpp's 2 threads let two half-open
+// connections stall every scrape. 64 threads (idle ones cost a stack of
+// virtual memory) keep /metrics answering with 50 half-open connections
+// held (tests/test_abuse.py), and a request not complete within 2 s (a
+// scrape's request takes microseconds) frees its thread.
+constexpr int kExposerThreads = 64;
+constexpr int kExposerRequestTimeoutMs = 2000;
+
 // Splits "host:port" at the last colon; the host keeps IPv6 brackets.
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -271,7 +280,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
   std::unique_ptr<Metrics> metrics(new Metrics());
   if (address.empty()) return metrics;
   try {
-    metrics->exposer_ = std::make_unique<prometheus::Exposer>(address);
+    metrics->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", std::to_string(kExposerThreads),
+        "request_timeout_ms", std::to_string(kExposerRequestTimeoutMs)});
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("metrics: cannot listen on ", address, ": ", e.what()));
