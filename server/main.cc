@@ -28,6 +28,7 @@
 #include "common/malloc_tuning.h"
 #include "server/device.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/auth.h"
 #include "server/rpc/grpc_server.h"
 #include "server/rpc/service.h"
 #include "server/scheduling/batcher.h"
@@ -89,6 +90,18 @@ ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
 ABSL_FLAG(int, max_concurrent_streams, kDefaults.max_concurrent_streams,
           "calls one client connection may have open at once (HTTP/2 "
           "SETTINGS_MAX_CONCURRENT_STREAMS); bounds what one connection can hold");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain for gRPC over TLS (with --tls_key_file); empty = plaintext");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA certificates; when set, every gRPC client must present a certificate "
+          "signed by one of them (mutual TLS)");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "file of bearer tokens, one per line (# comments); when set, softmax calls must "
+          "carry 'authorization: Bearer TOKEN' or fail UNAUTHENTICATED (health is exempt); "
+          "re-read on SIGHUP");
+ABSL_FLAG(bool, reflection, kDefaults.reflection,
+          "serve gRPC server reflection (lets grpcurl list and describe the services)");
 ABSL_FLAG(int, lame_duck_ms, kDefaults.lame_duck_ms,
           "after SIGINT/SIGTERM, milliseconds spent refusing new requests with UNAVAILABLE "
           "(health NOT_SERVING) before the listener closes");
@@ -112,6 +125,11 @@ ServerOptions OptionsFromFlags() {
   options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.reflection = absl::GetFlag(FLAGS_reflection);
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   options.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
   // A testing hook, not an operator's decision: an environment variable.
@@ -177,6 +195,7 @@ int Run(const ServerOptions& options) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, kFaultSignal);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   BackendOptions backend_options;
@@ -232,7 +251,16 @@ int Run(const ServerOptions& options) {
     batcher = std::make_unique<Batcher>(batcher_options, scheduler.get(), metrics.get());
   }
 
+  std::unique_ptr<TokenAuthenticator> authenticator;
+  if (!options.auth_tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuthenticator>> created =
+        TokenAuthenticator::FromFile(options.auth_tokens_file);
+    if (!created.ok()) return Fail(created.status());
+    authenticator = std::move(*created);
+  }
+
   ServiceOptions service_options;
+  service_options.authenticator = authenticator.get();
   service_options.limits.max_tensor_bytes = options.max_tensor_bytes;
   service_options.echo = backends.empty();
   SoftmaxServiceImpl service(service_options, batcher.get(), metrics.get());
@@ -241,6 +269,10 @@ int Run(const ServerOptions& options) {
   grpc_options.address = options.grpc_address;
   grpc_options.max_tensor_bytes = options.max_tensor_bytes;
   grpc_options.max_concurrent_streams = options.max_concurrent_streams;
+  grpc_options.tls_cert_file = options.tls_cert_file;
+  grpc_options.tls_key_file = options.tls_key_file;
+  grpc_options.tls_client_ca_file = options.tls_client_ca_file;
+  grpc_options.reflection = options.reflection;
   // What the transport may buffer: the queue's bytes plus a few messages in
   // reading at their largest (the queue bound is checked after a message is
   // read, so this is the bound on reading, not on queueing).
@@ -259,6 +291,17 @@ int Run(const ServerOptions& options) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
+  // SIGHUP: re-read the tokens, keep serving.
+  while (signal_number == SIGHUP) {
+    if (authenticator != nullptr) {
+      const absl::Status reloaded = authenticator->Reload();
+      std::fprintf(stderr, "softmax-server: SIGHUP: %s\n",
+                   reloaded.ok() ? "tokens reloaded"
+                                 : std::string(reloaded.message()).c_str());
+      std::fflush(stderr);
+    }
+    sigwait(&signals, &signal_number);
+  }
   const bool fault = signal_number == kFaultSignal;
   if (fault) {
     // Requests in flight fail INTERNAL at once (the worker refuses them);

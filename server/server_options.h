@@ -26,6 +26,11 @@ struct ServerOptions {
   int cpu_threads = 0;
   int64_t cuda_memory_limit_bytes = 0;
   int max_concurrent_streams = 100;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  std::string auth_tokens_file;
+  bool reflection = true;
   int lame_duck_ms = 500;
   int shutdown_grace_s = 30;
   // Testing only, from SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES: the GPU

@@ -37,6 +37,14 @@ struct GrpcServerOptions {
   // Memory gRPC's transport may hold for all connections (read buffers,
   // frames not yet parsed); past it gRPC reads less. 0: gRPC's default.
   int64_t transport_memory_bytes = 0;
+  // TLS: PEM files of the server's certificate chain and key; both or
+  // neither (plaintext). With client_ca_file too, every client must present
+  // a certificate signed by that CA (mTLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // Server reflection (grpcurl and friends can list and describe services).
+  bool reflection = true;
 };
 
 // Transport timeouts (no flags: the same for every deployment).
@@ -60,8 +68,9 @@ struct RunningServer {
 };
 
 // Starts serving `service` (which must outlive the server) with health
-// (SERVING for "" and kServiceName) and reflection. UNAVAILABLE when the
-// address cannot be bound.
+// (SERVING for "" and kServiceName) and, unless turned off, reflection.
+// INVALID_ARGUMENT for unreadable or inconsistent TLS files; UNAVAILABLE
+// when the address cannot be bound.
 absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
                                               grpc::Service* service);
 

@@ -95,9 +95,19 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
 class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                          public SoftmaxServiceImpl::Drainable {
  public:
+  // A stream refused at once (`refusal` not OK: unauthenticated) is
+  // finished with that status without reading.
   StreamCall(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context,
-             int max_pending)
+             int max_pending, const absl::Status& refusal)
       : service_(service), context_(context), max_pending_(std::max(1, max_pending)) {
+    if (!refusal.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+      }
+      Finish(ToGrpcStatus(refusal));
+      return;
+    }
     if (!service_->RegisterStream(this)) {
       {
         absl::MutexLock lock(&mu_);
@@ -411,9 +421,13 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
   // invalid buffer. That is no fault of the request's content: CANCELLED,
   // not INVALID_ARGUMENT, so the error figures do not blame the caller.
   absl::Status status =
-      !request->Valid()
+      options_.authenticator != nullptr ? options_.authenticator->Check(*context)
+                                        : absl::OkStatus();
+  if (status.ok()) {
+    status = !request->Valid()
           ? absl::CancelledError("the call ended before its request message arrived")
           : ParseRequestMessage(const_cast<grpc::ByteBuffer*>(request), &call->request());
+  }
   call->set_data_bytes(static_cast<int64_t>(call->request().input().data().size()));
   if (status.ok()) {
     status = Dispatch(
@@ -433,7 +447,9 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 SoftmaxServiceImpl::SoftmaxStream(grpc::CallbackServerContext* context) {
-  return new StreamCall(this, context, options_.max_stream_pending);
+  absl::Status refusal;
+  if (options_.authenticator != nullptr) refusal = options_.authenticator->Check(*context);
+  return new StreamCall(this, context, options_.max_stream_pending, refusal);
 }
 
 }  // namespace softmax::server

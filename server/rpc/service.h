@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "server/scheduling/batcher.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/auth.h"
 #include "server/rpc/validation.h"
 #include "softmax/v1/softmax.grpc.pb.h"
 
@@ -43,6 +44,9 @@ struct ServiceOptions {
   // Responses a stream may have unwritten (queued, computing or waiting to be
   // written) before it stops reading more requests.
   int max_stream_pending = 1024;
+  // When set (--auth_tokens_file), every call must carry one of its tokens,
+  // else it fails UNAUTHENTICATED. Must outlive the service.
+  const TokenAuthenticator* authenticator = nullptr;
 };
 
 // Both methods on the callback API, with raw byte buffers (see above).
