@@ -25,7 +25,7 @@ struct ServerOptions {
   int64_t max_queued_bytes = int64_t{4} << 30;
   int cpu_threads = 0;
   int64_t cuda_memory_limit_bytes = 0;
-  int max_concurrent_streams = 100;
+  int max_concurrent_streams = 1024;
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;

@@ -103,7 +103,7 @@ def test_bad_request_id_on_a_stream_is_an_error_response_not_echoed(server):
 
 
 def test_max_concurrent_streams_is_advertised(start_server):
-    for args, expected in (((), 100), (("--max_concurrent_streams=7",), 7)):
+    for args, expected in (((), 1024), (("--max_concurrent_streams=7",), 7)):
         server = start_server(*args)
         connection = h2_util.Connection(server.grpc_address)
         try:

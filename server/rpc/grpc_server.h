@@ -33,7 +33,7 @@ struct GrpcServerOptions {
   // HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS advertised to every client: calls
   // one connection may have open at once. Each open call holds its reactor
   // and buffers, so this bounds what one connection can pin.
-  int max_concurrent_streams = 100;
+  int max_concurrent_streams = 1024;
   // Memory gRPC's transport may hold for all connections (read buffers,
   // frames not yet parsed); past it gRPC reads less. 0: gRPC's default.
   int64_t transport_memory_bytes = 0;
