@@ -3,8 +3,10 @@
 // SIGTERM drain and exit 0; a GPU fault exits 2.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -26,6 +28,7 @@
 #include "common/malloc_tuning.h"
 #include "server/device.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/auth.h"
 #include "server/rpc/grpc_server.h"
 #include "server/rpc/kserve_grpc.h"
 #include "server/rpc/kserve_http.h"
@@ -44,6 +47,14 @@ constexpr int64_t kMaxQueueDelayUs = int64_t{3600} * 1000 * 1000;
 // Pause between the last response and closing the connections, so callers
 // read their responses before the close (see WaitForRequestsInFlight).
 constexpr std::chrono::milliseconds kCloseLinger(200);
+// How long refusals are held once Shutdown has started (see
+// SoftmaxServiceImpl::HoldRefusals): Shutdown sends its GOAWAY at once, and
+// loopback clients read it well within this.
+constexpr std::chrono::milliseconds kHoldRefusalsAfterShutdown(100);
+// Once every request is answered, Shutdown waits this long for the idle
+// connections to go before it closes them: gRPC 1.51 otherwise waits until
+// each client closes its own after the GOAWAY (grpcio: about 4.5 s).
+constexpr std::chrono::milliseconds kCloseIdleConnectionsAfter(300);
 }  // namespace
 
 ABSL_FLAG(std::string, grpc_address, kDefaults.grpc_address,
@@ -81,6 +92,21 @@ ABSL_FLAG(int, cpu_threads, kDefaults.cpu_threads,
 ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
           "device memory each GPU backend may hold, staging included, for a GPU shared with "
           "other processes; past it requests get RESOURCE_EXHAUSTED; 0 = no cap");
+ABSL_FLAG(int, max_concurrent_streams, kDefaults.max_concurrent_streams,
+          "calls one client connection may have open at once (HTTP/2 "
+          "SETTINGS_MAX_CONCURRENT_STREAMS); bounds what one connection can hold");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain for gRPC over TLS (with --tls_key_file); empty = plaintext");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA certificates; when set, every gRPC client must present a certificate "
+          "signed by one of them (mutual TLS)");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "file of bearer tokens, one per line (# comments); when set, softmax calls must "
+          "carry 'authorization: Bearer TOKEN' or fail UNAUTHENTICATED (health is exempt); "
+          "re-read on SIGHUP");
+ABSL_FLAG(bool, reflection, kDefaults.reflection,
+          "serve gRPC server reflection (lets grpcurl list and describe the services)");
 ABSL_FLAG(int, lame_duck_ms, kDefaults.lame_duck_ms,
           "after SIGINT/SIGTERM, milliseconds spent refusing new requests with UNAVAILABLE "
           "(health NOT_SERVING) before the listener closes");
@@ -104,6 +130,12 @@ ServerOptions OptionsFromFlags() {
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.reflection = absl::GetFlag(FLAGS_reflection);
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   options.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
   // A testing hook, not an operator's decision: an environment variable.
@@ -111,6 +143,21 @@ ServerOptions OptionsFromFlags() {
     options.inject_fault_after_batches = std::strtoll(inject, nullptr, 10);
   }
   return options;
+}
+
+// Raises the soft open-file limit to the hard one: every connection is a
+// file descriptor, and the common soft default (1,024) is exhausted by about
+// a thousand idle clients. gRPC 1.51's listener stops accepting for good
+// after accept4 fails with EMFILE, so the limit must not be reached.
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == limit.rlim_max) return;
+  const rlim_t soft = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    std::fprintf(stderr, "softmax-server: warning: cannot raise the open-file limit from %llu\n",
+                 static_cast<unsigned long long>(soft));
+  }
 }
 
 int Fail(const absl::Status& status) {
@@ -121,10 +168,10 @@ int Fail(const absl::Status& status) {
 int Run(const ServerOptions& options) {
   if (options.max_tensor_bytes <= 0 || options.max_batch_rows <= 0 ||
       options.max_batch_bytes <= 0 || options.max_queued_requests <= 0 ||
-      options.max_queued_bytes <= 0) {
+      options.max_queued_bytes <= 0 || options.max_concurrent_streams <= 0) {
     return Fail(absl::InvalidArgumentError(
-        "--max_tensor_bytes, --max_batch_rows, --max_batch_bytes, --max_queued_requests and "
-        "--max_queued_bytes must be positive"));
+        "--max_tensor_bytes, --max_batch_rows, --max_batch_bytes, --max_queued_requests, "
+        "--max_queued_bytes and --max_concurrent_streams must be positive"));
   }
   if (options.max_queue_delay_us < 0 || options.cpu_threads < 0 || options.lame_duck_ms < 0 ||
       options.shutdown_grace_s < 0 || options.cuda_memory_limit_bytes < 0 ||
@@ -141,6 +188,7 @@ int Run(const ServerOptions& options) {
   }
   absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options.device);
   if (!spec.ok()) return Fail(spec.status());
+  RaiseOpenFileLimit();
   // Before any other thread starts allocating.
   if (!softmax::ApplyMallocTuning(softmax::MallocTuning())) {
     std::fprintf(stderr, "softmax-server: warning: glibc refused the malloc settings\n");
@@ -153,6 +201,7 @@ int Run(const ServerOptions& options) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, kFaultSignal);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   BackendOptions backend_options;
@@ -208,7 +257,16 @@ int Run(const ServerOptions& options) {
     batcher = std::make_unique<Batcher>(batcher_options, scheduler.get(), metrics.get());
   }
 
+  std::unique_ptr<TokenAuthenticator> authenticator;
+  if (!options.auth_tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuthenticator>> created =
+        TokenAuthenticator::FromFile(options.auth_tokens_file);
+    if (!created.ok()) return Fail(created.status());
+    authenticator = std::move(*created);
+  }
+
   ServiceOptions service_options;
+  service_options.authenticator = authenticator.get();
   service_options.limits.max_tensor_bytes = options.max_tensor_bytes;
   service_options.echo = backends.empty();
   SoftmaxServiceImpl service(service_options, batcher.get(), metrics.get());
@@ -222,6 +280,16 @@ int Run(const ServerOptions& options) {
   grpc_options.address = options.grpc_address;
   grpc_options.max_tensor_bytes = options.max_tensor_bytes;
   grpc_options.additional_services.push_back(&kserve_service);
+  grpc_options.max_concurrent_streams = options.max_concurrent_streams;
+  grpc_options.tls_cert_file = options.tls_cert_file;
+  grpc_options.tls_key_file = options.tls_key_file;
+  grpc_options.tls_client_ca_file = options.tls_client_ca_file;
+  grpc_options.reflection = options.reflection;
+  // What the transport may buffer: the queue's bytes plus a few messages in
+  // reading at their largest (the queue bound is checked after a message is
+  // read, so this is the bound on reading, not on queueing).
+  grpc_options.transport_memory_bytes =
+      options.max_queued_bytes + 4 * (options.max_tensor_bytes + kMessageHeadroomBytes);
   absl::StatusOr<RunningServer> server = StartGrpcServer(grpc_options, &service);
   if (!server.ok()) return Fail(server.status());
 
@@ -249,6 +317,17 @@ int Run(const ServerOptions& options) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
+  // SIGHUP: re-read the tokens, keep serving.
+  while (signal_number == SIGHUP) {
+    if (authenticator != nullptr) {
+      const absl::Status reloaded = authenticator->Reload();
+      std::fprintf(stderr, "softmax-server: SIGHUP: %s\n",
+                   reloaded.ok() ? "tokens reloaded"
+                                 : std::string(reloaded.message()).c_str());
+      std::fflush(stderr);
+    }
+    sigwait(&signals, &signal_number);
+  }
   const bool fault = signal_number == kFaultSignal;
   if (fault) {
     // Requests in flight fail INTERNAL at once (the worker refuses them);
@@ -269,20 +348,44 @@ int Run(const ServerOptions& options) {
   // delay; Stop() returns once the backend has answered all of it.
   if (batcher != nullptr) batcher->Stop();
   std::this_thread::sleep_for(std::chrono::milliseconds(options.lame_duck_ms));
+  // The lame duck is over: /metrics and the HTTP endpoint go too (each stop
+  // takes about a second, spent beside the rest of the shutdown; the batcher
+  // has answered every HTTP request it admitted).
+  std::thread stop_metrics([&metrics] {
+    if (metrics != nullptr) metrics->StopExposer();
+  });
+  std::thread stop_http([&http] {
+    if (http != nullptr) http->Stop();
+  });
   // Let every accepted request be answered, then give the callers a moment
   // to read their last responses before the connections close (see
   // SoftmaxServiceImpl::WaitForRequestsInFlight).
   const absl::Time grace_end = absl::Now() + absl::Seconds(fault ? 5 : options.shutdown_grace_s);
-  if (!service.WaitForRequestsInFlight(grace_end)) {
+  const bool all_answered = service.WaitForRequestsInFlight(grace_end);
+  if (!all_answered) {
     std::fprintf(stderr, "softmax-server: %d request(s) still in flight at the grace deadline\n",
                  service.requests_in_flight());
   }
+  // Streams ended when their last request was answered (StartDraining).
+  // Refusals are held from here across the start of Shutdown, so closed-loop
+  // callers have nothing on its way when gRPC would cancel it (HoldRefusals);
+  // anything still open gets what is left of the grace period, then gRPC
+  // cancels it.
+  service.HoldRefusals();
   std::this_thread::sleep_for(kCloseLinger);
-  // Open streams with nothing in flight get what is left of the grace period
-  // to end; then gRPC cancels them.
-  server->server->Shutdown(absl::ToChronoTime(grace_end));
+  const absl::Time close_by = all_answered
+                                 ? std::min(grace_end, absl::Now() + absl::FromChrono(
+                                                                        kCloseIdleConnectionsAfter))
+                                 : grace_end;
+  std::thread shutdown([&server, close_by] {
+    server->server->Shutdown(absl::ToChronoTime(close_by));
+  });
+  std::this_thread::sleep_for(kHoldRefusalsAfterShutdown);
+  service.ReleaseHeldCalls();
+  shutdown.join();
   server->server->Wait();
-  if (http != nullptr) http->Stop();
+  stop_metrics.join();
+  stop_http.join();
   std::fprintf(stderr, "softmax-server: stopped\n");
   // A fault during a graceful drain still ends in the fault's exit status.
   return fault || device_faulted.load() ? 2 : 0;

@@ -26,6 +26,12 @@ struct ServerOptions {
   int64_t max_queued_bytes = int64_t{4} << 30;
   int cpu_threads = 0;
   int64_t cuda_memory_limit_bytes = 0;
+  int max_concurrent_streams = 1024;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  std::string auth_tokens_file;
+  bool reflection = true;
   int lame_duck_ms = 500;
   int shutdown_grace_s = 30;
   // Testing only, from SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES: the GPU

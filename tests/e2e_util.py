@@ -334,3 +334,24 @@ def metric_value(text, name, labels=None):
                 total += sample.value
                 found = True
     return total if found else None
+
+
+# ------------------------------------------------------------ hardening helpers
+
+def wait_for(predicate, timeout, what, interval=0.01):
+    """Polls `predicate` until it returns a true value (returned) or `timeout`
+    seconds pass (AssertionError naming `what`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def requests_counted(server, code, method="Softmax"):
+    """softmax_requests_total for `method` and gRPC code name `code`."""
+    return metric_value(scrape_metrics(server.metrics_address), "softmax_requests_total",
+                        {"method": method, "code": code}) or 0

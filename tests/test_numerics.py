@@ -143,3 +143,14 @@ def test_timing_is_reported(stub):
     assert timing.compute_ns > 0
     assert timing.batch_requests >= 1
     assert timing.batch_rows >= 64
+
+
+@pytest.mark.parametrize("n, expected_bits", [(3, 0x3EAB), (6, 0x3E2B)])
+def test_bfloat16_outputs_round_to_nearest_even(stub, n, expected_bits):
+    """softmax of n equal values is 1/n: float32 0x3EAAAAAB (n=3) and
+    0x3E2AAAAB (n=6), whose low halves are above one half, so round to
+    nearest even gives 0x3EAB / 0x3E2B where truncation gives 0x3EAA /
+    0x3E2A (one ulp, inside the tolerance, so only exact bits catch it)."""
+    response = stub.Softmax(request(np.zeros((2, n)), "bfloat16"), timeout=30)
+    bits = np.frombuffer(response.output.data, dtype="<u2")
+    assert bits.tolist() == [expected_bits] * (2 * n), [hex(b) for b in bits]

@@ -90,3 +90,26 @@ def test_bad_flags_exit_1_with_a_message(flag, message):
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 1, result.stderr
     assert message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("flags, size, admitted", [
+    (("--max_queued_requests=2",), 4, 2),
+    (("--max_queued_bytes=100",), 8, 3),  # 32-byte requests: three fit in 100 bytes
+])
+def test_queue_bounds_reach_the_batcher(start_server, flags, size, admitted):
+    """With requests held in the queue (a long batching delay), the request
+    past --max_queued_requests / --max_queued_bytes is refused UNAVAILABLE."""
+    server = start_server("--max_queue_delay_us=60000000", "--dispatch_when_idle=false",
+                          "--max_batch_rows=1000000", *flags)
+    stub = server.stub()
+    held = [stub.Softmax.future(request(np.zeros((1, size))), timeout=60)
+            for _ in range(admitted)]
+    e2e_util.wait_for(lambda: (metric_value(scrape_metrics(server.metrics_address),
+                                            "softmax_queued_requests") or 0) >= admitted,
+                      10, "the admitted requests to be queued")
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Softmax(request(np.zeros((1, size))), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert all(not future.done() for future in held)
+    for future in held:
+        future.cancel()

@@ -7,6 +7,7 @@ import time
 
 import grpc
 import numpy as np
+import pytest
 
 from e2e_util import (assert_close, decode, health_check, metric_value, reference_softmax,
                       request, scrape_metrics)
@@ -74,11 +75,13 @@ def test_sigterm_answers_every_queued_request(start_server):
         x = stream_inputs[int(response.request_id[1:])]
         assert_close(decode(response.output), reference_softmax(x), "float32",
                      response.request_id)
-    # Once it stopped answering SERVING it never said SERVING again.
+    # Health said NOT_SERVING while draining (the lame duck lasts 500 ms, so
+    # the 5 ms polls see it), and once it stopped answering SERVING it never
+    # said SERVING again.
+    assert "NOT_SERVING" in health_seen, health_seen
     first_not_serving = next((i for i, s in enumerate(health_seen) if s != "SERVING"),
                              len(health_seen))
     assert "SERVING" not in health_seen[first_not_serving:], health_seen
-    print("health during drain:", sorted(set(health_seen)))
 
 
 def run_callers_through_sigterm(server, callers=8):
@@ -150,3 +153,118 @@ def test_sigint_also_exits_0(start_server):
     server = start_server()
     assert health_check(server.channel()) == "SERVING"
     assert server.stop(signal.SIGINT, timeout=30) == 0, server.output()
+
+
+def test_draining_says_not_serving_and_refuses_with_unavailable(start_server):
+    """From SIGTERM until the listener closes (the lame duck): health and
+    softmax_serving say not serving, new calls get UNAVAILABLE, and the exit
+    waits the lame duck out but not much longer (idle: lame duck + 1 s)."""
+    server = start_server("--lame_duck_ms=1500")
+    channel = server.channel()
+    stub = server.stub()
+    assert health_check(channel) == "SERVING"
+    assert metric_value(scrape_metrics(server.metrics_address), "softmax_serving") == 1
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    wait_for(lambda: health_check(channel) == "NOT_SERVING", 1.0, "health NOT_SERVING")
+    assert metric_value(scrape_metrics(server.metrics_address), "softmax_serving") == 0
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Softmax(request(np.zeros((1, 4))), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert time.monotonic() - started < 1.5, "the checks above must fall in the lame duck"
+    assert server.process.wait(timeout=10) == 0, server.output()
+    elapsed = time.monotonic() - started
+    assert 1.5 <= elapsed <= 2.5, f"exit {elapsed:.2f} s after SIGTERM; lame duck 1.5 s"
+
+
+def test_idle_open_stream_does_not_hold_the_exit(start_server):
+    """An open stream with nothing in flight is ended with UNAVAILABLE at
+    once, so the server exits within --lame_duck_ms + 1 s (not the grace)."""
+    server = start_server("--lame_duck_ms=300", "--shutdown_grace_s=30")
+    stub = server.stub()
+    release = threading.Event()
+
+    def requests():
+        yield request(np.zeros((1, 8)), request_id="only")
+        release.wait(30)
+
+    responses = stub.SoftmaxStream(requests(), timeout=60)
+    try:
+        assert next(responses).request_id == "only"
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        with pytest.raises(grpc.RpcError) as caught:
+            next(responses)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+        assert server.process.wait(timeout=10) == 0, server.output()
+        assert time.monotonic() - started <= 0.3 + 1.0
+    finally:
+        release.set()
+
+
+def test_busy_stream_is_answered_then_ended_with_unavailable(start_server):
+    """A stream with requests queued at SIGTERM gets every answer, then
+    UNAVAILABLE (retry elsewhere) although its client never half-closed."""
+    server = start_server("--max_queue_delay_us=60000000", "--dispatch_when_idle=false",
+                          "--max_batch_rows=1000000")
+    stub = server.stub()
+    release = threading.Event()
+    inputs = [np.random.default_rng(i).normal(size=(2, 16)) for i in range(5)]
+
+    def requests():
+        for i, x in enumerate(inputs):
+            yield request(x, request_id=f"s{i}")
+        release.wait(30)
+
+    responses = stub.SoftmaxStream(requests(), timeout=60)
+    received = []
+    try:
+        wait_for(lambda: (metric_value(scrape_metrics(server.metrics_address),
+                                       "softmax_queued_requests") or 0) >= 5,
+                 10, "the stream's requests to be queued")
+        server.process.send_signal(signal.SIGTERM)
+        with pytest.raises(grpc.RpcError) as caught:
+            for response in responses:
+                received.append(response)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+    finally:
+        release.set()
+    assert sorted(r.request_id for r in received) == [f"s{i}" for i in range(5)]
+    for response in received:
+        assert_close(decode(response.output),
+                     reference_softmax(inputs[int(response.request_id[1:])]), "float32")
+    assert server.process.wait(timeout=10) == 0, server.output()
+
+
+def test_closed_loop_callers_never_see_cancelled(start_server):
+    """Callers that keep calling through SIGTERM (each waits for its answer)
+    see OK, then UNAVAILABLE, never CANCELLED, up to the exit and after."""
+    server = start_server()
+    stub = server.stub()
+    x = np.zeros((4, 64))
+    outcomes = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def caller():
+        while not stop.is_set():
+            try:
+                stub.Softmax(request(x), timeout=10)
+                code = "OK"
+            except grpc.RpcError as error:
+                code = error.code().name
+            with lock:
+                outcomes[code] = outcomes.get(code, 0) + 1
+
+    threads = [threading.Thread(target=caller) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: outcomes.get("OK", 0) >= 200, 30, "200 answered requests")
+        assert server.stop(signal.SIGTERM, timeout=30) == 0, server.output()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert "CANCELLED" not in outcomes, outcomes
+    assert outcomes.get("UNAVAILABLE", 0) > 0, outcomes

@@ -1,7 +1,15 @@
 #include "server/metrics/metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +59,15 @@ prometheus::Histogram::BucketBoundaries Exponential(double base, double factor, 
 prometheus::Histogram::BucketBoundaries SecondsBuckets() { return Decades(-5, 1); }
 // Bandwidth histograms: 1 MB/s to 10 TB/s (an H200 peaks near 4.8 TB/s).
 prometheus::Histogram::BucketBoundaries BandwidthBuckets() { return Decades(6, 13); }
+
+// civetweb serves one connection per thread, for as long as the client
+// takes to send its request: prometheus-cpp's 2 threads let two half-open
+// connections stall every scrape. 64 threads (idle ones cost a stack of
+// virtual memory) keep /metrics answering with 50 half-open connections
+// held (tests/test_abuse.py), and a request not complete within 2 s (a
+// scrape's request takes microseconds) frees its thread.
+constexpr int kExposerThreads = 64;
+constexpr int kExposerRequestTimeoutMs = 2000;
 
 // Splits "host:port" at the last colon; the host keeps IPv6 brackets.
 std::string HostOf(const std::string& address) {
@@ -227,11 +244,47 @@ Metrics::Metrics()
 
 Metrics::~Metrics() { exposer_.reset(); }
 
+namespace {
+
+// Opens and closes one loopback TCP connection to `port`.
+void Knock(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  close(fd);
+}
+
+}  // namespace
+
+void Metrics::StopExposer() {
+  if (exposer_ == nullptr) return;
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  std::atomic<bool> stopped{false};
+  std::thread stopper([this, &stopped] {
+    exposer_.reset();
+    stopped.store(true);
+  });
+  // civetweb's accept loop polls its listeners with a 2 s timeout and sees
+  // the stop only when that poll returns: a connection makes it return now
+  // (a listener on another address than loopback waits the poll out).
+  for (int attempt = 0; attempt < 200 && !stopped.load() && !ports.empty(); ++attempt) {
+    Knock(ports.front());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stopper.join();
+}
+
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address) {
   std::unique_ptr<Metrics> metrics(new Metrics());
   if (address.empty()) return metrics;
   try {
-    metrics->exposer_ = std::make_unique<prometheus::Exposer>(address);
+    metrics->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", std::to_string(kExposerThreads),
+        "request_timeout_ms", std::to_string(kExposerRequestTimeoutMs)});
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("metrics: cannot listen on ", address, ": ", e.what()));

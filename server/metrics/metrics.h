@@ -67,6 +67,10 @@ class Metrics final : public BatcherObserver {
 
   // host:port actually bound, or "off" when not exposed.
   std::string BoundAddress() const;
+  // Stops serving /metrics (recording goes on). Takes about a second
+  // (civetweb's stop), so softmax-server runs it beside the rest of its
+  // shutdown. Call at most once, from one thread, before destruction.
+  void StopExposer();
 
   // The backends chosen at start, in the scheduler's order (BatchStats::
   // backend indexes them); empty for --device=none. Each one's Name() is the

@@ -34,7 +34,37 @@ struct GrpcServerOptions {
   // More services on the same port (inference.GRPCInferenceService); each
   // must outlive the server.
   std::vector<grpc::Service*> additional_services;
+  // HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS advertised to every client: calls
+  // one connection may have open at once. Each open call holds its reactor
+  // and buffers, so this bounds what one connection can pin.
+  int max_concurrent_streams = 1024;
+  // Memory gRPC's transport may hold for all connections (read buffers,
+  // frames not yet parsed); past it gRPC reads less. 0: gRPC's default.
+  int64_t transport_memory_bytes = 0;
+  // TLS: PEM files of the server's certificate chain and key; both or
+  // neither (plaintext). With client_ca_file too, every client must present
+  // a certificate signed by that CA (mTLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // Server reflection (grpcurl and friends can list and describe services).
+  bool reflection = true;
 };
+
+// Transport timeouts (no flags: the same for every deployment).
+// A client that has not completed the HTTP/2 handshake (preface and
+// SETTINGS) by then is disconnected: a loopback or LAN handshake takes
+// milliseconds, a TLS one over a slow WAN well under a second (gRPC's
+// default of 120 s lets idle sockets pile up to the fd limit).
+inline constexpr int kHandshakeTimeoutMs = 5000;
+// A connection with no call open for this long is closed with a GOAWAY;
+// clients reconnect in one round trip when they need it again.
+inline constexpr int kMaxConnectionIdleMs = 5 * 60 * 1000;
+// Keepalive pings on a quiet connection every minute, and a peer that does
+// not answer within 20 s is gone (a half-open connection otherwise holds
+// its socket and calls until TCP gives up, hours later).
+inline constexpr int kKeepaliveTimeMs = 60 * 1000;
+inline constexpr int kKeepaliveTimeoutMs = 20 * 1000;
 
 struct RunningServer {
   std::unique_ptr<grpc::Server> server;
@@ -42,8 +72,9 @@ struct RunningServer {
 };
 
 // Starts serving `service` (which must outlive the server) with health
-// (SERVING for "" and kServiceName) and reflection. UNAVAILABLE when the
-// address cannot be bound.
+// (SERVING for "" and kServiceName) and, unless turned off, reflection.
+// INVALID_ARGUMENT for unreadable or inconsistent TLS files; UNAVAILABLE
+// when the address cannot be bound.
 absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
                                               grpc::Service* service);
 

@@ -88,16 +88,52 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
 // Bidirectional stream. Lifetime: gRPC calls OnDone only after Finish, and
 // Finish is called only once reads are done and no response is pending, so
 // no batcher completion can reach a deleted reactor.
-class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+//
+// Draining (SoftmaxServiceImpl::StartDraining): the stream finishes with
+// UNAVAILABLE once nothing of it is in flight, whether or not the client
+// has finished writing; a message read after that is dropped unanswered.
+class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                         public SoftmaxServiceImpl::Drainable {
  public:
+  // A stream refused at once (`refusal` not OK: unauthenticated) is
+  // finished with that status without reading.
   StreamCall(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context,
-             int max_pending)
+             int max_pending, const absl::Status& refusal)
       : service_(service), context_(context), max_pending_(std::max(1, max_pending)) {
+    if (!refusal.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+      }
+      Finish(ToGrpcStatus(refusal));
+      return;
+    }
+    if (!service_->RegisterStream(this)) {
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+        draining_ = true;
+      }
+      FinishStream();
+      return;
+    }
     reading_ = std::make_unique<Entry>();
     StartRead(&reading_->incoming);
   }
 
+  bool BeginDrain() override {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    return ShouldFinishLocked();
+  }
+  void FinishDrained() override { FinishStream(); }
+
   void OnReadDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      // Finished by a drain while this read was outstanding.
+      if (finished_) return;
+    }
     if (!ok) {
       bool finish = false;
       {
@@ -195,7 +231,10 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     if (finish) FinishStream();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->UnregisterStream(this);
+    delete this;
+  }
 
  private:
   struct Entry {
@@ -218,7 +257,13 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     v1::SoftmaxResponse& response = entry.response;
     response.clear_output();
     response.clear_timing();
-    response.set_request_id(entry.request.request_id());
+    // An invalid request_id is not echoed: clients could not parse it.
+    const std::string& id = entry.request.request_id();
+    if (id.size() <= kMaxRequestIdBytes && IsValidUtf8(id)) {
+      response.set_request_id(id);
+    } else {
+      response.clear_request_id();
+    }
     response.mutable_error()->set_code(static_cast<int>(status.code()));
     response.mutable_error()->set_message(std::string(status.message()));
   }
@@ -273,13 +318,27 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || !reads_done_ || pending_ != 0) return false;
+    if (finished_ || pending_ != 0 || (!reads_done_ && !draining_)) return false;
     finished_ = true;
+    ended_by_drain_ = !reads_done_;
     return true;
   }
 
+  // REQUIRES: ShouldFinishLocked returned true (once per stream).
   void FinishStream() {
-    Finish(cancelled_.load() ? grpc::Status::CANCELLED : grpc::Status::OK);
+    bool by_drain = false;
+    {
+      absl::MutexLock lock(&mu_);
+      by_drain = ended_by_drain_ || !reads_done_;
+    }
+    if (cancelled_.load()) {
+      Finish(grpc::Status::CANCELLED);
+    } else if (by_drain) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "server is shutting down; retry on another replica"));
+    } else {
+      Finish(grpc::Status::OK);
+    }
   }
 
   SoftmaxServiceImpl* const service_;
@@ -297,6 +356,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_by_drain_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -355,8 +416,18 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
   // gRPC hands the request as const, but the buffer is the call's (its
   // message holder's, destroyed after OnDone) and gRPC does not read it
   // again once this handler has it: parsing consumes it.
+  // gRPC runs this handler even when the call ended (cancelled, reset or
+  // past its deadline) before its message fully arrived; it then hands an
+  // invalid buffer. That is no fault of the request's content: CANCELLED,
+  // not INVALID_ARGUMENT, so the error figures do not blame the caller.
   absl::Status status =
-      ParseRequestMessage(const_cast<grpc::ByteBuffer*>(request), &call->request());
+      options_.authenticator != nullptr ? options_.authenticator->Check(*context)
+                                        : absl::OkStatus();
+  if (status.ok()) {
+    status = !request->Valid()
+          ? absl::CancelledError("the call ended before its request message arrived")
+          : ParseRequestMessage(const_cast<grpc::ByteBuffer*>(request), &call->request());
+  }
   call->set_data_bytes(static_cast<int64_t>(call->request().input().data().size()));
   if (status.ok()) {
     status = Dispatch(
@@ -364,13 +435,21 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
         [context] { return context->IsCancelled(); },
         [call](const absl::Status& outcome) { call->Complete(outcome); });
   }
-  if (!status.ok()) call->Complete(status);
+  if (!status.ok()) {
+    if (status.code() == absl::StatusCode::kUnavailable && draining() &&
+        HoldRefusal([call, status] { call->Complete(status); })) {
+      return call;
+    }
+    call->Complete(status);
+  }
   return call;
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 SoftmaxServiceImpl::SoftmaxStream(grpc::CallbackServerContext* context) {
-  return new StreamCall(this, context, options_.max_stream_pending);
+  absl::Status refusal;
+  if (options_.authenticator != nullptr) refusal = options_.authenticator->Check(*context);
+  return new StreamCall(this, context, options_.max_stream_pending, refusal);
 }
 
 }  // namespace softmax::server
@@ -390,6 +469,54 @@ void SoftmaxServiceImpl::RequestsEnded(int count) {
 int SoftmaxServiceImpl::requests_in_flight() {
   absl::MutexLock lock(&calls_mu_);
   return requests_in_flight_;
+}
+
+void SoftmaxServiceImpl::StartDraining() {
+  std::vector<Drainable*> idle;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    draining_.store(true);
+    for (Drainable* stream : streams_) {
+      if (stream->BeginDrain()) idle.push_back(stream);
+    }
+  }
+  // Outside streams_mu_: a finished stream's OnDone takes it. The streams
+  // cannot be gone yet: only Finish leads to OnDone.
+  for (Drainable* stream : idle) stream->FinishDrained();
+}
+
+bool SoftmaxServiceImpl::RegisterStream(Drainable* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  if (draining_.load()) return false;
+  streams_.insert(stream);
+  return true;
+}
+
+void SoftmaxServiceImpl::UnregisterStream(Drainable* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.erase(stream);
+}
+
+void SoftmaxServiceImpl::HoldRefusals() {
+  absl::MutexLock lock(&streams_mu_);
+  holding_ = true;
+}
+
+bool SoftmaxServiceImpl::HoldRefusal(std::function<void()> release) {
+  absl::MutexLock lock(&streams_mu_);
+  if (!holding_) return false;
+  held_.push_back(std::move(release));
+  return true;
+}
+
+void SoftmaxServiceImpl::ReleaseHeldCalls() {
+  std::vector<std::function<void()>> held;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    holding_ = false;
+    held.swap(held_);
+  }
+  for (std::function<void()>& release : held) release();
 }
 
 bool SoftmaxServiceImpl::WaitForRequestsInFlight(absl::Time deadline) {

@@ -19,6 +19,8 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <set>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -28,6 +30,7 @@
 #include "absl/time/time.h"
 #include "server/scheduling/batcher.h"
 #include "server/metrics/metrics.h"
+#include "server/rpc/auth.h"
 #include "server/rpc/validation.h"
 #include "softmax/v1/softmax.grpc.pb.h"
 
@@ -41,6 +44,9 @@ struct ServiceOptions {
   // Responses a stream may have unwritten (queued, computing or waiting to be
   // written) before it stops reading more requests.
   int max_stream_pending = 1024;
+  // When set (--auth_tokens_file), every call must carry one of its tokens,
+  // else it fails UNAUTHENTICATED. Must outlive the service.
+  const TokenAuthenticator* authenticator = nullptr;
 };
 
 // Both methods on the callback API, with raw byte buffers (see above).
@@ -76,12 +82,23 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
 
   // Lame duck: from now on every new request (unary or on a stream) is
   // refused with UNAVAILABLE, so callers retry elsewhere, while requests
-  // already accepted run to completion. Call before grpc::Server::Shutdown,
-  // which would answer calls it accepted but never dispatched with CANCELLED
-  // (not retryable). Any thread; irreversible.
-  void StartDraining() { draining_.store(true); }
-  // True from StartDraining on (readiness of the KServe front-ends).
-  bool draining() const { return draining_.load(std::memory_order_relaxed); }
+  // already accepted run to completion. Open streams are finished with
+  // UNAVAILABLE as soon as none of their requests is in flight (an idle one
+  // at once), so they do not hold the exit. Call before
+  // grpc::Server::Shutdown, which would answer calls it accepted but never
+  // dispatched with CANCELLED (not retryable). Any thread; irreversible.
+  void StartDraining();
+
+  // The last step before grpc::Server::Shutdown: unary calls refused from
+  // now on are held (not answered) until ReleaseHeldCalls. gRPC cancels
+  // every call whose headers arrive between the start of Shutdown and the
+  // client reading its GOAWAY; a client that waits for its previous answer
+  // before calling again (closed loop) sends nothing into that window while
+  // its refusal is held. REQUIRES: StartDraining was called.
+  void HoldRefusals();
+  // Answers the held calls with UNAVAILABLE. Call once Shutdown has sent
+  // its GOAWAY (Shutdown waits for them: call it from another thread).
+  void ReleaseHeldCalls();
 
   // Waits until no request is in flight (every accepted request's response
   // written), or until `deadline`; true when none is. Used on shutdown after
@@ -101,6 +118,24 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
 
   Metrics* metrics() const { return metrics_; }
 
+  // Open streams, for StartDraining. Called by the stream reactors.
+  // Register returns false when draining has started: the stream must end.
+  class Drainable {
+   public:
+    virtual ~Drainable() = default;
+    // Starts ending the stream with UNAVAILABLE; true when the caller must
+    // call FinishDrained (no request in flight), false when the stream
+    // finishes by itself once its last response is written.
+    virtual bool BeginDrain() = 0;
+    virtual void FinishDrained() = 0;
+  };
+  bool RegisterStream(Drainable* stream);
+  void UnregisterStream(Drainable* stream);
+  // Whether a refused unary call must be held (HoldRefusals); when true,
+  // `release` will be called with the refusal by ReleaseHeldCalls.
+  bool HoldRefusal(std::function<void()> release);
+  bool draining() const { return draining_.load(std::memory_order_relaxed); }
+
  private:
   const ServiceOptions options_;
   Batcher* const batcher_;
@@ -108,6 +143,11 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   std::atomic<bool> draining_{false};
   absl::Mutex calls_mu_;
   int requests_in_flight_ ABSL_GUARDED_BY(calls_mu_) = 0;
+  // Lock order: streams_mu_, then a stream's own lock, then calls_mu_.
+  absl::Mutex streams_mu_;
+  std::set<Drainable*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool holding_ ABSL_GUARDED_BY(streams_mu_) = false;
+  std::vector<std::function<void()>> held_ ABSL_GUARDED_BY(streams_mu_);
 };
 
 }  // namespace softmax::server

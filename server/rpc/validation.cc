@@ -29,6 +29,39 @@ absl::StatusOr<DType> ParseDType(v1::DType dtype) {
 
 }  // namespace
 
+bool IsValidUtf8(absl::string_view text) {
+  size_t i = 0;
+  const size_t n = text.size();
+  while (i < n) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int extra = 0;
+    uint32_t code = 0;
+    uint32_t min = 0;
+    if ((c & 0xE0) == 0xC0) {
+      extra = 1, code = c & 0x1F, min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2, code = c & 0x0F, min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3, code = c & 0x07, min = 0x10000;
+    } else {
+      return false;
+    }
+    if (n - i <= static_cast<size_t>(extra)) return false;
+    for (int k = 1; k <= extra; ++k) {
+      const unsigned char next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xC0) != 0x80) return false;
+      code = (code << 6) | (next & 0x3F);
+    }
+    if (code < min || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
 absl::StatusOr<int64_t> CountElements(absl::Span<const int64_t> dims) {
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] < 0) {
@@ -65,6 +98,14 @@ absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
                                            const RequestLimits& limits) {
   ParsedRequest parsed;
   const v1::Tensor& input = request.input();
+
+  if (request.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request_id: ", request.request_id().size(), " bytes; at most ", kMaxRequestIdBytes));
+  }
+  if (!IsValidUtf8(request.request_id())) {
+    return absl::InvalidArgumentError("request_id: not valid UTF-8");
+  }
 
   absl::StatusOr<DType> dtype = ParseDType(input.dtype());
   if (!dtype.ok()) return dtype.status();

@@ -3,7 +3,7 @@
 // they are testable without gRPC.
 //
 // Every failure is INVALID_ARGUMENT with a message that names the offending
-// field (`input.dtype`, `input.shape[i]`, `input.shape`, `input.data`, `axis`,
+// field (`request_id`, `input.dtype`, `input.shape[i]`, `input.shape`, `input.data`, `axis`,
 // `temperature`).
 //
 // Thread-safety: pure functions.
@@ -21,6 +21,14 @@
 #include "softmax/v1/softmax.pb.h"
 
 namespace softmax::server {
+
+// Longest request_id accepted, in bytes. It is echoed on every response and
+// logged by callers; 256 holds any UUID, trace id or key a caller uses.
+inline constexpr size_t kMaxRequestIdBytes = 256;
+
+// True when `text` is well-formed UTF-8 (no overlong forms, no surrogates,
+// nothing above U+10FFFF), as protobuf requires of a string field.
+bool IsValidUtf8(absl::string_view text);
 
 // Limits applied to every request.
 struct RequestLimits {

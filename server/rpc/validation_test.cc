@@ -217,5 +217,20 @@ TEST(StatusUtilTest, CodesAndMessagesCarryOver) {
             grpc::StatusCode::INTERNAL);
 }
 
+TEST(ValidationTest, RequestIdOfAtMost256BytesOfUtf8) {
+  v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {2}, 8);
+  request.set_request_id(std::string(kMaxRequestIdBytes, 'x'));
+  EXPECT_TRUE(ParseRequest(request, RequestLimits()).ok());
+  request.set_request_id(std::string(kMaxRequestIdBytes + 1, 'x'));
+  ExpectInvalid(request, "request_id");
+  request.set_request_id("caf\xc3\xa9 \xf0\x9f\x98\x80");  // 2- and 4-byte forms
+  EXPECT_TRUE(ParseRequest(request, RequestLimits()).ok());
+  for (const char* bad : {"\xff", "\xc3", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80",
+                          "ab\x80", "\xe2\x82"}) {
+    request.set_request_id(bad);
+    ExpectInvalid(request, "request_id");
+  }
+}
+
 }  // namespace
 }  // namespace softmax::server

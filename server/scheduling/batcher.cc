@@ -180,10 +180,12 @@ std::unique_ptr<Batch> Batcher::TakeBatchLocked(std::vector<Dropped>* dropped) {
     const int64_t rows = head.segment.shape.rows();
     const int64_t bytes = head.segment.bytes;
     absl::Status drop;
-    if (head.is_cancelled && head.is_cancelled()) {
-      drop = absl::CancelledError("request cancelled while queued");
-    } else if (wall_now >= head.deadline) {
+    // The deadline first: gRPC cancels a call whose deadline passed, so a
+    // request past its deadline usually reads as cancelled too.
+    if (wall_now >= head.deadline) {
       drop = absl::DeadlineExceededError("deadline passed while the request was queued");
+    } else if (head.is_cancelled && head.is_cancelled()) {
+      drop = absl::CancelledError("request cancelled while queued");
     } else if (!batch->items.empty() && (batch->rows + rows > options_.max_batch_rows ||
                                          batch->bytes + bytes > options_.max_batch_bytes)) {
       break;

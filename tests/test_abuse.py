@@ -1,0 +1,216 @@
+"""What hostile or unlucky clients do to the transport: each case is a
+regression test of one way the server fell over (issue 17), at a scale that
+runs in seconds on loopback."""
+
+import socket
+import subprocess
+
+import grpc
+import numpy as np
+import pytest
+
+import e2e_util
+import h2_util
+from e2e_util import metric_value, request, requests_counted, scrape_metrics, wait_for
+
+SOFTMAX_PATH = "/softmax.v1.SoftmaxService/Softmax"
+
+
+def test_unary_call_reset_before_its_message_arrived_counts_cancelled(server):
+    """A unary call whose client resets it halfway through the message is
+    CANCELLED in the metrics, not INVALID_ARGUMENT (which blames the caller)."""
+    cancelled = requests_counted(server, "CANCELLED")
+    invalid = requests_counted(server, "INVALID_ARGUMENT")
+    connection = h2_util.Connection(server.grpc_address)
+    try:
+        for stream_id in (1, 3, 5):
+            connection.headers(stream_id, SOFTMAX_PATH)
+            # The gRPC prefix announces 1,000 bytes; 10 arrive, then the reset.
+            connection.data(stream_id, h2_util.grpc_message(b"\x0a" * 10, declared_length=1000))
+            connection.reset(stream_id)
+        wait_for(lambda: requests_counted(server, "CANCELLED") >= cancelled + 3, 10,
+                 "three CANCELLED unary calls")
+    finally:
+        connection.close()
+    assert requests_counted(server, "INVALID_ARGUMENT") == invalid
+
+
+def test_deadline_drop_is_labelled_deadline_exceeded(start_server):
+    """A request whose deadline passes while it is queued is dropped as
+    deadline_exceeded (gRPC also marks such a call cancelled; the deadline
+    is the cause). Also fails when deadlines do not reach the batcher."""
+    server = start_server("--max_queue_delay_us=1500000", "--dispatch_when_idle=false")
+    stub = server.stub()
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Softmax(request(np.zeros((1, 8))), timeout=0.3)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def dropped(reason):
+        return metric_value(scrape_metrics(server.metrics_address),
+                            "softmax_dropped_requests_total", {"reason": reason}) or 0
+
+    wait_for(lambda: dropped("deadline_exceeded") >= 1, 10, "the deadline drop")
+    assert dropped("cancelled") == 0
+    assert requests_counted(server, "DEADLINE_EXCEEDED") == 1
+
+
+def test_occupied_grpc_port_fails_with_exit_1(server):
+    """No SO_REUSEPORT: a second server on the first one's port must not
+    start sharing it."""
+    result = subprocess.run(
+        [e2e_util.SERVER_BIN, f"--grpc_address={server.grpc_address}", "--metrics_address=",
+         "--device=cpu"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1, result.stderr
+    assert "cannot listen" in result.stderr and "listening" not in result.stderr.replace(
+        "cannot listen", ""), result.stderr
+
+
+def _raw_request_bytes(request_id_bytes):
+    """A SoftmaxRequest on the wire whose request_id (field 1) is any bytes,
+    which the Python protobuf library would refuse to encode."""
+    body = request(np.zeros((1, 4))).SerializeToString()
+    return (e2e_util._varint(1 << 3 | 2) + e2e_util._varint(len(request_id_bytes)) +
+            request_id_bytes + body)
+
+
+@pytest.mark.parametrize("request_id", [b"x" * 257, b"\xff\xfe", b"ok\xc0\xaf"])
+def test_bad_request_id_is_invalid_argument_unary(server, request_id):
+    call = server.channel().unary_unary(SOFTMAX_PATH)
+    with pytest.raises(grpc.RpcError) as caught:
+        call(_raw_request_bytes(request_id), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    if len(request_id) > 256:  # invalid UTF-8 already fails protobuf's parse
+        assert "request_id" in caught.value.details()
+
+
+def test_bad_request_id_on_a_stream_is_an_error_response_not_echoed(server):
+    """The stream goes on: the error response carries no request_id (an
+    invalid one echoed would make the whole stream unparseable), and the
+    next request is answered."""
+    call = server.channel().stream_stream("/softmax.v1.SoftmaxService/SoftmaxStream")
+    good = request(np.zeros((1, 4)), request_id="good").SerializeToString()
+    responses = list(call(iter([_raw_request_bytes(b"\xff" * 3),
+                                _raw_request_bytes(b"y" * 300), good]), timeout=10))
+    parsed = [e2e_util.softmax_pb2.SoftmaxResponse.FromString(r) for r in responses]
+    assert len(parsed) == 3
+    errors = [p for p in parsed if p.error.code]
+    assert len(errors) == 2
+    for p in errors:
+        assert p.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert p.request_id == ""
+    assert any("request_id" in p.error.message for p in errors)
+    assert [p.request_id for p in parsed if not p.error.code] == ["good"]
+
+
+def test_max_concurrent_streams_is_advertised(start_server):
+    for args, expected in (((), 1024), (("--max_concurrent_streams=7",), 7)):
+        server = start_server(*args)
+        connection = h2_util.Connection(server.grpc_address)
+        try:
+            settings = connection.server_settings()
+        finally:
+            connection.close()
+        assert settings.get(h2_util.SETTINGS_MAX_CONCURRENT_STREAMS) == expected, settings
+
+
+def _closed_by_server(sock, timeout):
+    sock.settimeout(timeout)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_connections_without_a_preface_are_closed_after_the_handshake_timeout(server):
+    """Sockets that never send the HTTP/2 preface are closed within the 5 s
+    handshake timeout (gRPC's default, 120 s, let them pile up)."""
+    host, port = server.grpc_address.rsplit(":", 1)
+    sockets = [socket.create_connection((host, int(port)), timeout=5) for _ in range(20)]
+    try:
+        for sock in sockets:
+            assert _closed_by_server(sock, timeout=8), "a silent connection was kept open"
+    finally:
+        for sock in sockets:
+            sock.close()
+    # The server still answers.
+    server.stub().Softmax(request(np.zeros((1, 4))), timeout=10)
+
+
+def _rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_compressed_request_is_refused_before_inflating(start_server):
+    """A gzip bomb (64 MiB of zeros, about 64 KiB compressed) is refused with
+    UNIMPLEMENTED without the server inflating it: RSS grows far less than
+    the bomb's size, and the server keeps answering."""
+    server = start_server("--max_tensor_bytes=134217728")
+    stub = server.stub()
+    stub.Softmax(request(np.zeros((1, 4))), timeout=10)  # warm up
+    before = _rss_bytes(server.process.pid)
+    bomb = request(tensor=e2e_util.softmax_pb2.Tensor(
+        dtype=e2e_util.softmax_pb2.DTYPE_FLOAT32, shape=[16, 1 << 20], data=bytes(64 << 20)))
+    for _ in range(4):
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Softmax(bomb, timeout=30, compression=grpc.Compression.Gzip)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED, caught.value
+    assert _rss_bytes(server.process.pid) - before < (16 << 20)
+    stub.Softmax(request(np.zeros((1, 4))), timeout=10)
+
+
+def _open_file_limits(pid):
+    with open(f"/proc/{pid}/limits") as f:
+        for line in f:
+            if line.startswith("Max open files"):
+                soft, hard = line.split()[3:5]
+                return soft, hard
+    raise AssertionError("no open-file limit")
+
+
+def test_open_file_soft_limit_is_raised_to_the_hard_limit(tmp_path):
+    """Started with a soft limit of 256 and a hard one of 4096, the server
+    runs with 4096."""
+    import resource
+
+    def lower_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
+
+    process = subprocess.Popen(
+        [e2e_util.SERVER_BIN, "--grpc_address=127.0.0.1:0", "--metrics_address=",
+         "--device=cpu"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        preexec_fn=lower_limit, text=True)
+    try:
+        line = process.stderr.readline()
+        while line and "listening" not in line:
+            line = process.stderr.readline()
+        assert "listening" in line
+        assert _open_file_limits(process.pid) == ("4096", "4096")
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def test_metrics_answer_with_50_half_open_connections_held(server):
+    """Connections that send half a request and wait must not stall scrapes
+    (two of them did, for about 20 s)."""
+    host, port = server.metrics_address.rsplit(":", 1)
+    held = []
+    try:
+        for _ in range(50):
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never end
+            held.append(sock)
+        for _ in range(3):
+            text = scrape_metrics(server.metrics_address, timeout=3)
+            assert "softmax_serving" in text
+    finally:
+        for sock in held:
+            sock.close()
