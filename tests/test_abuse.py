@@ -214,3 +214,29 @@ def test_metrics_answer_with_50_half_open_connections_held(server):
     finally:
         for sock in held:
             sock.close()
+
+
+def test_rapid_reset_costs_bounded_memory_and_the_server_keeps_answering(server):
+    """2,000 HEADERS + RST_STREAM pairs on one connection (the rapid-reset
+    pattern, CVE-2023-44487, at a small scale): gRPC 1.51 cannot close such
+    a connection, but the reset calls never reach the batcher, RSS stays
+    within 64 MiB of where it was, and other callers are answered."""
+    stub = server.stub()
+    stub.Softmax(request(np.zeros((1, 4))), timeout=10)
+    before = _rss_bytes(server.process.pid)
+    cancelled = requests_counted(server, "CANCELLED")
+    invalid = requests_counted(server, "INVALID_ARGUMENT")
+    connection = h2_util.Connection(server.grpc_address)
+    try:
+        for i in range(2000):
+            stream_id = 2 * i + 1
+            connection.headers(stream_id, SOFTMAX_PATH)
+            connection.reset(stream_id)
+        stub.Softmax(request(np.zeros((1, 4))), timeout=10)
+        wait_for(lambda: requests_counted(server, "CANCELLED") >= cancelled + 1, 10,
+                 "the reset calls to be counted")
+    finally:
+        connection.close()
+    assert _rss_bytes(server.process.pid) - before < (64 << 20)
+    assert requests_counted(server, "INVALID_ARGUMENT") == invalid
+    stub.Softmax(request(np.zeros((1, 4))), timeout=10)

@@ -174,6 +174,15 @@ def test_gpu_fault_goes_not_serving_and_exits_nonzero():
                 break
         assert codes[:2] == [grpc.StatusCode.OK, grpc.StatusCode.OK], codes
         assert grpc.StatusCode.INTERNAL in codes, codes
+
+        def health_not_serving():
+            try:
+                return e2e_util.health_check(server.channel(), timeout=1) == "NOT_SERVING"
+            except grpc.RpcError:
+                return False
+
+        # Health itself says NOT_SERVING during the fault's lame duck.
+        e2e_util.wait_for(health_not_serving, 5, "health NOT_SERVING after the fault")
         assert server.process.wait(timeout=30) == 2, server.output()
         assert "fatal GPU error" in server.output()
         assert "NOT_SERVING" in server.output()
