@@ -1,10 +1,5 @@
 #include "server/metrics/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -13,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/civetweb_stop.h"
 
 // Set by server/CMakeLists.txt for this file only (a new revision recompiles
 // one file): the CMake project version and `git describe` of the tree.
@@ -244,38 +240,10 @@ Metrics::Metrics()
 
 Metrics::~Metrics() { exposer_.reset(); }
 
-namespace {
-
-// Opens and closes one loopback TCP connection to `port`.
-void Knock(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
-  close(fd);
-}
-
-}  // namespace
-
 void Metrics::StopExposer() {
   if (exposer_ == nullptr) return;
   const std::vector<int> ports = exposer_->GetListeningPorts();
-  std::atomic<bool> stopped{false};
-  std::thread stopper([this, &stopped] {
-    exposer_.reset();
-    stopped.store(true);
-  });
-  // civetweb's accept loop polls its listeners with a 2 s timeout and sees
-  // the stop only when that poll returns: a connection makes it return now
-  // (a listener on another address than loopback waits the poll out).
-  for (int attempt = 0; attempt < 200 && !stopped.load() && !ports.empty(); ++attempt) {
-    Knock(ports.front());
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  stopper.join();
+  StopCivetwebServer([this] { exposer_.reset(); }, ports.empty() ? 0 : ports.front());
 }
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address) {
