@@ -371,12 +371,17 @@ def test_metrics_count_kserve_methods(server, client):
 def test_draining_is_not_ready_and_refuses_with_unavailable(start_server):
     server = start_server("--lame_duck_ms=10000")
     client = triton_grpc.InferenceServerClient(server.grpc_address)
+    channel = server.channel()
     assert client.is_server_ready()
+    # grpc.health.v1 answers for the KServe service too, as balancers ask it.
+    assert e2e_util.health_check(channel, "inference.GRPCInferenceService") == "SERVING"
     server.process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 8
     while client.is_server_ready():
         assert time.monotonic() < deadline, "ServerReady never turned false"
         time.sleep(0.05)
+    assert e2e_util.health_check(channel, "inference.GRPCInferenceService") == "NOT_SERVING"
+    channel.close()
     assert client.is_server_live()
     assert not client.is_model_ready("softmax")
     with pytest.raises(InferenceServerException) as error:

@@ -124,6 +124,7 @@ void SetServing(grpc::Server* server, bool serving) {
   if (health == nullptr) return;
   health->SetServingStatus("", serving);
   health->SetServingStatus(kServiceName, serving);
+  health->SetServingStatus(kInferenceServiceName, serving);
 }
 
 }  // namespace softmax::server

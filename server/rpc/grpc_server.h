@@ -20,6 +20,8 @@ namespace softmax::server {
 
 // The name health checks use for the softmax service.
 inline constexpr char kServiceName[] = "softmax.v1.SoftmaxService";
+// The Open Inference Protocol's service, which health checks also answer for.
+inline constexpr char kInferenceServiceName[] = "inference.GRPCInferenceService";
 
 // Bytes a message may carry beyond its tensor (request_id, shape, framing).
 inline constexpr int64_t kMessageHeadroomBytes = 64 * 1024;
@@ -78,7 +80,8 @@ struct RunningServer {
 absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
                                               grpc::Service* service);
 
-// Marks "" and kServiceName SERVING or NOT_SERVING in the health service.
+// Marks "", kServiceName and kInferenceServiceName SERVING or NOT_SERVING in
+// the health service.
 void SetServing(grpc::Server* server, bool serving);
 
 }  // namespace softmax::server
