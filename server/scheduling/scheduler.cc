@@ -94,7 +94,7 @@ void Scheduler::Notify() {
   slot_threads_[chosen].cv->Signal();
 }
 
-bool Scheduler::PollForWork(int index, uint64_t seen) {
+bool Scheduler::PollForWork(int backend, uint64_t seen) {
   static_assert(kIdleSpinThreads == 1, "polling_backend_ names one polling thread");
   int polling = polling_.load(std::memory_order_acquire);
   bool mine = false;
@@ -102,11 +102,6 @@ bool Scheduler::PollForWork(int index, uint64_t seen) {
     mine = polling_.compare_exchange_weak(polling, polling + 1, std::memory_order_acq_rel);
   }
   if (!mine) return false;
-  int backend = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    backend = slot_threads_[index].backend;
-  }
   polling_backend_.store(backend, std::memory_order_release);
   const auto until = std::chrono::steady_clock::now() + kIdleSpin;
   bool work = false;
@@ -151,7 +146,7 @@ void Scheduler::SlotLoop(int index) {
     }
     if (stopping_.load(std::memory_order_acquire)) return;
     uint64_t sleep_while = seen;
-    if (ran && PollForWork(index, seen)) {
+    if (ran && PollForWork(backend_index, seen)) {
       if (LeastLoaded(backend_index)) continue;
       // A less-loaded backend should run it: hand it to one of its threads
       // (Notify wakes one, now that none polls), and sleep until the next.

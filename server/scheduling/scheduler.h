@@ -85,9 +85,9 @@ class Scheduler {
   };
 
   void SlotLoop(int index);
-  // Polls for a Notify for up to kIdleSpin when fewer than kIdleSpinThreads
-  // threads poll already; true when one came.
-  bool PollForWork(int index, uint64_t seen);
+  // On a slot thread of `backend`: polls for a Notify for up to kIdleSpin
+  // when fewer than kIdleSpinThreads threads poll already; true when one came.
+  bool PollForWork(int backend, uint64_t seen);
   // True when no backend has fewer busy slots than `backend`.
   bool LeastLoaded(int backend) const;
 
