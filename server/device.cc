@@ -11,6 +11,8 @@
 
 #if SOFTMAX_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "server/cuda/cuda_memory_mapper.h"
 #endif
 
 namespace softmax::server {
@@ -96,6 +98,14 @@ int CudaDeviceCount(std::string* detail) {
 #endif
 }
 
+std::unique_ptr<DeviceMemoryMapper> CreateDeviceMemoryMapper(
+    const std::vector<int>& cuda_devices) {
+#if SOFTMAX_HAVE_CUDA
+  if (!cuda_devices.empty()) return std::make_unique<CudaMemoryMapper>(cuda_devices);
+#endif
+  return nullptr;
+}
+
 absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
                                              const BackendOptions& options) {
   BackendChoice choice;
@@ -132,6 +142,7 @@ absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
         lines.push_back((*backend)->Describe());
         names.push_back(absl::StrCat(index));
         choice.backends.push_back(std::move(*backend));
+        choice.cuda_devices.push_back(index);
       }
       choice.device = absl::StrCat("cuda:", absl::StrJoin(names, ","));
       choice.description = absl::StrJoin(lines, "\n  ");
@@ -145,6 +156,7 @@ absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
         if (!backend.ok()) return backend.status();
         choice.description = absl::StrCat((*backend)->Describe(), " (auto)");
         choice.backends.push_back(std::move(*backend));
+        choice.cuda_devices.push_back(0);
         choice.device = "cuda:0";
         return choice;
       }

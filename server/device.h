@@ -14,6 +14,7 @@
 #include "server/cpu/cpu_backend.h"
 #include "server/cuda/cuda_backend.h"
 #include "server/scheduling/backend.h"
+#include "server/shm/shared_memory.h"
 
 namespace softmax::server {
 
@@ -40,7 +41,12 @@ struct BackendChoice {
   std::vector<std::unique_ptr<Backend>> backends;  // empty for kNone
   std::string device;                              // "cpu", "cuda:0", "cuda:0,1", "none"
   std::string description;  // for the start-up log, one line per backend
+  std::vector<int> cuda_devices;  // the GPUs of the backends, if any
 };
+
+// How shared-memory regions reach `cuda_devices` (CudaMemoryMapper); null
+// when there is none (no GPU, or a build without CUDA).
+std::unique_ptr<DeviceMemoryMapper> CreateDeviceMemoryMapper(const std::vector<int>& cuda_devices);
 
 // Everything a backend may need at construction.
 struct BackendOptions {

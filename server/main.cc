@@ -107,6 +107,10 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "re-read on SIGHUP");
 ABSL_FLAG(bool, reflection, kDefaults.reflection,
           "serve gRPC server reflection (lets grpcurl list and describe the services)");
+ABSL_FLAG(std::string, shared_memory, kDefaults.shared_memory,
+          "Triton's shared-memory extensions on the KServe endpoints: off, system (POSIX "
+          "shared memory) or all (also CUDA IPC memory). Any caller that reaches the port may "
+          "then map any shared-memory key or IPC handle it can name");
 ABSL_FLAG(int, lame_duck_ms, kDefaults.lame_duck_ms,
           "after SIGINT/SIGTERM, milliseconds spent refusing new requests with UNAVAILABLE "
           "(health NOT_SERVING) before the listener closes");
@@ -136,6 +140,7 @@ ServerOptions OptionsFromFlags() {
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   options.reflection = absl::GetFlag(FLAGS_reflection);
+  options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   options.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
   // A testing hook, not an operator's decision: an environment variable.
@@ -188,6 +193,9 @@ int Run(const ServerOptions& options) {
   }
   absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options.device);
   if (!spec.ok()) return Fail(spec.status());
+  absl::StatusOr<SharedMemoryMode> shared_memory_mode =
+      ParseSharedMemoryMode(options.shared_memory);
+  if (!shared_memory_mode.ok()) return Fail(shared_memory_mode.status());
   RaiseOpenFileLimit();
   // Before any other thread starts allocating.
   if (!softmax::ApplyMallocTuning(softmax::MallocTuning())) {
@@ -274,7 +282,15 @@ int Run(const ServerOptions& options) {
   // The Open Inference Protocol (KServe v2): gRPC beside softmax.v1, HTTP on
   // its own port; both dispatch through `service`, into the one batcher.
   kserve::ModelStatistics kserve_statistics;
-  KServeGrpcService kserve_service(&service, &kserve_statistics, SOFTMAX_VERSION);
+  std::unique_ptr<DeviceMemoryMapper> memory_mapper =
+      CreateDeviceMemoryMapper(choice->cuda_devices);
+  SharedMemoryManager shared_memory(
+      *shared_memory_mode, memory_mapper.get(),
+      [metrics = metrics.get()](SharedMemoryKind kind, int64_t regions, int64_t bytes) {
+        if (metrics != nullptr) metrics->SetSharedMemory(SharedMemoryKindName(kind), regions, bytes);
+      });
+  KServeGrpcService kserve_service(&service, &kserve_statistics, SOFTMAX_VERSION,
+                                   ServiceOptions{}.max_stream_pending, &shared_memory);
 
   GrpcServerOptions grpc_options;
   grpc_options.address = options.grpc_address;
@@ -299,6 +315,7 @@ int Run(const ServerOptions& options) {
     http_options.address = options.http_address;
     http_options.max_tensor_bytes = options.max_tensor_bytes;
     http_options.server_version = SOFTMAX_VERSION;
+    http_options.shared_memory = &shared_memory;
     absl::StatusOr<std::unique_ptr<KServeHttpServer>> started =
         KServeHttpServer::Start(http_options, &service, &kserve_statistics);
     if (!started.ok()) return Fail(started.status());

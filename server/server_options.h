@@ -32,6 +32,7 @@ struct ServerOptions {
   std::string tls_client_ca_file;
   std::string auth_tokens_file;
   bool reflection = true;
+  std::string shared_memory = "all";
   int lame_duck_ms = 500;
   int shutdown_grace_s = 30;
   // Testing only, from SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES: the GPU

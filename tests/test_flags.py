@@ -18,7 +18,7 @@ EXPECTED = {
     "max_batch_bytes", "max_queue_delay_us", "dispatch_when_idle", "max_queued_requests",
     "max_queued_bytes", "cpu_threads", "cuda_memory_limit_bytes", "lame_duck_ms",
     "shutdown_grace_s", "max_concurrent_streams", "tls_cert_file", "tls_key_file",
-    "tls_client_ca_file", "auth_tokens_file", "reflection",
+    "tls_client_ca_file", "auth_tokens_file", "reflection", "shared_memory",
 }
 
 

@@ -125,12 +125,6 @@ def test_unknown_model_is_not_found(client):
     ("RepositoryIndex", "RepositoryIndexRequest"),
     ("RepositoryModelLoad", "RepositoryModelLoadRequest"),
     ("RepositoryModelUnload", "RepositoryModelUnloadRequest"),
-    ("SystemSharedMemoryStatus", "SystemSharedMemoryStatusRequest"),
-    ("SystemSharedMemoryRegister", "SystemSharedMemoryRegisterRequest"),
-    ("SystemSharedMemoryUnregister", "SystemSharedMemoryUnregisterRequest"),
-    ("CudaSharedMemoryStatus", "CudaSharedMemoryStatusRequest"),
-    ("CudaSharedMemoryRegister", "CudaSharedMemoryRegisterRequest"),
-    ("CudaSharedMemoryUnregister", "CudaSharedMemoryUnregisterRequest"),
     ("TraceSetting", "TraceSettingRequest"),
     ("LogSettings", "LogSettingsRequest"),
 ])

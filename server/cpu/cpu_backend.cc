@@ -65,6 +65,13 @@ DeviceInfo CpuBackend::Device() const {
   return info;
 }
 
+namespace {
+bool OnHost(const Segment& segment) {
+  return segment.input_memory != MemoryKind::kDevice &&
+         segment.output_memory != MemoryKind::kDevice;
+}
+}  // namespace
+
 BatchResult CpuBackend::Execute(int slot, Batch& batch) {
   const auto start = std::chrono::steady_clock::now();
   BatchResult result;
@@ -74,6 +81,14 @@ BatchResult CpuBackend::Execute(int slot, Batch& batch) {
   }
   auto job = std::make_shared<Job>();
   job->batch = &batch;
+  // GPU memory is out of the CPU's reach (RunTask skips it).
+  for (size_t s = 0; s < batch.segments.size(); ++s) {
+    if (!OnHost(batch.segments[s])) {
+      result.segment_status.resize(batch.segments.size());
+      result.segment_status[s] = absl::FailedPreconditionError(
+          "the tensor is in GPU memory and this server computes on the CPU");
+    }
+  }
 
   int64_t total_elements = 0;
   for (const Segment& segment : batch.segments) total_elements += segment.shape.elements();
@@ -146,6 +161,7 @@ bool CpuBackend::RunOneTask() {
 void CpuBackend::RunTask(const Task& task) {
   for (int s = task.first_segment; s <= task.last_segment; ++s) {
     const Segment& segment = task.job->batch->segments[s];
+    if (!OnHost(segment)) continue;
     const int64_t begin = s == task.first_segment ? task.first_row : 0;
     const int64_t end = s == task.last_segment ? task.last_row_end : segment.shape.rows();
     if (segment.shape.n == 0 || begin >= end) continue;

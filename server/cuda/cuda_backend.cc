@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -342,6 +343,21 @@ bool CudaBackend::StageInput(Segment& segment) {
   return true;
 }
 
+absl::Status CudaBackend::CanReach(const Segment& segment) const {
+  for (const auto& [memory, device] : {std::pair(segment.input_memory, segment.input_device),
+                                       std::pair(segment.output_memory, segment.output_device)}) {
+    if (memory != MemoryKind::kDevice || device == options_.device) continue;
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, options_.device, device) != cudaSuccess || can == 0) {
+      cudaGetLastError();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the tensor's region is on GPU ", device, ", which GPU ", options_.device,
+          " (where the batch ran) cannot access; register regions on GPU ", options_.device));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void CudaBackend::Fault(const absl::Status& status) {
   if (failed_.exchange(true)) return;
   if (on_fault_) on_fault_(status);
@@ -356,6 +372,40 @@ struct Staging {
   char* in;    // device
   char* out;   // device
 };
+
+// A segment whose input (output) the kernels read (write) where it is:
+// shared memory in a GPU, or pinned and mapped host memory.
+bool InputDirect(const Segment& segment) { return segment.input_memory != MemoryKind::kHost; }
+bool OutputDirect(const Segment& segment) { return segment.output_memory != MemoryKind::kHost; }
+
+// Bytes `piece` takes in the staging: none when both of its ends are direct.
+int64_t StagingBytes(const Batch& batch, const Piece& piece) {
+  const Segment& segment = batch.segments[piece.segment];
+  return InputDirect(segment) && OutputDirect(segment) ? 0 : piece.bytes;
+}
+
+// Queues copies of the byte ranges [offsets[k], offsets[k] + bytes) of the
+// pieces not skipped, merging consecutive ones into one copy.
+absl::Status CopyRanges(char* destination, const char* source, cudaMemcpyKind kind,
+                        const std::vector<Piece>& pieces, const std::vector<int64_t>& offsets,
+                        const std::function<bool(size_t)>& skip, cudaStream_t stream) {
+  size_t k = 0;
+  while (k < pieces.size()) {
+    if (skip(k)) {
+      ++k;
+      continue;
+    }
+    const int64_t begin = offsets[k];
+    int64_t end = begin;
+    while (k < pieces.size() && !skip(k)) {
+      end = offsets[k] + pieces[k].bytes;
+      ++k;
+    }
+    SOFTMAX_RETURN_IF_CUDA(
+        cudaMemcpyAsync(destination + begin, source + begin, end - begin, kind, stream));
+  }
+  return absl::OkStatus();
+}
 
 // Where the input of `piece` is when its segment's input was staged
 // (Backend::StageInput), or null when it has to be packed.
@@ -400,8 +450,12 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
     const Segment& segment = batch.segments[piece.segment];
     gpu::SoftmaxSegment s;
     const char* staged = StagedInput(batch, piece);
-    s.input = zero_copy && staged != nullptr ? staged : in + offsets[k];
-    s.output = out + offsets[k];
+    const int64_t within = piece.outer_begin * piece.slab_bytes;
+    s.input = InputDirect(segment) ? static_cast<const char*>(segment.input) + within
+              : zero_copy && staged != nullptr ? staged
+                                               : in + offsets[k];
+    s.output = OutputDirect(segment) ? static_cast<char*>(segment.output) + within
+                                     : out + offsets[k];
     s.outer = piece.outer_count;
     s.n = segment.shape.n;
     s.inner = segment.shape.inner;
@@ -422,12 +476,15 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
     scratch.push_back(std::move(*block));
   }
 
-  // Staged inputs are read where they are; the others are packed first.
+  // Staged and direct inputs are read where they are; the others are
+  // packed first.
   std::vector<HostCopy> copies;
   bool any_staged = false;
+  bool any_direct_output = false;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const Piece& piece = pieces[k];
-    if (StagedInput(batch, piece) != nullptr) {
+    any_direct_output = any_direct_output || OutputDirect(batch.segments[piece.segment]);
+    if (StagedInput(batch, piece) != nullptr || InputDirect(batch.segments[piece.segment])) {
       any_staged = true;
       continue;
     }
@@ -441,24 +498,23 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
     if (!zero_copy && !any_staged) {
       SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(in, host, total, cudaMemcpyHostToDevice, stream));
     } else if (!zero_copy) {
-      // One copy per staged piece, from its own buffer; one per run of
-      // consecutive packed pieces.
-      size_t k = 0;
-      while (k < pieces.size()) {
+      // One copy per staged piece, from its own buffer; none for a direct
+      // one; one per run of consecutive packed pieces.
+      for (size_t k = 0; k < pieces.size(); ++k) {
         if (const char* staged = StagedInput(batch, pieces[k])) {
           SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(in + offsets[k], staged, pieces[k].bytes,
                                                  cudaMemcpyHostToDevice, stream));
-          ++k;
-          continue;
         }
-        const int64_t begin = offsets[k];
-        int64_t end = begin;
-        while (k < pieces.size() && StagedInput(batch, pieces[k]) == nullptr) {
-          end = offsets[k] + pieces[k].bytes;
-          ++k;
-        }
-        SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(in + begin, host + begin, end - begin,
-                                               cudaMemcpyHostToDevice, stream));
+      }
+      if (absl::Status status = CopyRanges(
+              in, host, cudaMemcpyHostToDevice, pieces, offsets,
+              [&](size_t k) {
+                return StagedInput(batch, pieces[k]) != nullptr ||
+                       InputDirect(batch.segments[pieces[k].segment]);
+              },
+              stream);
+          !status.ok()) {
+        return status;
       }
     }
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_start, stream));
@@ -472,7 +528,17 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
     }
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_end, stream));
     if (zero_copy) return WaitForEvent(kernel_end, spin_us);
-    SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(host_out, out, total, cudaMemcpyDeviceToHost, stream));
+    if (!any_direct_output) {
+      SOFTMAX_RETURN_IF_CUDA(
+          cudaMemcpyAsync(host_out, out, total, cudaMemcpyDeviceToHost, stream));
+    } else {
+      if (absl::Status status = CopyRanges(
+              host_out, out, cudaMemcpyDeviceToHost, pieces, offsets,
+              [&](size_t k) { return OutputDirect(batch.segments[pieces[k].segment]); }, stream);
+          !status.ok()) {
+        return status;
+      }
+    }
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(done, stream));
     return WaitForEvent(done, spin_us);
   };
@@ -494,6 +560,7 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
       lent->segment_offset[piece.segment] = offsets[k];
       continue;
     }
+    if (OutputDirect(batch.segments[piece.segment])) continue;  // written in place
     char* destination = static_cast<char*>(batch.segments[piece.segment].output);
     copies.push_back({destination + piece.outer_begin * piece.slab_bytes, host_out + offsets[k],
                       piece.bytes});
@@ -519,7 +586,7 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
   for (const Piece& piece : pieces) {
     total = AlignUp(total, kStagingAlignment);
     offsets.push_back(total);
-    total += piece.bytes;
+    total += StagingBytes(batch, piece);
   }
   if (static_cast<size_t>(total) <= slot_pinned.size()) {
     const Staging staging{static_cast<char*>(slot_pinned.data()),
@@ -579,7 +646,9 @@ std::unique_ptr<LentOutputs> LendOutputs(const std::shared_ptr<PinnedLoans>& loa
   }
   if (!any) return nullptr;
   int64_t total = 0;  // as RunPieces lays the run out
-  for (const Piece& piece : pieces) total = AlignUp(total, kStagingAlignment) + piece.bytes;
+  for (const Piece& piece : pieces) {
+    total = AlignUp(total, kStagingAlignment) + StagingBytes(batch, piece);
+  }
   if (loans->bytes.fetch_add(total) + total > max_bytes) {
     loans->bytes.fetch_sub(total);
     return nullptr;
@@ -609,15 +678,25 @@ BatchResult CudaBackend::RunBatch(Slot& slot, Batch& batch) {
   }
   const int64_t limit = options_.max_staging_bytes;
 
-  // Cut segments into pieces of whole slabs that fit the staging limit.
+  std::vector<absl::Status> segment_status(batch.segments.size());
+  bool any_failed = false;
+  // Cut segments into pieces of whole slabs that fit the staging limit (a
+  // segment that needs no staging stays whole).
   std::vector<Piece> pieces;
   for (int i = 0; i < static_cast<int>(batch.segments.size()); ++i) {
     const Segment& segment = batch.segments[i];
     if (segment.shape.elements() == 0) continue;  // empty: nothing to compute
+    if (absl::Status reach = CanReach(segment); !reach.ok()) {
+      segment_status[i] = reach;
+      any_failed = true;
+      continue;
+    }
     Piece piece;
     piece.segment = i;
     piece.slab_bytes = segment.shape.n * segment.shape.inner * ItemSize(segment.dtype);
-    const int64_t per_piece = std::max<int64_t>(1, limit / piece.slab_bytes);
+    const int64_t per_piece = InputDirect(segment) && OutputDirect(segment)
+                                  ? segment.shape.outer
+                                  : std::max<int64_t>(1, limit / piece.slab_bytes);
     for (int64_t o = 0; o < segment.shape.outer; o += per_piece) {
       piece.outer_begin = o;
       piece.outer_count = std::min(per_piece, segment.shape.outer - o);
@@ -629,7 +708,7 @@ BatchResult CudaBackend::RunBatch(Slot& slot, Batch& batch) {
   std::vector<std::vector<Piece>> runs;
   int64_t run_bytes = 0;
   for (const Piece& piece : pieces) {
-    const int64_t padded = AlignUp(piece.bytes, kStagingAlignment);
+    const int64_t padded = AlignUp(StagingBytes(batch, piece), kStagingAlignment);
     if (runs.empty() || run_bytes + padded > limit) {
       runs.emplace_back();
       run_bytes = 0;
@@ -640,8 +719,6 @@ BatchResult CudaBackend::RunBatch(Slot& slot, Batch& batch) {
 
   const bool inject = options_.inject_fault_after_batches > 0 &&
                       batches_run_.fetch_add(1) + 1 == options_.inject_fault_after_batches;
-  std::vector<absl::Status> segment_status(batch.segments.size());
-  bool any_failed = false;
   State& state = *state_;
   // Outputs the responses may reference where they are computed (see
   // pinned_responses_max_bytes): only for a batch that runs in one piece.

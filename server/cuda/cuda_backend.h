@@ -139,6 +139,9 @@ class CudaBackend final : public Backend {
 
   CudaBackend(const CudaBackendOptions& options, FaultHandler on_fault);
   BatchResult RunBatch(Slot& slot, Batch& batch);
+  // OK when the kernels on this GPU can read and write `segment`'s memory
+  // (another GPU's only with peer access); FAILED_PRECONDITION otherwise.
+  absl::Status CanReach(const Segment& segment) const;
   // Marks the backend failed (once) and reports the fault.
   void Fault(const absl::Status& status);
 

@@ -231,6 +231,21 @@ Metrics::Metrics()
                 "Admission limit on queued requests (--max_queued_requests).");
   queue_capacity_bytes_ = &AddGauge(r, "softmax_queue_capacity_bytes",
                                     "Admission limit on queued bytes (--max_queued_bytes).");
+  {
+    auto& regions = prometheus::BuildGauge()
+                        .Name("softmax_shared_memory_regions")
+                        .Help("Shared-memory regions registered, by kind (system, cuda).")
+                        .Register(r);
+    auto& bytes = prometheus::BuildGauge()
+                      .Name("softmax_shared_memory_bytes")
+                      .Help("Bytes of the shared-memory regions registered, by kind.")
+                      .Register(r);
+    for (int k = 0; k < 2; ++k) {
+      const std::string kind = k == 0 ? "system" : "cuda";
+      shared_memory_regions_[k] = &regions.Add({{"kind", kind}});
+      shared_memory_bytes_[k] = &bytes.Add({{"kind", kind}});
+    }
+  }
   serving_ = &AddGauge(r, "softmax_serving",
                        "1 while serving; 0 while starting, draining or after a device fault.");
   AddGauge(r, "softmax_build_info", "Constant 1, labelled with the build's version and revision.",
@@ -379,6 +394,12 @@ void Metrics::SetBackends(const std::vector<const Backend*>& backends) {
 void Metrics::SetQueueCapacity(int64_t requests, int64_t bytes) {
   queue_capacity_requests_->Set(static_cast<double>(requests));
   queue_capacity_bytes_->Set(static_cast<double>(bytes));
+}
+
+void Metrics::SetSharedMemory(const std::string& kind, int64_t regions, int64_t bytes) {
+  const int k = kind == "cuda" ? 1 : 0;
+  shared_memory_regions_[k]->Set(static_cast<double>(regions));
+  shared_memory_bytes_[k]->Set(static_cast<double>(bytes));
 }
 
 void Metrics::SetServing(bool serving) { serving_->Set(serving ? 1 : 0); }

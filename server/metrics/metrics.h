@@ -85,6 +85,10 @@ class Metrics final : public BatcherObserver {
   // The batcher's admission bounds (softmax_queue_capacity_*).
   void SetQueueCapacity(int64_t requests, int64_t bytes);
 
+  // softmax_shared_memory_regions / _bytes{kind}: the shared-memory regions
+  // registered ("system" or "cuda") and the bytes they span.
+  void SetSharedMemory(const std::string& kind, int64_t regions, int64_t bytes);
+
   // softmax_serving: true once listening, false from the start of draining
   // or after a device fault.
   void SetServing(bool serving);
@@ -169,6 +173,9 @@ class Metrics final : public BatcherObserver {
   prometheus::Gauge* queue_capacity_requests_;
   prometheus::Gauge* queue_capacity_bytes_;
   prometheus::Gauge* serving_;
+  // softmax_shared_memory_{regions,bytes}: [0] system, [1] cuda.
+  prometheus::Gauge* shared_memory_regions_[2] = {};
+  prometheus::Gauge* shared_memory_bytes_[2] = {};
 
   // Declared last: destroyed first, so no scrape runs while the members it
   // reads are torn down.

@@ -135,6 +135,80 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<RegionRef>> MakeRegionRef(std::optional<std::string> region,
+                                                       std::optional<int64_t> byte_size,
+                                                       std::optional<int64_t> offset,
+                                                       absl::string_view field) {
+  if (!region.has_value()) {
+    if (byte_size.has_value() || offset.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": shared_memory_byte_size or shared_memory_offset without shared_memory_region"));
+    }
+    return std::optional<RegionRef>();
+  }
+  if (!byte_size.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".shared_memory_byte_size: required with shared_memory_region"));
+  }
+  return std::optional<RegionRef>(RegionRef{*std::move(region), *byte_size, offset.value_or(0)});
+}
+
+absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManager* shared_memory,
+                         ExternalTensors* external,
+                         std::vector<std::shared_ptr<const void>>* leases) {
+  if (!parts.input_region.has_value() && !parts.output_region.has_value()) {
+    return absl::OkStatus();
+  }
+  const bool served = shared_memory != nullptr && shared_memory->mode() != SharedMemoryMode::kOff;
+  if (!served) {
+    return absl::InvalidArgumentError(
+        "shared_memory_region: this server serves no shared memory (--shared_memory=off)");
+  }
+  if (const auto& in = parts.input_region) {
+    absl::StatusOr<SharedMemoryTensor> tensor =
+        shared_memory->Resolve(in->name, in->offset, in->byte_size, "inputs[0].parameters");
+    if (!tensor.ok()) return tensor.status();
+    external->input = tensor->data;
+    external->input_bytes = tensor->bytes;
+    external->input_memory = tensor->memory;
+    external->input_device = tensor->device;
+    leases->push_back(std::move(tensor->lease));
+  }
+  if (const auto& out = parts.output_region) {
+    absl::StatusOr<SharedMemoryTensor> tensor =
+        shared_memory->Resolve(out->name, out->offset, out->byte_size, "outputs[0].parameters");
+    if (!tensor.ok()) return tensor.status();
+    // The output has the input's type and shape.
+    absl::StatusOr<int64_t> elements = CountElements(parts.input_shape);
+    absl::StatusOr<DType> dtype = ParseDatatype(parts.input_datatype, "inputs[0].datatype");
+    int64_t needed = 0;
+    if (elements.ok() && dtype.ok() &&
+        !__builtin_mul_overflow(*elements, ItemSize(*dtype), &needed) &&
+        tensor->bytes < needed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outputs[0].parameters.shared_memory_byte_size: ", tensor->bytes,
+          " bytes, smaller than the output's ", needed, " bytes"));
+    }
+    external->output = tensor->data;
+    external->output_bytes = tensor->bytes;
+    external->output_memory = tensor->memory;
+    external->output_device = tensor->device;
+    leases->push_back(std::move(tensor->lease));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Extensions(const SharedMemoryManager* shared_memory) {
+  std::vector<std::string> out(kExtensions.begin(), kExtensions.end());
+  if (shared_memory != nullptr && shared_memory->Enabled(SharedMemoryKind::kSystem)) {
+    out.push_back("system_shared_memory");
+  }
+  if (shared_memory != nullptr && shared_memory->Enabled(SharedMemoryKind::kCuda)) {
+    out.push_back("cuda_shared_memory");
+  }
+  return out;
+}
+
 absl::Status RenameInputFields(const absl::Status& status, absl::string_view data_field) {
   if (status.ok() || status.code() != absl::StatusCode::kInvalidArgument) return status;
   std::string message = absl::StrReplaceAll(
@@ -259,6 +333,7 @@ int HttpStatus(absl::StatusCode code) {
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kOutOfRange: return 400;
     case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kAlreadyExists: return 409;
     case absl::StatusCode::kUnimplemented: return 501;
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kResourceExhausted: return 503;

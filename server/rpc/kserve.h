@@ -30,7 +30,9 @@
 #include "absl/strings/string_view.h"
 #include "inference/grpc_service.pb.h"
 #include "kernels/dtype.h"
+#include "server/rpc/service.h"
 #include "server/scheduling/batcher.h"
+#include "server/shm/shared_memory.h"
 #include "softmax/v1/softmax.pb.h"
 
 namespace softmax::server::kserve {
@@ -41,8 +43,8 @@ inline constexpr char kInputName[] = "INPUT";
 inline constexpr char kOutputName[] = "OUTPUT";
 inline constexpr char kModelVersion[] = "1";
 inline constexpr char kPlatform[] = "softmax-serve";
-// The extensions served (Triton's names). Shared memory, repository, trace
-// and logging are not among them.
+// The extensions always served (Triton's names); see Extensions().
+// Repository, trace and logging are not among them.
 inline constexpr std::array<const char*, 3> kExtensions = {"binary_tensor_data",
                                                            "model_configuration", "statistics"};
 
@@ -78,6 +80,23 @@ absl::StatusOr<Model> FindModel(absl::string_view name, absl::string_view versio
 absl::StatusOr<DType> ParseDatatype(absl::string_view datatype, absl::string_view field);
 const char* DatatypeName(DType dtype);
 
+// A tensor's place in a shared-memory region: the parameters
+// shared_memory_region, shared_memory_byte_size and shared_memory_offset.
+struct RegionRef {
+  std::string name;
+  int64_t byte_size = 0;
+  int64_t offset = 0;
+};
+
+// The RegionRef of a tensor's parameters as read from the wire (each one
+// when present); none when no region is named. INVALID_ARGUMENT naming
+// `field` (e.g. "inputs[0].parameters") for a size or offset without a
+// region, or a region without a size.
+absl::StatusOr<std::optional<RegionRef>> MakeRegionRef(std::optional<std::string> region,
+                                                       std::optional<int64_t> byte_size,
+                                                       std::optional<int64_t> offset,
+                                                       absl::string_view field);
+
 // One inference request as either front-end extracted it.
 struct InferRequestParts {
   std::string model_name;
@@ -97,7 +116,24 @@ struct InferRequestParts {
   std::vector<std::string> requested_outputs;
   std::optional<int64_t> axis;
   std::optional<double> temperature;
+  // The input read from, and the output written into, shared memory
+  // (then input_data is empty, and the response carries no output bytes).
+  std::optional<RegionRef> input_region;
+  std::optional<RegionRef> output_region;
 };
+
+// Looks up `parts`' regions in `shared_memory` (may be null: none served)
+// and fills `external` for Dispatch; `leases` keep the regions mapped until
+// the request is answered. NOT_FOUND for an unknown region, INVALID_ARGUMENT
+// for a range outside its region or an output region smaller than the
+// output (the input's size is checked by Dispatch against the shape).
+absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManager* shared_memory,
+                         ExternalTensors* external,
+                         std::vector<std::shared_ptr<const void>>* leases);
+
+// The extensions ServerMetadata and GET /v2 list: kExtensions, and the
+// shared-memory ones `shared_memory` allows.
+std::vector<std::string> Extensions(const SharedMemoryManager* shared_memory);
 
 // Checks what is KServe's own in `parts` (model, input count, datatype,
 // requested outputs, parameter ranges) and fills `out`, a softmax.v1

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <chrono>
 #include <deque>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include <google/protobuf/io/coded_stream.h>
@@ -39,7 +41,44 @@ struct InferCall {
   v1::SoftmaxResponse response;
   OutputView view;
   inference::ModelInferRequest message;  // the unary call's parsed request
+  // Shared memory: where the tensors are (when has_external), the output's
+  // region for the response, and what keeps the regions mapped.
+  bool has_external = false;
+  ExternalTensors external;
+  std::optional<kserve::RegionRef> output_region;
+  std::vector<std::shared_ptr<const void>> leases;
 };
+
+// The shared-memory parameters of a tensor's `parameters` (see
+// kserve::MakeRegionRef); `field` names them in messages.
+absl::StatusOr<std::optional<kserve::RegionRef>> RegionOf(
+    const google::protobuf::Map<std::string, inference::InferParameter>& parameters,
+    absl::string_view field) {
+  std::optional<std::string> region;
+  std::optional<int64_t> byte_size, offset;
+  for (const auto& [name, value] : parameters) {
+    if (name == "shared_memory_region") {
+      if (value.parameter_choice_case() != inference::InferParameter::kStringParam) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".shared_memory_region: expected a string parameter"));
+      }
+      region = value.string_param();
+    } else if (name == "shared_memory_byte_size" || name == "shared_memory_offset") {
+      int64_t number = 0;
+      if (value.parameter_choice_case() == inference::InferParameter::kInt64Param) {
+        number = value.int64_param();
+      } else if (value.parameter_choice_case() == inference::InferParameter::kUint64Param) {
+        number = static_cast<int64_t>(
+            std::min<uint64_t>(value.uint64_param(), std::numeric_limits<int64_t>::max()));
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".", name, ": expected an integer parameter"));
+      }
+      (name == "shared_memory_offset" ? offset : byte_size) = number;
+    }
+  }
+  return kserve::MakeRegionRef(std::move(region), byte_size, offset, field);
+}
 
 // The int64 / double value of request parameter `name`, when given.
 absl::Status ReadParameters(const inference::ModelInferRequest& request,
@@ -66,8 +105,10 @@ absl::Status ReadParameters(const inference::ModelInferRequest& request,
   return absl::OkStatus();
 }
 
-// Turns `request` (whose raw contents are taken) into call->request.
-absl::Status PrepareInfer(inference::ModelInferRequest* request, InferCall* call) {
+// Turns `request` (whose raw contents are taken) into call->request, with
+// its tensors' regions in `shared_memory` (may be null) bound.
+absl::Status PrepareInfer(inference::ModelInferRequest* request,
+                          const SharedMemoryManager* shared_memory, InferCall* call) {
   absl::StatusOr<kserve::Model> model =
       kserve::FindModel(request->model_name(), request->model_version());
   if (!model.ok()) return model.status();
@@ -79,7 +120,14 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request, InferCall* call
   parts.model_version = request->model_version();
   parts.id = request->id();
   parts.input_count = request->inputs_size();
-  for (const auto& output : request->outputs()) parts.requested_outputs.push_back(output.name());
+  for (int i = 0; i < request->outputs_size(); ++i) {
+    const auto& output = request->outputs(i);
+    parts.requested_outputs.push_back(output.name());
+    absl::StatusOr<std::optional<kserve::RegionRef>> region =
+        RegionOf(output.parameters(), absl::StrCat("outputs[", i, "].parameters"));
+    if (!region.ok()) return region.status();
+    if (region->has_value()) parts.output_region = **region;
+  }
   SOFTMAX_RETURN_IF_ERROR(ReadParameters(*request, &parts));
   if (request->raw_input_contents_size() > 0 &&
       request->raw_input_contents_size() != request->inputs_size()) {
@@ -93,7 +141,18 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request, InferCall* call
     parts.input_shape.assign(input.shape().begin(), input.shape().end());
     absl::StatusOr<DType> dtype = kserve::ParseDatatype(input.datatype(), "inputs[0].datatype");
     if (!dtype.ok()) return dtype.status();
-    if (request->raw_input_contents_size() == 1) {
+    absl::StatusOr<std::optional<kserve::RegionRef>> region =
+        RegionOf(input.parameters(), "inputs[0].parameters");
+    if (!region.ok()) return region.status();
+    if (region->has_value()) {
+      if (request->raw_input_contents_size() > 0 ||
+          (input.has_contents() && kserve::HasContents(input.contents()))) {
+        return absl::InvalidArgumentError(
+            "inputs[0]: data given both in shared memory and in the request; send one");
+      }
+      parts.input_region = **region;
+      call->data_field = "inputs[0].parameters.shared_memory_byte_size";
+    } else if (request->raw_input_contents_size() == 1) {
       if (input.has_contents() && kserve::HasContents(input.contents())) {
         return absl::InvalidArgumentError(
             "inputs[0].contents: given together with raw_input_contents; send one or the other");
@@ -106,10 +165,17 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request, InferCall* call
       if (!bytes.ok()) return bytes.status();
       parts.input_data = std::move(*bytes);
     }
-    call->data_bytes = static_cast<int64_t>(parts.input_data.size());
+    call->data_bytes = parts.input_region.has_value()
+                           ? parts.input_region->byte_size
+                           : static_cast<int64_t>(parts.input_data.size());
   }
   kserve::Model built = call->model;
-  return kserve::BuildSoftmaxRequest(&parts, &built, &call->request);
+  SOFTMAX_RETURN_IF_ERROR(kserve::BuildSoftmaxRequest(&parts, &built, &call->request));
+  SOFTMAX_RETURN_IF_ERROR(
+      kserve::BindRegions(parts, shared_memory, &call->external, &call->leases));
+  call->has_external = parts.input_region.has_value() || parts.output_region.has_value();
+  call->output_region = parts.output_region;
+  return absl::OkStatus();
 }
 
 // Fills `out` with the answer of an OK `call` but its output bytes, which
@@ -124,6 +190,14 @@ OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out
   const auto dtype = static_cast<DType>(static_cast<int>(call->request.input().dtype()));
   output->set_datatype(kserve::DatatypeName(dtype));
   output->mutable_shape()->CopyFrom(call->request.input().shape());
+  if (const auto& region = call->output_region) {
+    // Written into the caller's region: no bytes in the response.
+    auto& parameters = *output->mutable_parameters();
+    parameters["shared_memory_region"].set_string_param(region->name);
+    parameters["shared_memory_byte_size"].set_int64_param(region->byte_size);
+    if (region->offset != 0) parameters["shared_memory_offset"].set_int64_param(region->offset);
+    return OutputView{};
+  }
   if (call->view.data != nullptr) return std::move(call->view);
   out->add_raw_output_contents()->swap(*call->response.mutable_output()->mutable_data());
   return OutputView{};
@@ -231,14 +305,15 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
                 std::function<bool()> is_cancelled, Complete complete) {
   InferCall* call = owned.release();
   absl::Status status = ParseInferRequest(buffer, request);
-  if (status.ok()) status = PrepareInfer(request, call);
+  if (status.ok()) status = PrepareInfer(request, service->shared_memory(), call);
   if (status.ok()) {
     status = kserve::RenameInputFields(
         service->softmax()->Dispatch(&call->request, &call->response, &call->view,
                                      context->deadline(), std::move(is_cancelled),
                                      [call, complete](const absl::Status& outcome) {
                                        complete(std::unique_ptr<InferCall>(call), outcome);
-                                     }),
+                                     },
+                                     call->has_external ? &call->external : nullptr),
         call->data_field);
   }
   if (!status.ok()) complete(std::unique_ptr<InferCall>(call), status);
@@ -438,11 +513,13 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
 
 KServeGrpcService::KServeGrpcService(SoftmaxServiceImpl* softmax,
                                      kserve::ModelStatistics* statistics,
-                                     std::string server_version, int max_stream_pending)
+                                     std::string server_version, int max_stream_pending,
+                                     SharedMemoryManager* shared_memory)
     : softmax_(softmax),
       statistics_(statistics),
       server_version_(std::move(server_version)),
-      max_stream_pending_(max_stream_pending) {}
+      max_stream_pending_(max_stream_pending),
+      shared_memory_(shared_memory) {}
 
 grpc::ServerUnaryReactor* KServeGrpcService::Unimplemented(grpc::CallbackServerContext* context,
                                                            const char* rpc) {
@@ -478,7 +555,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ServerMetadata(
     inference::ServerMetadataResponse* response) {
   response->set_name(kserve::kServerName);
   response->set_version(server_version_);
-  for (const char* extension : kserve::kExtensions) response->add_extensions(extension);
+  for (const std::string& extension : kserve::Extensions(shared_memory_)) {
+    response->add_extensions(extension);
+  }
   return FinishWith(context, absl::OkStatus());
 }
 
@@ -542,6 +621,95 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerCont
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KServeGrpcService::ModelStreamInfer(
     grpc::CallbackServerContext* context) {
   return new StreamInferCall(this, context, max_stream_pending_);
+}
+
+// The shared-memory extensions. Without a manager (or with
+// --shared_memory=off) registration answers UNIMPLEMENTED, as Triton does for
+// an extension it does not serve.
+namespace {
+
+absl::Status NoSharedMemory() {
+  return absl::UnimplementedError(
+      "shared memory is turned off on this server (--shared_memory=off)");
+}
+
+int64_t ToInt64(uint64_t value) {
+  return static_cast<int64_t>(std::min<uint64_t>(value, std::numeric_limits<int64_t>::max()));
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryStatus(
+    grpc::CallbackServerContext* context,
+    const inference::SystemSharedMemoryStatusRequest* request,
+    inference::SystemSharedMemoryStatusResponse* response) {
+  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
+  absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
+      shared_memory_->Status(SharedMemoryKind::kSystem, request->name());
+  if (!regions.ok()) return FinishWith(context, regions.status());
+  for (const SharedMemoryRegionStatus& region : *regions) {
+    auto& out = (*response->mutable_regions())[region.name];
+    out.set_name(region.name);
+    out.set_key(region.key);
+    out.set_offset(static_cast<uint64_t>(region.offset));
+    out.set_byte_size(static_cast<uint64_t>(region.byte_size));
+  }
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryRegister(
+    grpc::CallbackServerContext* context,
+    const inference::SystemSharedMemoryRegisterRequest* request,
+    inference::SystemSharedMemoryRegisterResponse*) {
+  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
+  return FinishWith(context, shared_memory_->RegisterSystem(request->name(), request->key(),
+                                                            ToInt64(request->offset()),
+                                                            ToInt64(request->byte_size())));
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryUnregister(
+    grpc::CallbackServerContext* context,
+    const inference::SystemSharedMemoryUnregisterRequest* request,
+    inference::SystemSharedMemoryUnregisterResponse*) {
+  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
+  return FinishWith(context, shared_memory_->Unregister(SharedMemoryKind::kSystem,
+                                                        request->name()));
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryStatus(
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
+    inference::CudaSharedMemoryStatusResponse* response) {
+  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
+  absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
+      shared_memory_->Status(SharedMemoryKind::kCuda, request->name());
+  if (!regions.ok()) return FinishWith(context, regions.status());
+  for (const SharedMemoryRegionStatus& region : *regions) {
+    auto& out = (*response->mutable_regions())[region.name];
+    out.set_name(region.name);
+    out.set_device_id(static_cast<uint64_t>(region.device));
+    out.set_byte_size(static_cast<uint64_t>(region.byte_size));
+  }
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryRegister(
+    grpc::CallbackServerContext* context,
+    const inference::CudaSharedMemoryRegisterRequest* request,
+    inference::CudaSharedMemoryRegisterResponse*) {
+  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
+  return FinishWith(context,
+                    shared_memory_->RegisterCuda(request->name(), request->raw_handle(),
+                                                 request->device_id(),
+                                                 ToInt64(request->byte_size())));
+}
+
+grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryUnregister(
+    grpc::CallbackServerContext* context,
+    const inference::CudaSharedMemoryUnregisterRequest* request,
+    inference::CudaSharedMemoryUnregisterResponse*) {
+  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
+  return FinishWith(context, shared_memory_->Unregister(SharedMemoryKind::kCuda,
+                                                        request->name()));
 }
 
 }  // namespace softmax::server

@@ -4,9 +4,11 @@
 // one validation, one drain and one Batcher for every protocol.
 //
 // Served: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
-// ModelInfer, ModelStreamInfer, ModelConfig, ModelStatistics. Every other RPC
-// of the service answers UNIMPLEMENTED naming it. Outputs are always sent as
-// raw_output_contents, as Triton's gRPC endpoint does.
+// ModelInfer, ModelStreamInfer, ModelConfig, ModelStatistics and the system
+// and CUDA shared-memory extensions (server/shm/). Every other RPC of the
+// service answers UNIMPLEMENTED naming it. Outputs are sent as
+// raw_output_contents, as Triton's gRPC endpoint does, unless the request
+// puts them in a shared-memory region.
 //
 // ModelStreamInfer reads continuously and writes each response (or its
 // error_message; the stream goes on) in completion order, one write at a
@@ -61,8 +63,10 @@ class KServeGrpcService final : public KServeGrpcBase {
  public:
   // `softmax` (dispatch, drain, in-flight accounting, metrics) and
   // `statistics` must outlive the gRPC server this is registered with.
+  // `shared_memory` (may be null: the extensions answer UNIMPLEMENTED) too.
   KServeGrpcService(SoftmaxServiceImpl* softmax, kserve::ModelStatistics* statistics,
-                    std::string server_version, int max_stream_pending = 1024);
+                    std::string server_version, int max_stream_pending = 1024,
+                    SharedMemoryManager* shared_memory = nullptr);
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -100,17 +104,38 @@ class KServeGrpcService final : public KServeGrpcBase {
   SOFTMAX_KSERVE_UNIMPLEMENTED(RepositoryIndex)
   SOFTMAX_KSERVE_UNIMPLEMENTED(RepositoryModelLoad)
   SOFTMAX_KSERVE_UNIMPLEMENTED(RepositoryModelUnload)
-  SOFTMAX_KSERVE_UNIMPLEMENTED(SystemSharedMemoryStatus)
-  SOFTMAX_KSERVE_UNIMPLEMENTED(SystemSharedMemoryRegister)
-  SOFTMAX_KSERVE_UNIMPLEMENTED(SystemSharedMemoryUnregister)
-  SOFTMAX_KSERVE_UNIMPLEMENTED(CudaSharedMemoryStatus)
-  SOFTMAX_KSERVE_UNIMPLEMENTED(CudaSharedMemoryRegister)
-  SOFTMAX_KSERVE_UNIMPLEMENTED(CudaSharedMemoryUnregister)
   SOFTMAX_KSERVE_UNIMPLEMENTED(TraceSetting)
   SOFTMAX_KSERVE_UNIMPLEMENTED(LogSettings)
 #undef SOFTMAX_KSERVE_UNIMPLEMENTED
 
+  // The shared-memory extensions (shared_memory.h).
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryStatusRequest* request,
+      inference::SystemSharedMemoryStatusResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryRegisterRequest* request,
+      inference::SystemSharedMemoryRegisterResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryUnregisterRequest* request,
+      inference::SystemSharedMemoryUnregisterResponse* response) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryStatus(
+      grpc::CallbackServerContext* context,
+      const inference::CudaSharedMemoryStatusRequest* request,
+      inference::CudaSharedMemoryStatusResponse* response) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryRegister(
+      grpc::CallbackServerContext* context,
+      const inference::CudaSharedMemoryRegisterRequest* request,
+      inference::CudaSharedMemoryRegisterResponse* response) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
+      grpc::CallbackServerContext* context,
+      const inference::CudaSharedMemoryUnregisterRequest* request,
+      inference::CudaSharedMemoryUnregisterResponse* response) override;
+
   SoftmaxServiceImpl* softmax() const { return softmax_; }
+  const SharedMemoryManager* shared_memory() const { return shared_memory_; }
   kserve::ModelStatistics* statistics() const { return statistics_; }
 
  private:
@@ -121,6 +146,7 @@ class KServeGrpcService final : public KServeGrpcBase {
   kserve::ModelStatistics* const statistics_;
   const std::string server_version_;
   const int max_stream_pending_;
+  SharedMemoryManager* const shared_memory_;
 };
 
 }  // namespace softmax::server

@@ -15,8 +15,10 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -196,7 +198,39 @@ struct HttpCall {
   absl::Status status;
   absl::Notification done;
   std::atomic<bool> abandoned{false};
+  std::vector<std::shared_ptr<const void>> leases;  // shared-memory regions in use
 };
+
+// The shared-memory parameters of a tensor's JSON `parameters` (see
+// kserve::MakeRegionRef); `field` names them in messages.
+absl::StatusOr<std::optional<kserve::RegionRef>> RegionOf(const Json& tensor,
+                                                          absl::string_view field) {
+  std::optional<std::string> region;
+  std::optional<int64_t> byte_size, offset;
+  if (auto p = tensor.find("parameters"); p != tensor.end() && p->is_object()) {
+    if (auto name = p->find("shared_memory_region"); name != p->end()) {
+      if (!name->is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".shared_memory_region: expected a string"));
+      }
+      region = name->get<std::string>();
+    }
+    for (const char* key : {"shared_memory_byte_size", "shared_memory_offset"}) {
+      auto value = p->find(key);
+      if (value == p->end()) continue;
+      if (!value->is_number_integer()) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".", key, ": expected an integer"));
+      }
+      const int64_t number = value->is_number_unsigned()
+                                 ? static_cast<int64_t>(std::min<uint64_t>(
+                                       value->get<uint64_t>(),
+                                       std::numeric_limits<int64_t>::max()))
+                                 : value->get<int64_t>();
+      (std::strcmp(key, "shared_memory_offset") == 0 ? offset : byte_size) = number;
+    }
+  }
+  return kserve::MakeRegionRef(std::move(region), byte_size, offset, field);
+}
 
 }  // namespace
 
@@ -251,6 +285,10 @@ absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_lengt
         return absl::InvalidArgumentError(absl::StrCat("outputs[", i, "].name: missing"));
       }
       parts->requested_outputs.push_back(name->get<std::string>());
+      absl::StatusOr<std::optional<kserve::RegionRef>> region =
+          RegionOf(output, absl::StrCat("outputs[", i, "].parameters"));
+      if (!region.ok()) return region.status();
+      if (region->has_value()) parts->output_region = **region;
       if (auto p = output.find("parameters"); p != output.end() && p->is_object()) {
         if (auto binary = p->find("binary_data"); binary != p->end() && binary->is_boolean()) {
           options->binary_output = options->binary_output || binary->get<bool>();
@@ -293,6 +331,18 @@ absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_lengt
     }
   }
   auto data = input.find("data");
+  absl::StatusOr<std::optional<kserve::RegionRef>> region =
+      RegionOf(input, "inputs[0].parameters");
+  if (!region.ok()) return region.status();
+  if (region->has_value()) {
+    if (data != input.end() || binary_size.has_value() || binary_bytes != 0) {
+      return absl::InvalidArgumentError(
+          "inputs[0]: data given both in shared memory and in the request; send one");
+    }
+    parts->input_region = **region;
+    parts->data_field = "inputs[0].parameters.shared_memory_byte_size";
+    return absl::OkStatus();
+  }
   if (binary_size.has_value()) {
     if (data != input.end()) {
       return absl::InvalidArgumentError(
@@ -324,7 +374,7 @@ namespace {
 // POST .../infer: reads the body, answers it; returns the HTTP status sent.
 int Infer(mg_connection* connection, const std::string& name, const std::string& version,
           SoftmaxServiceImpl* softmax, kserve::ModelStatistics* statistics,
-          int64_t max_tensor_bytes) {
+          int64_t max_tensor_bytes, const SharedMemoryManager* shared_memory) {
   const SteadyClock::time_point start = SteadyClock::now();
   int64_t data_bytes = 0;
   std::optional<kserve::Model> known_model;
@@ -394,11 +444,15 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
   HttpInferOptions options;
   absl::Status status = ParseHttpInferRequest(body, header_length, &parts, &options);
   body = std::string();
-  data_bytes = static_cast<int64_t>(parts.input_data.size());
+  data_bytes = parts.input_region.has_value() ? parts.input_region->byte_size
+                                              : static_cast<int64_t>(parts.input_data.size());
   auto call = std::make_shared<HttpCall>();
   kserve::Model built = *model;
   if (status.ok()) status = kserve::BuildSoftmaxRequest(&parts, &built, &call->request);
+  ExternalTensors external;
+  if (status.ok()) status = kserve::BindRegions(parts, shared_memory, &external, &call->leases);
   if (!status.ok()) return fail(status);
+  const bool has_external = parts.input_region.has_value() || parts.output_region.has_value();
 
   softmax->RequestsStarted(1);
   status = kserve::RenameInputFields(
@@ -409,7 +463,8 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
           [call](const absl::Status& outcome) {
             call->status = outcome;
             call->done.Notify();
-          }),
+          },
+          has_external ? &external : nullptr),
       parts.data_field);
   if (!status.ok()) {
     softmax->RequestsEnded(1);
@@ -437,7 +492,12 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
                  {"shape", std::vector<int64_t>(call->request.input().shape().begin(),
                                                 call->request.input().shape().end())}};
   Reply reply;
-  if (options.binary_output) {
+  if (const auto& region = parts.output_region) {
+    // Written into the caller's region: no data in the response.
+    output["parameters"] = {{"shared_memory_region", region->name},
+                            {"shared_memory_byte_size", region->byte_size}};
+    if (region->offset != 0) output["parameters"]["shared_memory_offset"] = region->offset;
+  } else if (options.binary_output) {
     output["parameters"] = {{"binary_data_size", out_bytes}};
     reply.binary_reply = true;
     reply.binary_data = out_data;
@@ -530,7 +590,9 @@ int KServeHttpServer::Handle(mg_connection* connection) {
   if (segments.size() == 1) {
     if (!require("GET")) return not_found();
     Json extensions = Json::array();
-    for (const char* extension : kserve::kExtensions) extensions.push_back(extension);
+    for (const std::string& extension : kserve::Extensions(options_.shared_memory)) {
+      extensions.push_back(extension);
+    }
     return reply_and_return(JsonReply(200, {{"name", kserve::kServerName},
                                             {"version", options_.server_version},
                                             {"extensions", extensions}}));
@@ -539,6 +601,9 @@ int KServeHttpServer::Handle(mg_connection* connection) {
     if (segments[2] == "live") return reply_and_return(EmptyReply(200));
     if (segments[2] == "ready") return reply_and_return(EmptyReply(draining ? 503 : 200));
     return not_found();
+  }
+  if (segments[1] == "systemsharedmemory" || segments[1] == "cudasharedmemory") {
+    return SharedMemory(connection, method, segments);
   }
   if (segments[1] != "models" || segments.size() < 3) return not_found();
   if (segments.size() == 3 && segments[2] == "stats" && require("GET")) {
@@ -560,7 +625,8 @@ int KServeHttpServer::Handle(mg_connection* connection) {
 
   if (action == "infer") {
     if (!require("POST")) return not_found();
-    return Infer(connection, name, version, softmax_, statistics_, options_.max_tensor_bytes);
+    return Infer(connection, name, version, softmax_, statistics_, options_.max_tensor_bytes,
+                 options_.shared_memory);
   }
   if (!require("GET")) return not_found();
   absl::StatusOr<kserve::Model> model = kserve::FindModel(name, version);
@@ -573,6 +639,120 @@ int KServeHttpServer::Handle(mg_connection* connection) {
         200, {{"model_stats", Json::array({StatisticsJson(statistics_->Get(*model))})}}));
   }
   return not_found();
+}
+
+// /v2/{system,cuda}sharedmemory[/region/NAME]/{status,register,unregister}
+// (Triton's shared-memory extensions over HTTP).
+int KServeHttpServer::SharedMemory(mg_connection* connection, const std::string& method,
+                                   const std::vector<std::string>& segments) {
+  const SharedMemoryKind kind = segments[1] == "cudasharedmemory" ? SharedMemoryKind::kCuda
+                                                                  : SharedMemoryKind::kSystem;
+  auto reply = [connection](const Reply& r) {
+    Send(connection, r);
+    return r.status;
+  };
+  std::string name;
+  std::string action;
+  if (segments.size() == 3) {
+    action = segments[2];
+  } else if (segments.size() == 5 && segments[2] == "region") {
+    name = segments[3];
+    action = segments[4];
+  }
+  const bool known = (action == "status" && method == "GET") ||
+                     (action == "unregister" && method == "POST") ||
+                     (action == "register" && method == "POST" && !name.empty());
+  if (!known) {
+    return reply(ErrorReply(absl::NotFoundError(absl::StrCat(
+        "no endpoint ", method, " /", absl::StrJoin(segments, "/"),
+        " (see the shared-memory extensions of the KServe v2 HTTP API)"))));
+  }
+  SharedMemoryManager* shm = options_.shared_memory;
+  if (shm == nullptr) {
+    return reply(ErrorReply(absl::UnimplementedError(
+        "shared memory is turned off on this server (--shared_memory=off)")));
+  }
+  if (action == "status") {
+    absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions = shm->Status(kind, name);
+    if (!regions.ok()) return reply(ErrorReply(regions.status()));
+    Json out = Json::array();
+    for (const SharedMemoryRegionStatus& region : *regions) {
+      if (kind == SharedMemoryKind::kSystem) {
+        out.push_back({{"name", region.name},
+                       {"key", region.key},
+                       {"offset", region.offset},
+                       {"byte_size", region.byte_size}});
+      } else {
+        out.push_back(
+            {{"name", region.name}, {"device_id", region.device}, {"byte_size", region.byte_size}});
+      }
+    }
+    return reply(JsonReply(200, out));
+  }
+  if (action == "unregister") {
+    const absl::Status status = shm->Unregister(kind, name);
+    return reply(status.ok() ? EmptyReply(200) : ErrorReply(status));
+  }
+  // register: a small JSON body.
+  const mg_request_info* info = mg_get_request_info(connection);
+  constexpr int64_t kMaxRegisterBody = 64 * 1024;
+  if (info->content_length < 0 || info->content_length > kMaxRegisterBody) {
+    return reply(ErrorReply(absl::InvalidArgumentError(absl::StrCat(
+        "request body: a JSON object of at most ", kMaxRegisterBody,
+        " bytes with Content-Length is required"))));
+  }
+  std::string body(static_cast<size_t>(info->content_length), '\0');
+  size_t read = 0;
+  while (read < body.size()) {
+    const int n = mg_read(connection, body.data() + read, body.size() - read);
+    if (n <= 0) break;
+    read += static_cast<size_t>(n);
+  }
+  const Json request = Json::parse(body.begin(), body.begin() + read, nullptr, false);
+  if (read != body.size() || request.is_discarded() || !request.is_object()) {
+    return reply(ErrorReply(absl::InvalidArgumentError("request body: not a JSON object")));
+  }
+  auto integer = [&](const char* key, bool required, int64_t* out) -> absl::Status {
+    auto value = request.find(key);
+    if (value == request.end()) {
+      return required ? absl::InvalidArgumentError(absl::StrCat(key, ": missing"))
+                      : absl::OkStatus();
+    }
+    if (!value->is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": expected an integer"));
+    }
+    *out = value->is_number_unsigned()
+               ? static_cast<int64_t>(std::min<uint64_t>(value->get<uint64_t>(),
+                                                         std::numeric_limits<int64_t>::max()))
+               : value->get<int64_t>();
+    return absl::OkStatus();
+  };
+  int64_t byte_size = 0;
+  absl::Status status = integer("byte_size", true, &byte_size);
+  if (status.ok() && kind == SharedMemoryKind::kSystem) {
+    int64_t offset = 0;
+    status = integer("offset", false, &offset);
+    auto key = request.find("key");
+    if (status.ok() && (key == request.end() || !key->is_string())) {
+      status = absl::InvalidArgumentError("key: expected a string");
+    }
+    if (status.ok()) status = shm->RegisterSystem(name, key->get<std::string>(), offset, byte_size);
+  } else if (status.ok()) {
+    int64_t device = 0;
+    status = integer("device_id", true, &device);
+    auto handle = request.find("raw_handle");
+    std::string raw;
+    if (status.ok()) {
+      if (handle == request.end() || !handle->is_object() || !handle->contains("b64") ||
+          !(*handle)["b64"].is_string() ||
+          !absl::Base64Unescape((*handle)["b64"].get<std::string>(), &raw)) {
+        status = absl::InvalidArgumentError(
+            "raw_handle: expected {\"b64\": the cudaIpcMemHandle_t in base64}");
+      }
+    }
+    if (status.ok()) status = shm->RegisterCuda(name, raw, device, byte_size);
+  }
+  return reply(status.ok() ? EmptyReply(200) : ErrorReply(status));
 }
 
 }  // namespace softmax::server

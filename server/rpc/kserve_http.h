@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/rpc/kserve.h"
@@ -44,6 +45,9 @@ struct HttpServerOptions {
   // more bytes per element than binary data).
   int64_t max_tensor_bytes = int64_t{1} << 30;
   std::string server_version;
+  // The shared-memory extensions (may be null: they answer 501). Must
+  // outlive the server.
+  SharedMemoryManager* shared_memory = nullptr;
 };
 
 // What an infer request asks for besides its tensor.
@@ -85,6 +89,9 @@ class KServeHttpServer {
  private:
   KServeHttpServer(const HttpServerOptions& options, SoftmaxServiceImpl* softmax,
                    kserve::ModelStatistics* statistics);
+  // /v2/systemsharedmemory/... and /v2/cudasharedmemory/...
+  int SharedMemory(mg_connection* connection, const std::string& method,
+                   const std::vector<std::string>& segments);
 
   const HttpServerOptions options_;
   SoftmaxServiceImpl* const softmax_;

@@ -1,12 +1,15 @@
 #include "server/rpc/service.h"
 
 #include <algorithm>
+#include <cstring>
+#include <optional>
 #include <atomic>
 #include <deque>
 #include <memory>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/rpc/status_util.h"
 #include "server/rpc/wire.h"
@@ -370,12 +373,21 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
                                           v1::SoftmaxResponse* response, OutputView* view,
                                           std::chrono::system_clock::time_point deadline,
                                           std::function<bool()> is_cancelled,
-                                          std::function<void(const absl::Status&)> done) {
+                                          std::function<void(const absl::Status&)> done,
+                                          const ExternalTensors* external) {
   if (draining_.load(std::memory_order_relaxed)) {
     return absl::UnavailableError("server is shutting down; retry on another replica");
   }
-  absl::StatusOr<ParsedRequest> parsed = ParseRequest(*request, options_.limits);
+  const ExternalTensors none;
+  const ExternalTensors& ext = external != nullptr ? *external : none;
+  std::optional<absl::string_view> external_input;
+  if (ext.input != nullptr) external_input = absl::string_view(ext.input, ext.input_bytes);
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(*request, options_.limits, external_input);
   if (!parsed.ok()) return parsed.status();
+  if (ext.output != nullptr && ext.output_bytes < parsed->bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("output: the region holds ", ext.output_bytes,
+                                                   " bytes; the output needs ", parsed->bytes));
+  }
 
   response->set_request_id(request->request_id());
   v1::Tensor* output = response->mutable_output();
@@ -383,7 +395,12 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
   output->mutable_shape()->CopyFrom(request->input().shape());
 
   if (options_.echo || batcher_ == nullptr) {
-    output->set_data(request->input().data());
+    // (No GPU here, so no region is in device memory.)
+    if (ext.output != nullptr) {
+      std::memmove(ext.output, parsed->data.data(), static_cast<size_t>(parsed->bytes));
+    } else {
+      output->set_data(parsed->data.data(), parsed->data.size());
+    }
     SetTiming(RequestTiming{}, response);
     done(absl::OkStatus());
     return absl::OkStatus();
@@ -398,6 +415,17 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
   item->output = output->mutable_data();
   item->input_buffer = request->mutable_input()->mutable_data();
   item->output_view = view;
+  if (ext.input != nullptr) {
+    item->input_buffer = nullptr;
+    item->segment.input_memory = ext.input_memory;
+    item->segment.input_device = ext.input_device;
+  }
+  if (ext.output != nullptr) {
+    item->fixed_output = ext.output;
+    item->output_view = nullptr;
+    item->segment.output_memory = ext.output_memory;
+    item->segment.output_device = ext.output_device;
+  }
   item->deadline = deadline;
   item->is_cancelled = std::move(is_cancelled);
   item->done = [response, metrics = metrics_, done = std::move(done)](

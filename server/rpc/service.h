@@ -36,6 +36,21 @@
 
 namespace softmax::server {
 
+// Tensors a request keeps outside its messages (shared-memory regions,
+// server/shm/): the input is read from `input` instead of
+// request.input().data(), the output written into `output` instead of the
+// response. Both stay valid until the request is answered.
+struct ExternalTensors {
+  const char* input = nullptr;  // null: the input is in the request
+  int64_t input_bytes = 0;
+  MemoryKind input_memory = MemoryKind::kHost;
+  int input_device = -1;
+  char* output = nullptr;  // null: the output goes into the response
+  int64_t output_bytes = 0;
+  MemoryKind output_memory = MemoryKind::kHost;
+  int output_device = -1;
+};
+
 struct ServiceOptions {
   RequestLimits limits;
   // --device=none: answer every valid request with its input, straight from
@@ -74,11 +89,14 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   // callers must not read request->input().data() after an OK return.
   // `view` (may be null) receives the output instead of the response when
   // the backend lends it (see WorkItem::output_view); it must live as long.
+  // `external` (may be null) places the input or output outside the
+  // messages; a region too small for the output is INVALID_ARGUMENT.
   absl::Status Dispatch(v1::SoftmaxRequest* request, v1::SoftmaxResponse* response,
                         OutputView* view,
                         std::chrono::system_clock::time_point deadline,
                         std::function<bool()> is_cancelled,
-                        std::function<void(const absl::Status&)> done);
+                        std::function<void(const absl::Status&)> done,
+                        const ExternalTensors* external = nullptr);
 
   // Lame duck: from now on every new request (unary or on a stream) is
   // refused with UNAVAILABLE, so callers retry elsewhere, while requests

@@ -95,7 +95,8 @@ absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank) {
 }
 
 absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
-                                           const RequestLimits& limits) {
+                                           const RequestLimits& limits,
+                                           std::optional<absl::string_view> data) {
   ParsedRequest parsed;
   const v1::Tensor& input = request.input();
 
@@ -131,13 +132,14 @@ absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
         "input: tensor of ", parsed.bytes, " bytes exceeds the server's limit of ",
         limits.max_tensor_bytes, " bytes (--max_tensor_bytes)"));
   }
-  const int64_t got = static_cast<int64_t>(input.data().size());
+  const absl::string_view bytes = data.value_or(absl::string_view(input.data()));
+  const int64_t got = static_cast<int64_t>(bytes.size());
   if (got != parsed.bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "input.data: expected ", parsed.bytes, " bytes (", parsed.elements, " elements of ",
         DTypeName(parsed.dtype), "), got ", got));
   }
-  parsed.data = input.data();
+  parsed.data = bytes;
 
   absl::StatusOr<int> axis = NormalizeAxis(request.has_axis() ? request.axis() : -1, rank);
   if (!axis.ok()) return axis.status();

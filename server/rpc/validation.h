@@ -11,6 +11,7 @@
 #define SOFTMAX_SERVER_VALIDATION_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -62,8 +63,11 @@ absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank);
 
 // Full validation of one request against `limits`. On success the returned
 // view is ready to enqueue; it borrows `request`'s input bytes.
+// `data`, when given, is the input's bytes instead of input.data() (a
+// shared-memory region's; only its size is read here).
 absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
-                                           const RequestLimits& limits);
+                                           const RequestLimits& limits,
+                                           std::optional<absl::string_view> data = std::nullopt);
 
 }  // namespace softmax::server
 

@@ -26,6 +26,15 @@ namespace softmax::server {
 
 struct WorkItem;  // batcher.h; opaque to backends.
 
+// Where a segment's input or output lives. The GPU backend reads and writes
+// kMappedHost and kDevice memory where it is, with no staging; the CPU
+// backend computes on host memory only.
+enum class MemoryKind {
+  kHost,        // ordinary host memory (a message, or unregistered shared memory)
+  kMappedHost,  // host memory pinned and mapped into every GPU (registered shared memory)
+  kDevice,      // memory of GPU `Segment::*_device` (CUDA shared memory)
+};
+
 // One request's share of a batch: a contiguous [outer, n, inner] tensor.
 struct Segment {
   const void* input = nullptr;  // points into the request's data; not owned
@@ -40,6 +49,13 @@ struct Segment {
   // Set by Backend::StageInput: `input` points into memory of the backend's
   // own, kept alive by this, which the backend reads directly.
   std::shared_ptr<const void> staged;
+  // Memory other than the host's (shared-memory regions): both pointers
+  // are then 16-byte aligned, and the memory stays valid until the request
+  // is answered. A backend that cannot reach it fails the segment.
+  MemoryKind input_memory = MemoryKind::kHost;
+  MemoryKind output_memory = MemoryKind::kHost;
+  int input_device = -1;  // the GPU of a kDevice input
+  int output_device = -1;
 };
 
 // A segment's output left where the backend computed it (the GPU backend's

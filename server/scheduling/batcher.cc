@@ -50,7 +50,7 @@ Batcher::Batcher(const BatcherOptions& options, Scheduler* scheduler,
 Batcher::~Batcher() { Stop(); }
 
 absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
-  if (item->output_view != nullptr) {
+  if (item->output_view != nullptr && item->fixed_output == nullptr) {
     item->segment.output_view_ok = true;
     // Copied into a backend's own memory here, on the caller's thread (see
     // Backend::StageInput); the request's copy is not needed any more.
@@ -245,6 +245,13 @@ std::unique_ptr<Batch> Batcher::TakeBatch() {
   batch->segments.reserve(batch->items.size());
   for (auto& item : batch->items) {
     std::string* input = item->input_buffer;
+    if (item->fixed_output != nullptr) {
+      // Into the caller's region; never answered by a view.
+      item->segment.output = item->fixed_output;
+      item->segment.output_view_ok = false;
+      batch->segments.push_back(item->segment);
+      continue;
+    }
     if (item->segment.staged != nullptr) {
       // Staged by a backend: computed in place there, answered by a view.
       item->segment.output = const_cast<void*>(item->segment.input);

@@ -103,6 +103,9 @@ struct WorkItem {
   // output is there and `*output` holds nothing of it. Null: the output is
   // always written into `*output`.
   OutputView* output_view = nullptr;
+  // Optional: where the output goes (a shared-memory region of at least
+  // segment.bytes) instead of `*output`, which is then left untouched.
+  void* fixed_output = nullptr;
   // Past this point the request is dropped before compute.
   std::chrono::system_clock::time_point deadline =
       std::chrono::system_clock::time_point::max();

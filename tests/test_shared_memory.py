@@ -1,0 +1,453 @@
+"""Triton's shared-memory extensions, driven by tritonclient's own utilities
+(tritonclient.utils.shared_memory and .cuda_shared_memory) over gRPC and HTTP:
+register, infer from and into regions for every dtype against the float64
+reference, status, unregister, every bad name, offset and size, a region
+unregistered under load, the metrics, and --shared_memory=off.
+
+System shared memory runs on the CPU backend everywhere and on the GPU (where
+the kernels read and write the registered pages in place) when there is one;
+CUDA shared memory runs only on a GPU and skips, with the reason, elsewhere."""
+
+import itertools
+import os
+import threading
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+
+import e2e_util
+from e2e_util import assert_close, reference_softmax
+
+try:
+    import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
+    import tritonclient.utils.shared_memory as system_shm
+    from tritonclient.utils import InferenceServerException
+except ImportError as error:  # pragma: no cover - the venv lacks it
+    raise ImportError("tritonclient is missing from the test venv: run 'make venv'") from error
+
+DATATYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
+STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+_keys = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def server(device_server):
+    return device_server
+
+
+@pytest.fixture(scope="module")
+def grpc_client(server):
+    c = triton_grpc.InferenceServerClient(server.grpc_address)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def http_client(server):
+    c = triton_http.InferenceServerClient(server.http_address)
+    yield c
+    c.close()
+
+
+@pytest.fixture(params=["grpc", "http"])
+def protocol(request, grpc_client, http_client):
+    """(client, its module) for each protocol in turn."""
+    return (grpc_client, triton_grpc) if request.param == "grpc" else (http_client, triton_http)
+
+
+class Region:
+    """A POSIX shared-memory region of the test process, destroyed at exit."""
+
+    def __init__(self, byte_size):
+        self.name = f"region-{os.getpid()}-{next(_keys)}"
+        self.key = f"/softmax-test-{os.getpid()}-{next(_keys)}"
+        self.byte_size = byte_size
+        self.handle = system_shm.create_shared_memory_region(self.name, self.key, byte_size)
+
+    def write(self, array, offset=0):
+        system_shm.set_shared_memory_region(self.handle, [np.ascontiguousarray(array)], offset)
+
+    def read(self, dtype, shape, offset=0):
+        return system_shm.get_contents_as_numpy(self.handle, dtype, shape, offset)
+
+    def destroy(self):
+        system_shm.destroy_shared_memory_region(self.handle)
+
+
+@pytest.fixture
+def regions():
+    made = []
+
+    def make(byte_size):
+        region = Region(byte_size)
+        made.append(region)
+        return region
+
+    yield make
+    for region in made:
+        region.destroy()
+
+
+def stored(values, dtype):
+    """`values` as the bytes a caller stores for `dtype` (bf16 as uint16 bits)."""
+    if dtype == "bfloat16":
+        return e2e_util.float_to_bfloat16_bits(values)
+    return values.astype(STORAGE[dtype])
+
+
+def as_float(array, dtype):
+    if dtype == "bfloat16":
+        return e2e_util.bfloat16_bits_to_float(array).astype(np.float64)
+    return array.astype(np.float64)
+
+
+def representable(values, dtype):
+    return as_float(stored(values, dtype), dtype)
+
+
+def infer(client, module, values_shape, dtype, input_region=None, output_region=None,
+          input_data=None, model="softmax", parameters=None, input_offset=0, output_offset=0,
+          input_bytes=None, output_bytes=None):
+    tensor = module.InferInput("INPUT", list(values_shape), DATATYPES[dtype])
+    nbytes = int(np.prod(values_shape)) * np.dtype(STORAGE[dtype]).itemsize
+    if input_region is not None:
+        tensor.set_shared_memory(input_region.name,
+                                 nbytes if input_bytes is None else input_bytes, input_offset)
+    else:
+        tensor.set_data_from_numpy(input_data)
+    outputs = None
+    if output_region is not None:
+        out = module.InferRequestedOutput("OUTPUT")
+        out.set_shared_memory(output_region.name,
+                              nbytes if output_bytes is None else output_bytes, output_offset)
+        outputs = [out]
+    return client.infer(model, [tensor], outputs=outputs, parameters=parameters)
+
+
+# ------------------------------------------------------------------ compute
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("log", [False, True])
+def test_infers_from_and_into_system_regions(protocol, regions, dtype, log):
+    client, module = protocol
+    rng = np.random.default_rng(7)
+    shape = (3, 5, 70)
+    values = rng.normal(scale=4, size=shape).astype(np.float32)
+    nbytes = values.size * np.dtype(STORAGE[dtype]).itemsize
+    # Both tensors in one region, at offsets, as perf_analyzer lays them out.
+    region = regions(4096 + 2 * nbytes)
+    region.write(stored(values, dtype), offset=64)
+    client.register_system_shared_memory(region.name, region.key, region.byte_size)
+    try:
+        out_offset = 64 + ((nbytes + 255) // 256) * 256
+        result = infer(client, module, shape, dtype, input_region=region, output_region=region,
+                       input_offset=64, output_offset=out_offset,
+                       model="log_softmax" if log else "softmax",
+                       parameters={"axis": 1})
+        output = result.get_output("OUTPUT")
+        assert output is not None
+        got = as_float(region.read(STORAGE[dtype], shape, offset=out_offset), dtype)
+        expected = reference_softmax(representable(values, dtype), axis=1, log=log)
+        assert_close(got, expected, dtype, f"{dtype} log={log}")
+        # The input is untouched.
+        np.testing.assert_array_equal(region.read(STORAGE[dtype], shape, offset=64),
+                                      stored(values, dtype))
+    finally:
+        client.unregister_system_shared_memory(region.name)
+
+
+def test_one_end_in_a_region_the_other_in_the_message(grpc_client, regions):
+    values = np.random.default_rng(1).normal(size=(4, 33)).astype(np.float32)
+    region = regions(values.nbytes)
+    region.write(values)
+    grpc_client.register_system_shared_memory(region.name, region.key, region.byte_size)
+    try:
+        # Input from the region, output in the response.
+        result = infer(grpc_client, triton_grpc, values.shape, "float32", input_region=region)
+        assert_close(result.as_numpy("OUTPUT"), reference_softmax(values), "float32")
+        # Input in the request, output into the region.
+        doubled = values * 2
+        infer(grpc_client, triton_grpc, values.shape, "float32", input_data=doubled,
+              output_region=region)
+        assert_close(region.read(np.float32, values.shape), reference_softmax(doubled), "float32")
+    finally:
+        grpc_client.unregister_system_shared_memory(region.name)
+
+
+# ------------------------------------------------------ status, unregister
+
+def test_status_lists_regions_and_unregister_without_a_name_drops_all(protocol, regions):
+    client, _ = protocol
+    a, b = regions(1024), regions(4096)
+    client.register_system_shared_memory(a.name, a.key, 1000, offset=24)
+    client.register_system_shared_memory(b.name, b.key, 4096)
+    status = client.get_system_shared_memory_status()
+    if isinstance(status, list):  # HTTP: a JSON array
+        by_name = {r["name"]: r for r in status}
+    else:
+        by_name = {name: {"key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+                   for name, r in status.regions.items()}
+    assert by_name[a.name]["key"] == a.key
+    assert int(by_name[a.name]["offset"]) == 24
+    assert int(by_name[a.name]["byte_size"]) == 1000
+    assert int(by_name[b.name]["byte_size"]) == 4096
+    client.unregister_system_shared_memory()
+    status = client.get_system_shared_memory_status()
+    assert len(status if isinstance(status, list) else status.regions) == 0
+
+
+def test_metrics_count_registered_regions(server, grpc_client, regions):
+    def regions_metric():
+        text = urllib.request.urlopen(f"http://{server.metrics_address}/metrics",
+                                      timeout=10).read().decode()
+        return (e2e_util.metric_value(text, "softmax_shared_memory_regions", {"kind": "system"}),
+                e2e_util.metric_value(text, "softmax_shared_memory_bytes", {"kind": "system"}))
+
+    before = regions_metric()
+    region = regions(8192)
+    grpc_client.register_system_shared_memory(region.name, region.key, 8192)
+    assert regions_metric() == (before[0] + 1, before[1] + 8192)
+    grpc_client.unregister_system_shared_memory(region.name)
+    assert regions_metric() == before
+
+
+# ------------------------------------------------------------ bad requests
+
+def expect_error(call, grpc_code, http_status, *fragments):
+    with pytest.raises(InferenceServerException) as error:
+        call()
+    status = str(error.value.status())
+    assert status in (f"StatusCode.{grpc_code}", str(http_status)), (status, str(error.value))
+    for fragment in fragments:
+        assert fragment in error.value.message(), error.value.message()
+
+
+def test_bad_registrations_are_refused(protocol, regions):
+    client, _ = protocol
+    region = regions(1024)
+    expect_error(lambda: client.register_system_shared_memory("x", "/softmax-no-such-key", 64),
+                 "NOT_FOUND", 404, "no shared-memory object")
+    expect_error(lambda: client.register_system_shared_memory("x", region.key, 1025),
+                 "INVALID_ARGUMENT", 400, "beyond the 1024 bytes")
+    expect_error(lambda: client.register_system_shared_memory("x", region.key, 64, offset=1000),
+                 "INVALID_ARGUMENT", 400, "beyond")
+    client.register_system_shared_memory(region.name, region.key, 1024)
+    try:
+        expect_error(lambda: client.register_system_shared_memory(region.name, region.key, 64),
+                     "ALREADY_EXISTS", 409, "already registered")
+    finally:
+        client.unregister_system_shared_memory(region.name)
+    expect_error(lambda: client.unregister_system_shared_memory(region.name),
+                 "NOT_FOUND", 404, region.name)
+    expect_error(lambda: client.get_system_shared_memory_status(region.name),
+                 "NOT_FOUND", 404, region.name)
+
+
+def test_a_cpu_server_refuses_cuda_regions(server, grpc_client):
+    if "--device=cpu" not in server.args:
+        pytest.skip("the GPU server's CUDA regions are tested below")
+    expect_error(lambda: grpc_client.register_cuda_shared_memory("c", b"\0" * 64, 0, 64),
+                 "INVALID_ARGUMENT", 400, "no GPU")
+
+
+@pytest.mark.parametrize("case", ["unknown region", "offset outside", "size past the end",
+                                  "input size not the tensor's", "output region too small",
+                                  "offset overflows", "size without region",
+                                  "region and data both"])
+def test_bad_tensor_references_are_refused(protocol, regions, case):
+    client, module = protocol
+    values = np.ones((2, 64), dtype=np.float32)
+    region = regions(1024)
+    region.write(values)
+    client.register_system_shared_memory(region.name, region.key, 1024)
+    try:
+        def call():
+            if case == "unknown region":
+                ghost = Region.__new__(Region)
+                ghost.name = "no-such-region"
+                return infer(client, module, values.shape, "float32", input_region=ghost)
+            if case == "offset outside":
+                return infer(client, module, values.shape, "float32", input_region=region,
+                             input_offset=1024)
+            if case == "size past the end":
+                return infer(client, module, values.shape, "float32", input_region=region,
+                             input_offset=600)
+            if case == "input size not the tensor's":
+                return infer(client, module, values.shape, "float32", input_region=region,
+                             input_bytes=256)
+            if case == "output region too small":
+                return infer(client, module, values.shape, "float32", input_data=values,
+                             output_region=region, output_bytes=256)
+            if case == "offset overflows":
+                return infer(client, module, values.shape, "float32", input_region=region,
+                             input_offset=8, input_bytes=2**63 - 4)
+            if case == "size without region":
+                tensor = module.InferInput("INPUT", list(values.shape), "FP32")
+                tensor.set_data_from_numpy(values)
+                tensor._parameters = getattr(tensor, "_parameters", {})
+                if module is triton_grpc:
+                    tensor._input.parameters["shared_memory_byte_size"].int64_param = 512
+                else:
+                    tensor._parameters["shared_memory_byte_size"] = 512
+                return client.infer("softmax", [tensor])
+            tensor = module.InferInput("INPUT", list(values.shape), "FP32")
+            tensor.set_data_from_numpy(values)
+            if module is triton_grpc:
+                tensor._input.parameters["shared_memory_region"].string_param = region.name
+                tensor._input.parameters["shared_memory_byte_size"].int64_param = 512
+            else:
+                tensor._parameters["shared_memory_region"] = region.name
+                tensor._parameters["shared_memory_byte_size"] = 512
+            return client.infer("softmax", [tensor])
+
+        code, http, fragment = {
+            "unknown region": ("NOT_FOUND", 404, "no-such-region"),
+            "offset outside": ("INVALID_ARGUMENT", 400, "shared_memory_offset"),
+            "size past the end": ("INVALID_ARGUMENT", 400, "past the end"),
+            "input size not the tensor's": ("INVALID_ARGUMENT", 400, "expected 512 bytes"),
+            "output region too small": ("INVALID_ARGUMENT", 400, "smaller than the output"),
+            "offset overflows": ("INVALID_ARGUMENT", 400, "shared_memory_byte_size"),
+            "size without region": ("INVALID_ARGUMENT", 400, "without shared_memory_region"),
+            "region and data both": ("INVALID_ARGUMENT", 400, "both in shared memory"),
+        }[case]
+        expect_error(call, code, http, fragment)
+        # Nothing was written past the region, and the server still serves.
+        result = infer(client, module, values.shape, "float32", input_region=region)
+        assert_close(result.as_numpy("OUTPUT"), reference_softmax(values), "float32")
+    finally:
+        client.unregister_system_shared_memory(region.name)
+
+
+def test_a_region_unregistered_under_load(grpc_client, server, regions):
+    """Callers keep inferring from a region while it is unregistered: each
+    request is answered exactly once, correctly or NOT_FOUND, and the
+    unregistration returns once none uses it."""
+    shape = (64, 1024)
+    values = np.random.default_rng(3).normal(size=shape).astype(np.float32)
+    region = regions(values.nbytes)
+    region.write(values)
+    grpc_client.register_system_shared_memory(region.name, region.key, region.byte_size)
+    expected = reference_softmax(values)
+    outcomes = {"ok": 0, "not_found": 0}
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors = []
+
+    def caller():
+        client = triton_grpc.InferenceServerClient(server.grpc_address)
+        try:
+            while not stop.is_set():
+                try:
+                    result = infer(client, triton_grpc, shape, "float32", input_region=region)
+                    assert_close(result.as_numpy("OUTPUT"), expected, "float32")
+                    key = "ok"
+                except InferenceServerException as error:
+                    if "NOT_FOUND" not in str(error.status()):
+                        errors.append(str(error))
+                    key = "not_found"
+                with lock:
+                    outcomes[key] += 1
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=caller) for _ in range(8)]
+    for t in threads:
+        t.start()
+    e2e_util.wait_for(lambda: outcomes["ok"] >= 50, 30, "requests served from the region")
+    grpc_client.unregister_system_shared_memory(region.name)
+    e2e_util.wait_for(lambda: outcomes["not_found"] >= 20, 30, "requests refused after")
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors[:3]
+    assert outcomes["ok"] >= 50 and outcomes["not_found"] >= 20
+    assert grpc_client.is_server_ready()
+
+
+def test_shared_memory_off(start_server, regions):
+    process = start_server("--shared_memory=off")
+    client = triton_grpc.InferenceServerClient(process.grpc_address)
+    try:
+        assert "system_shared_memory" not in client.get_server_metadata(as_json=True)["extensions"]
+        region = regions(64)
+        expect_error(lambda: client.register_system_shared_memory(region.name, region.key, 64),
+                     "UNIMPLEMENTED", 501, "--shared_memory=off")
+    finally:
+        client.close()
+
+
+def test_metadata_lists_the_extensions(grpc_client, http_client):
+    for metadata in (grpc_client.get_server_metadata(as_json=True),
+                     http_client.get_server_metadata()):
+        assert "system_shared_memory" in metadata["extensions"]
+        assert "cuda_shared_memory" in metadata["extensions"]
+
+
+# ------------------------------------------------------------ CUDA regions
+
+@pytest.fixture(scope="module")
+def cuda_server():
+    process = e2e_util.start_on_device("cuda")
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+@pytest.fixture(scope="module")
+def cuda_shm():
+    try:
+        import tritonclient.utils.cuda_shared_memory as module
+    except Exception as error:  # pragma: no cover - CUDA's Python bindings are absent
+        pytest.skip(f"tritonclient's cuda_shared_memory cannot load: {error}")
+    return module
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape,axis", [((8, 4096), -1), ((2, 3, 70000), -1), ((16, 5, 3), 1)])
+@pytest.mark.parametrize("proto", ["grpc", "http"])
+def test_cuda_regions_every_dtype(cuda_server, cuda_shm, dtype, shape, axis, proto):
+    module = triton_grpc if proto == "grpc" else triton_http
+    address = cuda_server.grpc_address if proto == "grpc" else cuda_server.http_address
+    client = module.InferenceServerClient(address)
+    values = np.random.default_rng(11).normal(scale=3, size=shape).astype(np.float32)
+    data = stored(values, dtype)
+    nbytes = data.nbytes
+    name_in, name_out = f"cin-{next(_keys)}", f"cout-{next(_keys)}"
+    h_in = cuda_shm.create_shared_memory_region(name_in, nbytes, 0)
+    h_out = cuda_shm.create_shared_memory_region(name_out, nbytes, 0)
+    try:
+        cuda_shm.set_shared_memory_region(h_in, [data])
+        client.register_cuda_shared_memory(name_in, cuda_shm.get_raw_handle(h_in), 0, nbytes)
+        client.register_cuda_shared_memory(name_out, cuda_shm.get_raw_handle(h_out), 0, nbytes)
+        tensor = module.InferInput("INPUT", list(shape), DATATYPES[dtype])
+        tensor.set_shared_memory(name_in, nbytes)
+        out = module.InferRequestedOutput("OUTPUT")
+        out.set_shared_memory(name_out, nbytes)
+        client.infer("softmax", [tensor], outputs=[out], parameters={"axis": axis})
+        got = as_float(cuda_shm.get_contents_as_numpy(h_out, STORAGE[dtype], list(shape)), dtype)
+        assert_close(got, reference_softmax(representable(values, dtype), axis=axis), dtype,
+                     f"cuda {dtype} {shape}")
+        status = client.get_cuda_shared_memory_status()
+        names = ([r["name"] for r in status] if isinstance(status, list)
+                 else list(status.regions.keys()))
+        assert name_in in names and name_out in names
+        # A CUDA tensor at an offset the kernels cannot load from.
+        tensor.set_shared_memory(name_in, nbytes - 4, 4)
+        expect_error(lambda: client.infer("softmax", [tensor]), "INVALID_ARGUMENT", 400,
+                     "shared_memory_offset")
+        # Larger than the allocation behind the handle.
+        expect_error(lambda: client.register_cuda_shared_memory(
+            "too-big", cuda_shm.get_raw_handle(h_in), 0, nbytes + (64 << 20)),
+            "INVALID_ARGUMENT", 400, "byte_size")
+        expect_error(lambda: client.register_cuda_shared_memory(
+            "other-gpu", cuda_shm.get_raw_handle(h_in), 7, nbytes),
+            "INVALID_ARGUMENT", 400, "device_id")
+    finally:
+        client.unregister_cuda_shared_memory()
+        cuda_shm.destroy_shared_memory_region(h_in)
+        cuda_shm.destroy_shared_memory_region(h_out)
+        client.close()
