@@ -196,6 +196,9 @@ OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out
     parameters["shared_memory_region"].set_string_param(region->name);
     parameters["shared_memory_byte_size"].set_int64_param(region->byte_size);
     if (region->offset != 0) parameters["shared_memory_offset"].set_int64_param(region->offset);
+    // An empty entry keeps raw_output_contents parallel to outputs, as
+    // Triton's does: its C++ client (perf_analyzer) indexes one by the other.
+    out->add_raw_output_contents();
     return OutputView{};
   }
   if (call->view.data != nullptr) return std::move(call->view);

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On the GPU machine: the shared-memory tests on the GPU backend, then the
+# benchmark (shm_bench.py). STAGE holds bundle.tar.xz (`make gpu-bundle`,
+# stripped) and wheels/ (tritonclient[grpc,http], perf-analyzer, pytest and
+# their dependencies but numpy, grpcio and protobuf, which the machine has).
+# Usage (from the checkout root): bench/shm/run_h200.sh STAGE OUT [shm_bench.py flags]
+set -uo pipefail
+stage=$(cd "${1:?usage: run_h200.sh STAGE OUT}" && pwd)
+out=${2:?usage: run_h200.sh STAGE OUT}
+shift 2
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=$(mktemp -d)
+tar -C "$work" -xJf "$stage/bundle.tar.xz"
+bundle=$(ls -d "$work"/softmax-serve-*)
+python3 -m pip install -q --no-index --no-deps --target "$work/py" "$stage"/wheels/*.whl \
+  > "$out/pip.log" 2>&1 || tail -3 "$out/pip.log"
+export PYTHONPATH=$work/py PATH=$work/py/bin:$PATH
+pa=$(ls "$work"/py/perf_analyzer/bin/perf_analyzer 2>/dev/null || command -v perf_analyzer)
+echo "perf_analyzer: $pa"
+
+echo "== CudaBackend unit tests"
+LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/cuda_backend_test" > "$out/cuda_backend_test.log" 2>&1
+echo "rc $?: $(grep -E '^\[  (PASSED|FAILED) ' "$out/cuda_backend_test.log" | tr '\n' ' ')"
+echo "== end-to-end tests on the GPU (shared memory, KServe, serving)"
+SOFTMAX_SERVER_BIN="$bundle/softmax-server" SOFTMAX_CLIENT_BIN="$bundle/softmax-client" \
+SOFTMAX_PYTHON_DIR="$bundle/python" PYTHONDONTWRITEBYTECODE=1 \
+  timeout 300 python3 -m pytest -p no:cacheprovider -q -rs --rootdir=tests \
+    tests/test_shared_memory.py tests/test_gpu_serving.py > "$out/e2e.log" 2>&1
+echo "rc $?: $(tail -1 "$out/e2e.log")"
+grep -E "FAILED|Error" "$out/e2e.log" | head -10
+
+echo "== benchmark"
+timeout 400 python3 bench/shm/shm_bench.py --bundle="$bundle" --perf-analyzer="$pa" \
+  --out="$out" "$@" 2>&1 | tee "$out/bench.log" | grep -v '^{'
+rm -rf "$work"
