@@ -201,6 +201,18 @@ struct HttpCall {
   std::vector<std::shared_ptr<const void>> leases;  // shared-memory regions in use
 };
 
+// Reads the request body into `body` (sized to its Content-Length); the
+// bytes read, fewer when the peer stopped sending.
+size_t ReadBody(mg_connection* connection, std::string* body) {
+  size_t read = 0;
+  while (read < body->size()) {
+    const int n = mg_read(connection, body->data() + read, body->size() - read);
+    if (n <= 0) break;
+    read += static_cast<size_t>(n);
+  }
+  return read;
+}
+
 // The shared-memory parameters of a tensor's JSON `parameters` (see
 // kserve::MakeRegionRef); `field` names them in messages.
 absl::StatusOr<std::optional<kserve::RegionRef>> RegionOf(const Json& tensor,
@@ -418,12 +430,7 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
         max_body, " bytes (from --max_tensor_bytes)")));
   }
   std::string body(static_cast<size_t>(info->content_length), '\0');
-  size_t read = 0;
-  while (read < body.size()) {
-    const int n = mg_read(connection, body.data() + read, body.size() - read);
-    if (n <= 0) break;
-    read += static_cast<size_t>(n);
-  }
+  const size_t read = ReadBody(connection, &body);
   if (read != body.size()) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "request body: got ", read, " of ", body.size(), " bytes (Content-Length)")));
@@ -702,12 +709,7 @@ int KServeHttpServer::SharedMemory(mg_connection* connection, const std::string&
         " bytes with Content-Length is required"))));
   }
   std::string body(static_cast<size_t>(info->content_length), '\0');
-  size_t read = 0;
-  while (read < body.size()) {
-    const int n = mg_read(connection, body.data() + read, body.size() - read);
-    if (n <= 0) break;
-    read += static_cast<size_t>(n);
-  }
+  const size_t read = ReadBody(connection, &body);
   const Json request = Json::parse(body.begin(), body.begin() + read, nullptr, false);
   if (read != body.size() || request.is_discarded() || !request.is_object()) {
     return reply(ErrorReply(absl::InvalidArgumentError("request body: not a JSON object")));

@@ -118,6 +118,19 @@ void SharedMemoryManager::Publish() {
   observer_(SharedMemoryKind::kCuda, regions[1], bytes[1]);
 }
 
+absl::Status SharedMemoryManager::Insert(std::shared_ptr<Region> region) {
+  absl::MutexLock lock(&mu_);
+  const std::string& name = region->status.name;
+  if (absl::Status status = CheckNewName(name); !status.ok()) {
+    // Registered by another call while this one mapped it.
+    region->WaitAndRelease();
+    return status;
+  }
+  regions_[name] = std::move(region);
+  Publish();
+  return absl::OkStatus();
+}
+
 absl::Status SharedMemoryManager::RegisterSystem(const std::string& name, const std::string& key,
                                                  int64_t offset, int64_t byte_size) {
   if (!Enabled(SharedMemoryKind::kSystem)) {
@@ -182,15 +195,7 @@ absl::Status SharedMemoryManager::RegisterSystem(const std::string& name, const 
     region->host_registered = true;
     region->memory = MemoryKind::kMappedHost;
   }
-  absl::MutexLock lock(&mu_);
-  if (absl::Status status = CheckNewName(name); !status.ok()) {
-    // Registered by another call meanwhile.
-    region->WaitAndRelease();
-    return status;
-  }
-  regions_[name] = std::move(region);
-  Publish();
-  return absl::OkStatus();
+  return Insert(std::move(region));
 }
 
 absl::Status SharedMemoryManager::RegisterCuda(const std::string& name,
@@ -233,14 +238,7 @@ absl::Status SharedMemoryManager::RegisterCuda(const std::string& name,
   region->memory = MemoryKind::kDevice;
   region->device = static_cast<int>(device);
   region->status = {name, SharedMemoryKind::kCuda, "", 0, device, byte_size};
-  absl::MutexLock lock(&mu_);
-  if (absl::Status status = CheckNewName(name); !status.ok()) {
-    region->WaitAndRelease();
-    return status;
-  }
-  regions_[name] = std::move(region);
-  Publish();
-  return absl::OkStatus();
+  return Insert(std::move(region));
 }
 
 absl::Status SharedMemoryManager::Unregister(SharedMemoryKind kind, const std::string& name) {

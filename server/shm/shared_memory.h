@@ -145,6 +145,9 @@ class SharedMemoryManager {
 
   absl::Status CheckNewName(const std::string& name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a mapped region under its name, or unmaps it when the name was
+  // taken meanwhile (ALREADY_EXISTS).
+  absl::Status Insert(std::shared_ptr<Region> region);
 
   const SharedMemoryMode mode_;
   DeviceMemoryMapper* const mapper_;
