@@ -1,6 +1,6 @@
 // GPU tests of the CudaBackend: ragged mixed batches, pieces cut through a
 // small staging limit, in place, zero copy, out of memory, lent outputs,
-// staged inputs, a sticky fault, batches on every slot at once, and the
+// staged inputs, shared-memory segments read and written in place, a sticky fault, batches on every slot at once, and the
 // backend under the scheduler and the batcher. Skipped without a GPU.
 #include "server/cuda/cuda_backend.h"
 
@@ -301,6 +301,110 @@ TEST(CudaBackendTest, ZeroCopyBatchesMatchReferenceOnEveryKernelPath) {
 // lent bytes stay within pinned_responses_max_bytes (beyond it, outputs are
 // copied), a batch cut into pieces lends nothing, and released views give
 // their pinned memory back.
+// Where a direct segment's two ends live, for the test below.
+enum class End { kHost, kMapped, kDevice };
+
+// The memory one end of a direct segment uses: a copy of `bytes` (or
+// room for them) in mapped pinned host memory or device memory.
+class EndBuffer {
+ public:
+  EndBuffer(End end, const std::string& bytes) : end_(end), size_(bytes.size()) {
+    if (end == End::kMapped) {
+      EXPECT_EQ(cudaHostAlloc(&data_, size_, cudaHostAllocPortable | cudaHostAllocMapped),
+                cudaSuccess);
+      std::memcpy(data_, bytes.data(), size_);
+    } else if (end == End::kDevice) {
+      EXPECT_EQ(cudaMalloc(&data_, size_), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(data_, bytes.data(), size_, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  ~EndBuffer() {
+    if (end_ == End::kMapped) cudaFreeHost(data_);
+    if (end_ == End::kDevice) cudaFree(data_);
+  }
+  void* data() const { return data_; }
+  MemoryKind memory() const {
+    return end_ == End::kMapped   ? MemoryKind::kMappedHost
+           : end_ == End::kDevice ? MemoryKind::kDevice
+                                  : MemoryKind::kHost;
+  }
+  // Copies the end's bytes back into `out`.
+  void CopyTo(std::string* out) const {
+    if (end_ == End::kMapped) std::memcpy(out->data(), data_, size_);
+    if (end_ == End::kDevice) cudaMemcpy(out->data(), data_, size_, cudaMemcpyDeviceToHost);
+  }
+
+ private:
+  End end_;
+  size_t size_;
+  void* data_ = nullptr;
+};
+
+// Shared-memory segments: inputs and outputs in device memory or mapped
+// host memory are read and written where they are, beside ordinary segments
+// in one batch, through the copies and over the bus alike, and a direct
+// segment larger than the staging is computed whole.
+TEST(CudaBackendTest, DirectSegmentsComputeInTheirOwnMemoryBesideStagedOnes) {
+  SKIP_WITHOUT_GPU();
+  auto worker = MakeWorker(1 << 20);
+  ASSERT_NE(worker, nullptr);
+  std::mt19937 rng(77);
+  const std::pair<End, End> ends[] = {
+      {End::kHost, End::kHost},     {End::kDevice, End::kDevice}, {End::kMapped, End::kMapped},
+      {End::kDevice, End::kHost},   {End::kHost, End::kMapped},   {End::kMapped, End::kDevice},
+      {End::kDevice, End::kDevice},  // 4 MiB: beyond the 1 MiB staging
+  };
+  for (const int64_t zero_copy_rows : {int64_t{0}, int64_t{1}}) {
+    std::vector<Tensor> tensors;
+    const DType dtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+    for (size_t i = 0; i < std::size(ends); ++i) {
+      const bool big = i + 1 == std::size(ends) && zero_copy_rows == 0;
+      const SoftmaxShape shape = big ? SoftmaxShape{256, 4096, 1}
+                                     : SoftmaxShape{zero_copy_rows ? 2 : 40, 3000, 1};
+      tensors.push_back(MakeTensor(rng, big ? DType::kFloat32 : dtypes[i % 3], shape,
+                                   {1.0f, i % 2 == 1}));
+    }
+    Batch batch = MakeBatch(tensors);
+    std::vector<std::unique_ptr<EndBuffer>> inputs, outputs;
+    for (size_t i = 0; i < std::size(ends); ++i) {
+      inputs.push_back(std::make_unique<EndBuffer>(ends[i].first, tensors[i].input));
+      outputs.push_back(std::make_unique<EndBuffer>(ends[i].second, tensors[i].output));
+      Segment& segment = batch.segments[i];
+      if (ends[i].first != End::kHost) segment.input = inputs[i]->data();
+      if (ends[i].second != End::kHost) segment.output = outputs[i]->data();
+      segment.input_memory = inputs[i]->memory();
+      segment.output_memory = outputs[i]->memory();
+      segment.input_device = segment.output_device = 0;
+    }
+    BatchResult result = RunAndWait(*worker, std::move(batch));
+    ASSERT_TRUE(result.status.ok()) << result.status;
+    EXPECT_TRUE(result.segment_status.empty());
+    for (size_t i = 0; i < std::size(ends); ++i) {
+      outputs[i]->CopyTo(&tensors[i].output);
+      SCOPED_TRACE(::testing::Message() << "segment " << i << " zero copy " << zero_copy_rows);
+      ExpectMatchesReference(tensors[i]);
+    }
+  }
+}
+
+TEST(CudaBackendTest, ADeviceTheGpuCannotReachFailsOnlyItsSegment) {
+  SKIP_WITHOUT_GPU();
+  auto worker = MakeWorker(64 << 20);
+  ASSERT_NE(worker, nullptr);
+  std::mt19937 rng(5);
+  std::vector<Tensor> tensors = {MakeTensor(rng, DType::kFloat32, {4, 1000, 1}, {}),
+                                 MakeTensor(rng, DType::kFloat32, {4, 1000, 1}, {})};
+  Batch batch = MakeBatch(tensors);
+  // Claimed to live on a GPU that does not exist: never touched.
+  batch.segments[1].input_memory = MemoryKind::kDevice;
+  batch.segments[1].input_device = 97;
+  BatchResult result = RunAndWait(*worker, std::move(batch));
+  ASSERT_EQ(result.segment_status.size(), 2u);
+  EXPECT_TRUE(result.segment_status[0].ok());
+  EXPECT_EQ(result.segment_status[1].code(), absl::StatusCode::kFailedPrecondition);
+  ExpectMatchesReference(tensors[0]);
+}
+
 TEST(CudaBackendTest, LentOutputsMatchReferenceWithinTheirBoundAndGoBackWhenReleased) {
   SKIP_WITHOUT_GPU();
   CudaBackendOptions options;
