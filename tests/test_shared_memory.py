@@ -435,6 +435,19 @@ def test_cuda_regions_every_dtype(cuda_server, cuda_shm, dtype, shape, axis, pro
         got = as_float(cuda_shm.get_contents_as_numpy(h_out, STORAGE[dtype], list(shape)), dtype)
         assert_close(got, reference_softmax(representable(values, dtype), axis=axis), dtype,
                      f"cuda {dtype} {shape}")
+        # The input in the region, the output in the response (and the
+        # reverse), large enough for the server's pinned staging of inputs.
+        plain_in = module.InferInput("INPUT", list(shape), DATATYPES[dtype])
+        plain_in.set_shared_memory(name_in, nbytes)
+        result = client.infer("softmax", [plain_in], parameters={"axis": axis})
+        if proto == "grpc":
+            raw = result.get_response().raw_output_contents[0]
+        else:  # the binary output's bytes, as tritonclient received them
+            start = result._output_name_to_buffer_map["OUTPUT"]
+            raw = result._buffer[start:start + nbytes]
+        got = as_float(np.frombuffer(raw, dtype=STORAGE[dtype]).reshape(shape), dtype)
+        assert_close(got, reference_softmax(representable(values, dtype), axis=axis), dtype,
+                     f"cuda in, response out {dtype} {shape}")
         status = client.get_cuda_shared_memory_status()
         names = ([r["name"] for r in status] if isinstance(status, list)
                  else list(status.regions.keys()))

@@ -318,7 +318,9 @@ std::vector<MemoryStats> CudaBackend::Memory() const {
 
 bool CudaBackend::StageInput(Segment& segment) {
   const int64_t bytes = segment.bytes;
-  if (!segment.output_view_ok || bytes <= 0 || bytes < options_.pinned_response_min_bytes ||
+  // (A shared-memory input is read where it is, never copied.)
+  if (!segment.output_view_ok || segment.input_memory != MemoryKind::kHost || bytes <= 0 ||
+      bytes < options_.pinned_response_min_bytes ||
       options_.pinned_responses_max_bytes <= 0 || failed_.load()) {
     return false;
   }

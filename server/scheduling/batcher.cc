@@ -53,8 +53,10 @@ absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
   if (item->output_view != nullptr && item->fixed_output == nullptr) {
     item->segment.output_view_ok = true;
     // Copied into a backend's own memory here, on the caller's thread (see
-    // Backend::StageInput); the request's copy is not needed any more.
-    if (scheduler_->StageInput(item->segment) && item->input_buffer != nullptr) {
+    // Backend::StageInput); the request's copy is not needed any more. An
+    // input in shared memory is read where it is.
+    if (item->segment.input_memory == MemoryKind::kHost &&
+        scheduler_->StageInput(item->segment) && item->input_buffer != nullptr) {
       std::string().swap(*item->input_buffer);
       item->input_buffer = nullptr;
     }
