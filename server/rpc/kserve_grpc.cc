@@ -230,7 +230,8 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
                 std::unique_ptr<InferCall> owned,
                 std::function<bool()> is_cancelled, Complete complete) {
   InferCall* call = owned.release();
-  absl::Status status = ParseInferRequest(buffer, request);
+  absl::Status status = service->softmax()->Authenticate(*context);
+  if (status.ok()) status = ParseInferRequest(buffer, request);
   if (status.ok()) status = PrepareInfer(request, call);
   if (status.ok()) {
     status = kserve::RenameInputFields(
@@ -434,6 +435,13 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// A stream refused when it opens (no known bearer token).
+class RefusedStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit RefusedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 KServeGrpcService::KServeGrpcService(SoftmaxServiceImpl* softmax,
@@ -446,6 +454,9 @@ KServeGrpcService::KServeGrpcService(SoftmaxServiceImpl* softmax,
 
 grpc::ServerUnaryReactor* KServeGrpcService::Unimplemented(grpc::CallbackServerContext* context,
                                                            const char* rpc) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   return FinishWith(context, absl::UnimplementedError(absl::StrCat(
                                  "inference.GRPCInferenceService/", rpc,
                                  " is not implemented by softmax-serve")));
@@ -476,6 +487,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelReady(
 grpc::ServerUnaryReactor* KServeGrpcService::ServerMetadata(
     grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   response->set_name(kserve::kServerName);
   response->set_version(server_version_);
   for (const char* extension : kserve::kExtensions) response->add_extensions(extension);
@@ -485,6 +499,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ServerMetadata(
 grpc::ServerUnaryReactor* KServeGrpcService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
   if (model.ok()) *response = kserve::Metadata(*model);
   return FinishWith(context, model.status());
@@ -493,6 +510,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelMetadata(
 grpc::ServerUnaryReactor* KServeGrpcService::ModelConfig(
     grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
     inference::ModelConfigResponse* response) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
   if (model.ok()) *response->mutable_config() = kserve::Config(*model);
   return FinishWith(context, model.status());
@@ -501,6 +521,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelConfig(
 grpc::ServerUnaryReactor* KServeGrpcService::ModelStatistics(
     grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   if (request->name().empty()) {
     for (kserve::Model model : kserve::kModels) {
       *response->add_model_stats() = statistics_->Get(model);
@@ -541,6 +564,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerCont
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KServeGrpcService::ModelStreamInfer(
     grpc::CallbackServerContext* context) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return new RefusedStream(allowed);
+  }
   return new StreamInferCall(this, context, max_stream_pending_);
 }
 
