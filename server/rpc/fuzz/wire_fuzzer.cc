@@ -111,7 +111,7 @@ void DispatchAndCheck(v1::SoftmaxRequest* request) {
   const int64_t input_bytes = static_cast<int64_t>(request->input().data().size());
   const bool log = request->log();
   std::vector<float> finite_inputs;
-  if (request->input().dtype() == v1::DTYPE_FLOAT32 && input_bytes % 4 == 0) {
+  if (request->input().dtype() == v1::DTYPE_FLOAT32 && input_bytes > 0 && input_bytes % 4 == 0) {
     finite_inputs.resize(static_cast<size_t>(input_bytes / 4));
     std::memcpy(finite_inputs.data(), request->input().data().data(),
                 static_cast<size_t>(input_bytes));
