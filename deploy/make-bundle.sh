@@ -90,6 +90,13 @@ for base in "${binaries[@]}"; do
   done < <(ldd "$build_dir/bin/$base")
 done
 
+# Loaded by path (not through ldd) when the HTTP endpoint serves TLS:
+# server/rpc/civetweb_tls.h.
+for path in "$build_dir"/lib/libsoftmax-civetweb-lib*.so; do
+  cp "$path" "$bundle/lib/"
+  packed[$(basename "$path")]=$path
+done
+
 for base in "${binaries[@]}"; do
   cat > "$bundle/$base" <<LAUNCHER
 #!/bin/sh

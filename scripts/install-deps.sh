@@ -12,6 +12,8 @@ build_packages=(
   # The KServe v2 HTTP front-end (server/rpc/kserve_http.cc); its CMake
   # package also wants the `civetweb` binary package.
   libcivetweb-dev civetweb
+  # TLS on that front-end (server/rpc/civetweb_tls.cc); gRPC uses it too.
+  libssl-dev
 )
 test_packages=(
   python3 python3-venv python3-grpcio python3-protobuf python3-numpy

@@ -29,6 +29,7 @@
 #include "server/device.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/civetweb_tls.h"
 #include "server/rpc/grpc_server.h"
 #include "server/rpc/kserve_grpc.h"
 #include "server/rpc/kserve_http.h"
@@ -96,15 +97,16 @@ ABSL_FLAG(int, max_concurrent_streams, kDefaults.max_concurrent_streams,
           "calls one client connection may have open at once (HTTP/2 "
           "SETTINGS_MAX_CONCURRENT_STREAMS); bounds what one connection can hold");
 ABSL_FLAG(std::string, tls_cert_file, "",
-          "PEM certificate chain for gRPC over TLS (with --tls_key_file); empty = plaintext");
+          "PEM certificate chain (with --tls_key_file): gRPC and the HTTP endpoint then "
+          "serve TLS only (HTTPS); empty = plaintext");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
-          "PEM CA certificates; when set, every gRPC client must present a certificate "
-          "signed by one of them (mutual TLS)");
+          "PEM CA certificates; when set, every gRPC and HTTP client must present a "
+          "certificate signed by one of them (mutual TLS)");
 ABSL_FLAG(std::string, auth_tokens_file, "",
-          "file of bearer tokens, one per line (# comments); when set, softmax calls must "
-          "carry 'authorization: Bearer TOKEN' or fail UNAUTHENTICATED (health is exempt); "
-          "re-read on SIGHUP");
+          "file of bearer tokens, one per line (# comments); when set, every call (gRPC and "
+          "HTTP) must carry 'authorization: Bearer TOKEN' or fail UNAUTHENTICATED / HTTP 401 "
+          "(health checks are exempt); re-read on SIGHUP");
 ABSL_FLAG(bool, reflection, kDefaults.reflection,
           "serve gRPC server reflection (lets grpcurl list and describe the services)");
 ABSL_FLAG(std::string, shared_memory, kDefaults.shared_memory,
@@ -306,6 +308,13 @@ int Run(const ServerOptions& options) {
   // read, so this is the bound on reading, not on queueing).
   grpc_options.transport_memory_bytes =
       options.max_queued_bytes + 4 * (options.max_tensor_bytes + kMessageHeadroomBytes);
+  // Both endpoints take the TLS files; a misfit (say, a key that is not the
+  // certificate's) is named here rather than as gRPC's bare bind failure.
+  if (!options.tls_cert_file.empty() && !options.tls_key_file.empty()) {
+    const absl::Status tls = CheckTlsFiles(
+        {options.tls_cert_file, options.tls_key_file, options.tls_client_ca_file});
+    if (!tls.ok()) return Fail(tls);
+  }
   absl::StatusOr<RunningServer> server = StartGrpcServer(grpc_options, &service);
   if (!server.ok()) return Fail(server.status());
 
@@ -316,6 +325,8 @@ int Run(const ServerOptions& options) {
     http_options.max_tensor_bytes = options.max_tensor_bytes;
     http_options.server_version = SOFTMAX_VERSION;
     http_options.shared_memory = &shared_memory;
+    http_options.tls = {options.tls_cert_file, options.tls_key_file, options.tls_client_ca_file};
+    http_options.authenticator = authenticator.get();
     absl::StatusOr<std::unique_ptr<KServeHttpServer>> started =
         KServeHttpServer::Start(http_options, &service, &kserve_statistics);
     if (!started.ok()) return Fail(started.status());

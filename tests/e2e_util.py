@@ -59,7 +59,7 @@ class Server:
     signal and returns the exit code; kill() is the always-safe cleanup.
     """
 
-    def __init__(self, *extra_args, device="cpu", startup_timeout=30.0):
+    def __init__(self, *extra_args, device="cpu", startup_timeout=30.0, preexec_fn=None):
         self.log = tempfile.NamedTemporaryFile(
             mode="w+", prefix="softmax-server-", suffix=".log", delete=False)
         self.args = [SERVER_BIN, "--grpc_address=127.0.0.1:0",
@@ -68,7 +68,7 @@ class Server:
                      *extra_args]
         self.process = subprocess.Popen(
             self.args, stdout=self.log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL, preexec_fn=preexec_fn)
         self.grpc_address = None
         self.http_address = None  # "off" when disabled
         self.metrics_address = None

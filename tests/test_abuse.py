@@ -2,8 +2,11 @@
 regression test of one way the server fell over (issue 17), at a scale that
 runs in seconds on loopback."""
 
+import os
 import socket
 import subprocess
+import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -240,3 +243,66 @@ def test_rapid_reset_costs_bounded_memory_and_the_server_keeps_answering(server)
     assert _rss_bytes(server.process.pid) - before < (64 << 20)
     assert requests_counted(server, "INVALID_ARGUMENT") == invalid
     stub.Softmax(request(np.zeros((1, 4))), timeout=10)
+
+
+def _open_descriptors(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _new_connection(server):
+    """A channel with a connection of its own (grpcio shares connections
+    between channels to one target unless told otherwise)."""
+    return grpc.insecure_channel(
+        server.grpc_address,
+        options=[*e2e_util.CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
+
+
+def test_server_recovers_after_running_out_of_file_descriptors(start_server):
+    """With the open-file limit at 256, idle connections use up every
+    descriptor. Meanwhile new callers fail fast (UNAVAILABLE, retryable)
+    instead of waiting in the listen queue; once the connections close, a
+    new caller is served at once. (gRPC 1.51 alone stops accepting for good
+    after the first EMFILE.)"""
+    import resource
+    limit = 256
+
+    def lower_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    server = start_server(preexec_fn=lower_limit)
+    pid = server.process.pid
+    host, port = server.grpc_address.rsplit(":", 1)
+    stub = server.stub()
+    stub.Softmax(request(np.zeros((1, 4))), timeout=10)
+    idle = []
+    try:
+        for _ in range(limit + 64):
+            idle.append(socket.create_connection((host, int(port)), timeout=5))
+        # (Within the handshake timeout, 5 s, after which they would close.)
+        wait_for(lambda: "Too many open files" in server.output(), 4,
+                 "the descriptors to run out")
+        # A new caller fails fast and retryably while none is free.
+        fresh = _new_connection(server)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as caught:
+            e2e_util.softmax_pb2_grpc.SoftmaxServiceStub(fresh).Softmax(
+                request(np.zeros((1, 4))), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+        assert time.monotonic() - started < 3
+        fresh.close()
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_for(lambda: _open_descriptors(pid) < limit // 2, 10, "the connections to close")
+    # Served within a second, on a new connection and on the old channel.
+    for channel in (_new_connection(server), None):
+        caller = e2e_util.softmax_pb2_grpc.SoftmaxServiceStub(channel) if channel else stub
+        response = caller.Softmax(request(np.array([[1.0, 2.0]])), timeout=1)
+        e2e_util.assert_close(e2e_util.decode(response.output),
+                              e2e_util.reference_softmax(np.array([[1.0, 2.0]])), "float32")
+    # The HTTP endpoint and /metrics (civetweb) recover too.
+    with urllib.request.urlopen(f"http://{server.http_address}/v2/health/ready",
+                                timeout=2) as response:
+        assert response.status == 200
+    assert "softmax_requests_total" in scrape_metrics(server.metrics_address, timeout=2)
+    assert server.process.poll() is None

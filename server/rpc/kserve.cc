@@ -332,6 +332,8 @@ int HttpStatus(absl::StatusCode code) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kOutOfRange: return 400;
+    case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kPermissionDenied: return 403;
     case absl::StatusCode::kNotFound: return 404;
     case absl::StatusCode::kAlreadyExists: return 409;
     case absl::StatusCode::kUnimplemented: return 501;

@@ -307,7 +307,8 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
                 std::unique_ptr<InferCall> owned,
                 std::function<bool()> is_cancelled, Complete complete) {
   InferCall* call = owned.release();
-  absl::Status status = ParseInferRequest(buffer, request);
+  absl::Status status = service->softmax()->Authenticate(*context);
+  if (status.ok()) status = ParseInferRequest(buffer, request);
   if (status.ok()) status = PrepareInfer(request, service->shared_memory(), call);
   if (status.ok()) {
     status = kserve::RenameInputFields(
@@ -512,6 +513,13 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// A stream refused when it opens (no known bearer token).
+class RefusedStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit RefusedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 KServeGrpcService::KServeGrpcService(SoftmaxServiceImpl* softmax,
@@ -526,6 +534,9 @@ KServeGrpcService::KServeGrpcService(SoftmaxServiceImpl* softmax,
 
 grpc::ServerUnaryReactor* KServeGrpcService::Unimplemented(grpc::CallbackServerContext* context,
                                                            const char* rpc) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   return FinishWith(context, absl::UnimplementedError(absl::StrCat(
                                  "inference.GRPCInferenceService/", rpc,
                                  " is not implemented by softmax-serve")));
@@ -556,6 +567,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelReady(
 grpc::ServerUnaryReactor* KServeGrpcService::ServerMetadata(
     grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   response->set_name(kserve::kServerName);
   response->set_version(server_version_);
   for (const std::string& extension : kserve::Extensions(shared_memory_)) {
@@ -567,6 +581,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ServerMetadata(
 grpc::ServerUnaryReactor* KServeGrpcService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
   if (model.ok()) *response = kserve::Metadata(*model);
   return FinishWith(context, model.status());
@@ -575,6 +592,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelMetadata(
 grpc::ServerUnaryReactor* KServeGrpcService::ModelConfig(
     grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
     inference::ModelConfigResponse* response) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
   if (model.ok()) *response->mutable_config() = kserve::Config(*model);
   return FinishWith(context, model.status());
@@ -583,6 +603,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelConfig(
 grpc::ServerUnaryReactor* KServeGrpcService::ModelStatistics(
     grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   if (request->name().empty()) {
     for (kserve::Model model : kserve::kModels) {
       *response->add_model_stats() = statistics_->Get(model);
@@ -623,6 +646,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerCont
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KServeGrpcService::ModelStreamInfer(
     grpc::CallbackServerContext* context) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return new RefusedStream(allowed);
+  }
   return new StreamInferCall(this, context, max_stream_pending_);
 }
 
@@ -646,6 +672,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryStatus(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
   absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
       shared_memory_->Status(SharedMemoryKind::kSystem, request->name());
@@ -664,6 +693,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryRegister(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse*) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
   return FinishWith(context, shared_memory_->RegisterSystem(request->name(), request->key(),
                                                             ToInt64(request->offset()),
@@ -674,6 +706,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryUnregister(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryUnregisterRequest* request,
     inference::SystemSharedMemoryUnregisterResponse*) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
   return FinishWith(context, shared_memory_->Unregister(SharedMemoryKind::kSystem,
                                                         request->name()));
@@ -682,6 +717,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryUnregister(
 grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryStatus(
     grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
     inference::CudaSharedMemoryStatusResponse* response) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
   absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
       shared_memory_->Status(SharedMemoryKind::kCuda, request->name());
@@ -699,6 +737,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryRegister(
     grpc::CallbackServerContext* context,
     const inference::CudaSharedMemoryRegisterRequest* request,
     inference::CudaSharedMemoryRegisterResponse*) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
   return FinishWith(context,
                     shared_memory_->RegisterCuda(request->name(), request->raw_handle(),
@@ -710,6 +751,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryUnregister(
     grpc::CallbackServerContext* context,
     const inference::CudaSharedMemoryUnregisterRequest* request,
     inference::CudaSharedMemoryUnregisterResponse*) {
+  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+    return FinishWith(context, allowed);
+  }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
   return FinishWith(context, shared_memory_->Unregister(SharedMemoryKind::kCuda,
                                                         request->name()));

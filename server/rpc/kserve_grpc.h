@@ -10,6 +10,10 @@
 // raw_output_contents, as Triton's gRPC endpoint does, unless the request
 // puts them in a shared-memory region.
 //
+// With bearer tokens (--auth_tokens_file), every method but ServerLive,
+// ServerReady and ModelReady needs one (UNAUTHENTICATED otherwise); a
+// stream is refused when it opens, and each of its requests is checked.
+//
 // ModelStreamInfer reads continuously and writes each response (or its
 // error_message; the stream goes on) in completion order, one write at a
 // time; it stops reading while `max_stream_pending` responses are unwritten.
@@ -139,8 +143,10 @@ class KServeGrpcService final : public KServeGrpcBase {
   kserve::ModelStatistics* statistics() const { return statistics_; }
 
  private:
-  static grpc::ServerUnaryReactor* Unimplemented(grpc::CallbackServerContext* context,
-                                                 const char* rpc);
+  // UNAUTHENTICATED without a known token (as every method but the health
+  // ones: ServerLive, ServerReady, ModelReady), else UNIMPLEMENTED.
+  grpc::ServerUnaryReactor* Unimplemented(grpc::CallbackServerContext* context,
+                                          const char* rpc);
 
   SoftmaxServiceImpl* const softmax_;
   kserve::ModelStatistics* const statistics_;

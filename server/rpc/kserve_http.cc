@@ -77,6 +77,7 @@ void Send(mg_connection* connection, const Reply& reply) {
     const std::string header = std::to_string(reply.body.size());
     mg_response_header_add(connection, "Inference-Header-Content-Length", header.c_str(), -1);
   }
+  if (reply.status == 401) mg_response_header_add(connection, "WWW-Authenticate", "Bearer", -1);
   mg_response_header_send(connection);
   if (!reply.body.empty()) mg_write(connection, reply.body.data(), reply.body.size());
   if (binary > 0) {
@@ -527,6 +528,13 @@ int HandleRequest(mg_connection* connection, void* server) {
   return static_cast<KServeHttpServer*>(server)->Handle(connection);
 }
 
+// The health checks of the protocol, answered without a token so probes
+// keep working: /v2/health/live, /v2/health/ready and a model's /ready.
+bool IsHealthCheck(const std::vector<std::string>& segments) {
+  if (segments.size() == 3 && segments[1] == "health") return true;
+  return segments.size() >= 4 && segments[1] == "models" && segments.back() == "ready";
+}
+
 }  // namespace
 
 KServeHttpServer::KServeHttpServer(const HttpServerOptions& options, SoftmaxServiceImpl* softmax,
@@ -539,15 +547,39 @@ absl::StatusOr<std::unique_ptr<KServeHttpServer>> KServeHttpServer::Start(
     const HttpServerOptions& options, SoftmaxServiceImpl* softmax,
     kserve::ModelStatistics* statistics) {
   std::unique_ptr<KServeHttpServer> server(new KServeHttpServer(options, softmax, statistics));
+  const bool tls = !options.tls.cert_file.empty() || !options.tls.key_file.empty();
+  if (tls) {
+    if (options.tls.cert_file.empty() || options.tls.key_file.empty()) {
+      return absl::InvalidArgumentError("--tls_cert_file and --tls_key_file go together");
+    }
+    SOFTMAX_RETURN_IF_ERROR(EnableCivetwebTls());
+  } else if (!options.tls.client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca_file needs --tls_cert_file and --tls_key_file");
+  }
+  // A trailing "s" makes civetweb's port TLS-only.
+  const std::string listening = tls ? options.address + "s" : options.address;
   const std::string threads = std::to_string(kHttpThreads);
-  const char* civet_options[] = {"listening_ports", options.address.c_str(),
+  const char* civet_options[] = {"listening_ports", listening.c_str(),
                                  "num_threads", threads.c_str(),
                                  "enable_keep_alive", "yes",
                                  "tcp_nodelay", "1",
                                  nullptr};
   mg_callbacks callbacks{};
   callbacks.log_message = [](const mg_connection*, const char*) { return 1; };  // quiet
-  server->context_ = mg_start(&callbacks, nullptr, civet_options);
+  // The SSL_CTX is configured here rather than by civetweb's options, which
+  // want the certificate and key in one file.
+  callbacks.init_ssl = [](void* ssl_ctx, void* user_data) {
+    auto* self = static_cast<KServeHttpServer*>(user_data);
+    self->tls_status_ = ConfigureTlsContext(ssl_ctx, self->options_.tls);
+    return self->tls_status_.ok() ? 1 : -1;
+  };
+  server->context_ = mg_start(&callbacks, server.get(), civet_options);
+  if (!server->tls_status_.ok()) {
+    if (server->context_ != nullptr) mg_stop(server->context_);
+    server->context_ = nullptr;
+    return server->tls_status_;
+  }
   if (server->context_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("http: cannot listen on ", options.address));
   }
@@ -593,6 +625,18 @@ int KServeHttpServer::Handle(mg_connection* connection) {
   };
   auto require = [&](const char* wanted) { return method == wanted; };
   const bool draining = softmax_->draining();
+  if (options_.authenticator != nullptr && !IsHealthCheck(segments)) {
+    const char* authorization = mg_get_header(connection, "Authorization");
+    const absl::Status allowed =
+        options_.authenticator->CheckHeader(authorization != nullptr ? authorization : "");
+    if (!allowed.ok()) {
+      if (Metrics* metrics = softmax_->metrics();
+          metrics != nullptr && segments.back() == "infer") {
+        metrics->RecordRequest(RpcMethod::kHttpInfer, allowed.code(), 0.0, 0);
+      }
+      return reply_and_return(ErrorReply(allowed));
+    }
+  }
 
   if (segments.size() == 1) {
     if (!require("GET")) return not_found();

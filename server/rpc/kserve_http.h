@@ -6,8 +6,14 @@
 // POST .../infer with JSON tensors or binary tensor data
 // (Inference-Header-Content-Length, binary_data_size, binary_data_output,
 // per-output binary_data). Errors are {"error": "..."} with the status of
-// their code (kserve::HttpStatus): 400 invalid, 404 unknown model or
-// endpoint, 503 draining or overloaded.
+// their code (kserve::HttpStatus): 400 invalid, 401 without a known bearer
+// token, 404 unknown model or endpoint, 503 draining or overloaded.
+//
+// With TLS files (the gRPC port's), the port serves HTTPS only (TLS 1.2 or
+// newer; see civetweb_tls.h); with a client CA, a client certificate it
+// signed is required. With an authenticator, every endpoint but the health
+// ones (/v2/health/live, /v2/health/ready, .../ready) needs
+// `Authorization: Bearer <token>`.
 //
 // Each request is handled on one of civetweb's worker threads, which waits
 // for the batcher's answer: at most kHttpRequestTimeout (the request's
@@ -24,6 +30,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/civetweb_tls.h"
 #include "server/rpc/kserve.h"
 #include "server/rpc/service.h"
 
@@ -45,6 +53,11 @@ struct HttpServerOptions {
   // more bytes per element than binary data).
   int64_t max_tensor_bytes = int64_t{1} << 30;
   std::string server_version;
+  // TLS when tls.cert_file is set (with tls.key_file); plain HTTP otherwise.
+  TlsFiles tls;
+  // When set, requests other than health checks need one of its tokens.
+  // Must outlive the server.
+  const TokenAuthenticator* authenticator = nullptr;
   // The shared-memory extensions (may be null: they answer 501). Must
   // outlive the server.
   SharedMemoryManager* shared_memory = nullptr;
@@ -68,7 +81,8 @@ absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_lengt
 class KServeHttpServer {
  public:
   // Starts listening. `softmax` and `statistics` must outlive the server.
-  // UNAVAILABLE when the address cannot be bound.
+  // UNAVAILABLE when the address cannot be bound or TLS cannot be loaded;
+  // INVALID_ARGUMENT for unreadable or inconsistent TLS files.
   static absl::StatusOr<std::unique_ptr<KServeHttpServer>> Start(
       const HttpServerOptions& options, SoftmaxServiceImpl* softmax,
       kserve::ModelStatistics* statistics);
@@ -98,6 +112,9 @@ class KServeHttpServer {
   kserve::ModelStatistics* const statistics_;
   mg_context* context_ = nullptr;
   std::string bound_address_;
+  // Why the TLS setup failed (written by civetweb's init_ssl callback
+  // during Start, on Start's thread).
+  absl::Status tls_status_;
 };
 
 }  // namespace softmax::server

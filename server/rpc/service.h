@@ -136,6 +136,14 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
 
   Metrics* metrics() const { return metrics_; }
 
+  // OK when tokens are off or `context` carries a known one; else
+  // UNAUTHENTICATED. For the other front-ends on the same tokens.
+  absl::Status Authenticate(const grpc::ServerContextBase& context) const {
+    return options_.authenticator != nullptr ? options_.authenticator->Check(context)
+                                             : absl::OkStatus();
+  }
+  const TokenAuthenticator* authenticator() const { return options_.authenticator; }
+
   // Open streams, for StartDraining. Called by the stream reactors.
   // Register returns false when draining has started: the stream must end.
   class Drainable {
