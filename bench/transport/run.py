@@ -341,15 +341,17 @@ def write_plot(path, results, variants, devices, sizes, args):
         print("run.py: matplotlib missing; no plot", file=sys.stderr)
         return
     fig, ax = plt.subplots(figsize=(8, 5))
-    styles = ["o-", "s-", "^-", "D-", "v-", "x-"]
+    markers = ["o", "s", "^", "D", "v", "x"]
     index = 0
     for device in devices:
         for variant in variants:
             points = [(s, lookup(results, variant["name"], device, s)) for s in sizes]
             points = [(s, g) for s, g in points if g is not None]
-            ax.plot([s for s, _ in points], [g for _, g in points], styles[index % len(styles)],
-                    label=f"gRPC {device} ({variant['name']})",
-                    linestyle="--" if variant is variants[0] and len(variants) > 1 else "-")
+            # The first of several variants (the code before) dashed.
+            ax.plot([s for s, _ in points], [g for _, g in points],
+                    marker=markers[index % len(markers)],
+                    linestyle="--" if variant is variants[0] and len(variants) > 1 else "-",
+                    label=f"gRPC {device} ({variant['name']})")
             index += 1
     echo = [(s, ceiling(results, "echo", size=s)) for s in sizes]
     echo = [(s, g) for s, g in echo if g is not None]

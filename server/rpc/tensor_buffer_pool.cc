@@ -11,6 +11,7 @@ std::string TensorBufferPool::Take(size_t bytes) {
   if (bytes < kMinPooledBytes) return buffer;
   {
     absl::MutexLock lock(&mu_);
+    ++taken_;
     size_t best = idle_.size();
     for (size_t i = 0; i < idle_.size(); ++i) {
       if (idle_[i].capacity() >= bytes &&
@@ -35,7 +36,9 @@ void TensorBufferPool::Give(std::string buffer) {
   if (capacity < kMinPooledBytes) return;
   buffer.clear();
   absl::MutexLock lock(&mu_);
-  if (idle_bytes_ + capacity > max_idle_bytes_) return;  // freed on return
+  if (taken_ == 0) return;  // freed on return
+  --taken_;
+  if (idle_bytes_ + capacity > max_idle_bytes_) return;
   idle_bytes_ += capacity;
   idle_.push_back(std::move(buffer));
 }

@@ -33,6 +33,8 @@ class TensorBufferPool {
   // Keeps at most `max_idle_bytes` of capacity idle; a buffer given back
   // beyond that is freed.
   explicit TensorBufferPool(size_t max_idle_bytes);
+  TensorBufferPool(const TensorBufferPool&) = delete;
+  TensorBufferPool& operator=(const TensorBufferPool&) = delete;
 
   // An empty string whose capacity is at least `bytes`: the smallest idle
   // one that fits, else a new one reserved to exactly `bytes` (protobuf's
@@ -41,7 +43,11 @@ class TensorBufferPool {
   std::string Take(size_t bytes);
 
   // Keeps `buffer` for a later Take when its capacity is at least
-  // kMinPooledBytes and the idle total stays within the limit; else frees it.
+  // kMinPooledBytes, fewer buffers were given back than taken out, and the
+  // idle total stays within the limit; else frees it. The second rule keeps
+  // the pool from filling up with buffers a call allocated itself (the CPU
+  // backend's outputs, given back beside the inputs they were computed from):
+  // it never holds more than the calls of the busiest moment took out.
   void Give(std::string buffer);
 
   // Moves `data` into an OutputView whose owner gives the string back to
@@ -58,6 +64,8 @@ class TensorBufferPool {
   absl::Mutex mu_;
   std::vector<std::string> idle_ ABSL_GUARDED_BY(mu_);
   size_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Buffers taken out and not given back yet.
+  size_t taken_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace softmax::server

@@ -13,8 +13,9 @@ constexpr size_t kMin = TensorBufferPool::kMinPooledBytes;
 
 TEST(TensorBufferPoolTest, SmallRequestsAreLeftToMalloc) {
   TensorBufferPool pool(size_t{1} << 30);
+  std::string large = pool.Take(kMin);  // one taken out, so one may come back
   std::string small = pool.Take(kMin - 1);
-  EXPECT_EQ(small.capacity() < kMin, true);
+  EXPECT_LT(small.capacity(), kMin);
   small.assign(1 << 20, 'x');
   pool.Give(std::move(small));
   EXPECT_EQ(pool.idle_buffers(), 0u);
@@ -73,6 +74,26 @@ TEST(TensorBufferPoolTest, IdleCapacityStaysWithinTheLimit) {
   pool.Give(std::move(c));  // over the limit: freed
   EXPECT_EQ(pool.idle_buffers(), 2u);
   EXPECT_LE(pool.idle_bytes(), 2 * kMin + kMin / 2);
+}
+
+TEST(TensorBufferPoolTest, BuffersBeyondThoseTakenOutAreFreed) {
+  TensorBufferPool pool(size_t{1} << 30);
+  std::string foreign(kMin, 'f');
+  pool.Give(std::move(foreign));
+  EXPECT_EQ(pool.idle_buffers(), 0u);
+  // A call takes one buffer and gives back two (its input, and an output it
+  // allocated itself): one is kept.
+  std::string input = pool.Take(kMin);
+  std::string output(kMin, 'o');
+  pool.Give(std::move(output));
+  pool.Give(std::move(input));
+  EXPECT_EQ(pool.idle_buffers(), 1u);
+  // The next such call reuses it, and the pool stays at one.
+  input = pool.Take(kMin);
+  EXPECT_EQ(pool.idle_buffers(), 0u);
+  pool.Give(std::string(kMin, 'o'));
+  pool.Give(std::move(input));
+  EXPECT_EQ(pool.idle_buffers(), 1u);
 }
 
 TEST(TensorBufferPoolTest, ALentViewReturnsItsBufferWhenTheLastReferenceGoes) {
