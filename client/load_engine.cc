@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/numbers.h"
@@ -22,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/latency_histogram.h"
+#include "client/load_wire.h"
 #include "client/summary.h"
 #include "client/tensor.h"
 #include "kernels/cpu_softmax.h"
@@ -45,7 +47,10 @@ constexpr int kScheduleLength = 1000;
 // One prebuilt request and what the checks and counters need to know about it.
 // Payloads are immutable once built and shared by every call of the run.
 struct Payload {
-  v1::SoftmaxRequest request;  // request_id left empty
+  // request_id left empty; the input's data is cleared once serialised into
+  // `prepared`, which is what calls send.
+  v1::SoftmaxRequest request;
+  std::unique_ptr<const PreparedRequest> prepared;
   SoftmaxShape view;           // [outer, n, inner] along the request's axis
   int64_t rows = 0;
   int64_t tensor_bytes = 0;    // input data bytes (the output has as many)
@@ -93,6 +98,8 @@ absl::StatusOr<std::vector<Payload>> BuildPayloads(const LoadOptions& options,
                          static_cast<DType>(shape.dtype), *view, softmax_options,
                          payload.expected.data());
       }
+      payload.prepared = std::make_unique<const PreparedRequest>(payload.request);
+      std::string().swap(*payload.request.mutable_input()->mutable_data());
       payloads.push_back(std::move(payload));
     }
   }
@@ -129,8 +136,8 @@ std::string CheckOutput(const Payload& payload, const v1::Tensor& output) {
     return absl::StrCat("shape ", FormatShape(ShapeOf(output)), " instead of ",
                         FormatShape(ShapeOf(input)));
   }
-  if (output.data().size() != input.data().size()) {
-    return absl::StrCat(output.data().size(), " data bytes instead of ", input.data().size());
+  if (static_cast<int64_t>(output.data().size()) != payload.tensor_bytes) {
+    return absl::StrCat(output.data().size(), " data bytes instead of ", payload.tensor_bytes);
   }
   const DType dtype = static_cast<DType>(output.dtype());
   const int64_t elements = static_cast<int64_t>(payload.expected.size());
@@ -190,6 +197,18 @@ void AtomicMax(std::atomic<int64_t>* target, int64_t value) {
   }
 }
 
+// The status code of a finished call whose response arrived as `buffer`:
+// the call's own when it failed, INTERNAL (as a typed stub reports it) when
+// the response does not parse, else 0 with `response` filled.
+int ParsedOutcome(const grpc::Status& status, grpc::ByteBuffer* buffer,
+                  v1::SoftmaxResponse* response) {
+  if (!status.ok()) return static_cast<int>(status.error_code());
+  if (!ParseResponseReusingBuffers(buffer, response)) {
+    return static_cast<int>(grpc::StatusCode::INTERNAL);
+  }
+  return 0;
+}
+
 class StreamWorker;
 
 // State shared by every call of one run.
@@ -197,7 +216,7 @@ class LoadRun {
  public:
   LoadRun(const LoadOptions& options, const LoadMonitor& monitor, std::vector<Payload> payloads,
           std::vector<uint32_t> schedule,
-          std::vector<std::unique_ptr<v1::SoftmaxService::Stub>> stubs)
+          std::vector<std::unique_ptr<grpc::GenericStub>> stubs)
       : options_(options),
         monitor_(monitor),
         payloads_(std::move(payloads)),
@@ -233,7 +252,7 @@ class LoadRun {
     return &payloads_[schedule_[k % schedule_.size()]];
   }
 
-  v1::SoftmaxService::Stub* stub(int connection) { return stubs_[connection].get(); }
+  grpc::GenericStub* stub(int connection) { return stubs_[connection].get(); }
 
   void PrepareUnaryContext(grpc::ClientContext* context) const {
     if (options_.timeout != absl::InfiniteDuration()) {
@@ -309,6 +328,20 @@ class LoadRun {
     done_cv_.notify_all();
   }
 
+  // Open loop: a response message for a call, one a finished call gave
+  // back when there is one (it keeps its output's buffer, see load_wire.h).
+  std::unique_ptr<v1::SoftmaxResponse> TakeResponse() {
+    std::lock_guard<std::mutex> lock(responses_mutex_);
+    if (spare_responses_.empty()) return std::make_unique<v1::SoftmaxResponse>();
+    std::unique_ptr<v1::SoftmaxResponse> response = std::move(spare_responses_.back());
+    spare_responses_.pop_back();
+    return response;
+  }
+  void ReturnResponse(std::unique_ptr<v1::SoftmaxResponse> response) {
+    std::lock_guard<std::mutex> lock(responses_mutex_);
+    spare_responses_.push_back(std::move(response));
+  }
+
   // Requests sent (or queued on a stream) and not yet accounted.
   void CallStarted() { outstanding_.fetch_add(1, std::memory_order_relaxed); }
   // The decrement happens under done_mutex_: once the waiter sees zero it may
@@ -341,7 +374,7 @@ class LoadRun {
   const LoadMonitor& monitor_;
   const std::vector<Payload> payloads_;
   const std::vector<uint32_t> schedule_;
-  std::vector<std::unique_ptr<v1::SoftmaxService::Stub>> stubs_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   std::vector<ConnectionStats> stats_;
 
   Clock::time_point start_;
@@ -362,6 +395,10 @@ class LoadRun {
   // nobody watches.
   std::unique_ptr<LatencyHistogram> live_;
   std::atomic<int64_t> live_errors_{0};
+
+  std::mutex responses_mutex_;
+  // At most as many as calls were in flight at once.
+  std::vector<std::unique_ptr<v1::SoftmaxResponse>> spare_responses_;  // GUARDED_BY(responses_mutex_)
 
   mutable std::mutex mismatch_mutex_;
   std::string first_mismatch_;  // GUARDED_BY(mismatch_mutex_)
@@ -384,11 +421,12 @@ class UnarySlot {
     // The previous call's context is done with: its callback is running.
     context_ = std::make_unique<grpc::ClientContext>();
     run_->PrepareUnaryContext(context_.get());
-    response_.Clear();
-    run_->stub(connection_)->async()->Softmax(
-        context_.get(), &payload_->request, &response_, [this](grpc::Status status) {
-          run_->Complete(connection_, *payload_, intended_, measured_, status.error_code(),
-                         status.ok() ? &response_ : nullptr);
+    run_->stub(connection_)->UnaryCall(
+        context_.get(), kSoftmaxMethod, grpc::StubOptions(), &payload_->prepared->message(),
+        &response_buffer_, [this](grpc::Status status) {
+          const int code = ParsedOutcome(status, &response_buffer_, &response_);
+          run_->Complete(connection_, *payload_, intended_, measured_, code,
+                         code == 0 ? &response_ : nullptr);
           SendNext();
         });
   }
@@ -397,7 +435,8 @@ class UnarySlot {
   LoadRun* const run_;
   const int connection_;
   std::unique_ptr<grpc::ClientContext> context_;
-  v1::SoftmaxResponse response_;
+  grpc::ByteBuffer response_buffer_;
+  v1::SoftmaxResponse response_;  // reused: keeps its output's buffer
   const Payload* payload_ = nullptr;
   Clock::time_point intended_;
   bool measured_ = false;
@@ -406,7 +445,8 @@ class UnarySlot {
 // Open loop, unary: one heap object per call, deleted by its own callback.
 struct UnaryCall {
   grpc::ClientContext context;
-  v1::SoftmaxResponse response;
+  grpc::ByteBuffer response_buffer;
+  std::unique_ptr<v1::SoftmaxResponse> response;  // from LoadRun::TakeResponse
   const Payload* payload = nullptr;
   Clock::time_point intended;
   bool measured = false;
@@ -419,14 +459,15 @@ struct UnaryCall {
 // response sends the next request on the same stream (`window` in flight);
 // in the open loop the sender thread calls Send. The stream half-closes once
 // it is told to close and nothing is pending or in flight.
-class StreamWorker final : public grpc::ClientBidiReactor<v1::SoftmaxRequest, v1::SoftmaxResponse> {
+class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamWorker(LoadRun* run, int connection, int window)
       : run_(run), connection_(connection), window_(window) {}
 
   void Start() {
-    run_->stub(connection_)->async()->SoftmaxStream(&context_, this);
-    StartRead(&read_);
+    run_->stub(connection_)->PrepareBidiStreamingCall(&context_, kSoftmaxStreamMethod,
+                                                      grpc::StubOptions(), this);
+    StartRead(&read_buffer_);
     StartCall();
     for (int i = 0; i < window_; ++i) SendNextClosedLoop();
   }
@@ -460,6 +501,12 @@ class StreamWorker final : public grpc::ClientBidiReactor<v1::SoftmaxRequest, v1
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream is ending; OnDone follows
+    if (!ParseResponseReusingBuffers(&read_buffer_, &read_)) {
+      // As a typed stream would: the call ends, and OnDone fails whatever
+      // is in flight.
+      context_.TryCancel();
+      return;
+    }
     InFlight call;
     bool found = false;
     uint64_t id = 0;
@@ -485,7 +532,7 @@ class StreamWorker final : public grpc::ClientBidiReactor<v1::SoftmaxRequest, v1
       std::lock_guard<std::mutex> lock(mutex_);
       MaybeWriteLocked();
     }
-    StartRead(&read_);
+    StartRead(&read_buffer_);
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -531,10 +578,9 @@ class StreamWorker final : public grpc::ClientBidiReactor<v1::SoftmaxRequest, v1
       const InFlight call = pending_.front();
       pending_.pop_front();
       const uint64_t id = next_id_++;
-      // The payload is shared by every stream; this stream's copy carries
-      // its request_id and lives until OnWriteDone.
-      write_ = call.payload->request;
-      write_.set_request_id(absl::StrCat(id));
+      // The payload's bytes are shared by every stream (by reference); this
+      // write adds its request_id and lives until OnWriteDone.
+      write_ = call.payload->prepared->WithRequestId(absl::StrCat(id));
       in_flight_.emplace(id, call);
       writing_ = true;
       StartWrite(&write_);
@@ -550,8 +596,9 @@ class StreamWorker final : public grpc::ClientBidiReactor<v1::SoftmaxRequest, v1
   const int connection_;
   const int window_;  // closed loop: requests in flight; 0 in the open loop
   grpc::ClientContext context_;
-  v1::SoftmaxResponse read_;
-  v1::SoftmaxRequest write_;  // GUARDED_BY(mutex_) while writing_
+  grpc::ByteBuffer read_buffer_;
+  v1::SoftmaxResponse read_;    // reused: keeps its output's buffer
+  grpc::ByteBuffer write_;      // GUARDED_BY(mutex_) while writing_
 
   std::mutex mutex_;
   std::deque<InFlight> pending_;                     // GUARDED_BY(mutex_)
@@ -569,13 +616,16 @@ void LoadRun::IssueOpenUnary(int connection, Clock::time_point intended, bool me
   call->intended = intended;
   call->measured = measured;
   call->connection = connection;
+  call->response = TakeResponse();
   PrepareUnaryContext(&call->context);
   CallStarted();
-  stub(connection)->async()->Softmax(
-      &call->context, &call->payload->request, &call->response,
-      [this, call](grpc::Status status) {
-        Complete(call->connection, *call->payload, call->intended, call->measured,
-                 status.error_code(), status.ok() ? &call->response : nullptr);
+  stub(connection)->UnaryCall(
+      &call->context, kSoftmaxMethod, grpc::StubOptions(), &call->payload->prepared->message(),
+      &call->response_buffer, [this, call](grpc::Status status) {
+        const int code = ParsedOutcome(status, &call->response_buffer, call->response.get());
+        Complete(call->connection, *call->payload, call->intended, call->measured, code,
+                 code == 0 ? call->response.get() : nullptr);
+        ReturnResponse(std::move(call->response));
         delete call;  // the callback holds its own reference to the call
         CallFinished();
       });
@@ -810,7 +860,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& requested, const LoadMonit
   absl::StatusOr<std::vector<Payload>> payloads = BuildPayloads(options, &schedule);
   if (!payloads.ok()) return payloads.status();
 
-  std::vector<std::unique_ptr<v1::SoftmaxService::Stub>> stubs;
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
   const auto connect_deadline =
       std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options.connect_timeout);
   for (int c = 0; c < options.connections; ++c) {
@@ -820,7 +870,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& requested, const LoadMonit
                                                  " within ",
                                                  absl::FormatDuration(options.connect_timeout)));
     }
-    stubs.push_back(v1::SoftmaxService::NewStub(channel));
+    stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
   }
   LoadRun run(options, monitor, *std::move(payloads), std::move(schedule), std::move(stubs));
   run.Execute();

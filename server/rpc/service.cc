@@ -19,6 +19,32 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
+// Idle capacity the service keeps for large tensors (TensorBufferPool): the
+// buffers of eight 64 MiB calls, twice what 4 callers of 64 MiB tensors hold
+// (one each on the echo and the CUDA backend). With the pool, H200, 4 such
+// callers: 6.5 GB/s of payload on the echo, 5.9 on CUDA; without, 1.3 / 1.6.
+constexpr size_t kIdleTensorBufferBytes = size_t{512} << 20;
+
+// Gives a finished call's large strings back to the pool.
+void RecycleBuffers(TensorBufferPool* pool, v1::SoftmaxRequest* request,
+                    v1::SoftmaxResponse* response) {
+  if (request->has_input()) pool->Give(std::move(*request->mutable_input()->mutable_data()));
+  if (response->has_output()) pool->Give(std::move(*response->mutable_output()->mutable_data()));
+}
+
+// An output left in the response's own string (echo, CPU backend) is sent
+// by reference when it is large, as views are, instead of being copied into
+// a newly allocated message buffer.
+void LendLargeOutput(const std::shared_ptr<TensorBufferPool>& pool,
+                     v1::SoftmaxResponse* response, OutputView* view) {
+  if (view->data != nullptr || !response->has_output() ||
+      response->output().data().size() < TensorBufferPool::kMinPooledBytes) {
+    return;
+  }
+  *view = TensorBufferPool::LendAsView(pool, std::move(*response->mutable_output()->mutable_data()));
+  response->mutable_output()->clear_data();
+}
+
 double SecondsSince(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
@@ -55,6 +81,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
   UnaryCall(SoftmaxServiceImpl* service, Metrics* metrics, grpc::ByteBuffer* response_buffer)
       : counter_(service),
+        buffers_(service->buffers()),
         metrics_(metrics),
         response_buffer_(response_buffer),
         start_(SteadyClock::now()) {}
@@ -71,14 +98,21 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
                               2 * data_bytes_);
     }
     absl::Status outcome = status;
-    if (outcome.ok()) outcome = SerializeResponse(&response_, std::move(view_), response_buffer_);
+    if (outcome.ok()) {
+      LendLargeOutput(buffers_, &response_, &view_);
+      outcome = SerializeResponse(&response_, std::move(view_), response_buffer_);
+    }
     Finish(ToGrpcStatus(outcome));  // may delete this (OnDone) before returning
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    RecycleBuffers(buffers_.get(), &request_, &response_);
+    delete this;
+  }
 
  private:
   CallCounter counter_;
+  const std::shared_ptr<TensorBufferPool> buffers_;
   Metrics* const metrics_;
   grpc::ByteBuffer* const response_buffer_;
   const SteadyClock::time_point start_;
@@ -120,7 +154,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       FinishStream();
       return;
     }
-    reading_ = std::make_unique<Entry>();
+    reading_ = std::make_unique<Entry>(service_->buffers());
     StartRead(&reading_->incoming);
   }
 
@@ -149,7 +183,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     }
     std::unique_ptr<Entry> entry = std::move(reading_);
     entry->start = SteadyClock::now();
-    const absl::Status parsed = ParseRequestMessage(&entry->incoming, &entry->request);
+    const absl::Status parsed =
+        ParseRequestMessage(&entry->incoming, service_->buffers().get(), &entry->request);
     // Read before Dispatch, which may move the input bytes into the output.
     entry->data_bytes = static_cast<int64_t>(entry->request.input().data().size());
     {
@@ -241,6 +276,12 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
  private:
   struct Entry {
+    explicit Entry(std::shared_ptr<TensorBufferPool> pool) : buffers(std::move(pool)) {}
+    ~Entry() { RecycleBuffers(buffers.get(), &request, &response); }
+    Entry(const Entry&) = delete;
+    Entry& operator=(const Entry&) = delete;
+
+    const std::shared_ptr<TensorBufferPool> buffers;
     grpc::ByteBuffer incoming;  // the request as read
     v1::SoftmaxRequest request;
     v1::SoftmaxResponse response;
@@ -251,7 +292,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   };
 
   void StartNextRead() {
-    reading_ = std::make_unique<Entry>();
+    reading_ = std::make_unique<Entry>(service_->buffers());
     StartRead(&reading_->incoming);
   }
 
@@ -277,6 +318,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     if (!status.ok()) {
       entry->view = OutputView{};
       SetError(*entry, status);
+    } else {
+      LendLargeOutput(entry->buffers, &entry->response, &entry->view);
     }
     if (absl::Status serialized =
             SerializeResponse(&entry->response, std::move(entry->view), &entry->outgoing);
@@ -367,7 +410,10 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
 SoftmaxServiceImpl::SoftmaxServiceImpl(const ServiceOptions& options, Batcher* batcher,
                                        Metrics* metrics)
-    : options_(options), batcher_(batcher), metrics_(metrics) {}
+    : options_(options),
+      batcher_(batcher),
+      metrics_(metrics),
+      buffers_(std::make_shared<TensorBufferPool>(kIdleTensorBufferBytes)) {}
 
 absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
                                           v1::SoftmaxResponse* response, OutputView* view,
@@ -398,8 +444,11 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
     // (No GPU here, so no region is in device memory.)
     if (ext.output != nullptr) {
       std::memmove(ext.output, parsed->data.data(), static_cast<size_t>(parsed->bytes));
-    } else {
+    } else if (ext.input != nullptr) {
       output->set_data(parsed->data.data(), parsed->data.size());
+    } else {
+      // Moved, not copied: the input is not read again (see the contract).
+      output->mutable_data()->swap(*request->mutable_input()->mutable_data());
     }
     SetTiming(RequestTiming{}, response);
     done(absl::OkStatus());
@@ -413,7 +462,10 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
   item->segment.shape = parsed->shape;
   item->segment.options = parsed->options;
   item->output = output->mutable_data();
-  item->input_buffer = request->mutable_input()->mutable_data();
+  // A pooled input stays with the request until the call is done and goes
+  // back to the pool, instead of being freed by the batcher once staged.
+  std::string* input = request->mutable_input()->mutable_data();
+  item->input_buffer = input->capacity() >= TensorBufferPool::kMinPooledBytes ? nullptr : input;
   item->output_view = view;
   if (ext.input != nullptr) {
     item->input_buffer = nullptr;
@@ -454,7 +506,8 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
   if (status.ok()) {
     status = !request->Valid()
           ? absl::CancelledError("the call ended before its request message arrived")
-          : ParseRequestMessage(const_cast<grpc::ByteBuffer*>(request), &call->request());
+          : ParseRequestMessage(const_cast<grpc::ByteBuffer*>(request), buffers_.get(),
+                                &call->request());
   }
   call->set_data_bytes(static_cast<int64_t>(call->request().input().data().size()));
   if (status.ok()) {

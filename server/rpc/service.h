@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <set>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "server/scheduling/batcher.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/tensor_buffer_pool.h"
 #include "server/rpc/validation.h"
 #include "softmax/v1/softmax.grpc.pb.h"
 
@@ -135,6 +137,8 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   void RequestsEnded(int count);
 
   Metrics* metrics() const { return metrics_; }
+  // Where the calls' large tensor buffers come from and go back to.
+  const std::shared_ptr<TensorBufferPool>& buffers() const { return buffers_; }
 
   // OK when tokens are off or `context` carries a known one; else
   // UNAUTHENTICATED. For the other front-ends on the same tokens.
@@ -166,6 +170,7 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   const ServiceOptions options_;
   Batcher* const batcher_;
   Metrics* const metrics_;
+  const std::shared_ptr<TensorBufferPool> buffers_;
   std::atomic<bool> draining_{false};
   absl::Mutex calls_mu_;
   int requests_in_flight_ ABSL_GUARDED_BY(calls_mu_) = 0;

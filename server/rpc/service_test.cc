@@ -80,7 +80,7 @@ struct Harness {
   // so those harnesses batch by the delay alone (no dispatch when idle).
   // `in_place`: a StagingBackend, which computes in place as the GPU does.
   explicit Harness(bool echo = false, std::chrono::microseconds delay = std::chrono::microseconds(100),
-                   bool in_place = false) {
+                   bool in_place = false, int64_t max_tensor_bytes = 1 << 20) {
     metrics = std::move(*Metrics::Create(""));
     if (!echo) {
       BatcherOptions batcher_options;
@@ -98,7 +98,7 @@ struct Harness {
       batcher = std::make_unique<Batcher>(batcher_options, scheduler.get(), metrics.get());
     }
     ServiceOptions options;
-    options.limits.max_tensor_bytes = 1 << 20;
+    options.limits.max_tensor_bytes = max_tensor_bytes;
     options.echo = echo;
     options.max_stream_pending = 8;  // small, so tests exercise read pausing
     service = std::make_unique<SoftmaxServiceImpl>(options, batcher.get(), metrics.get());
@@ -564,6 +564,54 @@ TEST(ServiceTest, UnparsableRequestBytesAreInvalidArgument) {
     call->Finish(&status, reinterpret_cast<void*>(6));
     step(6);
     EXPECT_TRUE(status.ok()) << status.error_message();
+  }
+}
+
+// Tensors past TensorBufferPool::kMinPooledBytes are parsed into pooled
+// buffers and answered by reference: the echo and the CPU backend return
+// the right bytes, unary and streamed, and afterwards the pool holds the
+// buffers for the next calls, no more than those calls took out.
+TEST(ServiceTest, LargeTensorsTravelThroughPooledBuffers) {
+  constexpr int64_t kColumns = (TensorBufferPool::kMinPooledBytes + (1 << 20)) / 4;  // 33 MiB
+  for (const bool echo : {true, false}) {
+    SCOPED_TRACE(echo ? "echo" : "cpu");
+    Harness harness(echo, std::chrono::microseconds(100), /*in_place=*/false,
+                    /*max_tensor_bytes=*/int64_t{64} << 20);
+    const v1::SoftmaxRequest request = RandomRequest("big", {1, kColumns}, -1, 5);
+    for (int call = 0; call < 3; ++call) {
+      v1::SoftmaxResponse response;
+      grpc::ClientContext context;
+      const grpc::Status status = harness.stub->Softmax(&context, request, &response);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      if (echo) {
+        EXPECT_TRUE(response.output().data() == request.input().data());
+      } else {
+        ExpectCorrect(request, response);
+      }
+    }
+    std::vector<v1::SoftmaxRequest> requests;
+    for (int i = 0; i < 2; ++i) {
+      requests.push_back(RandomRequest(absl::StrCat("s", i), {1, kColumns}, -1, 10 + i));
+    }
+    const std::vector<v1::SoftmaxResponse> responses = RunStream(harness, requests);
+    ASSERT_EQ(responses.size(), 2u);
+    for (const v1::SoftmaxResponse& response : responses) {
+      const int index = std::stoi(response.request_id().substr(1));
+      EXPECT_EQ(response.error().code(), 0) << response.error().message();
+      if (echo) {
+        EXPECT_TRUE(response.output().data() == requests[index].input().data());
+      } else {
+        ExpectCorrect(requests[index], response);
+      }
+    }
+    // gRPC releases the responses' buffers once they are on the wire.
+    TensorBufferPool& pool = *harness.service->buffers();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (pool.idle_buffers() == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_GE(pool.idle_buffers(), 1u);
+    EXPECT_LE(pool.idle_buffers(), 2u);  // at most two calls were in flight at once
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/slice.h>
 
 #include "absl/strings/str_cat.h"
@@ -25,13 +26,32 @@ void ReleaseOwner(void* owner) { delete static_cast<std::shared_ptr<const void>*
 
 }  // namespace
 
-absl::Status ParseRequestMessage(grpc::ByteBuffer* buffer, v1::SoftmaxRequest* request) {
-  const grpc::Status status =
-      grpc::SerializationTraits<v1::SoftmaxRequest>::Deserialize(buffer, request);
-  if (!status.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the request is not a valid softmax.v1.SoftmaxRequest message (",
-                     status.error_message(), ")"));
+absl::Status ParseRequestMessage(grpc::ByteBuffer* buffer, TensorBufferPool* pool,
+                                 v1::SoftmaxRequest* request) {
+  const size_t length = buffer->Length();  // gRPC bounds it by INT_MAX
+  if (pool != nullptr) {
+    // The whole message bounds its tensor. A merge (unlike gRPC's parse,
+    // which clears the message first) keeps the buffer's capacity.
+    std::string data = pool->Take(length);
+    if (data.capacity() >= TensorBufferPool::kMinPooledBytes) {
+      request->mutable_input()->mutable_data()->swap(data);
+    }
+  }
+  bool parsed = false;
+  std::string problem;
+  {
+    grpc::ProtoBufferReader reader(buffer);
+    if (!reader.status().ok()) {
+      problem = reader.status().error_message();
+    } else {
+      parsed = request->MergeFromBoundedZeroCopyStream(&reader, static_cast<int>(length));
+      if (!parsed) problem = request->InitializationErrorString();
+    }
+  }
+  buffer->Clear();
+  if (!parsed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request is not a valid softmax.v1.SoftmaxRequest message (", problem, ")"));
   }
   return absl::OkStatus();
 }

@@ -12,14 +12,19 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include "absl/status/status.h"
+#include "server/rpc/tensor_buffer_pool.h"
 #include "server/scheduling/backend.h"
 #include "softmax/v1/softmax.pb.h"
 
 namespace softmax::server {
 
 // Parses a softmax.v1.SoftmaxRequest out of `buffer` (consumed: it is left
-// empty). INVALID_ARGUMENT when the bytes are not such a message.
-absl::Status ParseRequestMessage(grpc::ByteBuffer* buffer, v1::SoftmaxRequest* request);
+// empty) into `request`, which must be newly constructed. A tensor of
+// TensorBufferPool::kMinPooledBytes or more is parsed into a buffer taken
+// from `pool` (may be null), which the caller gives back once the call is
+// done. INVALID_ARGUMENT when the bytes are not such a message.
+absl::Status ParseRequestMessage(grpc::ByteBuffer* buffer, TensorBufferPool* pool,
+                                 v1::SoftmaxRequest* request);
 
 // Serialises `response` into `out`. Without a view (view.data null) this is
 // protobuf's own serialisation. With one, the output's data is the view's

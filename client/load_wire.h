@@ -1,0 +1,64 @@
+// The load engine's messages on the wire, without the per-call allocations
+// that made large tensors slow.
+//
+// A typed stub serialises every request into a newly allocated buffer and
+// parses every response into a new message. For a 64 MiB tensor each of
+// those is a block above glibc's largest mmap threshold (32 MiB): a fresh
+// mapping, 16,384 page faults with the kernel zeroing every page, and an
+// unmap, and protobuf's parser grows such a string by reserving 50 MB and
+// then doubling. On a 2-core host that fault work was a quarter of the load
+// client's CPU time at 64 MiB. So the engine sends each payload's bytes, serialised once, by
+// reference (PreparedRequest), and parses responses into messages it keeps
+// (ParseResponseReusingBuffers), whose output strings keep their capacity.
+//
+// Thread-safety: a PreparedRequest is immutable once built and may be used
+// from any number of threads; ParseResponseReusingBuffers is a pure function
+// of its arguments.
+#ifndef SOFTMAX_CLIENT_LOAD_WIRE_H_
+#define SOFTMAX_CLIENT_LOAD_WIRE_H_
+
+#include <string>
+
+#include <grpcpp/support/byte_buffer.h>
+
+#include "absl/strings/string_view.h"
+#include "softmax/v1/softmax.pb.h"
+
+namespace softmax::client {
+
+// Full method names, for a generic stub.
+inline constexpr char kSoftmaxMethod[] = "/softmax.v1.SoftmaxService/Softmax";
+inline constexpr char kSoftmaxStreamMethod[] = "/softmax.v1.SoftmaxService/SoftmaxStream";
+
+// A SoftmaxRequest serialised once. Not copyable or movable: the messages it
+// hands out reference its bytes, so it must outlive every call sending them.
+class PreparedRequest {
+ public:
+  // REQUIRES: request.request_id() is empty.
+  explicit PreparedRequest(const v1::SoftmaxRequest& request);
+  PreparedRequest(const PreparedRequest&) = delete;
+  PreparedRequest& operator=(const PreparedRequest&) = delete;
+
+  // The request as it is (unary calls). gRPC copies a ByteBuffer by
+  // reference, so any number of calls may send it at once.
+  const grpc::ByteBuffer& message() const { return message_; }
+  // The request with its request_id set (streams): a small new slice with
+  // the id field, then this object's bytes by reference. A field's position
+  // in a message does not matter to protobuf.
+  grpc::ByteBuffer WithRequestId(absl::string_view request_id) const;
+  size_t size() const { return bytes_.size(); }
+
+ private:
+  const std::string bytes_;
+  grpc::ByteBuffer message_;
+};
+
+// Parses a SoftmaxResponse out of `buffer` (consumed) into `response`, which
+// is reset first except for the capacity of its output's data string, which
+// the parse fills instead of allocating. false when the bytes are not a
+// SoftmaxResponse.
+bool ParseResponseReusingBuffers(grpc::ByteBuffer* buffer, v1::SoftmaxResponse* response);
+
+}  // namespace softmax::client
+
+#endif  // SOFTMAX_CLIENT_LOAD_WIRE_H_

@@ -1,0 +1,115 @@
+#include "client/load_wire.h"
+
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/slice.h>
+#include <gtest/gtest.h>
+
+namespace softmax::client {
+namespace {
+
+v1::SoftmaxRequest SampleRequest(size_t data_bytes) {
+  v1::SoftmaxRequest request;
+  request.mutable_input()->set_dtype(v1::DTYPE_FLOAT32);
+  request.mutable_input()->add_shape(1);
+  request.mutable_input()->add_shape(static_cast<int64_t>(data_bytes / 4));
+  std::string data(data_bytes, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 + 7);
+  request.mutable_input()->set_data(data);
+  request.set_axis(-1);
+  request.set_temperature(0.5f);
+  return request;
+}
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return bytes;
+}
+
+grpc::ByteBuffer Serialized(const v1::SoftmaxResponse& response) {
+  const std::string bytes = response.SerializeAsString();
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+TEST(PreparedRequestTest, TheMessageIsTheRequestAndSharesItsBytes) {
+  const v1::SoftmaxRequest request = SampleRequest(4096);
+  const PreparedRequest prepared(request);
+  EXPECT_EQ(prepared.size(), request.ByteSizeLong());
+  v1::SoftmaxRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(prepared.message())));
+  EXPECT_EQ(parsed.SerializeAsString(), request.SerializeAsString());
+  // A copy, as gRPC makes for each call, references the same bytes.
+  const grpc::ByteBuffer copy = prepared.message();
+  std::vector<grpc::Slice> a, b;
+  ASSERT_TRUE(prepared.message().Dump(&a).ok());
+  ASSERT_TRUE(copy.Dump(&b).ok());
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(a[0].begin(), b[0].begin());
+}
+
+TEST(PreparedRequestTest, WithRequestIdParsesAsTheRequestWithThatId) {
+  const v1::SoftmaxRequest request = SampleRequest(1000);
+  const PreparedRequest prepared(request);
+  for (const std::string& id : std::vector<std::string>{"0", "17", std::string(300, 'x')}) {
+    v1::SoftmaxRequest parsed;
+    ASSERT_TRUE(parsed.ParseFromString(Flatten(prepared.WithRequestId(id))));
+    v1::SoftmaxRequest expected = request;
+    expected.set_request_id(id);
+    EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString()) << id.size();
+  }
+}
+
+TEST(ParseResponseReusingBuffersTest, ReusesTheOutputBufferAndResetsEverythingElse) {
+  v1::SoftmaxResponse first;
+  first.set_request_id("a");
+  first.mutable_output()->set_dtype(v1::DTYPE_FLOAT16);
+  first.mutable_output()->add_shape(3);
+  first.mutable_output()->set_data(std::string(1 << 20, 'p'));
+  first.mutable_timing()->set_queue_ns(5);
+  v1::SoftmaxResponse response;
+  grpc::ByteBuffer buffer = Serialized(first);
+  ASSERT_TRUE(ParseResponseReusingBuffers(&buffer, &response));
+  EXPECT_EQ(response.SerializeAsString(), first.SerializeAsString());
+  EXPECT_EQ(buffer.Length(), 0u);  // consumed
+  const char* memory = response.output().data().data();
+
+  v1::SoftmaxResponse second;
+  second.set_request_id("b");
+  second.mutable_output()->set_dtype(v1::DTYPE_FLOAT32);
+  second.mutable_output()->add_shape(2);
+  second.mutable_output()->add_shape(5);
+  second.mutable_output()->set_data(std::string((1 << 20) - 8, 'q'));
+  buffer = Serialized(second);
+  ASSERT_TRUE(ParseResponseReusingBuffers(&buffer, &response));
+  EXPECT_EQ(response.SerializeAsString(), second.SerializeAsString());  // no timing, shape [2,5]
+  EXPECT_EQ(response.output().data().data(), memory);
+
+  v1::SoftmaxResponse failed;
+  failed.set_request_id("c");
+  failed.mutable_error()->set_code(3);
+  buffer = Serialized(failed);
+  ASSERT_TRUE(ParseResponseReusingBuffers(&buffer, &response));
+  EXPECT_TRUE(response.has_error());
+  EXPECT_EQ(response.error().code(), 3);
+  EXPECT_EQ(response.request_id(), "c");
+  EXPECT_TRUE(response.output().data().empty());
+}
+
+TEST(ParseResponseReusingBuffersTest, RefusesBytesThatAreNotAResponse) {
+  const std::string garbage = "\xff\xff\xff\xff\xff\xff";
+  grpc::Slice slice(garbage);
+  grpc::ByteBuffer buffer(&slice, 1);
+  v1::SoftmaxResponse response;
+  EXPECT_FALSE(ParseResponseReusingBuffers(&buffer, &response));
+}
+
+}  // namespace
+}  // namespace softmax::client
