@@ -171,7 +171,7 @@ void SoftmaxV1(const uint8_t* data, size_t size) {
   grpc::Slice slice(data, size);
   grpc::ByteBuffer buffer(&slice, 1);
   v1::SoftmaxRequest request;
-  const absl::Status parsed = ParseRequestMessage(&buffer, &request);
+  const absl::Status parsed = ParseRequestMessage(&buffer, nullptr, &request);
   if (!parsed.ok()) {
     CheckRefusal(parsed);
     return;
