@@ -80,22 +80,7 @@ bundle: build
 
 # The bundle plus what scripts/gpu-check.sh runs on a GPU machine: the GPU
 # unit tests and the Python stubs of the wire contract.
-gpu-# The server and the unit tests built with AddressSanitizer + UBSan (CPU
-# backend, its own build folder), then the unit tests and the end-to-end
-# tests of hostile input against that server. A finding fails the run.
-ASAN_BUILD_DIR ?= build-asan
-ASAN_E2E ?= abuse|security|validation|kserve_http|kserve_grpc|stream|shutdown
-export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=0:halt_on_error=1:strict_string_checks=1
-export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
-test-asan: deps venv
-	cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DSOFTMAX_SANITIZE=ON -DSOFTMAX_ENABLE_CUDA=OFF
-	ln -sfn $(abspath $(VENV)) $(ASAN_BUILD_DIR)/venv
-	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
-	cd $(ASAN_BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE 'e2e|deploy'
-	cd $(ASAN_BUILD_DIR) && ctest --output-on-failure -R 'e2e\.($(ASAN_E2E))$$'
-
-bundle: build
+gpu-bundle: build
 	deploy/make-bundle.sh $(BUILD_DIR) dist
 	b=$$(ls -d dist/softmax-serve-*-linux-* | grep -v tar.gz | head -1) && \
 	  cp $(BUILD_DIR)/bin/cuda_backend_test $$b/bin/ && \
