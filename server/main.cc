@@ -88,6 +88,10 @@ ABSL_FLAG(int64_t, max_queued_requests, kDefaults.max_queued_requests,
           "queued requests beyond which new ones get UNAVAILABLE (retryable)");
 ABSL_FLAG(int64_t, max_queued_bytes, kDefaults.max_queued_bytes,
           "queued input bytes beyond which new requests get UNAVAILABLE (retryable)");
+ABSL_FLAG(int64_t, max_held_bytes, kDefaults.max_held_bytes,
+          "bound on the tensor bytes (input + output) that requests hold from admission until "
+          "their response is sent, over every protocol; past it new requests get UNAVAILABLE. "
+          "0 = no bound");
 ABSL_FLAG(int, cpu_threads, kDefaults.cpu_threads,
           "threads of the CPU backend; 0 = all cores");
 ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
@@ -133,6 +137,7 @@ ServerOptions OptionsFromFlags() {
   options.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
   options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
+  options.max_held_bytes = absl::GetFlag(FLAGS_max_held_bytes);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
   options.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
@@ -179,6 +184,9 @@ int Run(const ServerOptions& options) {
     return Fail(absl::InvalidArgumentError(
         "--max_tensor_bytes, --max_batch_rows, --max_batch_bytes, --max_queued_requests, "
         "--max_queued_bytes and --max_concurrent_streams must be positive"));
+  }
+  if (options.max_held_bytes < 0) {
+    return Fail(absl::InvalidArgumentError("--max_held_bytes: must be >= 0 (0: no bound)"));
   }
   if (options.max_queue_delay_us < 0 || options.cpu_threads < 0 || options.lame_duck_ms < 0 ||
       options.shutdown_grace_s < 0 || options.cuda_memory_limit_bytes < 0 ||
@@ -275,7 +283,12 @@ int Run(const ServerOptions& options) {
     authenticator = std::move(*created);
   }
 
+  MemoryBudget budget(options.max_held_bytes, [metrics = metrics.get()](int64_t held) {
+    if (metrics != nullptr) metrics->SetHeldBytes(held);
+  });
+  if (metrics != nullptr) metrics->SetHeldBytesLimit(options.max_held_bytes);
   ServiceOptions service_options;
+  service_options.budget = &budget;
   service_options.authenticator = authenticator.get();
   service_options.limits.max_tensor_bytes = options.max_tensor_bytes;
   service_options.echo = backends.empty();

@@ -24,6 +24,7 @@ struct ServerOptions {
   bool dispatch_when_idle = true;
   int64_t max_queued_requests = 8192;
   int64_t max_queued_bytes = int64_t{4} << 30;
+  int64_t max_held_bytes = int64_t{8} << 30;
   int cpu_threads = 0;
   int64_t cuda_memory_limit_bytes = 0;
   int max_concurrent_streams = 1024;

@@ -306,3 +306,43 @@ def test_server_recovers_after_running_out_of_file_descriptors(start_server):
         assert response.status == 200
     assert "softmax_requests_total" in scrape_metrics(server.metrics_address, timeout=2)
     assert server.process.poll() is None
+
+
+def test_memory_budget_bounds_what_slow_readers_make_the_server_hold(start_server):
+    """A caller streams 96 requests of 256 KiB and reads nothing: the server
+    holds at most --max_held_bytes of their tensors (plus one request), refuses
+    the rest UNAVAILABLE naming the budget, keeps its RSS bounded, and serves
+    again once the answers are read."""
+    limit = 4 << 20
+    process = start_server(f"--max_held_bytes={limit}")
+    values = np.random.default_rng(2).normal(size=(64, 1024)).astype(np.float32)  # 256 KiB
+    count = 96
+    channel = process.channel()
+    stub = e2e_util.softmax_pb2_grpc.SoftmaxServiceStub(channel)
+    rss_before = _rss_bytes(process.process.pid)
+    responses = stub.SoftmaxStream(
+        iter([request(values, request_id=str(i)) for i in range(count)]), timeout=60)
+    # Nothing read yet: the server answers what the budget admits and holds it.
+    wait_for(lambda: (metric_value(scrape_metrics(process.metrics_address),
+                                   "softmax_held_bytes") or 0) > 0, 10, "bytes held")
+    time.sleep(0.5)
+    held = metric_value(scrape_metrics(process.metrics_address), "softmax_held_bytes")
+    assert 0 < held <= limit + 2 * values.nbytes, held
+    assert metric_value(scrape_metrics(process.metrics_address),
+                        "softmax_held_bytes_limit") == limit
+    assert _rss_bytes(process.process.pid) - rss_before < limit + (64 << 20)
+    ok, refused = 0, 0
+    for response in responses:
+        if response.HasField("error"):
+            assert response.error.code == grpc.StatusCode.UNAVAILABLE.value[0], response.error
+            assert "memory budget" in response.error.message
+            refused += 1
+        else:
+            ok += 1
+    assert ok + refused == count
+    assert ok >= 4 and refused >= count // 2, (ok, refused)
+    wait_for(lambda: metric_value(scrape_metrics(process.metrics_address),
+                                  "softmax_held_bytes") == 0, 10, "the budget given back")
+    answer = stub.Softmax(request(values), timeout=30)
+    assert answer.output.shape == [64, 1024]
+    channel.close()

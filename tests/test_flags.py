@@ -16,7 +16,7 @@ import flags_table  # noqa: E402
 EXPECTED = {
     "grpc_address", "http_address", "metrics_address", "device", "max_tensor_bytes", "max_batch_rows",
     "max_batch_bytes", "max_queue_delay_us", "dispatch_when_idle", "max_queued_requests",
-    "max_queued_bytes", "cpu_threads", "cuda_memory_limit_bytes", "lame_duck_ms",
+    "max_queued_bytes", "max_held_bytes", "cpu_threads", "cuda_memory_limit_bytes", "lame_duck_ms",
     "shutdown_grace_s", "max_concurrent_streams", "tls_cert_file", "tls_key_file",
     "tls_client_ca_file", "auth_tokens_file", "reflection", "shared_memory",
 }

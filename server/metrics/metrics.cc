@@ -246,6 +246,10 @@ Metrics::Metrics()
       shared_memory_bytes_[k] = &bytes.Add({{"kind", kind}});
     }
   }
+  held_bytes_ = &AddGauge(r, "softmax_held_bytes",
+                         "Tensor bytes (input + output) held by requests until answered.");
+  held_bytes_limit_ = &AddGauge(r, "softmax_held_bytes_limit",
+                               "The memory budget on held tensor bytes (--max_held_bytes).");
   serving_ = &AddGauge(r, "softmax_serving",
                        "1 while serving; 0 while starting, draining or after a device fault.");
   AddGauge(r, "softmax_build_info", "Constant 1, labelled with the build's version and revision.",

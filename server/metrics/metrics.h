@@ -89,6 +89,11 @@ class Metrics final : public BatcherObserver {
   // registered ("system" or "cuda") and the bytes they span.
   void SetSharedMemory(const std::string& kind, int64_t regions, int64_t bytes);
 
+  // softmax_held_bytes: tensor bytes requests hold until answered (the
+  // memory budget); softmax_held_bytes_limit: --max_held_bytes (0: none).
+  void SetHeldBytes(int64_t bytes) { held_bytes_->Set(static_cast<double>(bytes)); }
+  void SetHeldBytesLimit(int64_t bytes) { held_bytes_limit_->Set(static_cast<double>(bytes)); }
+
   // softmax_serving: true once listening, false from the start of draining
   // or after a device fault.
   void SetServing(bool serving);
@@ -173,6 +178,8 @@ class Metrics final : public BatcherObserver {
   prometheus::Gauge* queue_capacity_requests_;
   prometheus::Gauge* queue_capacity_bytes_;
   prometheus::Gauge* serving_;
+  prometheus::Gauge* held_bytes_ = nullptr;
+  prometheus::Gauge* held_bytes_limit_ = nullptr;
   // softmax_shared_memory_{regions,bytes}: [0] system, [1] cuda.
   prometheus::Gauge* shared_memory_regions_[2] = {};
   prometheus::Gauge* shared_memory_bytes_[2] = {};

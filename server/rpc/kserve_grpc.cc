@@ -47,6 +47,7 @@ struct InferCall {
   ExternalTensors external;
   std::optional<kserve::RegionRef> output_region;
   std::vector<std::shared_ptr<const void>> leases;
+  std::shared_ptr<const void> held;  // its share of the memory budget
 };
 
 // The shared-memory parameters of a tensor's `parameters` (see
@@ -317,7 +318,8 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
                                      [call, complete](const absl::Status& outcome) {
                                        complete(std::unique_ptr<InferCall>(call), outcome);
                                      },
-                                     call->has_external ? &call->external : nullptr),
+                                     call->has_external ? &call->external : nullptr,
+                                     &call->held),
         call->data_field);
   }
   if (!status.ok()) complete(std::unique_ptr<InferCall>(call), status);

@@ -200,6 +200,7 @@ struct HttpCall {
   absl::Notification done;
   std::atomic<bool> abandoned{false};
   std::vector<std::shared_ptr<const void>> leases;  // shared-memory regions in use
+  std::shared_ptr<const void> held;                  // its share of the memory budget
 };
 
 // Reads the request body into `body` (sized to its Content-Length); the
@@ -472,7 +473,7 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
             call->status = outcome;
             call->done.Notify();
           },
-          has_external ? &external : nullptr),
+          has_external ? &external : nullptr, &call->held),
       parts.data_field);
   if (!status.ok()) {
     softmax->RequestsEnded(1);

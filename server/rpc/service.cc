@@ -89,6 +89,8 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   v1::SoftmaxRequest& request() { return request_; }
   v1::SoftmaxResponse& response() { return response_; }
   OutputView& view() { return view_; }
+  // The request's share of the memory budget, given back once it is sent.
+  std::shared_ptr<const void>* held() { return &held_; }
   // The request's input data size (its output is as large), for the metrics.
   void set_data_bytes(int64_t bytes) { data_bytes_ = bytes; }
 
@@ -120,6 +122,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   v1::SoftmaxRequest request_;
   v1::SoftmaxResponse response_;
   OutputView view_;
+  std::shared_ptr<const void> held_;
 };
 
 // Bidirectional stream. Lifetime: gRPC calls OnDone only after Finish, and
@@ -202,7 +205,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
                            },
                            [this, raw](const absl::Status& outcome) {
                              Complete(std::unique_ptr<Entry>(raw), outcome);
-                           });
+                           },
+                           nullptr, &raw->held);
     if (!status.ok()) Complete(std::unique_ptr<Entry>(raw), status);
 
     bool read_more = false;
@@ -289,6 +293,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     grpc::ByteBuffer outgoing;  // the response as written
     SteadyClock::time_point start;
     int64_t data_bytes = 0;  // the request's input bytes, as received
+    std::shared_ptr<const void> held;  // its share of the memory budget
   };
 
   void StartNextRead() {
@@ -420,7 +425,8 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
                                           std::chrono::system_clock::time_point deadline,
                                           std::function<bool()> is_cancelled,
                                           std::function<void(const absl::Status&)> done,
-                                          const ExternalTensors* external) {
+                                          const ExternalTensors* external,
+                                          std::shared_ptr<const void>* held) {
   if (draining_.load(std::memory_order_relaxed)) {
     return absl::UnavailableError("server is shutting down; retry on another replica");
   }
@@ -433,6 +439,23 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
   if (ext.output != nullptr && ext.output_bytes < parsed->bytes) {
     return absl::InvalidArgumentError(absl::StrCat("output: the region holds ", ext.output_bytes,
                                                    " bytes; the output needs ", parsed->bytes));
+  }
+  // The input and the output, each unless it is in a caller's region.
+  std::shared_ptr<const void> lease;
+  if (options_.budget != nullptr) {
+    const int64_t bytes =
+        (ext.input != nullptr ? 0 : parsed->bytes) + (ext.output != nullptr ? 0 : parsed->bytes);
+    lease = options_.budget->TryReserve(bytes);
+    if (lease == nullptr) {
+      return absl::UnavailableError(absl::StrCat(
+          "server memory budget spent: requests hold ", options_.budget->held(),
+          " bytes and this one needs ", bytes, " more (--max_held_bytes=",
+          options_.budget->limit(), "); retry with backoff"));
+    }
+    if (held != nullptr) {
+      *held = lease;
+      lease.reset();
+    }
   }
 
   response->set_request_id(request->request_id());
@@ -480,8 +503,9 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
   }
   item->deadline = deadline;
   item->is_cancelled = std::move(is_cancelled);
-  item->done = [response, metrics = metrics_, done = std::move(done)](
-                   const absl::Status& status, const RequestTiming& timing) {
+  item->done = [response, metrics = metrics_, done = std::move(done),
+                lease = std::move(lease)](const absl::Status& status,
+                                          const RequestTiming& timing) {
     if (metrics != nullptr) metrics->RecordRequestTiming(timing);
     if (status.ok()) SetTiming(timing, response);
     done(status);
@@ -514,7 +538,8 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
     status = Dispatch(
         &call->request(), &call->response(), &call->view(), context->deadline(),
         [context] { return context->IsCancelled(); },
-        [call](const absl::Status& outcome) { call->Complete(outcome); });
+        [call](const absl::Status& outcome) { call->Complete(outcome); }, nullptr,
+        call->held());
   }
   if (!status.ok()) {
     if (status.code() == absl::StatusCode::kUnavailable && draining() &&

@@ -32,6 +32,7 @@
 #include "server/scheduling/batcher.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/memory_budget.h"
 #include "server/rpc/tensor_buffer_pool.h"
 #include "server/rpc/validation.h"
 #include "softmax/v1/softmax.grpc.pb.h"
@@ -64,6 +65,9 @@ struct ServiceOptions {
   // When set (--auth_tokens_file), every call must carry one of its tokens,
   // else it fails UNAUTHENTICATED. Must outlive the service.
   const TokenAuthenticator* authenticator = nullptr;
+  // When set (--max_held_bytes), the bound on the tensor bytes requests hold
+  // until answered. Must outlive the service.
+  MemoryBudget* budget = nullptr;
 };
 
 // Both methods on the callback API, with raw byte buffers (see above).
@@ -93,12 +97,16 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   // the backend lends it (see WorkItem::output_view); it must live as long.
   // `external` (may be null) places the input or output outside the
   // messages; a region too small for the output is INVALID_ARGUMENT.
+  // `held` receives the request's share of the memory budget: the caller
+  // keeps it until the response is sent (null: it is given back once `done`
+  // has run). UNAVAILABLE when the budget is spent.
   absl::Status Dispatch(v1::SoftmaxRequest* request, v1::SoftmaxResponse* response,
                         OutputView* view,
                         std::chrono::system_clock::time_point deadline,
                         std::function<bool()> is_cancelled,
                         std::function<void(const absl::Status&)> done,
-                        const ExternalTensors* external = nullptr);
+                        const ExternalTensors* external = nullptr,
+                        std::shared_ptr<const void>* held = nullptr);
 
   // Lame duck: from now on every new request (unary or on a stream) is
   // refused with UNAVAILABLE, so callers retry elsewhere, while requests
