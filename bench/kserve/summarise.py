@@ -123,8 +123,12 @@ def targets(points, payloads, concurrencies):
             text += f"; behind at {', '.join(behind)}"
         if missing:
             text += f"; not measured at {', '.join(missing)}"
-        met = not behind and not missing
-        lines.append(text + " -> " + verdict(met))
+        if behind:
+            lines.append(text + " -> missed")
+        elif missing:
+            lines.append(text + " -> not measured everywhere")
+        else:
+            lines.append(text + " -> met")
     return "\n".join(lines)
 
 
@@ -193,7 +197,11 @@ def main():
             "the rows of PyTriton's batch dimension (-b), so every column counts requests.",
             "", text, "", "Targets:", "", targets(points, payloads, concurrencies), "",
             f"Answers checked against the float64 reference before timing: {len(checks)} "
-            f"checks, {len(failed_checks)} failed."]
+            f"checks, {len(failed_checks)} failed"
+            + ("." if not failed_checks else ": " + "; ".join(
+                f"{c.get('server')} {c.get('protocol')} {c.get('payload')} "
+                f"({c.get('error') or c.get('max_rel_error') or c.get('mismatches')})"
+                for c in failed_checks) + ". FIGURES OF A FAILED CHECK DO NOT COUNT.")]
     if results.get("peer_start_s") is not None:
         body.append(f"PyTriton start-up: {results['peer_start_s']} s.")
     markdown = "\n".join(body) + "\n"
