@@ -517,6 +517,8 @@ def main():
             peer.stop()
         ours.stop()
         save()
+        for path in list(data_ours.values()) + list(data_peer.values()):
+            os.unlink(path)  # megabytes of base64, made again from the seeds
 
     summary = subprocess.run([sys.executable, os.path.join(HERE, "summarise.py"),
                               os.path.join(out, "results.json"), "--out", out],
