@@ -258,7 +258,7 @@ def pa_command(args, model, protocol, url, data_path, batch, concurrency, csv_pa
                "--max-trials", str(args.pa_max_trials), "-f", csv_path]
     if batch > 1:
         command += ["-b", str(batch)]
-    return command
+    return command + args.pa_arg
 
 
 def parse_pa(csv_path, stdout, concurrency, batch):
@@ -379,7 +379,9 @@ def main():
     # 100 accepts the first three, so a point takes about three windows.
     parser.add_argument("--pa-stability", type=int, default=100)
     parser.add_argument("--pa-max-trials", type=int, default=6)
-    parser.add_argument("--pa-timeout", type=float, default=25,
+    parser.add_argument("--pa-arg", action="append", default=[],
+                        help="extra perf_analyzer flag (repeatable), e.g. -v")
+    parser.add_argument("--pa-timeout", type=float, default=60,
                         help="seconds one perf_analyzer call may take")
     parser.add_argument("--load-duration", type=float, default=2.0)
     parser.add_argument("--load-warmup", type=float, default=0.5)

@@ -163,8 +163,9 @@ def plot(points, payloads, concurrencies, path):
             if not xs:
                 continue
             style = "--" if driver.startswith("pytriton") else "-"
-            axes[0][column].plot(xs, rates, style, marker="o", label=label)
-            axes[1][column].plot(xs, p99s, style, marker="o", label=label)
+            color = f"C{[d for d, _ in SERIES].index(driver)}"  # one colour per driver everywhere
+            axes[0][column].plot(xs, rates, style, marker="o", color=color, label=label)
+            axes[1][column].plot(xs, p99s, style, marker="o", color=color, label=label)
         axes[0][column].set_title(payload.replace(":", " "))
         for row, ylabel in ((0, "requests/s"), (1, "p99 latency (ms)")):
             ax = axes[row][column]
