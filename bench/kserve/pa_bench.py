@@ -9,6 +9,7 @@ and concurrency (1, 16, 64, 256):
   load           softmax-client load on softmax.v1 (bench/service/run.py's
                  settings: min(concurrency, 8) connections, closed loop)
   pa-grpc        perf_analyzer -i grpc on inference.GRPCInferenceService
+                 (every perf_analyzer call --async unless --pa-mode=sync)
   pa-http        perf_analyzer -i http (binary tensors) on the HTTP port
   pytriton-grpc  perf_analyzer -i grpc on PyTriton (pytriton-http with
                  --peer-protocols=grpc,http)
@@ -255,7 +256,7 @@ def pa_command(args, model, protocol, url, data_path, batch, concurrency, csv_pa
                "--input-data", data_path, "--concurrency-range", f"{concurrency}:{concurrency}",
                "--measurement-interval", str(args.pa_interval_ms),
                "--stability-percentage", str(args.pa_stability),
-               "--max-trials", str(args.pa_max_trials), "-f", csv_path]
+               "--max-trials", str(args.pa_max_trials), f"--{args.pa_mode}", "-f", csv_path]
     if batch > 1:
         command += ["-b", str(batch)]
     return command + args.pa_arg
@@ -379,6 +380,11 @@ def main():
     # 100 accepts the first three, so a point takes about three windows.
     parser.add_argument("--pa-stability", type=int, default=100)
     parser.add_argument("--pa-max-trials", type=int, default=6)
+    # Synchronous perf_analyzer (a thread per request in flight) stretched its
+    # windows 3-5x against this server and stalled over HTTP at 32 callers and
+    # more (echo server, Debian 12); --async ran the same points in 8-9 s.
+    parser.add_argument("--pa-mode", choices=["async", "sync"], default="async",
+                        help="perf_analyzer's --async or --sync, for every driver")
     parser.add_argument("--pa-arg", action="append", default=[],
                         help="extra perf_analyzer flag (repeatable), e.g. -v")
     parser.add_argument("--pa-timeout", type=float, default=60,
