@@ -327,3 +327,42 @@ def test_readme_curl_examples_run_as_written(server):
                                 timeout=60)
         assert result.returncode == 0, (block, result.stdout, result.stderr)
         assert result.stdout.strip(), block
+
+
+def test_expect_100_continue_is_answered_at_once(server):
+    """libcurl (and so perf_analyzer -i http) sends large bodies only after
+    "100 Continue": the server says it before reading the body, then answers
+    with a whole response on the same connection, which stays usable."""
+    import socket
+    values = np.arange(16384, dtype=np.float32) / 1000
+    header = json.dumps({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 16384],
+                                     "parameters": {"binary_data_size": values.nbytes}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    body = header + values.tobytes()
+    host, port = server.http_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for _ in range(2):  # twice on one keep-alive connection
+            sock.sendall(b"POST /v2/models/softmax/infer HTTP/1.1\r\nHost: x\r\n"
+                         b"Expect: 100-continue\r\nContent-Type: application/octet-stream\r\n"
+                         b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+                         % (len(header), len(body)))
+            start = time.monotonic()
+            sock.settimeout(0.5)  # libcurl waits 1 s before sending anyway
+            interim = sock.recv(64)
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n", interim
+            assert time.monotonic() - start < 0.5
+            sock.settimeout(10)
+            sock.sendall(body)
+            response = b""
+            while b"\r\n\r\n" not in response:
+                response += sock.recv(65536)
+            head, rest = response.split(b"\r\n\r\n", 1)
+            assert head.startswith(b"HTTP/1.1 200 OK"), head
+            fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+            length = int(fields[b"Content-Length"])
+            json_length = int(fields[b"Inference-Header-Content-Length"])
+            while len(rest) < length:
+                rest += sock.recv(1 << 20)
+            assert len(rest) == length
+            got = np.frombuffer(rest[json_length:], dtype=np.float32)
+            assert_close(got, reference_softmax(values), "float32")
