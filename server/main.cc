@@ -66,7 +66,8 @@ ABSL_FLAG(std::string, http_address, kDefaults.http_address,
 ABSL_FLAG(std::string, metrics_address, kDefaults.metrics_address,
           "host:port for Prometheus /metrics; empty disables; port 0 picks a free port");
 ABSL_FLAG(std::string, device, kDefaults.device,
-          "auto (GPU 0 when usable, else the CPU) | cpu | cuda (= cuda:0) | cuda:N | "
+          "auto (GPU 0 when usable, else the CPU; a GPU present but unusable is a warning and "
+          "softmax_gpu_unusable) | cpu | cuda (= cuda:0; exits 1 when unusable) | cuda:N | "
           "cuda:N,M,... | cuda:all (one backend per GPU; batches go to the least-loaded one) | "
           "none (echo inputs, no compute: the transport's ceiling)");
 ABSL_FLAG(int64_t, max_tensor_bytes, kDefaults.max_tensor_bytes,
@@ -221,6 +222,10 @@ int Run(const ServerOptions& options) {
   };
   absl::StatusOr<BackendChoice> choice = CreateBackends(*spec, backend_options);
   if (!choice.ok()) return Fail(choice.status());
+  if (choice->unusable != GpuUnusableCause::kNone) {
+    std::fprintf(stderr, "softmax-server: warning: --device=auto serves on the CPU: %s\n",
+                 choice->unusable_detail.c_str());
+  }
   std::fprintf(stderr, "softmax-server: device=%s %s\n", choice->device.c_str(),
                choice->description.c_str());
   std::vector<Backend*> backends;
@@ -239,6 +244,9 @@ int Run(const ServerOptions& options) {
     metrics = std::move(*created);
     metrics->SetBackends(observed);
     metrics->SetQueueCapacity(options.max_queued_requests, options.max_queued_bytes);
+    if (choice->unusable != GpuUnusableCause::kNone) {
+      metrics->SetGpuUnusable(CauseName(choice->unusable));
+    }
   }
 
   // The scheduler runs the backends' slots; the batcher feeds it. Declared
