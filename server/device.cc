@@ -3,13 +3,13 @@
 #include <dirent.h>
 
 #include <algorithm>
-#include <cstdio>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "server/logging/log.h"
 
 #if SOFTMAX_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -27,7 +27,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device,
   absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
       CudaBackend::Create(cuda_options, options.on_fault);
   if (!backend.ok()) return backend.status();
-  std::fprintf(stderr, "softmax-server: %s", (*backend)->ProbeReport().c_str());
+  for (absl::string_view line : absl::StrSplit((*backend)->ProbeReport(), '\n', absl::SkipEmpty())) {
+    logging::LogInfo(line);
+  }
   return std::unique_ptr<Backend>(std::move(*backend));
 #else
   return absl::FailedPreconditionError(absl::StrCat(

@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/logging/log.h"
 #include "server/rpc/status_util.h"
 
 namespace softmax::server {
@@ -39,6 +40,7 @@ struct InferCall {
   v1::SoftmaxResponse response;
   OutputView view;
   inference::ModelInferRequest message;  // the unary call's parsed request
+  grpc::CallbackServerContext* context = nullptr;  // the call's; for the access log
 };
 
 // The int64 / double value of request parameter `name`, when given.
@@ -219,6 +221,9 @@ void Record(KServeGrpcService* service, RpcMethod method, const InferCall& call,
     metrics->RecordRequest(method, status.code(), static_cast<double>(elapsed) * 1e-9,
                            2 * call.data_bytes);
   }
+  logging::LogAccess(method == RpcMethod::kModelInfer ? "ModelInfer" : "ModelStreamInfer",
+                     status.code(), 2 * call.data_bytes, static_cast<double>(elapsed) * 1e-9,
+                     [&call] { return call.context->peer(); });
 }
 
 // Parses `buffer` into `request` and starts `call` (owned by the completion
@@ -230,6 +235,7 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
                 std::unique_ptr<InferCall> owned,
                 std::function<bool()> is_cancelled, Complete complete) {
   InferCall* call = owned.release();
+  call->context = context;
   absl::Status status = ParseInferRequest(buffer, request);
   if (status.ok()) status = PrepareInfer(request, call);
   if (status.ok()) {
