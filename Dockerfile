@@ -22,6 +22,9 @@
 # CI builds it with buildah from a debootstrapped Debian 12 base, for one
 # architecture, and smoke-tests it (deploy/image-check.sh).
 
+# Both stages' bases are build arguments (CI passes a local debootstrapped
+# image); the defaults are tagged releases, never latest.
+# checkov:skip=CKV_DOCKER_7:the base image is a build argument whose default is the debian:12 tag
 ARG DEBIAN_IMAGE=debian:12
 ARG DEBIAN_SLIM_IMAGE=debian:12-slim
 ARG CUDA_VERSION=13.0

@@ -2,7 +2,8 @@
 manifest against the restricted Pod Security Standard and the API schemas
 (kubernetes-validate --strict) and checkov's policies; the KServe manifest
 against KServe's CRD schemas, and its runtime's arguments against the real
-server; the alert rules against their unit tests. The validators come from
+server; the Dockerfile against hadolint and checkov; the alert rules against
+their unit tests. The validators come from
 PyPI into the venv `make venv` creates at $SOFTMAX_DEPLOY_VENV; nothing here
 needs the network."""
 
@@ -21,6 +22,7 @@ MANIFEST = REPO / "deploy" / "k8s" / "softmax-serve.yaml"
 KSERVE_MANIFEST = REPO / "deploy" / "kserve" / "softmax-serve.yaml"
 KSERVE_SCHEMAS = REPO / "deploy" / "kserve" / "crd-schemas"
 VALIDATE_CRD = REPO / "tests" / "validate_crd.py"
+DOCKERFILE = REPO / "Dockerfile"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
 ALERT_TESTS = REPO / "deploy" / "prometheus" / "alerts_test.yml"
 
@@ -133,6 +135,40 @@ def test_checkov_finds_nothing():
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Failed checks: 0" in result.stdout, result.stdout
+
+
+def test_hadolint_finds_nothing():
+    result = subprocess.run([deploy_tool("hadolint"), str(DOCKERFILE)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_checkov_finds_nothing_in_the_dockerfile():
+    result = subprocess.run(
+        [deploy_tool("checkov"), "--file", str(DOCKERFILE), "--framework", "dockerfile",
+         "--compact", "--quiet", "--skip-download"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Failed checks: 0" in result.stdout, result.stdout
+
+
+def test_runtime_image_runs_as_the_manifests_user_with_the_nvidia_variables(resources, kserve):
+    """What deploy/image-check.sh checks on the built image, read here from
+    the Dockerfile's last stage, so that it holds where no image is built."""
+    runtime = DOCKERFILE.read_text().split("\nFROM ")[-1]
+    assert runtime.startswith("${DEBIAN_SLIM_IMAGE} AS runtime")
+    (user,) = re.findall(r"^USER (\S+)$", runtime, re.M)
+    uid = int(user.split(":")[0])
+    pods = [resources[("Deployment", "softmax-serve")]["spec"]["template"]["spec"],
+            kserve_pod(kserve)]
+    assert uid > 0 and all(p["securityContext"]["runAsUser"] == uid for p in pods)
+    for variable in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+                     "NVIDIA_REQUIRE_CUDA"):
+        assert re.search(rf"\b{variable}=", runtime), variable
+    # Only the bundle of the server and the client comes from the build stage.
+    assert re.findall(r"^COPY .*$", runtime, re.M) == [
+        "COPY --from=build /opt/softmax-serve /opt/softmax-serve"]
+    assert "--target softmax-server softmax-client" in DOCKERFILE.read_text()
 
 
 def test_alerts_name_no_scrape_job():
