@@ -45,7 +45,11 @@ WORKDIR /src
 COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
 COPY deploy/install-cuda.sh deploy/install-cuda.sh
-RUN deploy/install-cuda.sh "${CUDA_SOURCE}" "${CUDA_VERSION}"
+# Behind a proxy that inspects TLS, pip needs its CA: pass the host's bundle
+# with --secret id=ca-bundle,src=/etc/ssl/certs/ca-certificates.crt (it is
+# mounted for this step only, never stored in the image).
+RUN --mount=type=secret,id=ca-bundle,required=false \
+    deploy/install-cuda.sh "${CUDA_SOURCE}" "${CUDA_VERSION}"
 COPY . .
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES}" -DSOFTMAX_BUILD_TESTS=OFF \

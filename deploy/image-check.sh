@@ -71,9 +71,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The host's CA bundle, for pip behind a proxy that inspects TLS.
+secrets=()
+ca_bundle=/etc/ssl/certs/ca-certificates.crt
+[[ -s "$ca_bundle" ]] && secrets=(--secret "id=ca-bundle,src=$ca_bundle")
+
 step "buildah bud (CUDA from $cuda_source, architectures $architectures)"
 started=$SECONDS
-buildah "${storage[@]}" bud --isolation chroot --layers=false \
+buildah "${storage[@]}" bud --isolation chroot --layers=false "${secrets[@]}" \
   --build-arg "DEBIAN_IMAGE=$base" --build-arg "DEBIAN_SLIM_IMAGE=$base" \
   --build-arg "CUDA_SOURCE=$cuda_source" --build-arg "CUDA_ARCHITECTURES=$architectures" \
   -f "$source_dir/Dockerfile" -t "$image" "$source_dir" > "$work/build.log" 2>&1 \

@@ -16,6 +16,11 @@ source=${1:?usage: $0 pypi|nvidia-apt VERSION}
 version=${2:?usage: $0 pypi|nvidia-apt VERSION}
 major=${version%%.*}
 
+# The CA bundle the image build may pass as a secret (see the Dockerfile).
+if [[ -s /run/secrets/ca-bundle ]]; then
+  export PIP_CERT=/run/secrets/ca-bundle
+fi
+
 case "$source" in
   pypi)
     python3 -m venv /opt/cuda-pypi
