@@ -24,8 +24,11 @@ fi
 case "$source" in
   pypi)
     python3 -m venv /opt/cuda-pypi
+    # Every part pinned to the one release: nvidia-cuda-nvcc leaves nvvm
+    # (cicc) unpinned, and a newer cicc writes PTX this ptxas refuses.
     /opt/cuda-pypi/bin/pip install --no-cache-dir --disable-pip-version-check -q \
-      "nvidia-cuda-nvcc==${version}.*" "nvidia-cuda-runtime==${version}.*" \
+      "nvidia-cuda-nvcc==${version}.*" "nvidia-nvvm==${version}.*" \
+      "nvidia-cuda-crt==${version}.*" "nvidia-cuda-runtime==${version}.*" \
       "nvidia-cuda-cccl==${version}.*"
     root=$(echo /opt/cuda-pypi/lib/python3*/site-packages/nvidia/cu"${major}")
     [[ -x "$root/bin/nvcc" ]] || { echo "install-cuda: no nvcc under $root" >&2; exit 1; }
