@@ -323,6 +323,36 @@ def test_kserve_runtime_serves_the_inference_service(kserve):
     assert budget["spec"]["maxUnavailable"] < service["spec"]["predictor"]["minReplicas"]
 
 
+def loopback_cpu_args(args):
+    """A manifest's server arguments with the addresses moved to free
+    loopback ports and the CPU for the GPU."""
+    moved = []
+    for arg in args:
+        name, value = arg.split("=", 1)
+        if name.endswith("_address"):
+            value = "127.0.0.1:0"
+        elif name == "--device":
+            value = "cpu"
+        moved.append(f"{name}={value}")
+    return moved
+
+
+def test_deployment_arguments_start_the_server(resources):
+    import e2e_util
+
+    container = resources[("Deployment", "softmax-serve")]["spec"]["template"]["spec"][
+        "containers"][0]
+    server = e2e_util.Server(*loopback_cpu_args(container["args"]))
+    try:
+        channel = server.channel()
+        service = container["readinessProbe"]["grpc"]["service"]
+        assert e2e_util.health_check(channel, service) == "SERVING"
+        channel.close()
+        assert server.stop() == 0
+    finally:
+        server.kill()
+
+
 def test_kserve_runtime_arguments_start_the_server(kserve):
     """The runtime's own arguments (addresses moved to free loopback ports,
     the CPU for the GPU) start the real server, which then answers the
@@ -331,15 +361,7 @@ def test_kserve_runtime_arguments_start_the_server(kserve):
 
     service = kserve[("InferenceService", "softmax")]
     (container,) = kserve_pod(kserve)["containers"]
-    args = []
-    for arg in container["args"]:
-        name, value = arg.split("=", 1)
-        if name.endswith("_address"):
-            value = "127.0.0.1:0"
-        elif name == "--device":
-            value = "cpu"
-        args.append(f"{name}={value}")
-    server = e2e_util.Server(*args)
+    server = e2e_util.Server(*loopback_cpu_args(container["args"]))
     try:
         base = f"http://{server.http_address}"
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
