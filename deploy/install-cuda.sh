@@ -32,8 +32,10 @@ case "$source" in
       "nvidia-cuda-cccl==${version}.*"
     root=$(echo /opt/cuda-pypi/lib/python3*/site-packages/nvidia/cu"${major}")
     [[ -x "$root/bin/nvcc" ]] || { echo "install-cuda: no nvcc under $root" >&2; exit 1; }
-    # nvcc.profile and CMake's FindCUDAToolkit look for lib64/.
+    # nvcc.profile and CMake's FindCUDAToolkit look for lib64/, and
+    # FindCUDAToolkit for the unversioned libcudart.so the wheel leaves out.
     ln -sfn lib "$root/lib64"
+    ln -sfn "libcudart.so.${major}" "$root/lib/libcudart.so"
     ln -sfn "$root" /usr/local/cuda
     ;;
   nvidia-apt)
