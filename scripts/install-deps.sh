@@ -9,6 +9,8 @@ build_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev
+  # The server's logs (server/logging/).
+  libspdlog-dev
   # The KServe v2 HTTP front-end (server/rpc/kserve_http.cc); its CMake
   # package also wants the `civetweb` binary package.
   libcivetweb-dev civetweb

@@ -1,13 +1,16 @@
 #include "server/device.h"
 
+#include <dirent.h>
+
 #include <algorithm>
-#include <cstdio>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "server/logging/log.h"
 
 #if SOFTMAX_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -27,15 +30,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device,
   absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
       CudaBackend::Create(cuda_options, options.on_fault);
   if (!backend.ok()) return backend.status();
-  std::fprintf(stderr, "softmax-server: %s", (*backend)->ProbeReport().c_str());
+  for (absl::string_view line : absl::StrSplit((*backend)->ProbeReport(), '\n', absl::SkipEmpty())) {
+    logging::LogInfo(line);
+  }
   return std::unique_ptr<Backend>(std::move(*backend));
 #else
   return absl::FailedPreconditionError(absl::StrCat(
       "--device=cuda:", device, ": this build has no CUDA backend; use --device=cpu"));
 #endif
 }
-
-bool HaveCudaBackend() { return SOFTMAX_HAVE_CUDA != 0; }
 
 std::unique_ptr<Backend> MakeCpu(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options.cpu);
@@ -82,20 +85,67 @@ absl::StatusOr<DeviceSpec> ParseDeviceSpec(absl::string_view text) {
       "got \"", text, "\""));
 }
 
-int CudaDeviceCount(std::string* detail) {
+CudaDevices QueryCudaDevices() {
+  CudaDevices devices;
 #if SOFTMAX_HAVE_CUDA
-  int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
+  const cudaError_t error = cudaGetDeviceCount(&devices.count);
   if (error != cudaSuccess) {
-    if (detail != nullptr) *detail = cudaGetErrorString(error);
-    return 0;
+    devices.count = 0;
+    devices.driver_error = error != cudaErrorNoDevice;
+    devices.detail = cudaGetErrorString(error);
+  } else if (devices.count == 0) {
+    devices.detail = "no CUDA devices";
   }
-  if (count == 0 && detail != nullptr) *detail = "no CUDA devices";
-  return count;
 #else
-  if (detail != nullptr) *detail = "built without CUDA";
-  return 0;
+  devices.detail = "built without CUDA";
 #endif
+  return devices;
+}
+
+int CudaDeviceCount(std::string* detail) {
+  CudaDevices devices = QueryCudaDevices();
+  if (detail != nullptr) *detail = std::move(devices.detail);
+  return devices.count;
+}
+
+int NvidiaDeviceNodes() {
+  DIR* dev = opendir("/dev");
+  if (dev == nullptr) return 0;
+  int count = 0;
+  while (const dirent* entry = readdir(dev)) {
+    // nvidia0, nvidia1, ...; not nvidiactl, nvidia-uvm, nvidia-modeset.
+    absl::string_view name = entry->d_name;
+    int index = 0;
+    if (absl::ConsumePrefix(&name, "nvidia") && absl::SimpleAtoi(name, &index)) ++count;
+  }
+  closedir(dev);
+  return count;
+}
+
+absl::string_view CauseName(GpuUnusableCause cause) {
+  switch (cause) {
+    case GpuUnusableCause::kNone:
+      return "none";
+    case GpuUnusableCause::kDriver:
+      return "driver";
+    case GpuUnusableCause::kNoCudaBackend:
+      return "no_cuda_backend";
+    case GpuUnusableCause::kBackendStart:
+      return "backend_start";
+  }
+  return "unknown";
+}
+
+const GpuEnvironment& SystemGpus() {
+  static const GpuEnvironment* const kSystem = [] {
+    auto* gpus = new GpuEnvironment;
+    gpus->query_cuda = QueryCudaDevices;
+    gpus->device_nodes = NvidiaDeviceNodes;
+    gpus->have_cuda_backend = SOFTMAX_HAVE_CUDA != 0;
+    gpus->create_cuda_backend = CreateCudaBackend;
+    return gpus;
+  }();
+  return *kSystem;
 }
 
 std::unique_ptr<DeviceMemoryMapper> CreateDeviceMemoryMapper(
@@ -107,7 +157,8 @@ std::unique_ptr<DeviceMemoryMapper> CreateDeviceMemoryMapper(
 }
 
 absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
-                                             const BackendOptions& options) {
+                                             const BackendOptions& options,
+                                             const GpuEnvironment& gpus) {
   BackendChoice choice;
   switch (spec.kind) {
     case DeviceSpec::Kind::kNone:
@@ -120,11 +171,15 @@ absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
       choice.description = absl::StrCat(choice.backends[0]->Describe(), " (requested)");
       return choice;
     case DeviceSpec::Kind::kCuda: {
-      std::string detail;
-      const int count = CudaDeviceCount(&detail);
+      if (!gpus.have_cuda_backend) {
+        return absl::FailedPreconditionError(
+            "--device=cuda: this build has no CUDA backend; use --device=cpu");
+      }
+      const CudaDevices cuda = gpus.query_cuda();
+      const int count = cuda.count;
       if (count == 0) {
         return absl::FailedPreconditionError(
-            absl::StrCat("--device=cuda: no usable GPU (", detail, "); use --device=cpu"));
+            absl::StrCat("--device=cuda: no usable GPU (", cuda.detail, "); use --device=cpu"));
       }
       std::vector<int> indices = spec.indices;
       if (indices.empty()) {
@@ -137,7 +192,8 @@ absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
           return absl::FailedPreconditionError(absl::StrCat(
               "--device=cuda:", index, ": only ", count, " GPU(s) visible"));
         }
-        absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(index, options);
+        absl::StatusOr<std::unique_ptr<Backend>> backend =
+            gpus.create_cuda_backend(index, options);
         if (!backend.ok()) return backend.status();
         lines.push_back((*backend)->Describe());
         names.push_back(absl::StrCat(index));
@@ -149,18 +205,34 @@ absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
       return choice;
     }
     case DeviceSpec::Kind::kAuto: {
-      std::string detail;
-      const int count = CudaDeviceCount(&detail);
-      if (count > 0 && HaveCudaBackend()) {
-        absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0, options);
-        if (!backend.ok()) return backend.status();
-        choice.description = absl::StrCat((*backend)->Describe(), " (auto)");
-        choice.backends.push_back(std::move(*backend));
-        choice.cuda_devices.push_back(0);
-        choice.device = "cuda:0";
-        return choice;
+      // A GPU counts as found when CUDA reports one or the driver exposes a
+      // device node; only then is serving on the CPU a fallback to warn about.
+      const CudaDevices cuda = gpus.query_cuda();
+      std::string detail = cuda.detail;
+      if (cuda.count > 0 && gpus.have_cuda_backend) {
+        absl::StatusOr<std::unique_ptr<Backend>> backend = gpus.create_cuda_backend(0, options);
+        if (backend.ok()) {
+          choice.description = absl::StrCat((*backend)->Describe(), " (auto)");
+          choice.backends.push_back(std::move(*backend));
+          choice.cuda_devices.push_back(0);
+          choice.device = "cuda:0";
+          return choice;
+        }
+        choice.unusable = GpuUnusableCause::kBackendStart;
+        detail = absl::StrCat("the CUDA backend failed to start on GPU 0: ",
+                              backend.status().message());
+      } else {
+        const int present = std::max(cuda.count, gpus.device_nodes());
+        if (present > 0 && !gpus.have_cuda_backend) {
+          choice.unusable = GpuUnusableCause::kNoCudaBackend;
+          detail = absl::StrCat(present, " GPU(s) present but this build has no CUDA backend");
+        } else if (present > 0 && cuda.driver_error) {
+          choice.unusable = GpuUnusableCause::kDriver;
+          detail = absl::StrCat(present, " GPU device node(s) present but the CUDA runtime "
+                                "refuses the driver: ", cuda.detail);
+        }
       }
-      if (count > 0) detail = absl::StrCat(count, " GPU(s) present but no CUDA backend built in");
+      if (choice.unusable != GpuUnusableCause::kNone) choice.unusable_detail = detail;
       choice.backends.push_back(MakeCpu(options));
       choice.device = "cpu";
       choice.description = absl::StrCat(choice.backends[0]->Describe(), " (auto: ", detail, ")");

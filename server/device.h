@@ -5,6 +5,7 @@
 #ifndef SOFTMAX_SERVER_DEVICE_H_
 #define SOFTMAX_SERVER_DEVICE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,15 +34,48 @@ struct DeviceSpec {
 // (distinct indices) or "cuda:all".
 absl::StatusOr<DeviceSpec> ParseDeviceSpec(absl::string_view text);
 
+// What the CUDA runtime says about the machine's GPUs.
+struct CudaDevices {
+  int count = 0;  // usable CUDA devices
+  // True when the runtime failed for a reason other than "no device": the
+  // driver is too old for the runtime, or its library is missing.
+  bool driver_error = false;
+  std::string detail;  // why `count` is 0
+};
+
+// Asks the CUDA runtime; {0, false, "built without CUDA"} in a build without it.
+CudaDevices QueryCudaDevices();
+
 // Number of usable CUDA devices; 0 when built without CUDA or when the
 // driver reports none. `detail` (optional) receives the reason for 0.
 int CudaDeviceCount(std::string* detail = nullptr);
+
+// NVIDIA GPU device nodes (/dev/nvidia0, /dev/nvidia1, ...): GPUs the driver
+// exposes to this process (a container sees only those given to it), whether
+// or not CUDA can use them. 0 where there is no NVIDIA driver.
+int NvidiaDeviceNodes();
+
+// Why --device=auto serves on the CPU although it found a GPU. Each value's
+// `CauseName` is the `cause` label of softmax_gpu_unusable.
+enum class GpuUnusableCause {
+  kNone,           // auto took a GPU, found none, or was not asked for
+  kDriver,         // GPUs are present but the CUDA runtime refuses the driver
+                   // (too old for this build's CUDA, or libcuda missing)
+  kNoCudaBackend,  // GPUs are present but this build has no CUDA backend
+  kBackendStart,   // the CUDA backend failed to start on GPU 0 (no kernels for
+                   // its architecture, out of memory, ...)
+};
+absl::string_view CauseName(GpuUnusableCause cause);  // "driver", "no_cuda_backend", ...
 
 struct BackendChoice {
   std::vector<std::unique_ptr<Backend>> backends;  // empty for kNone
   std::string device;                              // "cpu", "cuda:0", "cuda:0,1", "none"
   std::string description;  // for the start-up log, one line per backend
   std::vector<int> cuda_devices;  // the GPUs of the backends, if any
+  // Set when --device=auto found a GPU it cannot use; `unusable_detail` then
+  // names the cause in words, for the start-up warning.
+  GpuUnusableCause unusable = GpuUnusableCause::kNone;
+  std::string unusable_detail;
 };
 
 // How shared-memory regions reach `cuda_devices` (CudaMemoryMapper); null
@@ -57,12 +91,27 @@ struct BackendOptions {
   CudaBackend::FaultHandler on_fault;
 };
 
-// Resolves `spec` to backends, one per GPU. FAILED_PRECONDITION for
-// --device=cuda... when the build has no CUDA backend or a GPU is absent
-// (softmax-server then exits 1); kAuto falls back to the CPU, saying why in
-// `description`.
+// What CreateBackends learns about the machine, and how it starts a GPU
+// backend: the real thing by default (SystemGpus), fakes in tests.
+struct GpuEnvironment {
+  std::function<CudaDevices()> query_cuda;
+  std::function<int()> device_nodes;
+  bool have_cuda_backend = false;
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>(int device,
+                                                         const BackendOptions& options)>
+      create_cuda_backend;
+};
+const GpuEnvironment& SystemGpus();
+
+// Resolves `spec` to backends, one per GPU. FAILED_PRECONDITION naming the
+// cause for --device=cuda... when the build has no CUDA backend, the driver
+// is refused or a GPU is absent (softmax-server then exits 1); a GPU backend
+// that fails to start fails the call with its own status. kAuto falls back to
+// the CPU, saying why in `description`, and sets `unusable` when it found a
+// GPU it cannot use (a GPU device node, or a CUDA device, is present).
 absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
-                                             const BackendOptions& options);
+                                             const BackendOptions& options,
+                                             const GpuEnvironment& gpus = SystemGpus());
 
 }  // namespace softmax::server
 

@@ -1,6 +1,10 @@
 #include "server/device.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
+
+#include "server/testing/test_backends.h"
 
 namespace softmax::server {
 namespace {
@@ -56,6 +60,119 @@ TEST(CreateBackendsTest, CudaWithoutAGpuIsAFailedPrecondition) {
   for (const char* text : {"cuda", "cuda:all", "cuda:0,1"}) {
     absl::StatusOr<BackendChoice> choice = CreateBackends(*ParseDeviceSpec(text), options);
     EXPECT_EQ(choice.status().code(), absl::StatusCode::kFailedPrecondition) << text;
+  }
+}
+
+// A machine as CreateBackends sees it: what the CUDA runtime reports, how many
+// GPU device nodes exist, and a GPU backend that starts (a FakeBackend named
+// cuda:N) or fails with `start_error`.
+GpuEnvironment FakeGpus(CudaDevices cuda, int device_nodes, bool have_cuda_backend = true,
+                        absl::Status start_error = absl::OkStatus()) {
+  GpuEnvironment gpus;
+  gpus.query_cuda = [cuda] { return cuda; };
+  gpus.device_nodes = [device_nodes] { return device_nodes; };
+  gpus.have_cuda_backend = have_cuda_backend;
+  gpus.create_cuda_backend =
+      [start_error](int device,
+                    const BackendOptions&) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    if (!start_error.ok()) return start_error;
+    testing::FakeBackendOptions fake;
+    fake.name = absl::StrCat("cuda:", device);
+    return std::unique_ptr<Backend>(std::make_unique<testing::FakeBackend>(fake));
+  };
+  return gpus;
+}
+
+const CudaDevices kOneGpu{1, false, ""};
+const CudaDevices kNoDevice{0, false, "no CUDA-capable device is detected"};
+const CudaDevices kOldDriver{0, true,
+                             "CUDA driver version is insufficient for CUDA runtime version"};
+
+TEST(CreateBackendsTest, AutoTakesAUsableGpu) {
+  absl::StatusOr<BackendChoice> choice =
+      CreateBackends(*ParseDeviceSpec("auto"), BackendOptions(), FakeGpus(kOneGpu, 1));
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->device, "cuda:0");
+  EXPECT_EQ(choice->unusable, GpuUnusableCause::kNone);
+}
+
+TEST(CreateBackendsTest, AutoWithoutAGpuServesOnTheCpuWithoutAWarning) {
+  // No driver at all (the runtime then also blames the driver) and no device
+  // node: nothing was found, so nothing is unusable.
+  for (const CudaDevices& cuda : {kNoDevice, kOldDriver}) {
+    absl::StatusOr<BackendChoice> choice =
+        CreateBackends(*ParseDeviceSpec("auto"), BackendOptions(), FakeGpus(cuda, 0));
+    ASSERT_TRUE(choice.ok()) << choice.status();
+    EXPECT_EQ(choice->device, "cpu");
+    EXPECT_EQ(choice->unusable, GpuUnusableCause::kNone) << cuda.detail;
+    EXPECT_TRUE(choice->unusable_detail.empty());
+    EXPECT_NE(choice->description.find(cuda.detail), std::string::npos);
+  }
+}
+
+TEST(CreateBackendsTest, AutoNamesTheCauseWhenAGpuIsPresentButUnusable) {
+  struct Case {
+    GpuEnvironment gpus;
+    GpuUnusableCause cause;
+    std::string detail;  // a part of the warning
+  };
+  const Case cases[] = {
+      {FakeGpus(kOldDriver, 2), GpuUnusableCause::kDriver, "insufficient"},
+      {FakeGpus(kNoDevice, 1, /*have_cuda_backend=*/false), GpuUnusableCause::kNoCudaBackend,
+       "no CUDA backend"},
+      {FakeGpus(kOneGpu, 1, true, absl::InternalError("no kernel image is available")),
+       GpuUnusableCause::kBackendStart, "no kernel image"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<BackendChoice> choice =
+        CreateBackends(*ParseDeviceSpec("auto"), BackendOptions(), c.gpus);
+    ASSERT_TRUE(choice.ok()) << choice.status();
+    EXPECT_EQ(choice->device, "cpu");
+    ASSERT_EQ(choice->backends.size(), 1u);
+    EXPECT_EQ(choice->backends[0]->Name(), "cpu");
+    EXPECT_EQ(choice->unusable, c.cause) << CauseName(c.cause);
+    EXPECT_NE(choice->unusable_detail.find(c.detail), std::string::npos)
+        << choice->unusable_detail;
+  }
+  EXPECT_EQ(CauseName(GpuUnusableCause::kDriver), "driver");
+  EXPECT_EQ(CauseName(GpuUnusableCause::kNoCudaBackend), "no_cuda_backend");
+  EXPECT_EQ(CauseName(GpuUnusableCause::kBackendStart), "backend_start");
+}
+
+TEST(CreateBackendsTest, CudaFailsWithTheCauseWhereAutoWouldFallBack) {
+  struct Case {
+    GpuEnvironment gpus;
+    absl::StatusCode code;
+    std::string detail;
+  };
+  const Case cases[] = {
+      {FakeGpus(kOldDriver, 2), absl::StatusCode::kFailedPrecondition, "insufficient"},
+      {FakeGpus(kNoDevice, 0), absl::StatusCode::kFailedPrecondition, "no CUDA-capable"},
+      {FakeGpus(kOneGpu, 1, false), absl::StatusCode::kFailedPrecondition, "no CUDA backend"},
+      {FakeGpus(kOneGpu, 1, true, absl::InternalError("no kernel image is available")),
+       absl::StatusCode::kInternal, "no kernel image"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<BackendChoice> choice =
+        CreateBackends(*ParseDeviceSpec("cuda"), BackendOptions(), c.gpus);
+    ASSERT_FALSE(choice.ok()) << c.detail;
+    EXPECT_EQ(choice.status().code(), c.code) << choice.status();
+    EXPECT_NE(choice.status().message().find(c.detail), absl::string_view::npos)
+        << choice.status();
+  }
+}
+
+TEST(NvidiaDeviceNodesTest, CountsOnlyNumberedNodes) {
+  // Whatever this machine has: at least GPU 0's node where it exists, and
+  // never nvidiactl or nvidia-uvm (present on any host with the driver).
+  const int nodes = NvidiaDeviceNodes();
+  EXPECT_GE(nodes, 0);
+  if (access("/dev/nvidia0", F_OK) == 0) {
+    EXPECT_GE(nodes, 1);
+  }
+  if (access("/dev/nvidiactl", F_OK) == 0 && access("/dev/nvidia0", F_OK) != 0 &&
+      access("/dev/nvidia1", F_OK) != 0) {
+    EXPECT_EQ(nodes, 0);
   }
 }
 

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -27,6 +26,7 @@
 #include "absl/time/time.h"
 #include "common/malloc_tuning.h"
 #include "server/device.h"
+#include "server/logging/log.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/civetweb_tls.h"
@@ -67,7 +67,8 @@ ABSL_FLAG(std::string, http_address, kDefaults.http_address,
 ABSL_FLAG(std::string, metrics_address, kDefaults.metrics_address,
           "host:port for Prometheus /metrics; empty disables; port 0 picks a free port");
 ABSL_FLAG(std::string, device, kDefaults.device,
-          "auto (GPU 0 when usable, else the CPU) | cpu | cuda (= cuda:0) | cuda:N | "
+          "auto (GPU 0 when usable, else the CPU; a GPU present but unusable is a warning and "
+          "softmax_gpu_unusable) | cpu | cuda (= cuda:0; exits 1 when unusable) | cuda:N | "
           "cuda:N,M,... | cuda:all (one backend per GPU; batches go to the least-loaded one) | "
           "none (echo inputs, no compute: the transport's ceiling)");
 ABSL_FLAG(int64_t, max_tensor_bytes, kDefaults.max_tensor_bytes,
@@ -122,6 +123,13 @@ ABSL_FLAG(int, lame_duck_ms, kDefaults.lame_duck_ms,
           "(health NOT_SERVING) before the listener closes");
 ABSL_FLAG(int, shutdown_grace_s, kDefaults.shutdown_grace_s,
           "seconds in-flight RPCs get to finish after SIGINT/SIGTERM before they are cancelled");
+ABSL_FLAG(std::string, log_format, kDefaults.log_format,
+          "text (timestamp, level letter, message, key=value) | json (one object per line: "
+          "time, level, logger, msg and the line's fields), on stderr");
+ABSL_FLAG(int64_t, access_log_one_in, kDefaults.access_log_one_in,
+          "access log: one line (logger \"access\": method, code, bytes, latency_ms, peer) for "
+          "one finished request in this many, stream messages counted singly; 0 = off, 1 = every "
+          "request");
 namespace softmax::server {
 namespace {
 
@@ -150,6 +158,8 @@ ServerOptions OptionsFromFlags() {
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   options.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
+  options.log_format = absl::GetFlag(FLAGS_log_format);
+  options.access_log_one_in = absl::GetFlag(FLAGS_access_log_one_in);
   // A testing hook, not an operator's decision: an environment variable.
   if (const char* inject = std::getenv("SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES")) {
     options.inject_fault_after_batches = std::strtoll(inject, nullptr, 10);
@@ -167,17 +177,26 @@ void RaiseOpenFileLimit() {
   const rlim_t soft = limit.rlim_cur;
   limit.rlim_cur = limit.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
-    std::fprintf(stderr, "softmax-server: warning: cannot raise the open-file limit from %llu\n",
-                 static_cast<unsigned long long>(soft));
+    logging::LogWarning("cannot raise the open-file limit",
+                        {{"soft_limit", static_cast<uint64_t>(soft)}});
   }
 }
 
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "softmax-server: error: %s\n", std::string(status.message()).c_str());
+  logging::LogError(status.message());
   return 1;
 }
 
 int Run(const ServerOptions& options) {
+  // First, so that every later line is in the chosen format.
+  absl::StatusOr<logging::LogFormat> log_format = logging::ParseLogFormat(options.log_format);
+  if (!log_format.ok()) return Fail(log_format.status());
+  logging::LogOptions log_options;
+  log_options.format = *log_format;
+  log_options.access_log_one_in = options.access_log_one_in;
+  if (absl::Status configured = logging::ConfigureLogging(log_options); !configured.ok()) {
+    return Fail(configured);
+  }
   if (options.max_tensor_bytes <= 0 || options.max_batch_rows <= 0 ||
       options.max_batch_bytes <= 0 || options.max_queued_requests <= 0 ||
       options.max_queued_bytes <= 0 || options.max_concurrent_streams <= 0) {
@@ -209,7 +228,7 @@ int Run(const ServerOptions& options) {
   RaiseOpenFileLimit();
   // Before any other thread starts allocating.
   if (!softmax::ApplyMallocTuning(softmax::MallocTuning())) {
-    std::fprintf(stderr, "softmax-server: warning: glibc refused the malloc settings\n");
+    logging::LogWarning("glibc refused the malloc settings");
   }
 
   // Signals are taken by sigwait below; block them before any thread starts
@@ -233,14 +252,17 @@ int Run(const ServerOptions& options) {
   static std::atomic<bool> device_faulted{false};
   backend_options.on_fault = [](const absl::Status& status) {
     device_faulted.store(true);
-    std::fprintf(stderr, "softmax-server: fatal GPU error: %s\n",
-                 std::string(status.message()).c_str());
+    logging::LogError("fatal GPU error", {{"cause", status.message()}});
     kill(getpid(), kFaultSignal);
   };
   absl::StatusOr<BackendChoice> choice = CreateBackends(*spec, backend_options);
   if (!choice.ok()) return Fail(choice.status());
-  std::fprintf(stderr, "softmax-server: device=%s %s\n", choice->device.c_str(),
-               choice->description.c_str());
+  if (choice->unusable != GpuUnusableCause::kNone) {
+    logging::LogWarning("--device=auto serves on the CPU: a GPU is present but unusable",
+                        {{"cause", CauseName(choice->unusable)},
+                         {"detail", choice->unusable_detail}});
+  }
+  logging::LogInfo(absl::StrCat("device=", choice->device, " ", choice->description));
   std::vector<Backend*> backends;
   std::vector<const Backend*> observed;
   for (const std::unique_ptr<Backend>& backend : choice->backends) {
@@ -257,6 +279,9 @@ int Run(const ServerOptions& options) {
     metrics = std::move(*created);
     metrics->SetBackends(observed);
     metrics->SetQueueCapacity(options.max_queued_requests, options.max_queued_bytes);
+    if (choice->unusable != GpuUnusableCause::kNone) {
+      metrics->SetGpuUnusable(CauseName(choice->unusable));
+    }
   }
 
   // The scheduler runs the backends' slots; the batcher feeds it. Declared
@@ -350,11 +375,10 @@ int Run(const ServerOptions& options) {
   const std::string grpc_host =
       colon == std::string::npos ? options.grpc_address : options.grpc_address.substr(0, colon);
   if (metrics != nullptr) metrics->SetServing(true);
-  std::fprintf(stderr, "softmax-server: listening grpc=%s:%d http=%s metrics=%s\n",
-               grpc_host.c_str(), server->port,
-               http != nullptr ? http->BoundAddress().c_str() : "off",
-               metrics != nullptr ? metrics->BoundAddress().c_str() : "off");
-  std::fflush(stderr);
+  logging::LogInfo("listening",
+                   {{"grpc", absl::StrCat(grpc_host, ":", server->port)},
+                    {"http", http != nullptr ? http->BoundAddress() : "off"},
+                    {"metrics", metrics != nullptr ? metrics->BoundAddress() : "off"}});
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
@@ -362,10 +386,11 @@ int Run(const ServerOptions& options) {
   while (signal_number == SIGHUP) {
     if (authenticator != nullptr) {
       const absl::Status reloaded = authenticator->Reload();
-      std::fprintf(stderr, "softmax-server: SIGHUP: %s\n",
-                   reloaded.ok() ? "tokens reloaded"
-                                 : std::string(reloaded.message()).c_str());
-      std::fflush(stderr);
+      if (reloaded.ok()) {
+        logging::LogInfo("SIGHUP: tokens reloaded");
+      } else {
+        logging::LogError("SIGHUP: tokens not reloaded", {{"cause", reloaded.message()}});
+      }
     }
     sigwait(&signals, &signal_number);
   }
@@ -373,10 +398,11 @@ int Run(const ServerOptions& options) {
   if (fault) {
     // Requests in flight fail INTERNAL at once (the worker refuses them);
     // a short grace lets those answers reach their callers.
-    std::fprintf(stderr, "softmax-server: GPU fault; NOT_SERVING, exiting with status 2\n");
+    logging::LogError("GPU fault; NOT_SERVING, exiting with status 2");
   } else {
-    std::fprintf(stderr, "softmax-server: %s received; draining (up to %d s)\n",
-                 signal_number == SIGINT ? "SIGINT" : "SIGTERM", options.shutdown_grace_s);
+    logging::LogInfo(absl::StrCat(signal_number == SIGINT ? "SIGINT" : "SIGTERM",
+                                  " received; draining"),
+                     {{"grace_s", options.shutdown_grace_s}});
   }
 
   // Health first, so balancers stop sending; refuse new requests with a
@@ -404,8 +430,8 @@ int Run(const ServerOptions& options) {
   const absl::Time grace_end = absl::Now() + absl::Seconds(fault ? 5 : options.shutdown_grace_s);
   const bool all_answered = service.WaitForRequestsInFlight(grace_end);
   if (!all_answered) {
-    std::fprintf(stderr, "softmax-server: %d request(s) still in flight at the grace deadline\n",
-                 service.requests_in_flight());
+    logging::LogWarning("requests still in flight at the grace deadline",
+                        {{"requests", service.requests_in_flight()}});
   }
   // Streams ended when their last request was answered (StartDraining).
   // Refusals are held from here across the start of Shutdown, so closed-loop
@@ -427,7 +453,7 @@ int Run(const ServerOptions& options) {
   server->server->Wait();
   stop_metrics.join();
   stop_http.join();
-  std::fprintf(stderr, "softmax-server: stopped\n");
+  logging::LogInfo("stopped");
   // A fault during a graceful drain still ends in the fault's exit status.
   return fault || device_faulted.load() ? 2 : 0;
 }

@@ -36,6 +36,8 @@ struct ServerOptions {
   std::string shared_memory = "all";
   int lame_duck_ms = 500;
   int shutdown_grace_s = 30;
+  std::string log_format = "text";
+  int64_t access_log_one_in = 0;
   // Testing only, from SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES: the GPU
   // backends provoke a real sticky fault after this many batches (0 = never).
   int64_t inject_fault_after_batches = 0;

@@ -44,7 +44,7 @@ pid=$!
 trap 'kill -KILL $pid 2>/dev/null || true' EXIT
 address=""
 for _ in $(seq 1 300); do
-  address=$(sed -n 's/^softmax-server: listening grpc=\([^ ]*\) http=off metrics=off$/\1/p' "$log")
+  address=$(sed -n 's/^.* softmax-server: listening grpc=\([^ ]*\) http=off metrics=off$/\1/p' "$log")
   [[ -n "$address" ]] && break
   kill -0 $pid 2>/dev/null || fail "bundled server exited: $(cat "$log")"
   sleep 0.1

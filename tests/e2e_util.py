@@ -38,6 +38,9 @@ from softmax.v1 import softmax_pb2, softmax_pb2_grpc  # noqa: E402,F401
 
 LISTENING = re.compile(
     r"softmax-server: listening grpc=(\S+) (?:http=(\S+) )?metrics=(\S+)")
+# The same line under --log_format=json.
+LISTENING_JSON = re.compile(
+    r'"msg":"listening","grpc":"([^"]+)","http":"([^"]+)","metrics":"([^"]+)"')
 
 DTYPES = {
     "float32": softmax_pb2.DTYPE_FLOAT32,
@@ -74,7 +77,8 @@ class Server:
         self.metrics_address = None
         deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:
-            match = LISTENING.search(self.output())
+            output = self.output()
+            match = LISTENING.search(output) or LISTENING_JSON.search(output)
             if match:
                 self.grpc_address, self.http_address, self.metrics_address = match.groups()
                 return

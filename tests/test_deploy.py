@@ -1,12 +1,17 @@
 """The deploy files as a platform team's checks see them: the Kubernetes
 manifest against the restricted Pod Security Standard and the API schemas
-(kubernetes-validate --strict) and checkov's policies, and the alert rules
-against their unit tests. The validators come from PyPI into the venv
-`make venv` creates at $SOFTMAX_DEPLOY_VENV; nothing here needs the network."""
+(kubernetes-validate --strict) and checkov's policies; the KServe manifest
+against KServe's CRD schemas, and its runtime's arguments against the real
+server; the Dockerfile against hadolint and checkov; the alert rules against
+their unit tests. The validators come from
+PyPI into the venv `make venv` creates at $SOFTMAX_DEPLOY_VENV; nothing here
+needs the network."""
 
+import json
 import os
 import re
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,6 +19,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "deploy" / "k8s" / "softmax-serve.yaml"
+KSERVE_MANIFEST = REPO / "deploy" / "kserve" / "softmax-serve.yaml"
+KSERVE_SCHEMAS = REPO / "deploy" / "kserve" / "crd-schemas"
+VALIDATE_CRD = REPO / "tests" / "validate_crd.py"
+DOCKERFILE = REPO / "Dockerfile"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
 ALERT_TESTS = REPO / "deploy" / "prometheus" / "alerts_test.yml"
 
@@ -33,18 +42,20 @@ def resources():
     return {(d["kind"], d["metadata"]["name"]): d for d in documents}
 
 
+@pytest.fixture(scope="module")
+def kserve():
+    documents = [d for d in yaml.safe_load_all(KSERVE_MANIFEST.read_text()) if d]
+    return {(d["kind"], d["metadata"]["name"]): d for d in documents}
+
+
 def project_version():
     match = re.search(r"project\(softmax_serve VERSION (\S+)",
                       (REPO / "CMakeLists.txt").read_text())
     return match.group(1)
 
 
-def test_pod_meets_the_restricted_profile(resources):
-    namespace = resources[("Namespace", "softmax-serve")]
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    deployment = resources[("Deployment", "softmax-serve")]
-    assert deployment["metadata"]["namespace"] == "softmax-serve"
-    pod = deployment["spec"]["template"]["spec"]
+def assert_restricted(pod):
+    """The fields the "restricted" Pod Security Standard checks, on a pod spec."""
     assert pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -59,6 +70,14 @@ def test_pod_meets_the_restricted_profile(resources):
         assert context["capabilities"] == {"drop": ["ALL"]}
         assert context["seccompProfile"] == {"type": "RuntimeDefault"}
         assert not context.get("privileged")
+
+
+def test_pod_meets_the_restricted_profile(resources):
+    namespace = resources[("Namespace", "softmax-serve")]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    deployment = resources[("Deployment", "softmax-serve")]
+    assert deployment["metadata"]["namespace"] == "softmax-serve"
+    assert_restricted(deployment["spec"]["template"]["spec"])
 
 
 def test_image_is_pinned_to_the_release(resources):
@@ -118,6 +137,40 @@ def test_checkov_finds_nothing():
     assert "Failed checks: 0" in result.stdout, result.stdout
 
 
+def test_hadolint_finds_nothing():
+    result = subprocess.run([deploy_tool("hadolint"), str(DOCKERFILE)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_checkov_finds_nothing_in_the_dockerfile():
+    result = subprocess.run(
+        [deploy_tool("checkov"), "--file", str(DOCKERFILE), "--framework", "dockerfile",
+         "--compact", "--quiet", "--skip-download"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Failed checks: 0" in result.stdout, result.stdout
+
+
+def test_runtime_image_runs_as_the_manifests_user_with_the_nvidia_variables(resources, kserve):
+    """What deploy/image-check.sh checks on the built image, read here from
+    the Dockerfile's last stage, so that it holds where no image is built."""
+    runtime = DOCKERFILE.read_text().split("\nFROM ")[-1]
+    assert runtime.startswith("${DEBIAN_SLIM_IMAGE} AS runtime")
+    (user,) = re.findall(r"^USER (\S+)$", runtime, re.M)
+    uid = int(user.split(":")[0])
+    pods = [resources[("Deployment", "softmax-serve")]["spec"]["template"]["spec"],
+            kserve_pod(kserve)]
+    assert uid > 0 and all(p["securityContext"]["runAsUser"] == uid for p in pods)
+    for variable in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+                     "NVIDIA_REQUIRE_CUDA"):
+        assert re.search(rf"\b{variable}=", runtime), variable
+    # Only the bundle of the server and the client comes from the build stage.
+    assert re.findall(r"^COPY .*$", runtime, re.M) == [
+        "COPY --from=build /opt/softmax-serve /opt/softmax-serve"]
+    assert "--target softmax-server softmax-client" in DOCKERFILE.read_text()
+
+
 def test_alerts_name_no_scrape_job():
     """Job names differ between compose, Kubernetes pod discovery and a
     ServiceMonitor: no rule may depend on one."""
@@ -141,3 +194,189 @@ def test_promtool_rule_unit_tests_pass():
     result = subprocess.run([promtool, "test", "rules", str(ALERT_TESTS)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------- KServe
+
+def validate_crd(*manifests):
+    return subprocess.run([deploy_tool("python"), str(VALIDATE_CRD), str(KSERVE_SCHEMAS),
+                           *map(str, manifests)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def kserve_pod(kserve):
+    """The predictor pod KServe makes from the InferenceService and its
+    runtime (Standard mode), as its MergePodSpec and MergeRuntimeContainers
+    do for the fields these manifests set: the runtime's container under the
+    model's container fields, the runtime's volumes, the predictor's pod
+    fields."""
+    service = kserve[("InferenceService", "softmax")]
+    predictor = service["spec"]["predictor"]
+    runtime = kserve[("ServingRuntime", predictor["model"]["runtime"])]["spec"]
+    (container,) = [dict(c) for c in runtime["containers"] if c["name"] == "kserve-container"]
+    model_only = {"modelFormat", "runtime", "protocolVersion", "storageUri", "storage"}
+    for key, value in predictor["model"].items():
+        if key not in model_only:
+            container[key] = container.get(key, []) + value if key == "args" else value
+    component_only = {"model", "minReplicas", "maxReplicas", "scaleTarget", "scaleMetric",
+                      "scaleMetricType", "autoScaling", "containerConcurrency", "timeout",
+                      "canaryTrafficPercent", "logger", "batcher", "labels", "annotations",
+                      "deploymentStrategy", "storageUris"}
+    pod = {"volumes": runtime.get("volumes", []), "containers": [container]}
+    pod.update({k: v for k, v in predictor.items() if k not in component_only})
+    return pod
+
+
+def test_kserve_resources_match_kserve_crd_schemas():
+    result = validate_crd(KSERVE_MANIFEST)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ServingRuntime/softmax-serve: passed" in result.stdout, result.stdout
+    assert "InferenceService/softmax: passed" in result.stdout, result.stdout
+    assert KSERVE_SCHEMAS.joinpath("ServingRuntime.json").is_file()
+    source = json.loads(KSERVE_SCHEMAS.joinpath("InferenceService.json").read_text())["source"]
+    assert source.startswith("kserve/kserve v"), source
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    # A misspelt field: the API server (strict field validation) refuses it.
+    (lambda r: r["InferenceService"]["spec"]["predictor"]["model"].update(protocolVerison="v2"),
+     "protocolVerison"),
+    (lambda r: r["ServingRuntime"]["spec"]["containers"][0].update(readinesProbe={}),
+     "readinesProbe"),
+    # A wrong type, a value outside the CRD's enum, a required field missing.
+    (lambda r: r["InferenceService"]["spec"]["predictor"].update(minReplicas="two"),
+     "spec.predictor.minReplicas"),
+    (lambda r: r["InferenceService"]["spec"]["predictor"].update(scaleMetric="gpu"),
+     "spec.predictor.scaleMetric"),
+    (lambda r: r["ServingRuntime"]["spec"]["containers"][0]["ports"][0].pop("containerPort"),
+     "'containerPort' is a required property"),
+    # A field of a subtree the vendored schema prunes.
+    (lambda r: r["InferenceService"]["spec"]["predictor"].update(triton={}),
+     "spec.predictor.triton: pruned"),
+])
+def test_kserve_schema_check_catches_mistakes(tmp_path, mistake, expected):
+    documents = [d for d in yaml.safe_load_all(KSERVE_MANIFEST.read_text()) if d]
+    mistake({d["kind"]: d for d in documents})
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump_all(documents))
+    result = validate_crd(broken)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED" in result.stdout and expected in result.stdout, result.stdout
+
+
+def test_kserve_built_in_kinds_pass_kubernetes_validate():
+    result = subprocess.run([deploy_tool("kubernetes-validate"), "--strict", str(KSERVE_MANIFEST)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("passed for resource") == 2, result.stdout
+
+
+def test_kserve_pod_meets_the_restricted_profile(kserve):
+    namespace = kserve[("Namespace", "softmax-kserve")]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    service = kserve[("InferenceService", "softmax")]
+    # Only Standard mode makes a plain Deployment: Knative mode adds a
+    # queue-proxy sidecar the manifest does not control.
+    assert service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard"
+    for resource in kserve.values():
+        if resource["kind"] != "Namespace":
+            assert resource["metadata"]["namespace"] == "softmax-kserve", resource["kind"]
+    pod = kserve_pod(kserve)
+    assert_restricted(pod)
+    # No storage initializer (an init container KServe would add) is wanted.
+    assert "storageUri" not in service["spec"]["predictor"]["model"]
+
+
+def test_kserve_runtime_serves_the_inference_service(kserve):
+    service = kserve[("InferenceService", "softmax")]
+    model = service["spec"]["predictor"]["model"]
+    runtime = kserve[("ServingRuntime", model["runtime"])]
+    # What KServe's controller checks before it deploys (predictor.go).
+    assert not runtime["spec"].get("disabled")
+    assert model["protocolVersion"] in runtime["spec"]["protocolVersions"]
+    assert model["modelFormat"]["name"] in [f["name"] for f in
+                                            runtime["spec"]["supportedModelFormats"]]
+    pod = kserve_pod(kserve)
+    (container,) = pod["containers"]
+    args = dict(a.lstrip("-").split("=", 1) for a in container["args"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    # The first port is the Service's port 80: the HTTP/REST endpoint.
+    assert container["ports"][0]["name"] == "http"
+    assert args["http_address"].endswith(f":{ports['http']}")
+    assert args["grpc_address"].endswith(f":{ports['grpc']}")
+    assert args["metrics_address"].endswith(f":{ports['metrics']}")
+    annotations = runtime["spec"]["annotations"]
+    assert annotations["prometheus.kserve.io/port"] == str(ports["metrics"])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["port"] == ports["http"], probe
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 60
+    for kind in ("requests", "limits"):
+        for resource in ("cpu", "memory", "nvidia.com/gpu"):
+            assert resource in container["resources"][kind], (kind, resource)
+    assert pod["terminationGracePeriodSeconds"] > int(args["shutdown_grace_s"])
+    budget = kserve[("PodDisruptionBudget", "softmax-predictor")]
+    assert budget["spec"]["selector"]["matchLabels"] == {
+        "serving.kserve.io/inferenceservice": service["metadata"]["name"],
+        "component": "predictor"}
+    assert budget["spec"]["maxUnavailable"] < service["spec"]["predictor"]["minReplicas"]
+
+
+def loopback_cpu_args(args):
+    """A manifest's server arguments with the addresses moved to free
+    loopback ports and the CPU for the GPU."""
+    moved = []
+    for arg in args:
+        name, value = arg.split("=", 1)
+        if name.endswith("_address"):
+            value = "127.0.0.1:0"
+        elif name == "--device":
+            value = "cpu"
+        moved.append(f"{name}={value}")
+    return moved
+
+
+def test_deployment_arguments_start_the_server(resources):
+    import e2e_util
+
+    container = resources[("Deployment", "softmax-serve")]["spec"]["template"]["spec"][
+        "containers"][0]
+    server = e2e_util.Server(*loopback_cpu_args(container["args"]))
+    try:
+        channel = server.channel()
+        service = container["readinessProbe"]["grpc"]["service"]
+        assert e2e_util.health_check(channel, service) == "SERVING"
+        channel.close()
+        assert server.stop() == 0
+    finally:
+        server.kill()
+
+
+def test_kserve_runtime_arguments_start_the_server(kserve):
+    """The runtime's own arguments (addresses moved to free loopback ports,
+    the CPU for the GPU) start the real server, which then answers the
+    probes' paths and an inference on the model the InferenceService names."""
+    import e2e_util
+
+    service = kserve[("InferenceService", "softmax")]
+    (container,) = kserve_pod(kserve)["containers"]
+    server = e2e_util.Server(*loopback_cpu_args(container["args"]))
+    try:
+        base = f"http://{server.http_address}"
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            with urllib.request.urlopen(base + container[probe]["httpGet"]["path"],
+                                        timeout=10) as response:
+                assert response.status == 200, probe
+        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3], "datatype": "FP32",
+                                       "data": [1.0, 2.0, 3.0]}]}).encode()
+        request = urllib.request.Request(
+            f"{base}/v2/models/{service['metadata']['name']}/infer", data=body,
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            output = json.loads(response.read())["outputs"][0]
+        e2e_util.assert_close(output["data"], e2e_util.reference_softmax([1.0, 2.0, 3.0]),
+                              "float32", "softmax over KServe v2 HTTP")
+        assert server.stop() == 0
+    finally:
+        server.kill()

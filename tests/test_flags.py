@@ -19,6 +19,7 @@ EXPECTED = {
     "max_queued_bytes", "max_held_bytes", "cpu_threads", "cuda_memory_limit_bytes", "lame_duck_ms",
     "shutdown_grace_s", "max_concurrent_streams", "tls_cert_file", "tls_key_file",
     "tls_client_ca_file", "auth_tokens_file", "reflection", "shared_memory",
+    "log_format", "access_log_one_in",
 }
 
 

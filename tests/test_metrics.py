@@ -271,8 +271,8 @@ def test_alert_rules_load_and_evaluate(prometheus, traffic):
     assert [group["name"] for group in groups] == ["softmax-serve"]
     rules = groups[0]["rules"]
     assert sorted(rule["name"] for rule in rules) == [
-        "SoftmaxGpuClocksThrottled", "SoftmaxLatencyP99High", "SoftmaxNotServing",
-        "SoftmaxQueueNearFull", "SoftmaxServerErrorRateHigh"]
+        "SoftmaxGpuClocksThrottled", "SoftmaxGpuUnusable", "SoftmaxLatencyP99High",
+        "SoftmaxNotServing", "SoftmaxQueueNearFull", "SoftmaxServerErrorRateHigh"]
     for rule in rules:
         assert rule["type"] == "alerting"
         assert not rule.get("lastError"), rule
@@ -281,7 +281,7 @@ def test_alert_rules_load_and_evaluate(prometheus, traffic):
     # this machine's speed, so its state is not asserted.)
     states = {rule["name"]: rule["state"] for rule in rules}
     for name in ("SoftmaxNotServing", "SoftmaxQueueNearFull", "SoftmaxServerErrorRateHigh",
-                 "SoftmaxGpuClocksThrottled"):
+                 "SoftmaxGpuClocksThrottled", "SoftmaxGpuUnusable"):
         assert states[name] == "inactive", states
 
 
@@ -298,7 +298,7 @@ def test_promtool_accepts_the_alert_rules():
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERT_RULES)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 5 rules found" in result.stdout, result.stdout
+    assert "SUCCESS: 6 rules found" in result.stdout, result.stdout
 
 
 def test_empty_metrics_address_turns_metrics_off(start_server):

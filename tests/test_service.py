@@ -1,6 +1,8 @@
 """Health, reflection, metrics and the unary error path around the service."""
 
 import grpc
+import os
+import re
 import subprocess
 import time
 
@@ -90,6 +92,28 @@ def test_bad_flags_exit_1_with_a_message(flag, message):
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 1, result.stderr
     assert message in result.stderr, result.stderr
+
+
+def test_device_choice_without_a_usable_gpu(start_server):
+    """--device=cuda never falls back: it exits 1 with the cause. --device=auto
+    serves on the CPU, saying why; softmax_gpu_unusable appears only when a
+    GPU was found (a /dev/nvidiaN node) but cannot be used."""
+    try:
+        result = subprocess.run([e2e_util.SERVER_BIN, "--grpc_address=127.0.0.1:0",
+                                 "--metrics_address=", "--http_address=", "--device=cuda"],
+                                capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.skip("a usable GPU is present: --device=cuda serves")
+    assert result.returncode == 1, result.stderr
+    assert re.search(r"--device=cuda: (no usable GPU \(.+\)|this build has no CUDA backend)",
+                     result.stderr), result.stderr
+    server = start_server(device="auto")
+    output = server.output()
+    assert re.search(r"device=cpu .*\(auto: .+\)", output), output
+    gpu_found = any(re.fullmatch(r"nvidia\d+", name) for name in os.listdir("/dev"))
+    text = scrape_metrics(server.metrics_address)
+    assert ("softmax_gpu_unusable{" in text) == gpu_found, text
+    assert ("warning: --device=auto serves on the CPU" in output) == gpu_found, output
 
 
 @pytest.mark.parametrize("flags, size, admitted", [

@@ -408,6 +408,14 @@ void Metrics::SetSharedMemory(const std::string& kind, int64_t regions, int64_t 
 
 void Metrics::SetServing(bool serving) { serving_->Set(serving ? 1 : 0); }
 
+void Metrics::SetGpuUnusable(absl::string_view cause) {
+  AddGauge(*registry_, "softmax_gpu_unusable",
+           "1 when --device=auto found a GPU it cannot use and serves on the CPU; the cause "
+           "label says why (the start-up warning gives the detail).",
+           {{"cause", std::string(cause)}})
+      .Set(1);
+}
+
 prometheus::Counter& Metrics::RequestCounter(RpcMethod method, absl::StatusCode code) {
   const int m = static_cast<int>(method);
   int c = static_cast<int>(code);

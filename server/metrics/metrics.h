@@ -98,6 +98,12 @@ class Metrics final : public BatcherObserver {
   // or after a device fault.
   void SetServing(bool serving);
 
+  // softmax_gpu_unusable{cause} = 1: --device=auto found a GPU it cannot use
+  // (`cause`: "driver", "no_cuda_backend", "backend_start"; see
+  // GpuUnusableCause in server/device.h) and serves on the CPU. Not exported
+  // otherwise. REQUIRES: called at most once, before serving.
+  void SetGpuUnusable(absl::string_view cause);
+
   // One finished RPC (unary) or one response on a stream: counts it by
   // method and status code, and observes its latency (received to response
   // sent). `bytes` is what the request moved in and out (input + output

@@ -288,6 +288,15 @@ TEST(MetricsTest, QueueAdmissionAndServingGauges) {
   EXPECT_EQ(build->gauge.value, 1);
 }
 
+TEST(MetricsTest, GpuUnusableOnlyWhenAutoFellBackWithTheCause) {
+  auto metrics = NewMetrics();
+  EXPECT_EQ(FindFamily(metrics->Collect(), "softmax_gpu_unusable"), nullptr);
+  metrics->SetGpuUnusable("driver");
+  const auto families = metrics->Collect();
+  EXPECT_EQ(GaugeValue(families, "softmax_gpu_unusable", {{"cause", "driver"}}), 1);
+  EXPECT_EQ(FindFamily(families, "softmax_gpu_unusable")->metric.size(), 1u);
+}
+
 TEST(MetricsTest, DeviceInfoOccupancyAndAllocatorFromTheBackend) {
   testing::FakeBackend backend(Named("cuda:0"));
   backend.set_device(FakeGpu());

@@ -27,6 +27,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "server/logging/log.h"
+
 namespace {
 
 int RawAccept4(int fd, sockaddr* address, socklen_t* length, int flags) {
@@ -73,10 +75,9 @@ extern "C" int accept4(int fd, sockaddr* address, socklen_t* length, int flags) 
   const int error = errno;
   if (error != EMFILE && error != ENFILE) return accepted;
   if (!out_of_descriptors.exchange(true, std::memory_order_relaxed)) {
-    std::fprintf(stderr,
-                 "softmax-server: accept4: %s; closing new connections until descriptors are "
-                 "free\n",
-                 std::strerror(error));
+    softmax::server::logging::LogWarning(
+        absl::StrCat("accept4: ", std::strerror(error),
+                     "; closing new connections until descriptors are free"));
   }
   errno = ShedWaitingConnections(fd);
   return -1;

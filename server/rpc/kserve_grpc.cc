@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/logging/log.h"
 #include "server/rpc/status_util.h"
 
 namespace softmax::server {
@@ -48,6 +49,7 @@ struct InferCall {
   std::optional<kserve::RegionRef> output_region;
   std::vector<std::shared_ptr<const void>> leases;
   std::shared_ptr<const void> held;  // its share of the memory budget
+  grpc::CallbackServerContext* context = nullptr;  // the call's; for the access log
 };
 
 // The shared-memory parameters of a tensor's `parameters` (see
@@ -297,6 +299,9 @@ void Record(KServeGrpcService* service, RpcMethod method, const InferCall& call,
     metrics->RecordRequest(method, status.code(), static_cast<double>(elapsed) * 1e-9,
                            2 * call.data_bytes);
   }
+  logging::LogAccess(method == RpcMethod::kModelInfer ? "ModelInfer" : "ModelStreamInfer",
+                     status.code(), 2 * call.data_bytes, static_cast<double>(elapsed) * 1e-9,
+                     [&call] { return call.context->peer(); });
 }
 
 // Parses `buffer` into `request` and starts `call` (owned by the completion
@@ -308,6 +313,7 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
                 std::unique_ptr<InferCall> owned,
                 std::function<bool()> is_cancelled, Complete complete) {
   InferCall* call = owned.release();
+  call->context = context;
   absl::Status status = service->softmax()->Authenticate(*context);
   if (status.ok()) status = ParseInferRequest(buffer, request);
   if (status.ok()) status = PrepareInfer(request, service->shared_memory(), call);

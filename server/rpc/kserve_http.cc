@@ -24,6 +24,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/civetweb_stop.h"
+#include "server/logging/log.h"
 #include "server/rpc/status_util.h"
 
 namespace softmax::server {
@@ -426,6 +427,11 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
       metrics->RecordRequest(RpcMethod::kHttpInfer, status.code(),
                              static_cast<double>(elapsed) * 1e-9, 2 * data_bytes);
     }
+    logging::LogAccess("http_infer", status.code(), 2 * data_bytes,
+                       static_cast<double>(elapsed) * 1e-9, [connection] {
+                         const mg_request_info* info = mg_get_request_info(connection);
+                         return absl::StrCat(info->remote_addr, ":", info->remote_port);
+                       });
     return reply.status;
   };
   auto fail = [&](const absl::Status& status) {

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/logging/log.h"
 #include "server/rpc/status_util.h"
 #include "server/rpc/wire.h"
 
@@ -79,10 +80,12 @@ class CallCounter {
 // gRPC's, sent on an OK finish.
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
-  UnaryCall(SoftmaxServiceImpl* service, Metrics* metrics, grpc::ByteBuffer* response_buffer)
+  UnaryCall(SoftmaxServiceImpl* service, Metrics* metrics, grpc::ByteBuffer* response_buffer,
+            grpc::CallbackServerContext* context)
       : counter_(service),
         buffers_(service->buffers()),
         metrics_(metrics),
+        context_(context),
         response_buffer_(response_buffer),
         start_(SteadyClock::now()) {}
 
@@ -99,6 +102,8 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
       metrics_->RecordRequest(RpcMethod::kSoftmax, status.code(), SecondsSince(start_),
                               2 * data_bytes_);
     }
+    logging::LogAccess("Softmax", status.code(), 2 * data_bytes_, SecondsSince(start_),
+                       [this] { return context_->peer(); });
     absl::Status outcome = status;
     if (outcome.ok()) {
       LendLargeOutput(buffers_, &response_, &view_);
@@ -116,6 +121,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   CallCounter counter_;
   const std::shared_ptr<TensorBufferPool> buffers_;
   Metrics* const metrics_;
+  grpc::CallbackServerContext* const context_;  // valid until OnDone
   grpc::ByteBuffer* const response_buffer_;
   const SteadyClock::time_point start_;
   int64_t data_bytes_ = 0;
@@ -337,6 +343,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
           RpcMethod::kSoftmaxStream, status.code(), SecondsSince(entry->start),
           2 * entry->data_bytes);
     }
+    logging::LogAccess("SoftmaxStream", status.code(), 2 * entry->data_bytes,
+                       SecondsSince(entry->start), [this] { return context_->peer(); });
     Entry* next = nullptr;
     bool finish = false;
     {
@@ -516,7 +524,7 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
 grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
-  auto* call = new UnaryCall(this, metrics_, response);
+  auto* call = new UnaryCall(this, metrics_, response, context);
   // gRPC hands the request as const, but the buffer is the call's (its
   // message holder's, destroyed after OnDone) and gRPC does not read it
   // again once this handler has it: parsing consumes it.

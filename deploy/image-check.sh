@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Builds the container image from the Dockerfile and smoke-tests it, on a
+# machine without a container daemon or a GPU (CI):
+#
+#   1. debootstrap --variant=minbase makes a Debian 12 root file system from
+#      Debian's archive, and `podman import` turns it into the base image
+#      (both of the Dockerfile's stages start from it);
+#   2. `buildah bud --isolation chroot` builds the Dockerfile (chroot
+#      isolation needs none of the capabilities an OCI runtime wants), with
+#      CUDA from PyPI and one GPU architecture (CUDA_ARCHITECTURES) to stay
+#      fast;
+#   3. the runtime image is checked (only softmax-server and softmax-client
+#      in it, a numeric user, the NVIDIA variables), then its server is
+#      started on the CPU through `buildah run --isolation chroot` and its own
+#      softmax-client asks for health and computes one softmax, checked
+#      against its float64 reference (--check).
+#
+# Usage: deploy/image-check.sh WORK_DIR
+# WORK_DIR holds the image storage (vfs) and the base file system; the base
+# image is kept there between runs, the built image and its containers are
+# removed at the end. Installs buildah, podman and debootstrap when missing.
+# Environment: CUDA_ARCHITECTURES (default 90-real), CUDA_SOURCE (pypi),
+# DEBIAN_MIRROR (http://deb.debian.org/debian).
+set -euo pipefail
+
+if [[ $# -ne 1 ]]; then
+  echo "usage: $0 WORK_DIR" >&2
+  exit 2
+fi
+source_dir=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mkdir -p "$1" && cd "$1" && pwd)
+architectures=${CUDA_ARCHITECTURES:-90-real}
+cuda_source=${CUDA_SOURCE:-pypi}
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+base=localhost/softmax-serve-base:bookworm
+image=localhost/softmax-serve:image-check
+
+step() { echo "image-check: $(date -u +%H:%M:%S) $*"; }
+fail() { echo "image-check: FAILED: $*" >&2; exit 1; }
+
+missing=()
+for tool in buildah podman debootstrap; do
+  command -v "$tool" > /dev/null || missing+=("$tool")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  step "installing ${missing[*]}"
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}"
+fi
+
+# Storage of its own, in vfs (overlay needs a kernel mount the machine may
+# refuse inside a container).
+storage=(--root "$work/storage" --runroot "$work/run" --storage-driver vfs)
+
+if ! podman "${storage[@]}" image exists "$base"; then
+  step "debootstrap bookworm (minbase) from $mirror"
+  rm -rf "$work/rootfs"
+  debootstrap --variant=minbase bookworm "$work/rootfs" "$mirror" > "$work/debootstrap.log" 2>&1 \
+    || { tail -20 "$work/debootstrap.log"; fail "debootstrap"; }
+  tar -C "$work/rootfs" -c . | podman "${storage[@]}" import - "$base" > /dev/null
+  rm -rf "$work/rootfs"
+fi
+
+server_container=""
+cleanup() {
+  [[ -n "${server_pid:-}" ]] && kill "$server_pid" 2> /dev/null || true
+  [[ -n "$server_container" ]] && buildah "${storage[@]}" rm "$server_container" > /dev/null 2>&1 || true
+  buildah "${storage[@]}" rmi -f "$image" > /dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+# The host's CA bundle, for pip behind a proxy that inspects TLS.
+secrets=()
+ca_bundle=/etc/ssl/certs/ca-certificates.crt
+[[ -s "$ca_bundle" ]] && secrets=(--secret "id=ca-bundle,src=$ca_bundle")
+
+step "buildah bud (CUDA from $cuda_source, architectures $architectures)"
+started=$SECONDS
+# Docker's image format: OCI's has no SHELL or HEALTHCHECK.
+buildah "${storage[@]}" bud --isolation chroot --format docker --layers=false "${secrets[@]}" \
+  --build-arg "DEBIAN_IMAGE=$base" --build-arg "DEBIAN_SLIM_IMAGE=$base" \
+  --build-arg "CUDA_SOURCE=$cuda_source" --build-arg "CUDA_ARCHITECTURES=$architectures" \
+  -f "$source_dir/Dockerfile" -t "$image" "$source_dir" > "$work/build.log" 2>&1 \
+  || { tail -40 "$work/build.log"; fail "buildah bud (log: $work/build.log)"; }
+step "built in $((SECONDS - started)) s"
+
+# What the runtime image holds and runs as.
+config() { buildah "${storage[@]}" inspect --type image --format "$1" "$image"; }
+user=$(config '{{.OCIv1.Config.User}}')
+[[ "$user" =~ ^[1-9][0-9]*(:[0-9]+)?$ ]] || fail "image user '$user' is not a numeric non-root uid"
+environment=$(config '{{range .OCIv1.Config.Env}}{{println .}}{{end}}')
+for variable in NVIDIA_VISIBLE_DEVICES NVIDIA_DRIVER_CAPABILITIES NVIDIA_REQUIRE_CUDA; do
+  grep -q "^$variable=" <<< "$environment" || fail "image sets no $variable"
+done
+server_container=$(buildah "${storage[@]}" from "$image")
+binaries=$(buildah "${storage[@]}" run --isolation chroot "$server_container" -- \
+  ls /opt/softmax-serve/bin | tr '\n' ' ')
+[[ "$binaries" == "softmax-client softmax-server " ]] \
+  || fail "runtime image ships '$binaries', expected only softmax-client and softmax-server"
+
+step "starting the image's server on the CPU"
+log="$work/server.log"
+buildah "${storage[@]}" run --isolation chroot "$server_container" -- \
+  /opt/softmax-serve/softmax-server --grpc_address=127.0.0.1:0 --http_address= \
+  --metrics_address= --device=cpu > "$log" 2>&1 &
+server_pid=$!
+address=""
+for _ in $(seq 1 300); do
+  address=$(sed -n 's/^.* softmax-server: listening grpc=\([^ ]*\) .*$/\1/p' "$log")
+  [[ -n "$address" ]] && break
+  kill -0 "$server_pid" 2> /dev/null || fail "the image's server exited: $(cat "$log")"
+  sleep 0.1
+done
+[[ -n "$address" ]] || fail "the image's server did not start: $(cat "$log")"
+
+client() {
+  buildah "${storage[@]}" run --isolation chroot "$server_container" -- \
+    /opt/softmax-serve/softmax-client "$@"
+}
+health=$(client health --target="$address" --timeout_ms=5000) || fail "health: $health"
+[[ "$health" == SERVING ]] || fail "health answered '$health'"
+client --target="$address" --shape=4,1000 --dtype=float32 --check \
+  || fail "softmax-client call with --check"
+step "the image answers: health $health, one softmax checked"
+# buildah run ends its command with SIGKILL when signalled (it forwards no
+# SIGTERM), so the drain is not exercised here; tests/test_shutdown.py covers it.
+kill -TERM "$server_pid"
+wait "$server_pid" 2> /dev/null || true
+server_pid=""
+step "passed"
