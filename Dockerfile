@@ -33,11 +33,11 @@ FROM ${DEBIAN_IMAGE} AS build
 ARG CUDA_VERSION
 # pypi | nvidia-apt
 ARG CUDA_SOURCE=pypi
-# sm_90 Hopper (H100, H200), sm_100 Blackwell (B200), and PTX of sm_100 for
-# later GPUs. Not yet sm_80/86/89 (A100, A10, L4): the on-chip and staged
-# kernel families use thread-block clusters, which need sm_90, without a
-# fallback for older GPUs (nvcc refuses them for sm_80).
-ARG CUDA_ARCHITECTURES="90-real;100-real;100-virtual"
+# sm_80 / sm_86 / sm_89 Ampere and Ada (A100, A10, L4), sm_90 Hopper (H100,
+# H200), sm_100 Blackwell (B200), and PTX of sm_100 for later GPUs. Below
+# sm_90 the kernels that need thread-block clusters are left out and the
+# launch plan does without them (kernels/cuda/common.cuh).
+ARG CUDA_ARCHITECTURES="80-real;86-real;89-real;90-real;100-real;100-virtual"
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive
 WORKDIR /src

@@ -21,6 +21,16 @@
 
 #include "kernels/cuda/plan.h"
 
+// Thread-block clusters, bulk asynchronous copies and mbarrier transaction
+// counts exist from sm_90. Device code for older GPUs (sm_80-sm_89, built
+// into the image) leaves them out; the launch plan never picks a path that
+// needs them there (LaunchPlan::clusters_supported, the staged probe).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define SOFTMAX_SM90_DEVICE_CODE 0
+#else
+#define SOFTMAX_SM90_DEVICE_CODE 1
+#endif
+
 namespace softmax {
 namespace gpu {
 namespace detail {
@@ -311,12 +321,14 @@ __device__ __forceinline__ float OutputFactor(bool log, float sum) {
 // bulk prefetch per 64 KiB); lets a worker's next unit stream in while it
 // reduces the current one, without holding registers.
 __device__ __forceinline__ void PrefetchL2(const void* p, size_t bytes) {
+#if SOFTMAX_SM90_DEVICE_CODE  // (a hint: nothing to do without it)
   uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~static_cast<uintptr_t>(15);
   const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + 15) & ~static_cast<uintptr_t>(15);
   for (; begin < end; begin += 65536) {
     const unsigned size = static_cast<unsigned>(min(static_cast<uintptr_t>(65536), end - begin));
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(begin), "r"(size) : "memory");
   }
+#endif
 }
 
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {

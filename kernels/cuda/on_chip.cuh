@@ -170,6 +170,9 @@ template <typename T, bool kVec>
 __device__ __forceinline__ void ClusterRows(const RowSegment& seg, int launch_cluster,
                                             float2 (*warp_slots)[kWarps], float2* cluster_slots,
                                             int& parity) {
+#if !SOFTMAX_SM90_DEVICE_CODE
+  __trap();  // never planned without clusters
+#else
   constexpr int V = VecWidth<T>();
   using Bits = typename Traits<T>::Bits;
   cg::cluster_group cluster = cg::this_cluster();
@@ -260,6 +263,7 @@ __device__ __forceinline__ void ClusterRows(const RowSegment& seg, int launch_cl
     }
     parity ^= 1;
   }
+#endif  // SOFTMAX_SM90_DEVICE_CODE
 }
 
 template <typename T>
@@ -296,7 +300,9 @@ __global__ void __launch_bounds__(kThreads, 2) OnChipKernel(const __grid_constan
     }
   }
   // No block may leave while a peer can still read its shared memory.
+#if SOFTMAX_SM90_DEVICE_CODE
   if (args.launch_cluster > 1) cg::this_cluster().sync();
+#endif
 }
 
 }  // namespace detail

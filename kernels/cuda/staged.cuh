@@ -71,6 +71,9 @@ __device__ __forceinline__ void BulkLoad(unsigned dst, const void* src, unsigned
 
 template <typename T>
 __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_constant__ StagedArgs a) {
+#if !SOFTMAX_SM90_DEVICE_CODE
+  __trap();  // never planned below sm_90 (its probe finds no cluster)
+#else
   constexpr int V = VecWidth<T>();
   constexpr int kStagedWarps = kStagedThreads / 32;
   constexpr int kPerStep = 4;  // vectors per thread between (max, sum) merges
@@ -161,6 +164,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
   for (int i = threadIdx.x; i < count; i += kStagedThreads) {
     StoreGlobal16(out + i, NormalizeVector<T>(share[i], total.m, a.scale, log, factor));
   }
+#endif  // SOFTMAX_SM90_DEVICE_CODE
 }
 
 }  // namespace detail
