@@ -60,7 +60,6 @@ PEER_DATATYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "UINT16"}
 # tensor (half types round each output to 8 or 11 significant bits).
 TOLERANCE = {"float32": (1e-4, 1e-7), "float16": (2e-3, 1e-6), "bfloat16": (1.6e-2, 1e-6)}
 MAX_DRIVER_FAILURES = 3
-LISTENING = re.compile(r"softmax-server: listening grpc=(\S+) http=(\S+) metrics=(\S+)")
 
 
 def load_service_run():
@@ -117,43 +116,6 @@ def write_pa_data(path, raw, shape):
 
 
 # ------------------------------------------------------------------ servers
-
-class OurServer:
-    """softmax-server with gRPC and HTTP on kernel-picked loopback ports."""
-
-    def __init__(self, binary, device, extra_args, log_path):
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.args = [binary, "--grpc_address=127.0.0.1:0", "--http_address=127.0.0.1:0",
-                     "--metrics_address=", f"--device={device}", *extra_args]
-        self.process = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            match = LISTENING.search(self.output())
-            if match:
-                self.grpc, self.http = match.group(1), match.group(2)
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"server did not start: {self.args}\n{self.output()}")
-
-    def output(self):
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
-
 
 class PeerServer:
     """pytriton_peer.py in a session of its own (tritonserver and the model
@@ -454,7 +416,9 @@ def main():
         data_peer[spec] = os.path.join(logs, f"input-row-{rows}x{cols}.json")
         write_pa_data(data_peer[spec], raw[:len(raw) // rows], [cols])
 
-    ours = OurServer(args.server, args.device, args.server_arg, os.path.join(logs, "server.log"))
+    ours = service_run.Server(args.server, args.device, args.server_arg,
+                              os.path.join(logs, "server.log"), http=True)
+    ours.grpc = ours.address
     failed = False
     try:
         print(f"== softmax-serve: gRPC {ours.grpc}, HTTP {ours.http}", flush=True)

@@ -53,7 +53,7 @@ import tempfile
 import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-LISTENING = re.compile(r"softmax-server: listening grpc=(\S+) (?:http=\S+ )?metrics=(\S+)")
+LISTENING = re.compile(r"softmax-server: listening grpc=(\S+) (?:http=(\S+) )?metrics=(\S+)")
 DEFAULT_PAYLOADS = ["1x1024:float32", "8x4096:float16", "64x32000:bfloat16", "1x16M:float32"]
 ITEM_SIZE = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
 
@@ -85,21 +85,25 @@ def find_binaries(args):
 
 
 class Server:
-    """softmax-server on loopback with a kernel-picked port."""
+    """softmax-server on loopback with kernel-picked ports: .address (gRPC) and,
+    with http=True, .http. The other benchmarks start theirs with it too."""
 
-    def __init__(self, binary, device, extra_args, log_path):
+    def __init__(self, binary, device, extra_args, log_path, env=None, http=False):
         self.log_path = log_path
         self.log = open(log_path, "w")
-        self.args = [binary, "--grpc_address=127.0.0.1:0", "--metrics_address=", "--http_address=",
+        self.args = [binary, "--grpc_address=127.0.0.1:0", "--metrics_address=",
+                     "--http_address=127.0.0.1:0" if http else "--http_address=",
                      f"--device={device}", *extra_args]
         self.process = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL)
+                                        stdin=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + 60
         self.address = None
+        self.http = None
         while time.monotonic() < deadline:
             match = LISTENING.search(self.output())
             if match:
                 self.address = match.group(1)
+                self.http = match.group(2) if http else None
                 return
             if self.process.poll() is not None:
                 break

@@ -33,17 +33,20 @@ Locally, from a build tree, with defaults (build/bin, --devices=none,cpu).
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
-import re
-import signal
 import subprocess
 import sys
-import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-LISTENING = re.compile(r"softmax-server: listening grpc=(\S+)")
+# bench/service/run.py as a module: its Server starts ours.
+_SERVICE_RUN = importlib.util.spec_from_file_location(
+    "service_run", os.path.join(REPO, "bench", "service", "run.py"))
+service_run = importlib.util.module_from_spec(_SERVICE_RUN)
+_SERVICE_RUN.loader.exec_module(service_run)
+
 DEFAULT_SIZES = "64K,256K,1M,4M,16M,64M"
 
 
@@ -65,44 +68,6 @@ def shape_of(size):
     if size % 4:
         raise ValueError(f"size {size} is not a whole number of float32 elements")
     return f"1x{size // 4}:float32"
-
-
-class Server:
-    """softmax-server on loopback with a kernel-picked port."""
-
-    def __init__(self, binary, device, env, log_path):
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.args = [binary, "--grpc_address=127.0.0.1:0", "--metrics_address=",
-                     "--http_address=", f"--device={device}"]
-        self.process = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env)
-        deadline = time.monotonic() + 60
-        self.address = None
-        while time.monotonic() < deadline:
-            match = LISTENING.search(self.output())
-            if match:
-                self.address = match.group(1)
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"server did not start: {self.args}\n{self.output()}")
-
-    def output(self):
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
 
 
 def run_load(client, address, load_args, json_path, env):
@@ -193,9 +158,10 @@ def main():
     try:
         for variant in variants:
             for device in devices:
-                servers[(variant["name"], device)] = Server(
-                    variant["server"], device, env,
-                    os.path.join(work, f"server-{variant['name']}-{device.replace(':', '-')}.log"))
+                servers[(variant["name"], device)] = service_run.Server(
+                    variant["server"], device, [],
+                    os.path.join(work, f"server-{variant['name']}-{device.replace(':', '-')}.log"),
+                    env=env)
 
         # 1. Validate.
         for variant in variants:
