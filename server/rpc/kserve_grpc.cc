@@ -625,10 +625,22 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelStatistics(
   return FinishWith(context, model.status());
 }
 
+namespace {
+
+// A unary ModelInfer: holds the request's share of the memory budget until
+// gRPC has sent the answer (OnDone), not only until it is serialised.
+class InferReactor final : public grpc::ServerUnaryReactor {
+ public:
+  void OnDone() override { delete this; }
+  std::shared_ptr<const void> held;
+};
+
+}  // namespace
+
 grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerContext* context,
                                                         const grpc::ByteBuffer* request,
                                                         grpc::ByteBuffer* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new InferReactor;
   softmax_->RequestsStarted(1);
   auto call = std::make_unique<InferCall>();
   inference::ModelInferRequest* message = &call->message;
@@ -645,6 +657,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerCont
           outcome = SerializeInferResponse(&answer, std::move(view), false, response);
         }
         Record(this, RpcMethod::kModelInfer, *done, outcome);
+        reactor->held = std::move(done->held);
         done.reset();
         reactor->Finish(ToGrpcStatus(outcome));
         softmax_->RequestsEnded(1);
