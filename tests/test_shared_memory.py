@@ -11,6 +11,7 @@ CUDA shared memory runs only on a GPU and skips, with the reason, elsewhere."""
 import itertools
 import os
 import threading
+import urllib.error
 import urllib.request
 
 import grpc
@@ -468,3 +469,22 @@ def test_cuda_regions_every_dtype(cuda_server, cuda_shm, dtype, shape, axis, pro
         cuda_shm.destroy_shared_memory_region(h_in)
         cuda_shm.destroy_shared_memory_region(h_out)
         client.close()
+
+
+@pytest.mark.parametrize("kind,path,body,status,fragment", [
+    ("system", "region/r/register", b"{not json", 400, "not a JSON object"),
+    ("system", "region/r/register", b'{"byte_size": 64}', 400, "key"),
+    ("system", "region/r/register", b'{"key": "/k", "byte_size": "64"}', 400, "byte_size"),
+    ("cuda", "region/r/register", b'{"raw_handle": {"b64": "%%%"}, "device_id": 0, '
+                                  b'"byte_size": 64}', 400, "raw_handle"),
+    ("cuda", "region/r/register", b'{"raw_handle": "AAAA", "device_id": 0, "byte_size": 64}',
+     400, "raw_handle"),
+    ("system", "region/r/frobnicate", b"{}", 404, "no endpoint"),
+])
+def test_bad_http_registration_bodies_are_refused(server, kind, path, body, status, fragment):
+    request = urllib.request.Request(
+        f"http://{server.http_address}/v2/{kind}sharedmemory/{path}", data=body, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=10)
+    assert error.value.code == status
+    assert fragment in error.value.read().decode()

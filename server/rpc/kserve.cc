@@ -178,17 +178,7 @@ absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManag
     absl::StatusOr<SharedMemoryTensor> tensor =
         shared_memory->Resolve(out->name, out->offset, out->byte_size, "outputs[0].parameters");
     if (!tensor.ok()) return tensor.status();
-    // The output has the input's type and shape.
-    absl::StatusOr<int64_t> elements = CountElements(parts.input_shape);
-    absl::StatusOr<DType> dtype = ParseDatatype(parts.input_datatype, "inputs[0].datatype");
-    int64_t needed = 0;
-    if (elements.ok() && dtype.ok() &&
-        !__builtin_mul_overflow(*elements, ItemSize(*dtype), &needed) &&
-        tensor->bytes < needed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "outputs[0].parameters.shared_memory_byte_size: ", tensor->bytes,
-          " bytes, smaller than the output's ", needed, " bytes"));
-    }
+    // (Dispatch checks that it holds the output.)
     external->output = tensor->data;
     external->output_bytes = tensor->bytes;
     external->output_memory = tensor->memory;
@@ -213,7 +203,8 @@ absl::Status RenameInputFields(const absl::Status& status, absl::string_view dat
   if (status.ok() || status.code() != absl::StatusCode::kInvalidArgument) return status;
   std::string message = absl::StrReplaceAll(
       status.message(), {{"input.data", data_field}, {"input.shape", "inputs[0].shape"},
-                         {"input.dtype", "inputs[0].datatype"}});
+                         {"input.dtype", "inputs[0].datatype"},
+                         {"output.region", "outputs[0].parameters.shared_memory_byte_size"}});
   if (absl::StartsWith(message, "input:")) message = absl::StrCat("inputs[0]", message.substr(5));
   return absl::InvalidArgumentError(message);
 }

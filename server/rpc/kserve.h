@@ -125,8 +125,8 @@ struct InferRequestParts {
 // Looks up `parts`' regions in `shared_memory` (may be null: none served)
 // and fills `external` for Dispatch; `leases` keep the regions mapped until
 // the request is answered. NOT_FOUND for an unknown region, INVALID_ARGUMENT
-// for a range outside its region or an output region smaller than the
-// output (the input's size is checked by Dispatch against the shape).
+// for a range outside its region (Dispatch checks the sizes against the
+// shape).
 absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManager* shared_memory,
                          ExternalTensors* external,
                          std::vector<std::shared_ptr<const void>>* leases);
@@ -146,7 +146,8 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
 
 // Renames the softmax.v1 fields in a validation message (from
 // SoftmaxServiceImpl::Dispatch) to the KServe ones: `input.data` to
-// `data_field`, `input.shape` to `inputs[0].shape`, `input` to `inputs[0]`.
+// `data_field`, `input.shape` to `inputs[0].shape`, `input` to `inputs[0]`,
+// `output.region` to the output's shared_memory_byte_size.
 absl::Status RenameInputFields(const absl::Status& status, absl::string_view data_field);
 
 // Typed contents -> little-endian bytes of `dtype`: FP32 takes fp32_contents

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/logging/log.h"
 #include "server/rpc/status_util.h"
+#include "server/rpc/wire.h"
 
 namespace softmax::server {
 namespace {
@@ -216,7 +217,6 @@ using google::protobuf::io::CodedOutputStream;
 constexpr uint8_t kRawOutputTag = (6 << 3) | 2;
 constexpr uint8_t kInferResponseTag = (2 << 3) | 2;
 
-void ReleaseOwner(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
 
 template <typename Message>
 absl::Status SerializeMessage(const Message& message, grpc::ByteBuffer* out) {
@@ -260,12 +260,7 @@ absl::Status SerializeInferResponse(inference::ModelInferResponse* response, Out
   *p++ = kRawOutputTag;
   p = CodedOutputStream::WriteVarint64ToArray(data_bytes, p);
   if (p != head.end()) return absl::InternalError("response header size mismatch");
-  grpc::Slice slices[2] = {
-      std::move(head),
-      grpc::Slice(const_cast<char*>(view.data), static_cast<size_t>(view.bytes), &ReleaseOwner,
-                  new std::shared_ptr<const void>(std::move(view.owner)))};
-  grpc::ByteBuffer buffer(slices, 2);
-  out->Swap(&buffer);
+  SetHeadAndView(std::move(head), std::move(view), out);
   return absl::OkStatus();
 }
 

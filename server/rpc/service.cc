@@ -445,8 +445,9 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
   absl::StatusOr<ParsedRequest> parsed = ParseRequest(*request, options_.limits, external_input);
   if (!parsed.ok()) return parsed.status();
   if (ext.output != nullptr && ext.output_bytes < parsed->bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("output: the region holds ", ext.output_bytes,
-                                                   " bytes; the output needs ", parsed->bytes));
+    return absl::InvalidArgumentError(absl::StrCat("output.region: ", ext.output_bytes,
+                                                   " bytes, smaller than the output's ",
+                                                   parsed->bytes, " bytes"));
   }
   // The input and the output, each unless it is in a caller's region.
   std::shared_ptr<const void> lease;

@@ -84,13 +84,17 @@ absl::Status SerializeResponse(v1::SoftmaxResponse* response, OutputView view,
   *p++ = kDataTag;
   p = CodedOutputStream::WriteVarint64ToArray(data_bytes, p);
   if (p != head.end()) return absl::InternalError("response header size mismatch");
+  SetHeadAndView(std::move(head), std::move(view), out);
+  return absl::OkStatus();
+}
+
+void SetHeadAndView(grpc::Slice head, OutputView view, grpc::ByteBuffer* out) {
   grpc::Slice slices[2] = {
       std::move(head),
       grpc::Slice(const_cast<char*>(view.data), static_cast<size_t>(view.bytes), &ReleaseOwner,
                   new std::shared_ptr<const void>(std::move(view.owner)))};
   grpc::ByteBuffer buffer(slices, 2);
   out->Swap(&buffer);
-  return absl::OkStatus();
 }
 
 }  // namespace softmax::server

@@ -34,6 +34,11 @@ absl::Status ParseRequestMessage(grpc::ByteBuffer* buffer, TensorBufferPool* poo
 // twice is merged). The view's owner is released when gRPC releases the
 // buffer's last reference. `response`'s output data is cleared first (it
 // holds nothing of the result when there is a view).
+// Makes `out` the serialised `head` followed by the view's bytes, referenced
+// and not copied; the view's owner is released with the buffer's last
+// reference (once gRPC has sent it).
+void SetHeadAndView(grpc::Slice head, OutputView view, grpc::ByteBuffer* out);
+
 absl::Status SerializeResponse(v1::SoftmaxResponse* response, OutputView view,
                                grpc::ByteBuffer* out);
 
