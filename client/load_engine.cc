@@ -98,7 +98,11 @@ absl::StatusOr<std::vector<Payload>> BuildPayloads(const LoadOptions& options,
                          static_cast<DType>(shape.dtype), *view, softmax_options,
                          payload.expected.data());
       }
-      payload.prepared = std::make_unique<const PreparedRequest>(payload.request);
+      payload.prepared =
+          options.protocol == LoadProtocol::kKserve
+              ? std::make_unique<const PreparedRequest>(
+                    KserveRequestOf(payload.request).SerializeAsString())
+              : std::make_unique<const PreparedRequest>(payload.request);
       std::string().swap(*payload.request.mutable_input()->mutable_data());
       payloads.push_back(std::move(payload));
     }
@@ -199,11 +203,14 @@ void AtomicMax(std::atomic<int64_t>* target, int64_t value) {
 
 // The status code of a finished call whose response arrived as `buffer`:
 // the call's own when it failed, INTERNAL (as a typed stub reports it) when
-// the response does not parse, else 0 with `response` filled.
+// the response does not parse, else 0 with `response` filled. `kserve` is the
+// scratch message of a ModelInfer answer, null for softmax.v1.
 int ParsedOutcome(const grpc::Status& status, grpc::ByteBuffer* buffer,
-                  v1::SoftmaxResponse* response) {
+                  inference::ModelInferResponse* kserve, v1::SoftmaxResponse* response) {
   if (!status.ok()) return static_cast<int>(status.error_code());
-  if (!ParseResponseReusingBuffers(buffer, response)) {
+  const bool parsed = kserve != nullptr ? ParseKserveResponse(buffer, kserve, response)
+                                        : ParseResponseReusingBuffers(buffer, response);
+  if (!parsed) {
     return static_cast<int>(grpc::StatusCode::INTERNAL);
   }
   return 0;
@@ -253,6 +260,8 @@ class LoadRun {
   }
 
   grpc::GenericStub* stub(int connection) { return stubs_[connection].get(); }
+  bool kserve() const { return options_.protocol == LoadProtocol::kKserve; }
+  const char* unary_method() const { return kserve() ? kKserveInferMethod : kSoftmaxMethod; }
 
   void PrepareUnaryContext(grpc::ClientContext* context) const {
     if (options_.timeout != absl::InfiniteDuration()) {
@@ -422,9 +431,10 @@ class UnarySlot {
     context_ = std::make_unique<grpc::ClientContext>();
     run_->PrepareUnaryContext(context_.get());
     run_->stub(connection_)->UnaryCall(
-        context_.get(), kSoftmaxMethod, grpc::StubOptions(), &payload_->prepared->message(),
+        context_.get(), run_->unary_method(), grpc::StubOptions(), &payload_->prepared->message(),
         &response_buffer_, [this](grpc::Status status) {
-          const int code = ParsedOutcome(status, &response_buffer_, &response_);
+          const int code = ParsedOutcome(status, &response_buffer_,
+                                         run_->kserve() ? &kserve_response_ : nullptr, &response_);
           run_->Complete(connection_, *payload_, intended_, measured_, code,
                          code == 0 ? &response_ : nullptr);
           SendNext();
@@ -437,6 +447,7 @@ class UnarySlot {
   std::unique_ptr<grpc::ClientContext> context_;
   grpc::ByteBuffer response_buffer_;
   v1::SoftmaxResponse response_;  // reused: keeps its output's buffer
+  inference::ModelInferResponse kserve_response_;  // reused likewise (--protocol=kserve)
   const Payload* payload_ = nullptr;
   Clock::time_point intended_;
   bool measured_ = false;
@@ -447,6 +458,7 @@ struct UnaryCall {
   grpc::ClientContext context;
   grpc::ByteBuffer response_buffer;
   std::unique_ptr<v1::SoftmaxResponse> response;  // from LoadRun::TakeResponse
+  inference::ModelInferResponse kserve_response;   // --protocol=kserve
   const Payload* payload = nullptr;
   Clock::time_point intended;
   bool measured = false;
@@ -620,9 +632,11 @@ void LoadRun::IssueOpenUnary(int connection, Clock::time_point intended, bool me
   PrepareUnaryContext(&call->context);
   CallStarted();
   stub(connection)->UnaryCall(
-      &call->context, kSoftmaxMethod, grpc::StubOptions(), &call->payload->prepared->message(),
+      &call->context, unary_method(), grpc::StubOptions(), &call->payload->prepared->message(),
       &call->response_buffer, [this, call](grpc::Status status) {
-        const int code = ParsedOutcome(status, &call->response_buffer, call->response.get());
+        const int code = ParsedOutcome(status, &call->response_buffer,
+                                       kserve() ? &call->kserve_response : nullptr,
+                                       call->response.get());
         Complete(call->connection, *call->payload, call->intended, call->measured, code,
                  code == 0 ? call->response.get() : nullptr);
         ReturnResponse(std::move(call->response));

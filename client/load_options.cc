@@ -103,6 +103,23 @@ std::string AbslUnparseFlag(Arrival arrival) {
   return arrival == Arrival::kPoisson ? "poisson" : "constant";
 }
 
+bool AbslParseFlag(absl::string_view text, LoadProtocol* protocol, std::string* error) {
+  if (text == "softmax.v1") {
+    *protocol = LoadProtocol::kSoftmaxV1;
+    return true;
+  }
+  if (text == "kserve") {
+    *protocol = LoadProtocol::kKserve;
+    return true;
+  }
+  *error = "want softmax.v1 or kserve";
+  return false;
+}
+
+std::string AbslUnparseFlag(LoadProtocol protocol) {
+  return protocol == LoadProtocol::kKserve ? "kserve" : "softmax.v1";
+}
+
 absl::Status ValidateLoadOptions(const LoadOptions& options) {
   if (options.max_message_bytes < 1) {
     return absl::InvalidArgumentError("--max_message_bytes must be >= 1");
@@ -131,6 +148,9 @@ absl::Status ValidateLoadOptions(const LoadOptions& options) {
   if (options.connect_timeout <= absl::ZeroDuration() ||
       options.connect_timeout == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError("--connect_timeout must be finite and > 0");
+  }
+  if (options.protocol == LoadProtocol::kKserve && options.stream) {
+    return absl::InvalidArgumentError("--stream is not available with --protocol=kserve");
   }
   if (options.shapes.empty()) {
     return absl::InvalidArgumentError("no payload: give --shape or --mix");

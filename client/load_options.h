@@ -59,6 +59,16 @@ enum class Arrival {
 bool AbslParseFlag(absl::string_view text, Arrival* arrival, std::string* error);
 std::string AbslUnparseFlag(Arrival arrival);
 
+// The API a load run calls.
+enum class LoadProtocol {
+  kSoftmaxV1,  // softmax.v1.SoftmaxService (Softmax, SoftmaxStream)
+  kKserve,     // inference.GRPCInferenceService/ModelInfer (unary only)
+};
+
+// "softmax.v1" | "kserve", for the --protocol flag.
+bool AbslParseFlag(absl::string_view text, LoadProtocol* protocol, std::string* error);
+std::string AbslUnparseFlag(LoadProtocol protocol);
+
 // Everything that defines a load run. The defaults are those of a library
 // caller; the command line's defaults are its flags' (client/main.cc), whose
 // help texts say what each field means to a user.
@@ -86,6 +96,7 @@ struct LoadOptions {
   // Requests intended during this leading interval are left out of the
   // figures (still verified, and counted as warmup_*).
   absl::Duration warmup = absl::Seconds(1);
+  LoadProtocol protocol = LoadProtocol::kSoftmaxV1;
   // true: SoftmaxStream, one stream per connection; false: unary Softmax.
   bool stream = false;
   // The payload mix; at least one entry.

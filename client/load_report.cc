@@ -67,7 +67,10 @@ const char* GrpcStatusCodeName(int code) {
 std::string FormatLoadReport(const LoadReport& report) {
   const LoadOptions& o = report.options;
   std::string text;
-  absl::StrAppend(&text, "target:       ", o.target, o.stream ? " (stream)" : " (unary)", "\n");
+  const char* call = o.protocol == LoadProtocol::kKserve ? " (kserve ModelInfer, unary)"
+                     : o.stream                            ? " (stream)"
+                                                           : " (unary)";
+  absl::StrAppend(&text, "target:       ", o.target, call, "\n");
   if (report.mode == "open") {
     absl::StrAppend(&text, "load:         open loop, ",
                     absl::StrFormat("%.0f", report.offered_rate), " requests/s ",
@@ -133,6 +136,7 @@ std::string LoadReportJson(const LoadReport& report) {
   json["target"] = o.target;
   json["mode"] = report.mode;
   json["stream"] = o.stream;
+  json["protocol"] = AbslUnparseFlag(o.protocol);
   json["connections"] = o.connections;
   json["concurrency"] = report.mode == "open" ? 0 : o.concurrency;
   json["offered_rate"] = report.offered_rate;

@@ -15,10 +15,27 @@ using google::protobuf::io::CodedOutputStream;
 // SoftmaxRequest.request_id: field 1, length-delimited.
 constexpr uint8_t kRequestIdTag = (1 << 3) | 2;
 
+const char* KserveDatatype(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT16: return "FP16";
+    case v1::DTYPE_BFLOAT16: return "BF16";
+    default: return "FP32";
+  }
+}
+
+v1::DType WireDTypeOf(const std::string& datatype) {
+  if (datatype == "FP32") return v1::DTYPE_FLOAT32;
+  if (datatype == "FP16") return v1::DTYPE_FLOAT16;
+  if (datatype == "BF16") return v1::DTYPE_BFLOAT16;
+  return v1::DTYPE_UNSPECIFIED;
+}
+
 }  // namespace
 
 PreparedRequest::PreparedRequest(const v1::SoftmaxRequest& request)
-    : bytes_(request.SerializeAsString()) {
+    : PreparedRequest(request.SerializeAsString()) {}
+
+PreparedRequest::PreparedRequest(std::string bytes) : bytes_(std::move(bytes)) {
   grpc::Slice slice(bytes_.data(), bytes_.size(), grpc::Slice::STATIC_SLICE);
   grpc::ByteBuffer message(&slice, 1);
   message_.Swap(&message);
@@ -35,6 +52,54 @@ grpc::ByteBuffer PreparedRequest::WithRequestId(absl::string_view request_id) co
   grpc::Slice slices[2] = {grpc::Slice(field),
                            grpc::Slice(bytes_.data(), bytes_.size(), grpc::Slice::STATIC_SLICE)};
   return grpc::ByteBuffer(slices, 2);
+}
+
+inference::ModelInferRequest KserveRequestOf(const v1::SoftmaxRequest& request) {
+  inference::ModelInferRequest kserve;
+  kserve.set_model_name(request.log() ? "log_softmax" : "softmax");
+  auto* input = kserve.add_inputs();
+  input->set_name("INPUT");
+  input->set_datatype(KserveDatatype(request.input().dtype()));
+  for (int64_t d : request.input().shape()) input->add_shape(d);
+  kserve.add_raw_input_contents(request.input().data());
+  if (request.has_axis() && request.axis() != -1) {
+    (*kserve.mutable_parameters())["axis"].set_int64_param(request.axis());
+  }
+  if (request.has_temperature() && request.temperature() != 1.0f) {
+    (*kserve.mutable_parameters())["temperature"].set_double_param(request.temperature());
+  }
+  return kserve;
+}
+
+bool ParseKserveResponse(grpc::ByteBuffer* buffer, inference::ModelInferResponse* scratch,
+                         v1::SoftmaxResponse* response) {
+  // A repeated field's Clear keeps its strings (and their capacity) for the
+  // next parse to reuse.
+  scratch->Clear();
+  const size_t length = buffer->Length();
+  bool parsed = false;
+  {
+    grpc::ProtoBufferReader reader(buffer);
+    parsed = reader.status().ok() &&
+             scratch->MergeFromBoundedZeroCopyStream(&reader, static_cast<int>(length));
+  }
+  buffer->Clear();
+  if (!parsed || scratch->outputs_size() < 1 || scratch->raw_output_contents_size() < 1) {
+    return false;
+  }
+  const inference::ModelInferResponse::InferOutputTensor& out = scratch->outputs(0);
+  const v1::DType dtype = WireDTypeOf(out.datatype());
+  if (dtype == v1::DTYPE_UNSPECIFIED) return false;
+  // Keep the capacity of the response's data string as the v1 parse does.
+  std::string data;
+  if (response->has_output()) data.swap(*response->mutable_output()->mutable_data());
+  response->Clear();
+  v1::Tensor* tensor = response->mutable_output();
+  tensor->set_dtype(dtype);
+  for (int64_t d : out.shape()) tensor->add_shape(d);
+  tensor->mutable_data()->swap(*scratch->mutable_raw_output_contents(0));
+  scratch->mutable_raw_output_contents(0)->swap(data);
+  return true;
 }
 
 bool ParseResponseReusingBuffers(grpc::ByteBuffer* buffer, v1::SoftmaxResponse* response) {

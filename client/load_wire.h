@@ -22,6 +22,7 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include "absl/strings/string_view.h"
+#include "inference/grpc_service.pb.h"
 #include "softmax/v1/softmax.pb.h"
 
 namespace softmax::client {
@@ -29,6 +30,12 @@ namespace softmax::client {
 // Full method names, for a generic stub.
 inline constexpr char kSoftmaxMethod[] = "/softmax.v1.SoftmaxService/Softmax";
 inline constexpr char kSoftmaxStreamMethod[] = "/softmax.v1.SoftmaxService/SoftmaxStream";
+inline constexpr char kKserveInferMethod[] = "/inference.GRPCInferenceService/ModelInfer";
+
+// The Open Inference Protocol request equivalent to `request`: model
+// "softmax" or "log_softmax", its input as INPUT's raw_input_contents, axis
+// and temperature as parameters when they differ from the defaults.
+inference::ModelInferRequest KserveRequestOf(const v1::SoftmaxRequest& request);
 
 // A SoftmaxRequest serialised once. Not copyable or movable: the messages it
 // hands out reference its bytes, so it must outlive every call sending them.
@@ -36,6 +43,8 @@ class PreparedRequest {
  public:
   // REQUIRES: request.request_id() is empty.
   explicit PreparedRequest(const v1::SoftmaxRequest& request);
+  // Any message, already serialised. WithRequestId is for SoftmaxRequests only.
+  explicit PreparedRequest(std::string bytes);
   PreparedRequest(const PreparedRequest&) = delete;
   PreparedRequest& operator=(const PreparedRequest&) = delete;
 
@@ -58,6 +67,14 @@ class PreparedRequest {
 // the parse fills instead of allocating. false when the bytes are not a
 // SoftmaxResponse.
 bool ParseResponseReusingBuffers(grpc::ByteBuffer* buffer, v1::SoftmaxResponse* response);
+
+// Parses a ModelInferResponse out of `buffer` (consumed) into `scratch`, then
+// moves its first output into `response` as a softmax.v1 output (dtype, shape,
+// data swapped in, so both strings keep their capacity across calls). false
+// when the bytes do not parse or hold no output of a known datatype with raw
+// contents.
+bool ParseKserveResponse(grpc::ByteBuffer* buffer, inference::ModelInferResponse* scratch,
+                         v1::SoftmaxResponse* response);
 
 }  // namespace softmax::client
 

@@ -111,5 +111,64 @@ TEST(ParseResponseReusingBuffersTest, RefusesBytesThatAreNotAResponse) {
   EXPECT_FALSE(ParseResponseReusingBuffers(&buffer, &response));
 }
 
+TEST(KserveRequestOfTest, CarriesTheTensorModelAndParameters) {
+  v1::SoftmaxRequest request = SampleRequest(64);
+  request.set_log(true);
+  request.set_axis(0);
+  request.mutable_input()->set_dtype(v1::DTYPE_BFLOAT16);
+  const inference::ModelInferRequest kserve = KserveRequestOf(request);
+  EXPECT_EQ(kserve.model_name(), "log_softmax");
+  ASSERT_EQ(kserve.inputs_size(), 1);
+  EXPECT_EQ(kserve.inputs(0).name(), "INPUT");
+  EXPECT_EQ(kserve.inputs(0).datatype(), "BF16");
+  EXPECT_EQ(std::vector<int64_t>(kserve.inputs(0).shape().begin(), kserve.inputs(0).shape().end()),
+            (std::vector<int64_t>{1, 16}));
+  ASSERT_EQ(kserve.raw_input_contents_size(), 1);
+  EXPECT_EQ(kserve.raw_input_contents(0), request.input().data());
+  EXPECT_EQ(kserve.parameters().at("axis").int64_param(), 0);
+  EXPECT_DOUBLE_EQ(kserve.parameters().at("temperature").double_param(), 0.5);
+
+  request.set_log(false);
+  request.set_axis(-1);
+  request.set_temperature(1.0f);
+  const inference::ModelInferRequest plain = KserveRequestOf(request);
+  EXPECT_EQ(plain.model_name(), "softmax");
+  EXPECT_TRUE(plain.parameters().empty());
+}
+
+TEST(ParseKserveResponseTest, MovesTheFirstOutputIntoASoftmaxResponse) {
+  inference::ModelInferResponse answer;
+  auto* output = answer.add_outputs();
+  output->set_name("OUTPUT");
+  output->set_datatype("FP16");
+  output->add_shape(2);
+  output->add_shape(3);
+  answer.add_raw_output_contents(std::string(12, 'x'));
+  inference::ModelInferResponse scratch;
+  v1::SoftmaxResponse response;
+  for (int round = 0; round < 2; ++round) {  // the second parse reuses both buffers
+    const std::string bytes = answer.SerializeAsString();
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buffer(&slice, 1);
+    ASSERT_TRUE(ParseKserveResponse(&buffer, &scratch, &response));
+    EXPECT_EQ(response.output().dtype(), v1::DTYPE_FLOAT16);
+    EXPECT_EQ(response.output().shape_size(), 2);
+    EXPECT_EQ(response.output().shape(1), 3);
+    EXPECT_EQ(response.output().data(), std::string(12, 'x'));
+    EXPECT_EQ(buffer.Length(), 0u);
+  }
+
+  output->set_datatype("INT8");
+  const std::string bytes = answer.SerializeAsString();
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer buffer(&slice, 1);
+  EXPECT_FALSE(ParseKserveResponse(&buffer, &scratch, &response));
+  inference::ModelInferResponse empty;
+  const std::string none = empty.SerializeAsString();
+  grpc::Slice none_slice(none);
+  grpc::ByteBuffer none_buffer(&none_slice, 1);
+  EXPECT_FALSE(ParseKserveResponse(&none_buffer, &scratch, &response));
+}
+
 }  // namespace
 }  // namespace softmax::client

@@ -100,6 +100,10 @@ ABSL_FLAG(int32_t, concurrency, 1,
 ABSL_FLAG(double, rate, 0,
           "[load] Open loop when > 0: requests per second, sent whether or not earlier ones "
           "have finished; latency counts from each request's intended send time.");
+ABSL_FLAG(softmax::client::LoadProtocol, protocol, softmax::client::LoadProtocol::kSoftmaxV1,
+          "[load] The API to call: softmax.v1 (Softmax, or SoftmaxStream with --stream) or "
+          "kserve (the Open Inference Protocol's ModelInfer on model softmax or log_softmax; "
+          "unary only), so that both protocols can be driven by one client.");
 ABSL_FLAG(softmax::client::Arrival, arrival, softmax::client::Arrival::kConstant,
           "[load] Open-loop spacing: constant (exactly 1/rate apart) or poisson (exponential "
           "gaps).");
@@ -359,6 +363,7 @@ absl::StatusOr<LoadOptions> LoadOptionsFromFlags() {
       options.requests > 0 ? absl::InfiniteDuration() : kDefaultLoadDuration);
   options.warmup = absl::GetFlag(FLAGS_warmup);
   options.stream = absl::GetFlag(FLAGS_stream);
+  options.protocol = absl::GetFlag(FLAGS_protocol);
   absl::StatusOr<std::vector<LoadShape>> shapes = LoadShapesFromFlags();
   if (!shapes.ok()) return shapes.status();
   options.shapes = *std::move(shapes);

@@ -110,6 +110,39 @@ def test_open_loop_poisson_stream(server, tmp_path):
     assert 650 < report["requests"] < 950
 
 
+def test_kserve_protocol_closed_and_open_loop(server, tmp_path):
+    # One client for both protocols: ModelInfer on softmax / log_softmax with
+    # axis and temperature as parameters, every answer checked.
+    before = e2e_util.metric_value(e2e_util.scrape_metrics(server.metrics_address),
+                                   "softmax_requests_total",
+                                   {"method": "ModelInfer", "code": "OK"}) or 0
+    report, result = load_report(server, tmp_path, "--protocol=kserve", "--concurrency=8",
+                                 "--connections=2", "--requests=300", "--warmup=0", "--verify",
+                                 "--log", "--temperature=0.7", "--axis=0", *MIX)
+    check_clean(report)
+    assert report["protocol"] == "kserve" and not report["stream"]
+    assert "(kserve ModelInfer, unary)" in result.stdout
+    report, _ = load_report(server, tmp_path, "--protocol=kserve", "--rate=200",
+                            "--requests=100", "--warmup=0", "--verify", "--shape=4x1000",
+                            "--dtype=bfloat16")
+    check_clean(report)
+    after = e2e_util.metric_value(e2e_util.scrape_metrics(server.metrics_address),
+                                  "softmax_requests_total", {"method": "ModelInfer", "code": "OK"})
+    assert after - before == 400
+
+
+def test_kserve_protocol_verify_fails_against_echo_server(start_server, tmp_path):
+    echo = start_server(device="none")
+    report, _ = load_report(echo, tmp_path, "--protocol=kserve", "--requests=20",
+                            "--warmup=0", "--verify", expect_rc=1)
+    assert report["mismatches"] == 20
+
+
+def test_unknown_protocol_is_refused(server):
+    result = run_load(server, "--requests=10", "--protocol=http")
+    assert result.returncode != 0 and "want softmax.v1 or kserve" in result.stderr, result.stderr
+
+
 def test_request_count_limit(server, tmp_path):
     report, _ = load_report(server, tmp_path, "--requests=500", "--concurrency=8",
                             "--warmup=0", "--verify")
@@ -195,6 +228,7 @@ def test_mix_file_adds_to_mix(server, tmp_path):
     (["--duration=0s"], "--duration"),
     (["--requests=-1"], "--requests"),
     (["--timeout_ms=-5"], "--timeout_ms"),
+    (["--protocol=kserve", "--stream"], "--stream is not available with --protocol=kserve"),
 ])
 def test_usage_errors_name_the_flag(server, args, expected):
     result = run_load(server, "--requests=10", *args)
