@@ -79,6 +79,7 @@ TEST(LoadReportJsonTest, HasEveryFieldTheBenchmarksRead) {
   EXPECT_EQ(json["target"], "127.0.0.1:5");
   EXPECT_EQ(json["mode"], "closed");
   EXPECT_EQ(json["stream"], false);
+  EXPECT_EQ(json["protocol"], "softmax.v1");
   EXPECT_EQ(json["connections"], 2);
   EXPECT_EQ(json["concurrency"], 16);
   EXPECT_EQ(json["arrival"], "constant");
@@ -116,7 +117,7 @@ TEST(LoadReportJsonTest, HasEveryFieldTheBenchmarksRead) {
   for (const char* key : {"mean_compute_us", "mean_kernel_us", "mean_dispatch_us"}) {
     EXPECT_TRUE(batch.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 29u) << json.dump();
+  EXPECT_EQ(json.size(), 30u) << json.dump();
 }
 
 TEST(LoadReportJsonTest, OpenLoopAndUnlimitedDurationAndOddText) {

@@ -5,7 +5,7 @@
 #
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
-# steps: any of unit,roundtrip,e2e,batching,small,service,service-small,multi-gpu
+# steps: any of unit,roundtrip,e2e,scrape,batching,small,service,service-small,multi-gpu
 # (default: unit,e2e,batching,service); they run in the order listed here.
 # multi-gpu wants a machine with two GPUs or more.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
@@ -59,6 +59,34 @@ if step e2e; then
       tests/test_gpu_serving.py tests/test_numerics.py tests/test_stream.py \
       2>&1 | tee "$work/e2e.log" | tail -15 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  snapshot
+fi
+
+if step scrape; then
+  # The server's /metrics on the GPU under load (64 x 32000 bfloat16, 16
+  # callers), as Prometheus would scrape it: gpu-metrics.txt.
+  note "GPU metrics scraped under load"
+  "$bundle/softmax-server" --device=cuda --grpc_address=127.0.0.1:0 --http_address= \
+    --metrics_address=127.0.0.1:0 > "$work/scrape-server.log" 2>&1 &
+  server=$!
+  for _ in $(seq 300); do
+    grep -q "listening" "$work/scrape-server.log" && break
+    sleep 0.1
+  done
+  grpc=$(sed -nE 's/.*listening grpc=(\S+) .*/\1/p' "$work/scrape-server.log")
+  metrics=$(sed -nE 's/.*metrics=(\S+).*/\1/p' "$work/scrape-server.log")
+  "$bundle/softmax-client" load --target="$grpc" --shape=64,32000 --dtype=bfloat16 \
+    --concurrency=16 --duration=8s --quiet > "$work/scrape-load.txt" 2>&1 &
+  load=$!
+  sleep 5
+  python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(
+      'http://$metrics/metrics', timeout=10).read().decode())" > "$work/gpu-metrics.txt"
+  rc=$?
+  wait $load
+  kill -TERM $server; wait $server
+  grep -E '^softmax_gpu_' "$work/gpu-metrics.txt" | tee -a "$work/summary.txt"
+  grep -q '^softmax_gpu_memory_total_bytes' "$work/gpu-metrics.txt" && [[ $rc -eq 0 ]] || status=1
+  cp "$work/gpu-metrics.txt" "$out/gpu-metrics.txt"
   snapshot
 fi
 

@@ -119,6 +119,65 @@ def test_one_gib_tensor(gpu_server):
     assert response.timing.batch_requests == 1
 
 
+def test_gpu_health_metrics_read_through_nvml(gpu_server):
+    # The scrape reads NVML per served GPU, labelled by the server's device
+    # name: utilization, memory, power, temperature, SM clock, throttle reasons.
+    text = e2e_util.scrape_metrics(gpu_server.metrics_address)
+    labels = {"device": "cuda:0"}
+
+    def value(name, **extra):
+        v = e2e_util.metric_value(text, name, {**labels, **extra})
+        assert v is not None, (name, text)
+        return v
+
+    total = value("softmax_gpu_memory_total_bytes")
+    assert total >= 1 << 30, total
+    assert 0 < value("softmax_gpu_memory_used_bytes") <= total
+    for name in ("softmax_gpu_utilization_ratio", "softmax_gpu_memory_utilization_ratio"):
+        assert 0.0 <= value(name) <= 1.0, name
+    assert 1.0 <= value("softmax_gpu_power_watts") <= value("softmax_gpu_power_limit_watts")
+    assert 5.0 <= value("softmax_gpu_temperature_celsius") <= 110.0
+    assert 1e8 <= value("softmax_gpu_sm_clock_hertz") <= 5e9
+    reasons = re.findall(r'softmax_gpu_clock_throttle_reasons\{[^}]*reason="(\w+)"[^}]*\} ([01])',
+                         text)
+    assert {"gpu_idle", "sw_power_cap", "hw_slowdown"} <= {r for r, _ in reasons}, reasons
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("model,dtype", [("softmax", "float32"), ("log_softmax_fp16", "float16")])
+def test_open_inference_protocol_on_gpu(gpu_server, protocol, model, dtype):
+    # KServe v2 answers on the GPU come from the output buffer by reference
+    # (no copy into the response); concurrent callers batch together.
+    triton = pytest.importorskip(f"tritonclient.{protocol}")
+    address = gpu_server.grpc_address if protocol == "grpc" else gpu_server.http_address
+    client = triton.InferenceServerClient(address)
+    rng = np.random.default_rng(5)
+    inputs = [(rng.standard_normal((8, 4096)) * 3).astype(dtype) for _ in range(24)]
+    log = model.startswith("log_")
+
+    def call(x):
+        tensor = triton.InferInput("INPUT", list(x.shape), "FP32" if dtype == "float32" else "FP16")
+        if protocol == "http":
+            tensor.set_data_from_numpy(x, binary_data=True)
+            outputs = [triton.InferRequestedOutput("OUTPUT", binary_data=True)]
+        else:
+            tensor.set_data_from_numpy(x)
+            outputs = [triton.InferRequestedOutput("OUTPUT")]
+        result = client.infer(model, [tensor], outputs=outputs, parameters={"temperature": 0.5})
+        y = result.as_numpy("OUTPUT")
+        assert y.dtype == x.dtype and y.shape == x.shape
+        expected = e2e_util.reference_softmax(x.astype(np.float32), -1, 0.5, log)
+        if log:
+            np.testing.assert_allclose(y.astype(np.float64), expected, rtol=e2e_util.RTOL[dtype],
+                                       atol=LOG_ATOL[dtype])
+        else:
+            e2e_util.assert_close(y.astype(np.float32), expected, dtype, model)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(call, inputs))
+    client.close()
+
+
 def test_every_gpu_serves_under_one_scheduler():
     # --device=cuda:all: one backend per visible GPU. Concurrent callers are
     # answered correctly, and every GPU's batches are counted under its own
