@@ -5,7 +5,8 @@
 #
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
-# steps: any of unit,roundtrip,e2e,scrape,batching,small,service,service-small,multi-gpu
+# steps: any of unit,roundtrip,e2e,shm,scrape,protocols,batching,small,service,service-small,
+# multi-gpu
 # (default: unit,e2e,batching,service); they run in the order listed here.
 # multi-gpu wants a machine with two GPUs or more.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
@@ -62,6 +63,18 @@ if step e2e; then
   snapshot
 fi
 
+if step shm; then
+  # Shared memory (system and CUDA regions) on the GPU backend; needs
+  # tritonclient on PYTHONPATH.
+  note "shared-memory tests on the GPU backend"
+  SOFTMAX_SERVER_BIN="$bundle/softmax-server" SOFTMAX_CLIENT_BIN="$bundle/softmax-client" \
+  SOFTMAX_PYTHON_DIR="$bundle/python" PYTHONDONTWRITEBYTECODE=1 \
+    python3 -m pytest -p no:cacheprovider -q -rs --rootdir=tests tests/test_shared_memory.py \
+      2>&1 | tee "$work/shm.log" | tail -5 | tee -a "$work/summary.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  snapshot
+fi
+
 if step scrape; then
   # The server's /metrics on the GPU under load (64 x 32000 bfloat16, 16
   # callers), as Prometheus would scrape it: gpu-metrics.txt.
@@ -87,6 +100,16 @@ if step scrape; then
   grep -E '^softmax_gpu_' "$work/gpu-metrics.txt" | tee -a "$work/summary.txt"
   grep -q '^softmax_gpu_memory_total_bytes' "$work/gpu-metrics.txt" && [[ $rc -eq 0 ]] || status=1
   cp "$work/gpu-metrics.txt" "$out/gpu-metrics.txt"
+  snapshot
+fi
+
+if step protocols; then
+  # softmax.v1 against KServe ModelInfer, one server, the same load client.
+  note "softmax.v1 against KServe gRPC, same client"
+  python3 bench/kserve/protocols.py --bundle="$bundle" --device=cuda --out="$work/protocols" \
+    2>&1 | tee "$work/protocols.log" | tail -5 | tee -a "$work/summary.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  cp "$work/protocols/protocols.json" "$out/" 2>/dev/null
   snapshot
 fi
 
