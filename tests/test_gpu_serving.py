@@ -150,12 +150,13 @@ def test_open_inference_protocol_on_gpu(gpu_server, protocol, model, dtype):
     # (no copy into the response); concurrent callers batch together.
     triton = pytest.importorskip(f"tritonclient.{protocol}")
     address = gpu_server.grpc_address if protocol == "grpc" else gpu_server.http_address
-    client = triton.InferenceServerClient(address)
     rng = np.random.default_rng(5)
     inputs = [(rng.standard_normal((8, 4096)) * 3).astype(dtype) for _ in range(24)]
     log = model.startswith("log_")
 
     def call(x):
+        # One client per call: tritonclient.http's client is not thread-safe.
+        client = triton.InferenceServerClient(address)
         tensor = triton.InferInput("INPUT", list(x.shape), "FP32" if dtype == "float32" else "FP16")
         if protocol == "http":
             tensor.set_data_from_numpy(x, binary_data=True)
@@ -163,7 +164,10 @@ def test_open_inference_protocol_on_gpu(gpu_server, protocol, model, dtype):
         else:
             tensor.set_data_from_numpy(x)
             outputs = [triton.InferRequestedOutput("OUTPUT")]
-        result = client.infer(model, [tensor], outputs=outputs, parameters={"temperature": 0.5})
+        kwargs = {"client_timeout": 60} if protocol == "grpc" else {}
+        result = client.infer(model, [tensor], outputs=outputs, parameters={"temperature": 0.5},
+                              **kwargs)
+        client.close()
         y = result.as_numpy("OUTPUT")
         assert y.dtype == x.dtype and y.shape == x.shape
         expected = e2e_util.reference_softmax(x.astype(np.float32), -1, 0.5, log)
@@ -175,7 +179,6 @@ def test_open_inference_protocol_on_gpu(gpu_server, protocol, model, dtype):
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(call, inputs))
-    client.close()
 
 
 def test_every_gpu_serves_under_one_scheduler():
