@@ -12,8 +12,6 @@
 #include "kernels/cuda/plan.h"
 #include "kernels/cuda/split.cuh"
 #include "kernels/cuda/staged.cuh"
-#include "kernels/cuda/staged_two_exp.cuh"  // EXPERIMENT
-#include <cstdlib>  // EXPERIMENT
 #include "kernels/cuda/strided.cuh"
 #include "kernels/softmax_cuda.h"
 
@@ -265,7 +263,6 @@ cudaError_t LaunchStaged(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   a.output = s.output;
   a.n = s.n;
   a.chunk_vectors = shape.chunk_vectors;
-  a.stage_vectors = shape.stage_vectors;
   a.scale = Log2Scale(s);
   a.log = s.log ? 1 : 0;
   cudaLaunchConfig_t config = {};
@@ -287,32 +284,7 @@ cudaError_t LaunchStaged(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
     a.input = static_cast<const char*>(s.input) + first * pitch;
     a.output = static_cast<char*>(s.output) + first * pitch;
     config.gridDim = dim3(static_cast<unsigned>(rows * shape.cluster), 1, 1);
-    // EXPERIMENT: SOFTMAX_STAGED_KERNEL=two_exp launches the previous kernel.
-    const char* variant = std::getenv("SOFTMAX_STAGED_KERNEL");
-    if (variant != nullptr && std::string(variant) == "two_exp") {
-      static bool attributes_set = false;
-      if (!attributes_set) {
-        const void* k = reinterpret_cast<const void*>(&StagedKernelTwoExp<T>);
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kStagedMaxBytes));
-        cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        attributes_set = true;
-      }
-      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, StagedKernelTwoExp<T>, a));
-    } else if (const char* loads = std::getenv("SOFTMAX_STAGED_LOADS");
-               loads != nullptr && std::string(loads) == "cp_async") {
-      static bool cp_async_attributes_set = false;
-      if (!cp_async_attributes_set) {
-        const void* k = reinterpret_cast<const void*>(&StagedKernel<T, false>);
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kStagedMaxBytes));
-        cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        cp_async_attributes_set = true;
-      }
-      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, StagedKernel<T, false>, a));
-    } else {
-      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, StagedKernel<T>, a));
-    }
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, StagedKernel<T>, a));
     SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   return cudaSuccess;

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <sstream>
 
 namespace softmax {
@@ -77,14 +76,11 @@ bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, Stage
   }
   if (largest == 0) return false;
   int cluster = 1;
-  long long target = kStagedTargetBytes;
-  if (const char* e = std::getenv("SOFTMAX_STAGED_TARGET")) target = std::atoll(e);  // EXPERIMENT
-  while (cluster < largest && CeilDiv(vectors, cluster) * 16 > target) cluster *= 2;
+  while (cluster < largest && CeilDiv(vectors, cluster) * 16 > kStagedTargetBytes) cluster *= 2;
   const long long chunk = CeilDiv(vectors, cluster);
   if (chunk * 16 > kStagedMaxBytes) return false;
   shape->cluster = cluster;
   shape->chunk_vectors = static_cast<int>(chunk);
-  shape->stage_vectors = kStagedStageVectors;
   shape->shared_bytes = static_cast<size_t>(chunk) * 16;
   return true;
 }

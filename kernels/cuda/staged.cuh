@@ -1,18 +1,23 @@
 // The staged_rows path: a last-axis row of more than 8192 vectors (1025..8192
-// in launches of one segment) is split
-// evenly over a thread-block cluster of C = 1..16 blocks (one row per
-// cluster, grid = rows x C). Each block stages its share of the row in
-// shared memory with bulk asynchronous copies (cp.async.bulk, up to
-// kStagedMaxStages stages of >= 16 KiB, one mbarrier each, all in flight at
-// once), reduces each stage's (max, sum) as soon as it lands, pushes the
-// block's pair into every peer's shared memory (distributed shared memory),
-// passes one cluster barrier, and writes its share from shared memory. Each
-// element is read once from device memory and written once; shares of up to
-// 224 KiB (16 blocks: 3.5 MiB per row) fit.
+// in launches of one segment) is split evenly over a thread-block cluster of
+// C = 1..16 blocks (one row per cluster, grid = rows x C). Each block stages
+// its share of the row in shared memory with per-thread asynchronous copies
+// (cp.async, 16 bytes each, one commit group per 16 KiB stage, all in flight
+// at once), takes each stage's max and exp2 as soon as it lands, pushes the
+// block's (max, sum) into every peer's shared memory (distributed shared
+// memory), passes one cluster barrier, and writes its share from shared
+// memory. Each element is read once from device memory and written once;
+// shares of up to 224 KiB (16 blocks: 3.5 MiB per row) fit.
 //
-// Needs: sm_90, rows 16-byte aligned with n % V == 0 (the bulk copies move
-// 16-byte multiples from 16-byte aligned addresses); input != output is not
-// required (a block reads its whole share before writing it).
+// H200, M x N = 2^28, share target 64 KiB: fp32 N = 8192..65536 at
+// 0.94-0.96 of copy, 262144 at 0.84; fp16 16384..65536 at 0.95-0.97, 262144
+// at 0.87. Bulk copies (cp.async.bulk, one per stage, issued by one thread,
+// completing on an mbarrier) measured 0.74-0.87 at the same points in the
+// same run: the per-thread copies are what brought the path to the ceiling.
+//
+// Needs: sm_90 (clusters), rows 16-byte aligned with n % V == 0 (16-byte
+// copies); input != output is not required (a block reads its whole share
+// before writing it).
 #ifndef SOFTMAX_KERNELS_CUDA_STAGED_CUH_
 #define SOFTMAX_KERNELS_CUDA_STAGED_CUH_
 
@@ -29,7 +34,6 @@ struct StagedArgs {
   void* output;
   long long n;          // elements per row, a multiple of V
   int chunk_vectors;    // vectors per block (the last block of a row may hold fewer)
-  int stage_vectors;    // vectors per bulk copy (EXPERIMENT: the two-exp2 kernel only)
   float scale;
   int log;
 };
@@ -38,36 +42,22 @@ __device__ __forceinline__ unsigned SharedAddress(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void BarrierInit(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+// Waits until at most `pending` of this thread's cp.async groups are in
+// flight (an immediate operand: in unrolled loops the switch folds away).
+__device__ __forceinline__ void CpAsyncWait(int pending) {
+  switch (pending) {
+#define SOFTMAX_CP_ASYNC_WAIT(k) \
+  case k: asm volatile("cp.async.wait_group " #k ";" ::: "memory"); break;
+    SOFTMAX_CP_ASYNC_WAIT(0) SOFTMAX_CP_ASYNC_WAIT(1) SOFTMAX_CP_ASYNC_WAIT(2)
+    SOFTMAX_CP_ASYNC_WAIT(3) SOFTMAX_CP_ASYNC_WAIT(4) SOFTMAX_CP_ASYNC_WAIT(5)
+    SOFTMAX_CP_ASYNC_WAIT(6) SOFTMAX_CP_ASYNC_WAIT(7) SOFTMAX_CP_ASYNC_WAIT(8)
+    SOFTMAX_CP_ASYNC_WAIT(9) SOFTMAX_CP_ASYNC_WAIT(10) SOFTMAX_CP_ASYNC_WAIT(11)
+    SOFTMAX_CP_ASYNC_WAIT(12) SOFTMAX_CP_ASYNC_WAIT(13)
+#undef SOFTMAX_CP_ASYNC_WAIT
+    default: asm volatile("cp.async.wait_all;" ::: "memory");
+  }
 }
-
-// Arrives on `bar` and expects `bytes` of asynchronous copies to complete on it.
-__device__ __forceinline__ void BarrierExpectBytes(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void BarrierWait(unsigned bar, unsigned phase) {
-  asm volatile(
-      "{\n\t.reg .pred done;\n"
-      "WAIT_%=:\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-      "@!done bra WAIT_%=;\n}" ::"r"(bar),
-      "r"(phase)
-      : "memory");
-}
-
-// Bulk copy of `bytes` (a multiple of 16) from global `src` to shared `dst`
-// (both 16-byte aligned), completing on mbarrier `bar`.
-__device__ __forceinline__ void BulkLoad(unsigned dst, const void* src, unsigned bytes,
-                                         unsigned bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
+static_assert(kStagedMaxStages <= 14, "CpAsyncWait covers 0..13 pending groups");
 
 // Cluster barrier halves: arrive without ordering (it only says "this block
 // has started"), wait with acquire (the default).
@@ -86,23 +76,7 @@ __device__ __forceinline__ void ClusterWait() {
 // later stages are still landing. Log-softmax keeps x and writes
 // (x - m_row) * scale - log2(sum). Rounding e to a 16-bit T adds at most
 // half an ulp before the output's own rounding.
-// EXPERIMENT: waits until at most `pending` of this thread's cp.async groups
-// are in flight (an immediate operand: unrolled loops fold the switch).
-__device__ __forceinline__ void CpAsyncWait(int pending) {
-  switch (pending) {
-#define SOFTMAX_CP_ASYNC_WAIT(k) \
-  case k: asm volatile("cp.async.wait_group " #k ";" ::: "memory"); break;
-    SOFTMAX_CP_ASYNC_WAIT(0) SOFTMAX_CP_ASYNC_WAIT(1) SOFTMAX_CP_ASYNC_WAIT(2)
-    SOFTMAX_CP_ASYNC_WAIT(3) SOFTMAX_CP_ASYNC_WAIT(4) SOFTMAX_CP_ASYNC_WAIT(5)
-    SOFTMAX_CP_ASYNC_WAIT(6) SOFTMAX_CP_ASYNC_WAIT(7) SOFTMAX_CP_ASYNC_WAIT(8)
-    SOFTMAX_CP_ASYNC_WAIT(9) SOFTMAX_CP_ASYNC_WAIT(10) SOFTMAX_CP_ASYNC_WAIT(11)
-    SOFTMAX_CP_ASYNC_WAIT(12) SOFTMAX_CP_ASYNC_WAIT(13)
-#undef SOFTMAX_CP_ASYNC_WAIT
-    default: asm volatile("cp.async.wait_all;" ::: "memory");
-  }
-}
-
-template <typename T, bool kBulk = true>
+template <typename T>
 __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_constant__ StagedArgs a) {
 #if !SOFTMAX_SM90_DEVICE_CODE
   __trap();  // never planned below sm_90 (its probe finds no cluster)
@@ -112,7 +86,6 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
   constexpr int kPerStage = kStagedStageVectors / kStagedThreads;
   using Bits = typename Traits<T>::Bits;
   extern __shared__ uint4 share[];  // chunk_vectors (16-byte aligned)
-  __shared__ __align__(8) unsigned long long barriers[kStagedMaxStages];
   __shared__ float2 warp_slots[kStagedWarps];
   __shared__ float2 cluster_slots[kMaxClusterSize];
 
@@ -130,37 +103,25 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
   uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(a.output) + row * pitch) + first;
   const int stages = (count + kStagedStageVectors - 1) / kStagedStageVectors;  // <= kStagedMaxStages
 
-  if (!kBulk) {
-    // EXPERIMENT: each thread copies the vectors it will read (16 bytes per
-    // cp.async), one commit group per stage, kStagedMaxStages groups always.
+  // Each thread copies the vectors it will read (16 bytes per cp.async), one
+  // commit group per stage and always kStagedMaxStages groups, so that stage
+  // s waits with an immediate count. No other thread reads them.
 #pragma unroll
-    for (int s = 0; s < kStagedMaxStages; ++s) {
-      if (s < stages) {
-        const int begin = s * kStagedStageVectors;
-        const int end = min(count, begin + kStagedStageVectors);
+  for (int s = 0; s < kStagedMaxStages; ++s) {
+    if (s < stages) {
+      const int begin = s * kStagedStageVectors;
+      const int end = min(count, begin + kStagedStageVectors);
 #pragma unroll
-        for (int j = 0; j < kPerStage; ++j) {
-          const int i = begin + j * kStagedThreads + threadIdx.x;
-          if (i < end) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(SharedAddress(share + i)),
-                         "l"(in + i)
-                         : "memory");
-          }
+      for (int j = 0; j < kPerStage; ++j) {
+        const int i = begin + j * kStagedThreads + threadIdx.x;
+        if (i < end) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(SharedAddress(share + i)),
+                       "l"(in + i)
+                       : "memory");
         }
       }
-      asm volatile("cp.async.commit_group;" ::: "memory");
     }
-  } else if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) BarrierInit(SharedAddress(&barriers[s]), 1);
-    // Make the initialised barriers visible to the copy engine.
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int s = 0; s < stages; ++s) {
-      const int begin = s * kStagedStageVectors;
-      const unsigned bytes = static_cast<unsigned>(min(kStagedStageVectors, count - begin)) * 16u;
-      const unsigned bar = SharedAddress(&barriers[s]);
-      BarrierExpectBytes(bar, bytes);
-      BulkLoad(SharedAddress(share + begin), in + begin, bytes, bar);
-    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
   }
   __syncthreads();
   // A block may write into a peer's shared memory only once every block of
@@ -177,11 +138,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
     if (s < stages) {
       const int begin = s * kStagedStageVectors;
       const int end = min(count, begin + kStagedStageVectors);
-      if (kBulk) {
-        BarrierWait(SharedAddress(&barriers[s]), 0);
-      } else {
-        CpAsyncWait(kStagedMaxStages - 1 - s);
-      }
+      CpAsyncWait(kStagedMaxStages - 1 - s);
       uint4 raw[kPerStage];
 #pragma unroll
       for (int j = 0; j < kPerStage; ++j) {
