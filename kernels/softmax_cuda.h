@@ -24,8 +24,8 @@
 //   SoftmaxPath::kStagedRows   16-byte aligned rows of more than 8192 V, up to
 //                              what 16 blocks hold in shared memory (224 KiB
 //                              each). A row per cluster of 1..16 blocks, each
-//                              staging its share in shared memory with bulk
-//                              asynchronous copies (several stages in flight),
+//                              staging its share in shared memory with
+//                              cp.async copies (several stages in flight),
 //                              (max, sum) exchanged through distributed shared
 //                              memory. (staged.cuh)
 //   SoftmaxPath::kSplitRows    Longer rows, split across the blocks of a

@@ -369,6 +369,18 @@ TEST_F(SoftmaxCudaTest, SpecialValues) {
           problems.push_back(std::move(p));
         }
       }
+      // The staged path (whole-vector rows of more than 8192 vectors, split
+      // over a cluster): a row whose first blocks hold only -inf, NaN or +inf
+      // in one block's share, an all -inf row.
+      {
+        const int64_t n = 40000 * v;
+        Problem p = MakeProblem(dtype, 4, n, 1, rng, 1.0f, log);
+        SetRow(p, dtype, 0, [&](int64_t k) { return k < n / 2 ? -inf : 0.001f * (k % 1000); });
+        SetRow(p, dtype, 1, [&](int64_t k) { return k == n - 1 ? nan : 0.5f; });
+        SetRow(p, dtype, 2, [&](int64_t k) { return k == 3 ? inf : 1.0f; });
+        SetRow(p, dtype, 3, [&](int64_t) { return -inf; });
+        problems.push_back(std::move(p));
+      }
       // Huge-magnitude row through every last-axis class, temperature < 1.
       for (auto [outer, n] : shapes) {
         Problem p = MakeProblem(dtype, outer, n, 1, rng, log ? 2.0f : 0.25f, log, big / 8);

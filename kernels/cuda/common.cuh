@@ -89,9 +89,10 @@ struct Traits<__half> {
         : "=f"(f[0]), "=f"(f[1])
         : "r"(w));
   }
+  // One packed conversion (cvt.rn.f16x2.f32) for both elements.
   __device__ static unsigned FloatsToWord(const float* f) {
-    return static_cast<unsigned>(__half_as_ushort(__float2half_rn(f[0]))) |
-           (static_cast<unsigned>(__half_as_ushort(__float2half_rn(f[1]))) << 16);
+    const __half2 h = __floats2half2_rn(f[0], f[1]);
+    return *reinterpret_cast<const unsigned*>(&h);
   }
   __device__ static unsigned ElementsToWord(const Bits* e) {
     return static_cast<unsigned>(e[0]) | (static_cast<unsigned>(e[1]) << 16);
@@ -122,9 +123,10 @@ struct Traits<__nv_bfloat16> {
     f[0] = __uint_as_float(lo);
     f[1] = __uint_as_float(hi);
   }
+  // One packed conversion (cvt.rn.bf16x2.f32) for both elements.
   __device__ static unsigned FloatsToWord(const float* f) {
-    return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(f[0]))) |
-           (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(f[1]))) << 16);
+    const __nv_bfloat162 h = __floats2bfloat162_rn(f[0], f[1]);
+    return *reinterpret_cast<const unsigned*>(&h);
   }
   __device__ static unsigned ElementsToWord(const Bits* e) {
     return static_cast<unsigned>(e[0]) | (static_cast<unsigned>(e[1]) << 16);

@@ -263,7 +263,6 @@ cudaError_t LaunchStaged(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   a.output = s.output;
   a.n = s.n;
   a.chunk_vectors = shape.chunk_vectors;
-  a.stage_vectors = shape.stage_vectors;
   a.scale = Log2Scale(s);
   a.log = s.log ? 1 : 0;
   cudaLaunchConfig_t config = {};

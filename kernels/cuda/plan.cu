@@ -81,8 +81,6 @@ bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, Stage
   if (chunk * 16 > kStagedMaxBytes) return false;
   shape->cluster = cluster;
   shape->chunk_vectors = static_cast<int>(chunk);
-  shape->stage_vectors = static_cast<int>(
-      std::max<long long>(kStagedMinStageBytes / 16, CeilDiv(chunk, kStagedMaxStages)));
   shape->shared_bytes = static_cast<size_t>(chunk) * 16;
   return true;
 }

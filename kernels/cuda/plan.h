@@ -53,17 +53,24 @@ constexpr long long kFlatMaxVectors = 1024;
 constexpr int kFlatSlots = 2;
 
 // Staged kernel (kernels/cuda/staged.cuh): a row per cluster of 1..16 blocks,
-// each block's share staged in shared memory by bulk copies.
+// each block's share staged in shared memory by per-thread async copies.
 constexpr int kStagedThreads = 256;
-constexpr int kStagedMaxStages = 16;          // bulk copies (one mbarrier each) per block
-constexpr int kStagedMinStageBytes = 16384;   // a stage is at least this (last one shorter)
+// A stage (one cp.async commit group per thread) is 1024 vectors (16 KiB;
+// the last one of a share may be shorter): 4 per thread, reduced as soon as
+// it lands.
+constexpr int kStagedStageVectors = 1024;
+constexpr int kStagedMaxStages = 14;  // 224 KiB / 16 KiB
 // Shares of up to this size let 3 blocks share an SM; the cluster grows
-// (up to the largest the probe found) before a share exceeds it. H200, fp32
-// N = 16384 / 32768 / 65536 / 262144 (1 / 2 / 4 / 16 blocks): 0.96 / 0.95 / 0.91 / 0.76 of copy.
+// (up to the largest the probe found) before a share exceeds it. H200, one
+// run, geometric mean over 16 staged points: 0.884 of copy at 64 KiB, 0.850
+// at 128 KiB, 0.807 at 32 KiB (fp32 N = 65536: 0.944 / 0.915 / 0.845).
 constexpr long long kStagedTargetBytes = 65536;
 // Largest share (dynamic shared memory) a block stages: the 227 KiB opt-in
 // limit less the static barriers and slots.
 constexpr long long kStagedMaxBytes = 224 * 1024;
+static_assert(kStagedMaxStages * kStagedStageVectors * 16LL >= kStagedMaxBytes &&
+                  kStagedStageVectors % kStagedThreads == 0,
+              "stages cover the largest share, whole vectors per thread");
 
 constexpr double kLog2e = 1.4426950408889634074;
 
@@ -150,12 +157,10 @@ int TableGroupLog2(long long vectors);
 // Cluster path (registers): log2 of the blocks per row.
 int ClusterLog2(long long vectors);
 
-// Staged path: blocks per row (a power of two), vectors per block, and the
-// stage (bulk copy) size.
+// Staged path: blocks per row (a power of two) and vectors per block.
 struct StagedShape {
   int cluster;
   int chunk_vectors;
-  int stage_vectors;
   size_t shared_bytes;  // dynamic shared memory per block
 };
 // Returns false when the plan cannot stage rows of `vectors` vectors.
