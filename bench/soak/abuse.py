@@ -22,11 +22,13 @@ STREAM_PATH = "/softmax.v1.SoftmaxService/SoftmaxStream"
 SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 0x4, 0x5
 DEFAULT_WINDOW, DEFAULT_FRAME = 65535, 16384
 
-# Per burst: two connections that each send this many unary calls of 256 KiB
-# and advertise a receive window of 0, so that every answer stays in the
-# server (2 x 160 x 512 KiB in + out: 160 MiB, past the soak's --max_held_bytes).
-ZERO_WINDOW_CONNECTIONS = 2
-ZERO_WINDOW_CALLS = 160
+# Per burst: connections that advertise a receive window of 0 send unary
+# calls of 256 KiB, so that every answer stays in the server; as many calls
+# as hold (in + out) this much more than --max_held_bytes (or 160 MiB when
+# unbounded), at most this many per connection.
+ZERO_WINDOW_OVERSHOOT = 1.25
+ZERO_WINDOW_UNBOUNDED_BYTES = 160 << 20
+ZERO_WINDOW_CALLS_PER_CONNECTION = 500
 ZERO_WINDOW_HOLD_S = 4.0
 RAPID_RESET_PAIRS = 1000
 IDLE_CONNECTIONS = 200
@@ -175,12 +177,15 @@ def zero_window_readers(context):
     it go once the connections close."""
     values = np.random.default_rng(3).normal(size=(64, 1024)).astype(np.float32)
     body = e2e_util.request(values).SerializeToString()
-    connections = [ZeroWindowConnection(context.grpc) for _ in range(ZERO_WINDOW_CONNECTIONS)]
+    target = context.held_limit * ZERO_WINDOW_OVERSHOOT or ZERO_WINDOW_UNBOUNDED_BYTES
+    calls = -(-int(target) // (2 * values.nbytes))
+    count = -(-calls // ZERO_WINDOW_CALLS_PER_CONNECTION)
+    connections = [ZeroWindowConnection(context.grpc) for _ in range(count)]
     outcome = {"calls": 0, "sent": 0, "answer_headers": 0, "refused_at_once": 0,
                "max_held_bytes_seen": 0}
     try:
         for connection in connections:
-            for i in range(ZERO_WINDOW_CALLS):
+            for i in range(-(-calls // count)):
                 outcome["calls"] += 1
                 if not connection.call(2 * i + 1, body):
                     break

@@ -3,7 +3,8 @@
 # release bundle, for 8.5 minutes by default (one GPU run allows about 9).
 #
 # STAGE (made by bench/soak/stage.sh) holds:
-#   bundle.tar.xz  the bundle of `make gpu-bundle` (server, client, lib/, python/ stubs)
+#   bundle.tar.xz  the bundle of `make gpu-bundle` (server, client, lib/, python/
+#                  stubs, bin/cuda_backend_test: run first when present)
 #   wheels/        optional: tritonclient[grpc,http] and its dependencies but
 #                  numpy, grpcio and protobuf, which the machine has. Without
 #                  them (or when they do not import there) the soak runs
@@ -13,7 +14,10 @@
 # Usage (from any folder): bench/soak/run_h200.sh STAGE OUT [soak.py flags]
 #   SOAK_DURATION  default 8.5m;  SOAK_CALLERS  Python callers, default 8;
 #   SOAK_BULK      softmax-client load callers, default 128 (half streamed)
-# Writes OUT/soak.json, OUT/soak.png, OUT/soak.log, OUT/server.log, OUT/gpu.txt;
+# The server gets --max_held_bytes=1GiB: 128 callers in flight hold about
+# 240 MiB, past the soak's own 128 MiB (which would refuse them outside bursts).
+# Writes OUT/soak.json, OUT/soak.png, OUT/soak.log, OUT/server.log, OUT/gpu.txt,
+# OUT/cuda_backend_test.log;
 # exits with soak.py's code (1: a check failed, the table says which).
 set -uo pipefail
 stage=$(cd "${1:?usage: run_h200.sh STAGE OUT [soak.py flags]}" && pwd)
@@ -37,11 +41,19 @@ else
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 cat "$bundle/VERSION"
+if [[ -x "$bundle/bin/cuda_backend_test" ]]; then
+  # The caching allocators and the backend on this GPU first (about 7 s).
+  LD_LIBRARY_PATH="$bundle/lib" timeout 60 "$bundle/bin/cuda_backend_test" \
+    > "$out/cuda_backend_test.log" 2>&1
+  echo "cuda_backend_test: rc $? $(grep -E '^\[  (PASSED|FAILED) ' "$out/cuda_backend_test.log" | tr '\n' ' ')"
+fi
 
-# The whole soak plus its drain must end within the run's limit.
+# The soak, its drain and the report take about a minute beyond --duration; a
+# soak stopped by this timeout leaves soak.partial.json (written every minute).
 seconds=$(python3 -c "import sys; t=sys.argv[1]; print(int(float(t[:-1]) * {'s': 1, 'm': 60, 'h': 3600}[t[-1]] if t[-1] in 'smh' else float(t)))" "$duration")
-PYTHONDONTWRITEBYTECODE=1 timeout $((seconds + 150)) python3 "$root/bench/soak/soak.py" \
+PYTHONDONTWRITEBYTECODE=1 timeout $((seconds + 75)) python3 "$root/bench/soak/soak.py" \
   --bundle="$bundle" --device=cuda --duration="$duration" \
-  --callers="${SOAK_CALLERS:-8}" --bulk-callers="${SOAK_BULK:-128}" --out="$out" "$@" \
+  --callers="${SOAK_CALLERS:-8}" --bulk-callers="${SOAK_BULK:-128}" \
+  --server-arg=--max_held_bytes=$((1 << 30)) --out="$out" "$@" \
   2>&1 | tee "$out/soak.log"
 exit "${PIPESTATUS[0]}"

@@ -59,8 +59,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 MIB = 1 << 20
 # The server's limits during the soak: small enough that the bursts reach
-# them (the zero-window readers ask for 160 MiB held; a 24 MiB tensor is
-# past the tensor limit), large enough for the normal load's 8 MiB tensors.
+# them (the zero-window readers ask for 1.25x --max_held_bytes; a 24 MiB
+# tensor is past the tensor limit), large enough for the normal load's 8 MiB
+# tensors (many callers in flight want more: --server-arg=--max_held_bytes=...).
 SERVER_ARGS = [f"--max_tensor_bytes={16 * MIB}", f"--max_held_bytes={128 * MIB}"]
 TOO_BIG_BYTES = 24 * MIB
 RETRYABLE_WINDOW_LINGER_S = 5.0
@@ -288,6 +289,10 @@ def main():
             time.sleep(min(1.0, max(0.0, args.duration - (time.monotonic() - started))))
             if time.monotonic() >= next_report:
                 next_report += 60
+                # What a run stopped from outside (a time limit) leaves behind.
+                with open(os.path.join(args.out, "soak.partial.json"), "w") as f:
+                    json.dump({"samples": list(sampler.samples), "counts": tally.snapshot(),
+                               "abuse": abuser.results}, f, default=str)
                 last = sampler.samples[-1] if sampler.samples else {}
                 print(f"  {(time.monotonic() - started) / 60:5.1f} min: {tally.total():,} "
                       f"answers, {tally.total('ok'):,} right, RSS "
@@ -424,6 +429,8 @@ def main():
     }
     with open(os.path.join(args.out, "soak.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
+    if os.path.exists(os.path.join(args.out, "soak.partial.json")):
+        os.unlink(os.path.join(args.out, "soak.partial.json"))
     title = (f"softmax-server soak, --device={args.device}: {answers:,} answers, "
              f"{wrong} wrong, {len(bursts.windows)} abuse bursts")
     if not watch.plot(samples, burst_windows, args.warmup, title,

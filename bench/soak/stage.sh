@@ -3,7 +3,8 @@
 # into one git-ignored folder that travels in one transfer (64 MiB):
 #
 #   STAGE/bundle.tar.xz  the `make gpu-bundle` bundle: softmax-server,
-#                        softmax-client, lib/ and the python/ stubs, debug info
+#                        softmax-client, the CUDA backend's unit tests
+#                        (bin/cuda_backend_test), lib/ and the python/ stubs, debug info
 #                        stripped (the machine's own OpenSSL 3 and libstdc++ serve)
 #   STAGE/wheels/        tritonclient[grpc,http] and its dependencies for
 #                        CPython 3.12 on x86-64 Linux, but numpy, grpcio and
@@ -29,7 +30,7 @@ bundle=$(ls -d "$root"/dist/softmax-serve-*-linux-* | grep -v 'tar.gz$' | head -
 name=$(basename "$bundle")
 mkdir -p "$work/b/$name/bin"
 cp -a "$bundle"/{softmax-server,softmax-client,VERSION,LIBRARIES,lib,python} "$work/b/$name/"
-cp -a "$bundle"/bin/{softmax-server,softmax-client} "$work/b/$name/bin/"
+cp -a "$bundle"/bin/{softmax-server,softmax-client,cuda_backend_test} "$work/b/$name/bin/"
 rm -f "$work/b/$name"/lib/{libssl.so.3,libcrypto.so.3,libstdc++.so.6}
 strip --strip-debug "$work/b/$name"/bin/* "$work/b/$name"/lib/*.so* 2>/dev/null || true
 tar -C "$work/b" -cf - "$name" | xz -T2 -9 > "$stage/bundle.tar.xz"
