@@ -51,6 +51,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import sys
 import threading
 import time
@@ -281,39 +282,54 @@ def main():
 
     failures = []
     next_report = started + 60
+    # A soak stopped from outside (SIGTERM: a time limit) takes its server and
+    # load processes down with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        while time.monotonic() - started < args.duration:
-            if server.process.poll() is not None:
-                failures.append(f"the server exited ({server.process.returncode}) during the soak")
-                break
-            time.sleep(min(1.0, max(0.0, args.duration - (time.monotonic() - started))))
-            if time.monotonic() >= next_report:
-                next_report += 60
-                # What a run stopped from outside (a time limit) leaves behind.
-                with open(os.path.join(args.out, "soak.partial.json"), "w") as f:
-                    json.dump({"samples": list(sampler.samples), "counts": tally.snapshot(),
-                               "abuse": abuser.results}, f, default=str)
-                last = sampler.samples[-1] if sampler.samples else {}
-                print(f"  {(time.monotonic() - started) / 60:5.1f} min: {tally.total():,} "
-                      f"answers, {tally.total('ok'):,} right, RSS "
-                      f"{fmt_bytes(last.get('rss_bytes'))}, pinned "
-                      f"{fmt_bytes(last.get('pinned_bytes'))}, device "
-                      f"{fmt_bytes(last.get('device_bytes'))}, held "
-                      f"{fmt_bytes(last.get('softmax_held_bytes'))}", flush=True)
-    finally:
+        try:
+            while time.monotonic() - started < args.duration:
+                if server.process.poll() is not None:
+                    failures.append(
+                        f"the server exited ({server.process.returncode}) during the soak")
+                    break
+                time.sleep(min(1.0, max(0.0, args.duration - (time.monotonic() - started))))
+                if time.monotonic() >= next_report:
+                    next_report += 60
+                    # What a run stopped from outside (a time limit) leaves behind.
+                    with open(os.path.join(args.out, "soak.partial.json"), "w") as f:
+                        json.dump({"samples": list(sampler.samples), "counts": tally.snapshot(),
+                                   "abuse": abuser.results}, f, default=str)
+                    last = sampler.samples[-1] if sampler.samples else {}
+                    print(f"  {(time.monotonic() - started) / 60:5.1f} min: {tally.total():,} "
+                          f"answers, {tally.total('ok'):,} right, RSS "
+                          f"{fmt_bytes(last.get('rss_bytes'))}, pinned "
+                          f"{fmt_bytes(last.get('pinned_bytes'))}, device "
+                          f"{fmt_bytes(last.get('device_bytes'))}, held "
+                          f"{fmt_bytes(last.get('softmax_held_bytes'))}", flush=True)
+        except BaseException:
+            if bulk:
+                bulk.kill()
+            raise
+        finally:
+            stop.set()
+            stuck = traffic.wait_callers(callers, traffic.CALL_TIMEOUT_S + 10)
+            abuser.join(timeout=120)
+            sampler.join(timeout=30)
+            bulk_results = bulk.finish(traffic.CALL_TIMEOUT_S + 30) if bulk else []
+        if stuck:
+            failures.append(f"callers still waiting for an answer: {stuck}")
+        alive = server.process.poll() is None
+        held_after = wait_held_released(server.metrics, 15) if alive else None
+        if alive:
+            sampler.sample()  # the last sample, with the load stopped (not judged)
+            sampler.samples[-1]["after_load"] = True
+        server.stop()
+    except BaseException:
         stop.set()
-        stuck = traffic.wait_callers(callers, traffic.CALL_TIMEOUT_S + 10)
-        abuser.join(timeout=120)
-        sampler.join(timeout=30)
-        bulk_results = bulk.finish(traffic.CALL_TIMEOUT_S + 30) if bulk else []
-    if stuck:
-        failures.append(f"callers still waiting for an answer: {stuck}")
-    alive = server.process.poll() is None
-    held_after = wait_held_released(server.metrics, 15) if alive else None
-    if alive:
-        sampler.sample()  # the last sample, with the load stopped (not judged)
-        sampler.samples[-1]["after_load"] = True
-    server.stop()
+        if bulk:
+            bulk.kill()
+        server.stop()
+        raise
     exit_code = server.process.returncode
 
     # ------------------------------------------------------------- verdicts

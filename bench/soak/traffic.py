@@ -313,6 +313,11 @@ class BulkLoad:
                                        stdin=subprocess.DEVNULL, text=True)
             self.runs.append((protocol, command, json_path, process))
 
+    def kill(self):
+        for _, _, _, process in self.runs:
+            if process.poll() is None:
+                process.kill()
+
     def finish(self, timeout):
         """[(protocol, report or None, exit code, output)] once both are done."""
         results = []
