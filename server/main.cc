@@ -27,6 +27,7 @@
 #include "common/malloc_tuning.h"
 #include "server/device.h"
 #include "server/logging/log.h"
+#include "server/memory_trim.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/civetweb_tls.h"
@@ -56,6 +57,11 @@ constexpr std::chrono::milliseconds kHoldRefusalsAfterShutdown(100);
 // connections to go before it closes them: gRPC 1.51 otherwise waits until
 // each client closes its own after the GOAWAY (grpcio: about 4.5 s).
 constexpr std::chrono::milliseconds kCloseIdleConnectionsAfter(300);
+// How often the heaps' free pages go back to the system (server/memory_trim.h).
+// Returning 435 MiB free in 16 heaps took 281 ms on a busy 2-core host, 0.1 ms
+// when nothing had been freed since; pages used again fault back in once per
+// period, against the many messages that reuse them within it.
+const absl::Duration kMemoryTrimPeriod = absl::Seconds(10);
 }  // namespace
 
 ABSL_FLAG(std::string, grpc_address, kDefaults.grpc_address,
@@ -240,6 +246,7 @@ int Run(const ServerOptions& options) {
   sigaddset(&signals, kFaultSignal);
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  MemoryTrimmer memory_trimmer(kMemoryTrimPeriod);
 
   BackendOptions backend_options;
   backend_options.cpu.threads = options.cpu_threads;

@@ -86,12 +86,15 @@ def find_binaries(args):
 
 class Server:
     """softmax-server on loopback with kernel-picked ports: .address (gRPC) and,
-    with http=True, .http. The other benchmarks start theirs with it too."""
+    with http=True, .http; with metrics=True, .metrics. The other benchmarks
+    start theirs with it too."""
 
-    def __init__(self, binary, device, extra_args, log_path, env=None, http=False):
+    def __init__(self, binary, device, extra_args, log_path, env=None, http=False,
+                 metrics=False):
         self.log_path = log_path
         self.log = open(log_path, "w")
-        self.args = [binary, "--grpc_address=127.0.0.1:0", "--metrics_address=",
+        self.args = [binary, "--grpc_address=127.0.0.1:0",
+                     "--metrics_address=127.0.0.1:0" if metrics else "--metrics_address=",
                      "--http_address=127.0.0.1:0" if http else "--http_address=",
                      f"--device={device}", *extra_args]
         self.process = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
@@ -99,11 +102,13 @@ class Server:
         deadline = time.monotonic() + 60
         self.address = None
         self.http = None
+        self.metrics = None
         while time.monotonic() < deadline:
             match = LISTENING.search(self.output())
             if match:
                 self.address = match.group(1)
                 self.http = match.group(2) if http else None
+                self.metrics = match.group(3) if metrics else None
                 return
             if self.process.poll() is not None:
                 break

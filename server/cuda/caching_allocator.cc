@@ -88,16 +88,19 @@ absl::StatusOr<Block> CachingAllocator::Allocate(size_t bytes) {
   if (bytes == 0) return Block();
   const size_t size = SizeClass(bytes);
   absl::MutexLock lock(&mu_);
-  auto it = free_.find(size);
-  if (it != free_.end() && !it->second.empty()) {
+  // The smallest cached block of this class or a larger one within the bound.
+  for (auto it = free_.lower_bound(size);
+       it != free_.end() && it->first <= size * kMaxReuseFactor; ++it) {
+    if (it->second.empty()) continue;
+    const size_t block_size = it->first;
     void* data = it->second.back();
     it->second.pop_back();
-    stats_.cached_bytes -= size;
-    stats_.in_use_bytes += size;
+    stats_.cached_bytes -= block_size;
+    stats_.in_use_bytes += block_size;
     stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
     ++stats_.allocations;
     ++stats_.cache_hits;
-    return Block(this, data, size);
+    return Block(this, data, block_size);
   }
   absl::StatusOr<void*> data = raw_->Allocate(size);
   if (absl::IsResourceExhausted(data.status()) && stats_.cached_bytes > 0) {

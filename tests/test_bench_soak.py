@@ -1,0 +1,64 @@
+"""bench/soak/soak.py in 20 seconds on the CPU backend: every protocol of the
+normal load answered and verified, one abuse burst with every case answered
+as promised, samples taken, and the report's counts consistent. (Whether
+memory is flat needs minutes: the tolerance is opened wide here, and the
+judging itself is checked on made-up samples.)"""
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOAK = os.path.join(HERE, "..", "bench", "soak")
+sys.path.insert(0, SOAK)
+
+import watch  # noqa: E402
+
+import e2e_util  # noqa: E402
+
+
+def test_soak_smoke(tmp_path):
+    out = tmp_path / "soak"
+    command = [sys.executable, os.path.join(SOAK, "soak.py"),
+               f"--server={e2e_util.SERVER_BIN}", "--device=cpu", "--duration=20",
+               "--warmup=8", "--burst-every=30", "--sample-every=1", "--callers=4",
+               "--bulk-callers=2", "--tolerance=100", f"--out={out}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=150)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "PASSED" in result.stdout
+    report = json.loads((out / "soak.json").read_text())
+    assert report["failures"] == [] and report["wrong"] == 0
+    assert report["bursts"] == 1
+    for case, entry in report["abuse"].items():
+        assert entry["runs"] == 1 and entry["unexpected"] == [], (case, entry)
+    assert report["abuse"]["too_big_tensors"]["last"]["gzip_bomb"] == "UNIMPLEMENTED"
+    protocols = report["by_protocol"]
+    assert set(protocols) == {"v1-unary", "v1-stream", "kserve-grpc", "kserve-http",
+                              "bulk-unary", "bulk-stream"}
+    for name, row in protocols.items():
+        assert row["ok"] > 0, name
+    samples = report["samples"]
+    assert len(samples) >= 15
+    assert all(s["rss_bytes"] > 0 and s["fds"] > 0 for s in samples)
+    assert samples[-1]["softmax_held_bytes"] == 0
+    assert report["verdicts"]["rss_bytes"]["ok"] is True
+    assert report["verdicts"]["pinned_bytes"]["ok"] is None  # no allocator on the CPU
+
+
+def _samples(values, every=2.0):
+    return [{"t": i * every, "rss_bytes": v} for i, v in enumerate(values)]
+
+
+def test_judge_passes_burst_spikes_and_fails_a_creep():
+    # (warm-up: the first five samples, one of them a burst's spike)
+    spikes = [100, 100, 160, 100, 100] + ([100] * 9 + [190]) * 5
+    verdict = watch.judge(_samples(spikes), warmup_s=10, tolerance=0.05)["rss_bytes"]
+    assert verdict["ok"] is True and verdict["peak"] == 190, verdict
+    creep = [100] * 5 + [100 + i for i in range(50)]  # the level rises 40%
+    verdict = watch.judge(_samples(creep), 10, 0.05)["rss_bytes"]
+    assert verdict["ok"] is False and verdict["growth"] > 0.3, verdict
+    backing = [{"t": i * 2.0, "pinned_backing_allocations": 3 + (i > 10) * i}
+               for i in range(30)]
+    assert watch.judge(backing, 10, 0.05)["pinned_backing_allocations"]["ok"] is False
+    assert watch.judge(backing, 10, 0.05)["rss_bytes"]["ok"] is None
