@@ -35,9 +35,12 @@ CLIENT_BIN = _required_env("SOFTMAX_CLIENT_BIN")
 sys.path.insert(0, _required_env("SOFTMAX_PYTHON_DIR"))
 
 # Under the sanitizers every instrumented process started from here (server,
-# softmax-client) writes its reports to files in one folder (log_path makes
-# them <prefix>.<pid>), whatever the test does with its output or exit code;
-# conftest.py fails the test, or the run, that leaves one there.
+# softmax-client) writes its ASan and LeakSanitizer reports to files in one
+# folder (log_path makes them <prefix>.<pid>), whatever the test does with its
+# output or exit code; conftest.py fails the test, or the run, that leaves one
+# there. UBSan's runtime, a library of its own beside ASan's in GCC's build,
+# writes to stderr whatever log_path says: Server.kill() files a server's
+# output there when it holds such a report, and softmax-client exits 1 on one.
 SANITIZED = os.environ.get("SOFTMAX_SANITIZED") == "1"
 SANITIZER_REPORT_DIR = None
 if SANITIZED:
@@ -46,6 +49,9 @@ if SANITIZED:
         os.environ[_variable] = ":".join(
             filter(None, [os.environ.get(_variable, ""),
                           f"log_path={SANITIZER_REPORT_DIR}/report"]))
+
+
+UBSAN_REPORT = re.compile(r"^\S+:\d+:\d+: runtime error: ", re.MULTILINE)
 
 
 def sanitizer_reports():
@@ -149,6 +155,12 @@ class Server:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+        if SANITIZED:
+            output = self.output()
+            if UBSAN_REPORT.search(output):
+                path = os.path.join(SANITIZER_REPORT_DIR, f"server-output.{self.process.pid}")
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(output)
         self.log.close()
         if os.path.exists(self.log.name):
             os.unlink(self.log.name)
