@@ -97,8 +97,9 @@ class Server:
     LeakSanitizer checks what the server's whole life left behind.
     """
 
-    # An idle server exits about 2 s after SIGTERM (lame duck, linger,
-    # listener shutdown); one that takes longer is killed unchecked.
+    # An idle server exits about 1 s after SIGTERM under ASan (lame duck,
+    # linger, listener shutdown, the leak check); one that is still draining
+    # after this long is killed unchecked.
     SANITIZED_EXIT_TIMEOUT_S = 15.0
 
     def __init__(self, *extra_args, device="cpu", startup_timeout=30.0, preexec_fn=None):
