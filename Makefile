@@ -1,7 +1,8 @@
 # softmax-serve: the two commands a fresh Debian 12 machine needs.
 #   make serve   install what is missing, build, start the server (ARGS="--flag=value ...")
 #   make test    install what is missing, build, run every test that needs no GPU
-#   make image-check  build the container image with buildah and smoke-test it (CI's second step)
+#   make test-asan    the unit tests and the hostile-input end-to-end tests under ASan + UBSan (CI's second step)
+#   make image-check  build the container image with buildah and smoke-test it (CI's third step)
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
@@ -64,12 +65,13 @@ test: build venv
 
 # The server and the unit tests built with AddressSanitizer + UBSan (CPU
 # backend, its own build folder), then the unit tests and the end-to-end
-# tests of hostile input against that server. A finding fails the run.
+# tests of hostile input against that server. A finding fails the run
+# (tests/conftest.py collects the servers' reports). CI's second step.
 ASAN_BUILD_DIR ?= build-asan
 ASAN_E2E ?= abuse|security|validation|kserve_http|kserve_grpc|stream|shutdown
-export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=0:halt_on_error=1:strict_string_checks=1
-export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
-test-asan: deps venv
+test-asan: export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=0:halt_on_error=1:strict_string_checks=1
+test-asan: export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+test-asan: deps $(VENV)/.ready $(VENV)/.tritonclient
 	cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DSOFTMAX_SANITIZE=ON -DSOFTMAX_ENABLE_CUDA=OFF
 	ln -sfn $(abspath $(VENV)) $(ASAN_BUILD_DIR)/venv

@@ -1,8 +1,62 @@
 """pytest fixtures for softmax-serve's end-to-end tests."""
 
+import shutil
+import subprocess
+
 import pytest
 
 import e2e_util
+
+
+# ------------------------------------------------------------------ sanitizers
+# A sanitizer report fails the test during which it was written; one written
+# later (a module's server stopping at the end) fails the run. Reports are
+# printed whole, with the process's stack.
+
+_reported = set()
+
+
+def _new_sanitizer_reports():
+    reports = {path: text for path, text in e2e_util.sanitizer_reports().items()
+               if path not in _reported}
+    _reported.update(reports)
+    return reports
+
+
+def _describe(reports):
+    return "\n".join(f"--- {path}\n{text}" for path, text in reports.items())
+
+
+def pytest_sessionstart(session):
+    """Under SOFTMAX_SANITIZED, refuses to run against binaries that carry no
+    sanitizer runtime: such a run would pass without having checked
+    anything."""
+    if not e2e_util.SANITIZED:
+        return
+    for binary in (e2e_util.SERVER_BIN, e2e_util.CLIENT_BIN):
+        libraries = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+        if "libasan" not in libraries or "libubsan" not in libraries:
+            raise pytest.UsageError(
+                f"SOFTMAX_SANITIZED=1 but {binary} is not linked with libasan and libubsan")
+
+
+@pytest.fixture(autouse=True)
+def no_sanitizer_report():
+    yield
+    reports = _new_sanitizer_reports()
+    if reports:
+        pytest.fail(f"sanitizer report(s) during this test:\n{_describe(reports)}",
+                    pytrace=False)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not e2e_util.SANITIZED:
+        return
+    reports = _new_sanitizer_reports()
+    if reports:
+        print(f"\nsanitizer report(s) after the last test:\n{_describe(reports)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    shutil.rmtree(e2e_util.SANITIZER_REPORT_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ Paths come from the environment, set by tests/CMakeLists.txt:
   SOFTMAX_SERVER_BIN  the softmax-server binary
   SOFTMAX_CLIENT_BIN  the softmax-client binary
   SOFTMAX_PYTHON_DIR  the folder holding the generated softmax/v1 stubs
+  SOFTMAX_SANITIZED   "1" when those binaries carry AddressSanitizer and UBSan
 """
 
 import os
@@ -32,6 +33,38 @@ def _required_env(name):
 SERVER_BIN = _required_env("SOFTMAX_SERVER_BIN")
 CLIENT_BIN = _required_env("SOFTMAX_CLIENT_BIN")
 sys.path.insert(0, _required_env("SOFTMAX_PYTHON_DIR"))
+
+# Under the sanitizers every instrumented process started from here (server,
+# softmax-client) writes its ASan and LeakSanitizer reports to files in one
+# folder (log_path makes them <prefix>.<pid>), whatever the test does with its
+# output or exit code; conftest.py fails the test, or the run, that leaves one
+# there. UBSan's runtime, a library of its own beside ASan's in GCC's build,
+# writes to stderr whatever log_path says: Server.kill() files a server's
+# output there when it holds such a report, and softmax-client exits 1 on one.
+SANITIZED = os.environ.get("SOFTMAX_SANITIZED") == "1"
+SANITIZER_REPORT_DIR = None
+if SANITIZED:
+    SANITIZER_REPORT_DIR = tempfile.mkdtemp(prefix="softmax-sanitizer-")
+    for _variable in ("ASAN_OPTIONS", "UBSAN_OPTIONS"):
+        os.environ[_variable] = ":".join(
+            filter(None, [os.environ.get(_variable, ""),
+                          f"log_path={SANITIZER_REPORT_DIR}/report"]))
+
+
+UBSAN_REPORT = re.compile(r"^\S+:\d+:\d+: runtime error: ", re.MULTILINE)
+
+
+def sanitizer_reports():
+    """{path: text} of every sanitizer report written so far (empty unless
+    SANITIZED)."""
+    if SANITIZER_REPORT_DIR is None:
+        return {}
+    reports = {}
+    for name in sorted(os.listdir(SANITIZER_REPORT_DIR)):
+        path = os.path.join(SANITIZER_REPORT_DIR, name)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            reports[path] = f.read()
+    return reports
 
 import grpc  # noqa: E402
 from softmax.v1 import softmax_pb2, softmax_pb2_grpc  # noqa: E402,F401
@@ -60,7 +93,14 @@ class Server:
 
     Construct, then use .grpc_address / .http_address / .metrics_address; stop() sends a
     signal and returns the exit code; kill() is the always-safe cleanup.
+    Under the sanitizers kill() first asks for an orderly exit, so that
+    LeakSanitizer checks what the server's whole life left behind.
     """
+
+    # An idle server exits about 1 s after SIGTERM under ASan (lame duck,
+    # linger, listener shutdown, the leak check); one that is still draining
+    # after this long is killed unchecked.
+    SANITIZED_EXIT_TIMEOUT_S = 15.0
 
     def __init__(self, *extra_args, device="cpu", startup_timeout=30.0, preexec_fn=None):
         self.log = tempfile.NamedTemporaryFile(
@@ -107,9 +147,21 @@ class Server:
         return self.process.wait(timeout=timeout)
 
     def kill(self):
+        if self.process.poll() is None and SANITIZED:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=self.SANITIZED_EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+        if SANITIZED:
+            output = self.output()
+            if UBSAN_REPORT.search(output):
+                path = os.path.join(SANITIZER_REPORT_DIR, f"server-output.{self.process.pid}")
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(output)
         self.log.close()
         if os.path.exists(self.log.name):
             os.unlink(self.log.name)

@@ -330,7 +330,11 @@ def test_memory_budget_bounds_what_slow_readers_make_the_server_hold(start_serve
     assert 0 < held <= limit + 2 * values.nbytes, held
     assert metric_value(scrape_metrics(process.metrics_address),
                         "softmax_held_bytes_limit") == limit
-    assert _rss_bytes(process.process.pid) - rss_before < limit + (64 << 20)
+    # Not under the sanitizers: ASan's quarantine keeps freed memory (up to
+    # 256 MiB) out of reuse, so the answers already sent and freed still count
+    # in RSS there; the held-bytes figure above is checked either way.
+    if not e2e_util.SANITIZED:
+        assert _rss_bytes(process.process.pid) - rss_before < limit + (64 << 20)
     ok, refused = 0, 0
     for response in responses:
         if response.HasField("error"):

@@ -24,6 +24,8 @@ struct Loggers {
   LogFormat format;
   std::shared_ptr<spdlog::logger> server;
   std::shared_ptr<spdlog::logger> access;
+  // The set this one replaced, kept alive and reachable (see `current`).
+  std::unique_ptr<Loggers> replaced;
 };
 
 std::shared_ptr<spdlog::logger> MakeLogger(const char* source,
@@ -44,11 +46,13 @@ Loggers* MakeLoggers(LogFormat format) {
   // One sink, so the two sources' lines never interleave mid-line.
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   return new Loggers{format, MakeLogger(kServerSource, sink, format),
-                     MakeLogger(kAccessSource, sink, format)};
+                     MakeLogger(kAccessSource, sink, format), nullptr};
 }
 
 // Written by ConfigureLogging before other threads start (see log.h); the
-// previous set is kept alive, since a line may be on its way through it.
+// previous set is kept alive, since a line may be on its way through it, and
+// owned by its successor, so that nothing is lost track of (one set per
+// ConfigureLogging call: once in a server).
 std::atomic<Loggers*> current{nullptr};
 std::atomic<int64_t> access_one_in{0};
 std::atomic<uint64_t> access_calls{0};
@@ -130,7 +134,9 @@ absl::Status ConfigureLogging(const LogOptions& options) {
         "--access_log_one_in: must not be negative, got ", options.access_log_one_in));
   }
   // The previous set stays allocated: see `current`.
-  current.store(MakeLoggers(options.format), std::memory_order_release);
+  Loggers* made = MakeLoggers(options.format);
+  made->replaced.reset(current.load(std::memory_order_acquire));
+  current.store(made, std::memory_order_release);
   access_one_in.store(options.access_log_one_in, std::memory_order_relaxed);
   return absl::OkStatus();
 }
