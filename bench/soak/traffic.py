@@ -37,6 +37,18 @@ CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 DTYPES = ["float32", "float16", "bfloat16"]
 KSERVE_DATATYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 
+
+def _bf16_for(client_module, values):
+    """BF16 input values as this tritonclient takes them: float32 arrays up to
+    2.5x, ml_dtypes.bfloat16 arrays from r26.06 on (which refuses float32)."""
+    probe = client_module.InferInput("probe", [1], "BF16")
+    try:
+        probe.set_data_from_numpy(np.zeros(1, np.float32))
+        return values
+    except Exception:  # the newer client: InferenceServerException
+        import ml_dtypes
+        return values.astype(ml_dtypes.bfloat16)
+
 # (shape, axis): small ones most of the time, then large ones, some reduced
 # over a non-last axis. The largest is 8 MiB in float32.
 SMALL_SHAPES = [((1, 1024), -1), ((8, 4096), -1), ((4, 33), 0), ((2, 3, 5), 1),
@@ -212,6 +224,8 @@ class Caller(threading.Thread):
         tensor = client_module.InferInput("INPUT", list(case.shape),
                                           KSERVE_DATATYPES[case.dtype])
         data = case.values.astype(np.float16) if case.dtype == "float16" else case.values
+        if case.dtype == "bfloat16":
+            data = _bf16_for(client_module, data)
         if binary:
             tensor.set_data_from_numpy(data, binary_data=True)
         else:
