@@ -2,14 +2,13 @@
 //
 // The server keeps freed memory in glibc's heaps (common/malloc_tuning.h), so
 // that a multi-megabyte message reuses pages instead of faulting in fresh
-// ones. But glibc gives threads their own heaps (arenas, up to 8 per core)
-// and each keeps the pages it once held: as large messages land on different
-// threads, and after every burst of them, RSS climbs towards arenas x peak.
-// On the CPU backend a 10-minute soak with abuse bursts (bench/soak) took RSS
-// from 220 to 411 MiB while 49 MiB were in use; malloc_trim(0) took it back
-// to 302 MiB at once. A trim every period returns each heap's free pages
-// (madvise), so that RSS follows what the last period held; pages used again
-// fault back in once per period.
+// ones. Free memory between live allocations goes back to the system only
+// through malloc_trim, though: without it, each heap kept the most it had
+// ever served, and bursts of large messages raised RSS step by step (a
+// 10-minute CPU soak, bench/soak: 372 to 509 MiB with 49 MiB in use; one
+// malloc_trim(0) returned 163 MB at once). A trim every period returns each
+// heap's free pages (madvise), so that RSS follows what the last period
+// touched; pages used again fault back in once per period.
 //
 // Thread-safety: TrimNow may be called from any thread; construct and destroy
 // a MemoryTrimmer on one thread.

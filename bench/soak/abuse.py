@@ -33,6 +33,7 @@ ZERO_WINDOW_HOLD_S = 4.0
 RAPID_RESET_PAIRS = 1000
 IDLE_CONNECTIONS = 200
 HALF_OPEN_CONNECTIONS = 50
+SEND_TIMEOUT_S = 30.0
 HOLD_S = 2.0
 
 
@@ -81,7 +82,8 @@ class ZeroWindowConnection:
 
     def __init__(self, address):
         self.connection = h2_util.Connection(address, preface=False)
-        self.connection.sock.settimeout(0.2)
+        # Long enough for a send into a busy server's full socket buffer.
+        self.connection.sock.settimeout(SEND_TIMEOUT_S)
         self._send_lock = threading.Lock()
         self._window = threading.Condition()
         self.connection_window = DEFAULT_WINDOW
@@ -167,6 +169,10 @@ class ZeroWindowConnection:
 
     def close(self):
         self._closed = True
+        try:
+            self.connection.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader
+        except OSError:
+            pass
         self.connection.close()
         self._reader.join(timeout=2)
 
