@@ -199,6 +199,16 @@ def bfloat16_bits_to_float(bits):
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def representable(values, dtype):
+    """`values` rounded to `dtype`, as float32: what the server receives."""
+    values = np.asarray(values, dtype=np.float32)
+    if dtype == "float16":
+        return values.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        return bfloat16_bits_to_float(float_to_bfloat16_bits(values))
+    return values
+
+
 def encode(values, dtype):
     """A softmax.v1.Tensor of `dtype` from an array (rounded to nearest even)."""
     values = np.asarray(values, dtype=np.float32)

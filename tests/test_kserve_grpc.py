@@ -30,16 +30,6 @@ MODELS = {"softmax", "log_softmax", "softmax_fp16", "log_softmax_fp16", "softmax
           "log_softmax_bf16"}
 
 
-def representable(values, dtype):
-    """`values` rounded to `dtype`, as float32 (what the server receives)."""
-    values = np.asarray(values, dtype=np.float32)
-    if dtype == "float16":
-        return values.astype(np.float16).astype(np.float32)
-    if dtype == "bfloat16":
-        return e2e_util.bfloat16_bits_to_float(e2e_util.float_to_bfloat16_bits(values))
-    return values
-
-
 def make_input(values, dtype, name="INPUT"):
     tensor = triton_grpc.InferInput(name, list(values.shape), DATATYPES[dtype])
     tensor.set_data_from_numpy(values.astype(np.float16) if dtype == "float16" else values)
@@ -102,7 +92,7 @@ def test_typed_variants_advertise_their_datatype_and_compute_the_same(client, mo
     config = client.get_model_config(model, as_json=True)["config"]
     assert config["input"][0]["data_type"] == f"TYPE_{datatype}"
     dtype = {v: k for k, v in DATATYPES.items()}[datatype]
-    values = representable(np.random.default_rng(8).normal(size=(3, 21)), dtype)
+    values = e2e_util.representable(np.random.default_rng(8).normal(size=(3, 21)), dtype)
     for sent in (dtype, "float32"):  # every variant takes every type
         result = client.infer(model, [make_input(values, sent)])
         assert_close(result.as_numpy("OUTPUT"),
@@ -146,7 +136,7 @@ CASES = [((7,), -1), ((4, 33), -1), ((4, 33), 0), ((2, 3, 5), 1), ((3, 1, 1000),
 @pytest.mark.parametrize("model", ["softmax", "log_softmax"])
 def test_infer_matches_the_reference(client, dtype, shape, axis, model):
     rng = np.random.default_rng(hash((dtype, shape, axis, model)) % 2**32)
-    values = representable(rng.normal(0, 3, size=shape), dtype)
+    values = e2e_util.representable(rng.normal(0, 3, size=shape), dtype)
     parameters = {"axis": axis} if axis != -1 else None
     result = client.infer(model, [make_input(values, dtype, name="x")], parameters=parameters,
                           request_id="r-1")
@@ -162,7 +152,7 @@ def test_infer_matches_the_reference(client, dtype, shape, axis, model):
 
 
 def test_large_tensor(client):
-    values = representable(np.random.default_rng(6).normal(0, 4, size=(64, 32000)), "bfloat16")
+    values = e2e_util.representable(np.random.default_rng(6).normal(0, 4, size=(64, 32000)), "bfloat16")
     result = client.infer("log_softmax", [make_input(values, "bfloat16")])
     assert_close(result.as_numpy("OUTPUT"), reference_softmax(values, -1, 1.0, True), "bfloat16")
 
@@ -303,7 +293,7 @@ def test_stream_answers_every_request_and_goes_on_after_errors(client):
                                           parameters={"temperature": -1.0})
                 expected[f"s{i}"] = None
                 continue
-            values = representable(rng.normal(size=(3, 17)), dtype)
+            values = e2e_util.representable(rng.normal(size=(3, 17)), dtype)
             client.async_stream_infer(model, [make_input(values, dtype)], request_id=f"s{i}")
             expected[f"s{i}"] = (reference_softmax(values, -1, 1.0, model == "log_softmax"),
                                  dtype)

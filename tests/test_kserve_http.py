@@ -30,15 +30,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATATYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 
 
-def representable(values, dtype):
-    values = np.asarray(values, dtype=np.float32)
-    if dtype == "float16":
-        return values.astype(np.float16).astype(np.float32)
-    if dtype == "bfloat16":
-        return e2e_util.bfloat16_bits_to_float(e2e_util.float_to_bfloat16_bits(values))
-    return values
-
-
 def make_input(values, dtype, binary=True, name="INPUT"):
     tensor = triton_http.InferInput(name, list(values.shape), DATATYPES[dtype])
     tensor.set_data_from_numpy(values.astype(np.float16) if dtype == "float16" else values,
@@ -119,7 +110,7 @@ CASES = [((5,), -1), ((3, 40), -1), ((3, 40), 0), ((2, 3, 4), 1), ((2, 1, 700), 
 @pytest.mark.parametrize("model", ["softmax", "log_softmax"])
 def test_binary_infer_matches_the_reference(client, dtype, shape, axis, model):
     rng = np.random.default_rng(hash((dtype, shape, axis, model, "http")) % 2**32)
-    values = representable(rng.normal(0, 3, size=shape), dtype)
+    values = e2e_util.representable(rng.normal(0, 3, size=shape), dtype)
     parameters = {"axis": axis} if axis != -1 else None
     result = client.infer(model, [make_input(values, dtype)], parameters=parameters,
                           request_id="h-1",
@@ -134,7 +125,7 @@ def test_binary_infer_matches_the_reference(client, dtype, shape, axis, model):
 
 
 def test_large_binary_tensor(client):
-    values = representable(np.random.default_rng(6).normal(0, 4, size=(64, 32000)), "bfloat16")
+    values = e2e_util.representable(np.random.default_rng(6).normal(0, 4, size=(64, 32000)), "bfloat16")
     result = client.infer("softmax_bf16", [make_input(values, "bfloat16")], parameters={"axis": 0},
                           outputs=[triton_http.InferRequestedOutput("OUTPUT", binary_data=True)])
     assert_close(result.as_numpy("OUTPUT"), reference_softmax(values, 0), "bfloat16")
@@ -142,7 +133,7 @@ def test_large_binary_tensor(client):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_json_tensors_in_and_out(client, dtype):
-    values = representable(np.random.default_rng(4).normal(size=(3, 9)), dtype)
+    values = e2e_util.representable(np.random.default_rng(4).normal(size=(3, 9)), dtype)
     result = client.infer("log_softmax", [make_input(values, dtype, binary=False)],
                           parameters={"temperature": 1.5},
                           outputs=[triton_http.InferRequestedOutput("OUTPUT", binary_data=False)])

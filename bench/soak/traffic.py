@@ -66,16 +66,6 @@ BULK_MIX = ("1x1024:float32:8,8x4096:float16:4,32x1000:bfloat16:4,64x32000:bfloa
 CALL_TIMEOUT_S = 60
 
 
-def representable(values, dtype):
-    """`values` rounded to `dtype`, as float32: what the server receives."""
-    values = np.asarray(values, dtype=np.float32)
-    if dtype == "float16":
-        return values.astype(np.float16).astype(np.float32)
-    if dtype == "bfloat16":
-        return e2e_util.bfloat16_bits_to_float(e2e_util.float_to_bfloat16_bits(values))
-    return values
-
-
 class Case:
     """One request's input and parameters, and how to check its answer."""
 
@@ -85,7 +75,7 @@ class Case:
         self.dtype = DTYPES[rng.integers(len(DTYPES))]
         self.log = bool(rng.integers(2))
         self.temperature = float([1.0, 0.5, 2.0][rng.integers(3)])
-        self.values = representable(rng.normal(0, 3, size=self.shape), self.dtype)
+        self.values = e2e_util.representable(rng.normal(0, 3, size=self.shape), self.dtype)
 
     def describe(self):
         return (f"{'log_softmax' if self.log else 'softmax'} {self.dtype} {self.shape} "
