@@ -14,6 +14,9 @@
 # each round times the GPU server and the echo back to back, in alternating
 # order, and the table shows the median of the per-round ratios (see
 # bench/service/README.md), so the step takes SERVICE_ROUNDS times as long.
+# TEST_TIMEOUT (seconds, default 300) bounds each test step, so that a hang
+# ends its step (with pytest's stack dump of every thread after 4/5 of it)
+# and the later steps and the logs still come back.
 # Needs python3 with grpcio, protobuf, numpy and pytest (matplotlib for plots).
 # Everything lands in OUT_DIR/gpu-check.tgz plus a summary in OUT_DIR/summary.txt;
 # both are rewritten after every step, so a run stopped at a time limit keeps
@@ -27,6 +30,12 @@ mkdir -p "$out"
 status=0
 
 step() { [[ ",$steps," == *",$1,"* ]]; }
+limit=${TEST_TIMEOUT:-300}
+bounded() { timeout "$limit" "$@"; }
+pytest_bounded() {
+  bounded python3 -m pytest -p no:cacheprovider -q -rs --rootdir=tests \
+    -o faulthandler_timeout=$((limit * 4 / 5)) "$@"
+}
 note() { echo "== $*" | tee -a "$work/summary.txt"; }
 snapshot() {
   cp "$work/summary.txt" "$out/summary.txt"
@@ -38,7 +47,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 
 if step unit; then
   note "CudaBackend GPU unit tests"
-  LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/cuda_backend_test" 2>&1 | tee "$work/cuda_backend_test.log" \
+  LD_LIBRARY_PATH="$bundle/lib" bounded "$bundle/bin/cuda_backend_test" 2>&1 | tee "$work/cuda_backend_test.log" \
     | tail -8 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   snapshot
@@ -56,8 +65,7 @@ if step e2e; then
   note "end-to-end tests on the GPU backend"
   SOFTMAX_SERVER_BIN="$bundle/softmax-server" SOFTMAX_CLIENT_BIN="$bundle/softmax-client" \
   SOFTMAX_PYTHON_DIR="$bundle/python" PYTHONDONTWRITEBYTECODE=1 \
-    python3 -m pytest -p no:cacheprovider -q -rs --rootdir=tests \
-      tests/test_gpu_serving.py tests/test_numerics.py tests/test_stream.py \
+    pytest_bounded tests/test_gpu_serving.py tests/test_numerics.py tests/test_stream.py \
       2>&1 | tee "$work/e2e.log" | tail -15 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   snapshot
@@ -69,8 +77,7 @@ if step shm; then
   note "shared-memory tests on the GPU backend"
   SOFTMAX_SERVER_BIN="$bundle/softmax-server" SOFTMAX_CLIENT_BIN="$bundle/softmax-client" \
   SOFTMAX_PYTHON_DIR="$bundle/python" PYTHONDONTWRITEBYTECODE=1 \
-    python3 -m pytest -p no:cacheprovider -q -rs --rootdir=tests tests/test_shared_memory.py \
-      2>&1 | tee "$work/shm.log" | tail -5 | tee -a "$work/summary.txt"
+    pytest_bounded tests/test_shared_memory.py 2>&1 | tee "$work/shm.log" | tail -5 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   snapshot
 fi
