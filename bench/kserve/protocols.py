@@ -84,11 +84,15 @@ def main():
                         client_bin, server.address, protocol, spec, concurrency,
                         [f"--duration={args.duration}s", f"--warmup={args.warmup}s"], args.out)
                     rounds[protocol].append(report)
+                    prefix = f"  {spec} c={concurrency} r{r} {protocol:>10}:"
                     if report is None or report["errors"]:
                         failed = True
-                    print(f"  {spec} c={concurrency} r{r} {protocol:>10}: "
-                          f"{report and report['requests_per_s']:,.0f} req/s p99 "
-                          f"{report and report['latency_us']['p99'] / 1e3:.2f} ms", flush=True)
+                    if report is None:
+                        print(f"{prefix} FAILED (no report)", flush=True)
+                        continue
+                    print(f"{prefix} {report['requests_per_s']:,.0f} req/s p99 "
+                          f"{report['latency_us']['p99'] / 1e3:.2f} ms errors {report['errors']}",
+                          flush=True)
             ratios = [k["requests_per_s"] / v["requests_per_s"]
                       for v, k in zip(rounds["softmax.v1"], rounds["kserve"]) if v and k]
             entry = {"payload": spec, "concurrency": concurrency, "ratios": ratios,
@@ -96,6 +100,8 @@ def main():
                      "commands": commands}
             for protocol in PROTOCOLS:
                 ok = [r for r in rounds[protocol] if r]
+                if not ok:
+                    break
                 entry[protocol] = {
                     "requests_per_s": statistics.median(r["requests_per_s"] for r in ok),
                     "p99_ms": statistics.median(r["latency_us"]["p99"] / 1e3 for r in ok),
@@ -109,6 +115,9 @@ def main():
           "| KServe / v1, median (rounds) |")
     print("|---|---:|---:|---:|---|")
     for e in results:
+        if any(protocol not in e for protocol in PROTOCOLS):
+            print(f"| {e['payload']} | {e['concurrency']} | failed | failed | - |")
+            continue
         v, k = e["softmax.v1"], e["kserve"]
         print(f"| {e['payload']} | {e['concurrency']} | {v['requests_per_s']:,.0f} "
               f"({v['p99_ms']:.2f}) | {k['requests_per_s']:,.0f} ({k['p99_ms']:.2f}) | "
