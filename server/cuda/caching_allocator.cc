@@ -1,6 +1,7 @@
 #include "server/cuda/caching_allocator.h"
 
 #include <algorithm>
+#include <limits>
 #include <new>
 #include <utility>
 
@@ -72,58 +73,111 @@ CachingAllocator::~CachingAllocator() {
   ReleaseCachedLocked();
 }
 
-size_t CachingAllocator::SizeClass(size_t bytes) {
-  if (bytes <= kMiB) {
-    // Powers of two: a dozen classes cover every small size, so a mix of
-    // batch sizes settles into the cache quickly.
-    size_t size = 512;
-    while (size < bytes) size <<= 1;
-    return size;
+size_t CachingAllocator::SegmentSize(size_t bytes) {
+  const size_t size = RoundUp(bytes, kBlockAlignment);
+  if (size <= kSmallBlockBytes) return kSmallSegmentBytes;
+  if (size <= kMediumBlockBytes) return kMediumSegmentBytes;
+  return RoundUp(size, kLargeSegmentRounding);
+}
+
+absl::StatusOr<char*> CachingAllocator::NewSegment(size_t size) {
+  size_t segment_size = SegmentSize(size);
+  absl::StatusOr<void*> data = raw_->Allocate(segment_size);
+  if (absl::IsResourceExhausted(data.status()) && stats_.cached_bytes > 0) {
+    // Out of memory with free segments held: give them back, retry once.
+    ReleaseCachedLocked();
+    data = raw_->Allocate(segment_size);
   }
-  if (bytes <= 64 * kMiB) return RoundUp(bytes, 2 * kMiB);
-  return RoundUp(bytes, 32 * kMiB);
+  const size_t own_size = RoundUp(size, kLargeSegmentRounding);
+  if (absl::IsResourceExhausted(data.status()) && segment_size > own_size) {
+    segment_size = own_size;  // a shared segment does not fit; one of its own may
+    data = raw_->Allocate(segment_size);
+  }
+  if (!data.ok()) return data.status();
+  char* start = static_cast<char*>(*data);
+  const bool small = size <= kSmallBlockBytes;
+  segments_.emplace(start, Segment{segment_size, small});
+  ranges_.emplace(start, Range{segment_size, start, /*free=*/true});
+  Pool(small).emplace(segment_size, start);
+  stats_.cached_bytes += static_cast<int64_t>(segment_size);
+  ++stats_.raw_allocations;
+  return start;
 }
 
 absl::StatusOr<Block> CachingAllocator::Allocate(size_t bytes) {
+  return AllocateWithin(bytes, std::numeric_limits<size_t>::max());
+}
+
+absl::StatusOr<Block> CachingAllocator::AllocateWithin(size_t bytes, size_t limit_bytes) {
   if (bytes == 0) return Block();
-  const size_t size = SizeClass(bytes);
   absl::MutexLock lock(&mu_);
-  // The smallest cached block of this class or a larger one within the bound.
-  for (auto it = free_.lower_bound(size);
-       it != free_.end() && it->first <= size * kMaxReuseFactor; ++it) {
-    if (it->second.empty()) continue;
-    const size_t block_size = it->first;
-    void* data = it->second.back();
-    it->second.pop_back();
-    stats_.cached_bytes -= block_size;
-    stats_.in_use_bytes += block_size;
-    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
-    ++stats_.allocations;
-    ++stats_.cache_hits;
-    return Block(this, data, block_size);
+  return AllocateLocked(RoundUp(bytes, kBlockAlignment), limit_bytes);
+}
+
+absl::StatusOr<Block> CachingAllocator::AllocateLocked(size_t size, size_t limit_bytes) {
+  const bool small = size <= kSmallBlockBytes;
+  FreeSet& pool = Pool(small);
+  auto best = pool.lower_bound({size, nullptr});
+  const bool hit = best != pool.end();
+  if (!hit) {
+    const size_t held = static_cast<size_t>(stats_.in_use_bytes + stats_.cached_bytes);
+    if (held + SegmentSize(size) > limit_bytes) {
+      ++stats_.failures;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          raw_->Name(), " memory: a new segment for ", size, " bytes would pass the limit of ",
+          limit_bytes, " bytes held"));
+    }
+    absl::StatusOr<char*> segment = NewSegment(size);
+    if (!segment.ok()) {
+      ++stats_.failures;
+      return segment.status();
+    }
+    best = pool.find({segments_.at(*segment).size, *segment});
   }
-  absl::StatusOr<void*> data = raw_->Allocate(size);
-  if (absl::IsResourceExhausted(data.status()) && stats_.cached_bytes > 0) {
-    // Out of memory with blocks of other sizes cached: give them back, retry once.
-    ReleaseCachedLocked();
-    data = raw_->Allocate(size);
+  char* start = best->second;
+  pool.erase(best);
+  Range& range = ranges_.at(start);
+  // Split off the rest when it can serve another block of this pool.
+  const size_t min_rest = small ? kBlockAlignment : kSmallBlockBytes;
+  if (range.size - size >= min_rest) {
+    char* rest = start + size;
+    ranges_.emplace(rest, Range{range.size - size, range.segment, /*free=*/true});
+    pool.emplace(range.size - size, rest);
+    range.size = size;
   }
-  if (!data.ok()) {
-    ++stats_.failures;
-    return data.status();
-  }
-  stats_.in_use_bytes += size;
+  range.free = false;
+  stats_.cached_bytes -= static_cast<int64_t>(range.size);
+  stats_.in_use_bytes += static_cast<int64_t>(range.size);
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   ++stats_.allocations;
-  ++stats_.raw_allocations;
-  return Block(this, *data, size);
+  if (hit) ++stats_.cache_hits;
+  return Block(this, start, range.size);
 }
 
 void CachingAllocator::Return(void* data, size_t size) {
   absl::MutexLock lock(&mu_);
-  free_[size].push_back(data);
-  stats_.in_use_bytes -= size;
-  stats_.cached_bytes += size;
+  auto it = ranges_.find(static_cast<char*>(data));
+  it->second.free = true;
+  stats_.in_use_bytes -= static_cast<int64_t>(size);
+  stats_.cached_bytes += static_cast<int64_t>(size);
+  FreeSet& pool = Pool(segments_.at(it->second.segment).small);
+  // Merge with the free neighbours of the same segment.
+  auto next = std::next(it);
+  if (next != ranges_.end() && next->second.free && next->second.segment == it->second.segment) {
+    pool.erase({next->second.size, next->first});
+    it->second.size += next->second.size;
+    ranges_.erase(next);
+  }
+  if (it != ranges_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second.free && prev->second.segment == it->second.segment) {
+      pool.erase({prev->second.size, prev->first});
+      prev->second.size += it->second.size;
+      ranges_.erase(it);
+      it = prev;
+    }
+  }
+  pool.emplace(it->second.size, it->first);
 }
 
 void CachingAllocator::ReleaseCached() {
@@ -137,13 +191,20 @@ void CachingAllocator::ReleaseCachedAbove(size_t bytes) {
 }
 
 void CachingAllocator::ReleaseCachedLocked(size_t above) {
-  for (auto it = free_.upper_bound(above); it != free_.end();) {
-    for (void* data : it->second) {
-      raw_->Free(data);
-      ++stats_.raw_frees;
-      stats_.cached_bytes -= it->first;
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    char* start = it->first;
+    const auto [size, small] = it->second;
+    const Range& range = ranges_.at(start);
+    if (size <= above || !range.free || range.size != size) {  // in use, in part or whole
+      ++it;
+      continue;
     }
-    it = free_.erase(it);
+    Pool(small).erase({size, start});
+    ranges_.erase(start);
+    raw_->Free(start);
+    ++stats_.raw_frees;
+    stats_.cached_bytes -= static_cast<int64_t>(size);
+    it = segments_.erase(it);
   }
 }
 

@@ -1,15 +1,18 @@
-// CachingAllocator: keeps freed blocks for reuse so that, after warm-up, the
+// CachingAllocator: keeps freed memory for reuse so that, after warm-up, the
 // serving hot path makes no cudaMalloc / cudaHostAlloc calls.
 //
-// Blocks are rounded up to size classes (powers of two from 512 B to 1 MiB,
-// multiples of 2 MiB up to 64 MiB, then of 32 MiB) and a freed block goes back to its
-// class's free list. An allocation takes a cached block of its class or, when
-// there is none, the smallest cached block at most kMaxReuseFactor times as
-// large, before it asks the raw allocator for memory. The memory itself comes from a RawAllocator: device
-// memory (cudaMalloc), pinned host memory (cudaHostAlloc) or, in tests, plain
-// heap memory. When the raw allocator reports out of memory, the cache is
-// released and the allocation retried once; failing again gives
-// RESOURCE_EXHAUSTED for that caller only.
+// It works as PyTorch's CUDA caching allocator does. Memory comes from the raw
+// allocator in segments: 2 MiB for blocks up to 1 MiB (the small pool),
+// 20 MiB for blocks up to 10 MiB, the block's own size rounded up to 2 MiB
+// beyond. A block is cut from the best-fitting free range of its pool and the
+// rest of the range stays free; a freed block merges with its free
+// neighbours, so once a burst of any size mix has passed, its segments are
+// whole again and serve the next mix. The memory itself comes from a
+// RawAllocator: device memory (cudaMalloc), pinned host memory
+// (cudaHostAlloc) or, in tests, plain heap memory. When the raw allocator
+// reports out of memory, the free segments are released and the allocation
+// retried (at the block's own size if a larger segment was asked for);
+// failing again gives RESOURCE_EXHAUSTED for that caller only.
 //
 // Statistics follow PyTorch's caching allocator: bytes in use, cached (free
 // but held), peak in use; allocation calls, cache hits, raw allocations.
@@ -22,8 +25,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
-#include <vector>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -32,14 +36,20 @@
 
 namespace softmax {
 
-// A cached block up to this many times the size class asked for serves an
-// allocation whose own class has none cached. Batches of mixed requests ask
-// for sizes all over the 2 MiB classes, and a cache that reused only exact
-// classes kept growing: in CachingAllocatorTest.MixedSizesSettle's traffic
-// (1-64 MiB, up to 8 held), 64 backing allocations in the first 1,000
-// allocations, 22 in the next 5,000 and 2,862 MiB held; within 2x: 20, 3
-// and 766 MiB (4x: 14, 3, 644 MiB, but up to 4x the memory per request).
-inline constexpr size_t kMaxReuseFactor = 2;
+// Blocks are multiples of this; smaller remainders are not split off.
+inline constexpr size_t kBlockAlignment = 512;
+// Blocks up to kSmallBlockBytes come from segments of kSmallSegmentBytes,
+// apart from larger blocks, so that small blocks held for long do not keep
+// large segments from being released.
+inline constexpr size_t kSmallBlockBytes = size_t{1} << 20;
+inline constexpr size_t kSmallSegmentBytes = size_t{2} << 20;
+// Blocks up to kMediumBlockBytes come from segments of kMediumSegmentBytes:
+// batches of mixed requests ask for sizes all over this range, and one
+// segment serves several of them (PyTorch's kMinLargeAlloc / kLargeBuffer).
+inline constexpr size_t kMediumBlockBytes = size_t{10} << 20;
+inline constexpr size_t kMediumSegmentBytes = size_t{20} << 20;
+// Larger blocks get a segment of their own, rounded up to this.
+inline constexpr size_t kLargeSegmentRounding = size_t{2} << 20;
 
 // Where the bytes come from. Implementations need not be thread-safe: the
 // CachingAllocator serialises calls.
@@ -82,7 +92,8 @@ class Block {
   ~Block() { Reset(); }
 
   void* data() const { return data_; }
-  // The block's size class: >= the size asked for, up to kMaxReuseFactor times its class.
+  // The size asked for, rounded up to kBlockAlignment (more when the rest
+  // of its free range was too small to split off).
   size_t size() const { return size_; }
   explicit operator bool() const { return data_ != nullptr; }
   void Reset();
@@ -108,26 +119,54 @@ class CachingAllocator {
   // after releasing the cache; the raw allocator's other errors unchanged.
   absl::StatusOr<Block> Allocate(size_t bytes);
 
-  // Gives every cached block back to the raw allocator.
+  // As Allocate, but a block that no free range fits gets a new segment only
+  // while all segments together stay within `limit_bytes`; past it the call
+  // fails RESOURCE_EXHAUSTED at once, releasing nothing. For memory a caller
+  // can do without (it then copies), so that bursts of it leave a bounded cache.
+  absl::StatusOr<Block> AllocateWithin(size_t bytes, size_t limit_bytes);
+
+  // Gives every free segment back to the raw allocator.
   void ReleaseCached();
 
-  // Gives cached blocks larger than `bytes` back to the raw allocator.
+  // Gives free segments larger than `bytes` back to the raw allocator.
   void ReleaseCachedAbove(size_t bytes);
 
   AllocatorStats stats() const;
   std::string name() const { return raw_->Name(); }
 
-  // The size class that a request for `bytes` is rounded up to.
-  static size_t SizeClass(size_t bytes);
+  // The segment a block of `bytes` (rounded) is cut from when no free range fits.
+  static size_t SegmentSize(size_t bytes);
 
  private:
   friend class Block;
+  // A block or a free range, within one segment.
+  struct Range {
+    size_t size = 0;
+    char* segment = nullptr;  // where its segment starts
+    bool free = false;
+  };
+  using FreeSet = std::set<std::pair<size_t, char*>>;  // free ranges by (size, address)
+
   void Return(void* data, size_t size);
   void ReleaseCachedLocked(size_t above = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Segment {
+    size_t size = 0;
+    bool small = false;  // in the small pool
+  };
+  // Adds a free segment for a block of `size` bytes to its pool.
+  absl::StatusOr<char*> NewSegment(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Block> AllocateLocked(size_t size, size_t limit_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  FreeSet& Pool(bool small) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return small ? free_small_ : free_large_;
+  }
 
   mutable absl::Mutex mu_;
   std::unique_ptr<RawAllocator> raw_ ABSL_GUARDED_BY(mu_);
-  std::map<size_t, std::vector<void*>> free_ ABSL_GUARDED_BY(mu_);
+  std::map<char*, Segment> segments_ ABSL_GUARDED_BY(mu_);  // by where they start
+  std::map<char*, Range> ranges_ ABSL_GUARDED_BY(mu_);     // every block and free range
+  FreeSet free_small_ ABSL_GUARDED_BY(mu_);  // ranges of small-pool segments
+  FreeSet free_large_ ABSL_GUARDED_BY(mu_);
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
