@@ -163,7 +163,8 @@ struct PinnedLoans {
       : memory(std::move(allocator)), limit_bytes(segment_limit) {}
   std::shared_ptr<CachingAllocator> memory;
   // Loans take no new pinned segment past this many bytes held by the
-  // allocator: the slots' staging and the bytes loans may lend. Slow readers
+  // allocator: the slots' staging, the bytes loans may lend and one segment
+  // (so that a small bound still has room for a loan's segment). Slow readers
   // that keep the loans at their bound then leave a cache of bounded size and
   // count (AllocateWithin); where the free rests of partly used segments fit
   // no loan, it copies. A GPU soak with bursts of zero-window readers: with a
@@ -261,7 +262,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   state.loans = std::make_shared<PinnedLoans>(
       state.pinned_memory,
       static_cast<size_t>(options.slots * options.max_staging_bytes +
-                          options.pinned_responses_max_bytes));
+                          options.pinned_responses_max_bytes) +
+          kMediumSegmentBytes);
   state.slots.resize(options.slots);
   for (Slot& slot : state.slots) {
     status = SOFTMAX_CUDA_STATUS(cudaStreamCreateWithFlags(&slot.stream, cudaStreamNonBlocking));
