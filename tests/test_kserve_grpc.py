@@ -444,3 +444,52 @@ def test_mixed_load_batches_both_protocols_together(start_server):
         t.join(timeout=120)
     assert not failures, failures
     assert max(batch_sizes) > v1_callers, batch_sizes
+
+
+# ------------------------------------------------------------------ drain
+
+def test_stream_is_answered_then_ended_with_unavailable_on_sigterm(start_server):
+    """ModelStreamInfer drains as SoftmaxStream does: requests queued at
+    SIGTERM are all answered, then the stream ends with UNAVAILABLE (retry
+    elsewhere) although its client never half-closed, and the server exits
+    within --lame_duck_ms + 1 s instead of waiting out the grace."""
+    server = start_server("--max_queue_delay_us=60000000", "--dispatch_when_idle=false",
+                          "--max_batch_rows=1000000", "--lame_duck_ms=300",
+                          "--shutdown_grace_s=30")
+    channel = server.channel()
+    stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+    release = threading.Event()
+    inputs = [np.random.default_rng(i).normal(size=(2, 16)) for i in range(5)]
+
+    def requests():
+        for i, x in enumerate(inputs):
+            yield infer_request(x, id=f"s{i}").SerializeToString()
+        release.wait(30)
+
+    replies = stream(requests(), timeout=60)
+    received = []
+    try:
+        deadline = time.monotonic() + 10
+        while (e2e_util.metric_value(e2e_util.scrape_metrics(server.metrics_address),
+                                     "softmax_queued_requests") or 0) < 5:
+            assert time.monotonic() < deadline, "the stream's requests were never queued"
+            time.sleep(0.01)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        with pytest.raises(grpc.RpcError) as caught:
+            for reply in replies:
+                received.append(service_pb2.ModelStreamInferResponse.FromString(reply))
+        # Ended by the server's drain, not by its connection going away.
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+        assert "shutting down" in caught.value.details(), caught.value
+        assert server.process.wait(timeout=10) == 0, server.output()
+        assert time.monotonic() - started <= 0.3 + 1.0
+    finally:
+        release.set()
+        channel.close()
+    assert sorted(r.infer_response.id for r in received) == [f"s{i}" for i in range(5)]
+    for reply in received:
+        assert reply.error_message == ""
+        values = np.frombuffer(reply.infer_response.raw_output_contents[0], "<f4")
+        x = inputs[int(reply.infer_response.id[1:])]
+        assert_close(values.reshape(x.shape), reference_softmax(x), "float32")

@@ -5,7 +5,6 @@
 #include <climits>
 #include <cstdint>
 #include <chrono>
-#include <deque>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -20,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/logging/log.h"
 #include "server/rpc/status_util.h"
+#include "server/rpc/stream_reactor.h"
 #include "server/rpc/wire.h"
 
 namespace softmax::server {
@@ -326,187 +326,56 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
   if (!status.ok()) complete(std::unique_ptr<InferCall>(call), status);
 }
 
-// ModelStreamInfer. Lifetime as softmax.v1's stream (service.cc): Finish
-// only once reads are done and no response is pending, so no completion
-// reaches a deleted reactor.
-class StreamInferCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+// ModelStreamInfer's messages, for StreamReactor: a ModelInferRequest in, a
+// ModelStreamInferResponse out, errors in band (error_message).
+class StreamInferHandler {
  public:
-  StreamInferCall(KServeGrpcService* service, grpc::CallbackServerContext* context,
-                  int max_pending)
-      : service_(service), context_(context), max_pending_(std::max(1, max_pending)) {
-    StartNextRead();
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      bool finish = false;
-      {
-        absl::MutexLock lock(&mu_);
-        reads_done_ = true;
-        finish = ShouldFinishLocked();
-      }
-      if (finish) FinishStream();
-      return;
-    }
-    std::unique_ptr<Entry> entry = std::move(reading_);
-    {
-      absl::MutexLock lock(&mu_);
-      AddPendingLocked(1);
-    }
-    Entry* raw = entry.release();  // owned by the completion from here on
-    auto call = std::make_unique<InferCall>();
-    StartInfer(
-        service_, context_, &raw->incoming, &raw->request, std::move(call),
-        [this] { return cancelled_.load(std::memory_order_relaxed) || context_->IsCancelled(); },
-        [this, raw](std::unique_ptr<InferCall> done, const absl::Status& outcome) {
-          Complete(std::unique_ptr<Entry>(raw), std::move(done), outcome);
-        });
-
-    bool read_more = false;
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (write_failed_ || cancelled_.load(std::memory_order_relaxed)) {
-        reads_done_ = true;
-        finish = ShouldFinishLocked();
-      } else if (pending_ >= max_pending_) {
-        read_paused_ = true;
-      } else {
-        read_more = true;
-      }
-    }
-    if (read_more) StartNextRead();
-    if (finish) FinishStream();
-  }
-
-  void OnWriteDone(bool ok) override {
-    Entry* next = nullptr;
-    bool resume_reading = false;
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      writing_.reset();
-      AddPendingLocked(-1);
-      if (!ok) {
-        write_failed_ = true;
-        AddPendingLocked(-static_cast<int>(write_queue_.size()));
-        write_queue_.clear();
-      }
-      next = NextWriteLocked();
-      if (read_paused_ && !write_failed_ && pending_ < max_pending_) {
-        read_paused_ = false;
-        resume_reading = true;
-      } else if (read_paused_ && write_failed_) {
-        read_paused_ = false;
-        reads_done_ = true;
-      }
-      finish = ShouldFinishLocked();
-    }
-    if (next != nullptr) StartWrite(&next->outgoing);
-    if (resume_reading) StartNextRead();
-    if (finish) FinishStream();
-  }
-
-  void OnCancel() override {
-    cancelled_.store(true, std::memory_order_relaxed);
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (read_paused_) {
-        read_paused_ = false;
-        reads_done_ = true;
-      }
-      finish = ShouldFinishLocked();
-    }
-    if (finish) FinishStream();
-  }
-
-  void OnDone() override { delete this; }
-
- private:
   struct Entry {
     grpc::ByteBuffer incoming;  // the request as read
     inference::ModelInferRequest request;
+    std::unique_ptr<InferCall> call;
     grpc::ByteBuffer outgoing;  // the response as written
   };
 
-  void StartNextRead() {
-    reading_ = std::make_unique<Entry>();
-    StartRead(&reading_->incoming);
+  StreamInferHandler(KServeGrpcService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context) {}
+
+  std::unique_ptr<Entry> NewEntry() { return std::make_unique<Entry>(); }
+
+  void Start(Entry* entry, std::function<bool()> is_cancelled,
+             std::function<void(const absl::Status&)> done) {
+    StartInfer(service_, context_, &entry->incoming, &entry->request,
+               std::make_unique<InferCall>(), std::move(is_cancelled),
+               [entry, done = std::move(done)](std::unique_ptr<InferCall> call,
+                                               const absl::Status& outcome) {
+                 entry->call = std::move(call);
+                 done(outcome);
+               });
   }
 
-  void Complete(std::unique_ptr<Entry> entry, std::unique_ptr<InferCall> call,
-                const absl::Status& status) {
+  void Answer(Entry& entry, const absl::Status& status) {
     absl::Status outcome = status;
     if (outcome.ok()) {
       inference::ModelInferResponse response;
-      OutputView view = FillInferResponse(call.get(), &response);
-      outcome = SerializeInferResponse(&response, std::move(view), true, &entry->outgoing);
+      OutputView view = FillInferResponse(entry.call.get(), &response);
+      outcome = SerializeInferResponse(&response, std::move(view), true, &entry.outgoing);
     }
     if (!outcome.ok()) {
       // In band: the error, with the request's id and model for the caller.
       inference::ModelStreamInferResponse error;
       error.set_error_message(std::string(outcome.message()));
-      error.mutable_infer_response()->set_id(entry->request.id());
-      error.mutable_infer_response()->set_model_name(entry->request.model_name());
-      SerializeMessage(error, &entry->outgoing).IgnoreError();
+      error.mutable_infer_response()->set_id(entry.request.id());
+      error.mutable_infer_response()->set_model_name(entry.request.model_name());
+      SerializeMessage(error, &entry.outgoing).IgnoreError();
     }
-    Record(service_, RpcMethod::kModelStreamInfer, *call, outcome);
-    call.reset();
-    entry->request.Clear();
-    Entry* next = nullptr;
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (write_failed_) {
-        AddPendingLocked(-1);
-      } else {
-        write_queue_.push_back(std::move(entry));
-        next = NextWriteLocked();
-      }
-      finish = ShouldFinishLocked();
-    }
-    if (next != nullptr) StartWrite(&next->outgoing);
-    if (finish) FinishStream();
+    Record(service_, RpcMethod::kModelStreamInfer, *entry.call, outcome);
+    entry.call.reset();
+    entry.request.Clear();
   }
 
-  Entry* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_ != nullptr || write_queue_.empty() || write_failed_) return nullptr;
-    writing_ = std::move(write_queue_.front());
-    write_queue_.pop_front();
-    return writing_.get();
-  }
-
-  void AddPendingLocked(int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    pending_ += delta;
-    if (delta > 0) service_->softmax()->RequestsStarted(delta);
-    if (delta < 0) service_->softmax()->RequestsEnded(-delta);
-  }
-
-  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || !reads_done_ || pending_ != 0) return false;
-    finished_ = true;
-    return true;
-  }
-
-  void FinishStream() {
-    Finish(cancelled_.load() ? grpc::Status::CANCELLED : grpc::Status::OK);
-  }
-
+ private:
   KServeGrpcService* const service_;
   grpc::CallbackServerContext* const context_;
-  const int max_pending_;
-  std::atomic<bool> cancelled_{false};
-  std::unique_ptr<Entry> reading_;
-
-  absl::Mutex mu_;
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<std::unique_ptr<Entry>> write_queue_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<Entry> writing_ ABSL_GUARDED_BY(mu_);
-  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
-  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
@@ -515,13 +384,6 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
-
-// A stream refused when it opens (no known bearer token).
-class RefusedStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  explicit RefusedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
-  void OnDone() override { delete this; }
-};
 
 }  // namespace
 
@@ -662,10 +524,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerCont
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KServeGrpcService::ModelStreamInfer(
     grpc::CallbackServerContext* context) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
-    return new RefusedStream(allowed);
-  }
-  return new StreamInferCall(this, context, max_stream_pending_);
+  return new StreamReactor<StreamInferHandler>(softmax_, context, max_stream_pending_,
+                                               softmax_->Authenticate(*context),
+                                               StreamInferHandler(this, context));
 }
 
 // The shared-memory extensions. Without a manager (or with

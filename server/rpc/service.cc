@@ -4,7 +4,6 @@
 #include <cstring>
 #include <optional>
 #include <atomic>
-#include <deque>
 #include <memory>
 #include <utility>
 
@@ -13,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/logging/log.h"
 #include "server/rpc/status_util.h"
+#include "server/rpc/stream_reactor.h"
 #include "server/rpc/wire.h"
 
 namespace softmax::server {
@@ -131,160 +131,10 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   std::shared_ptr<const void> held_;
 };
 
-// Bidirectional stream. Lifetime: gRPC calls OnDone only after Finish, and
-// Finish is called only once reads are done and no response is pending, so
-// no batcher completion can reach a deleted reactor.
-//
-// Draining (SoftmaxServiceImpl::StartDraining): the stream finishes with
-// UNAVAILABLE once nothing of it is in flight, whether or not the client
-// has finished writing; a message read after that is dropped unanswered.
-class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
-                         public SoftmaxServiceImpl::Drainable {
+// SoftmaxStream's messages, for StreamReactor: a SoftmaxRequest in, a
+// SoftmaxResponse out, errors in band (SoftmaxResponse.error).
+class SoftmaxStreamHandler {
  public:
-  // A stream refused at once (`refusal` not OK: unauthenticated) is
-  // finished with that status without reading.
-  StreamCall(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context,
-             int max_pending, const absl::Status& refusal)
-      : service_(service), context_(context), max_pending_(std::max(1, max_pending)) {
-    if (!refusal.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        finished_ = true;
-      }
-      Finish(ToGrpcStatus(refusal));
-      return;
-    }
-    if (!service_->RegisterStream(this)) {
-      {
-        absl::MutexLock lock(&mu_);
-        finished_ = true;
-        draining_ = true;
-      }
-      FinishStream();
-      return;
-    }
-    reading_ = std::make_unique<Entry>(service_->buffers());
-    StartRead(&reading_->incoming);
-  }
-
-  bool BeginDrain() override {
-    absl::MutexLock lock(&mu_);
-    draining_ = true;
-    return ShouldFinishLocked();
-  }
-  void FinishDrained() override { FinishStream(); }
-
-  void OnReadDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      // Finished by a drain while this read was outstanding.
-      if (finished_) return;
-    }
-    if (!ok) {
-      bool finish = false;
-      {
-        absl::MutexLock lock(&mu_);
-        reads_done_ = true;
-        finish = ShouldFinishLocked();
-      }
-      if (finish) FinishStream();
-      return;
-    }
-    std::unique_ptr<Entry> entry = std::move(reading_);
-    entry->start = SteadyClock::now();
-    const absl::Status parsed =
-        ParseRequestMessage(&entry->incoming, service_->buffers().get(), &entry->request);
-    // Read before Dispatch, which may move the input bytes into the output.
-    entry->data_bytes = static_cast<int64_t>(entry->request.input().data().size());
-    {
-      absl::MutexLock lock(&mu_);
-      AddPendingLocked(1);
-    }
-    Entry* raw = entry.release();  // owned by the completion from here on
-    const absl::Status status =
-        !parsed.ok() ? parsed
-                     : service_->Dispatch(
-                           &raw->request, &raw->response, &raw->view, context_->deadline(),
-                           [this] {
-                             return cancelled_.load(std::memory_order_relaxed) ||
-                                    context_->IsCancelled();
-                           },
-                           [this, raw](const absl::Status& outcome) {
-                             Complete(std::unique_ptr<Entry>(raw), outcome);
-                           },
-                           nullptr, &raw->held);
-    if (!status.ok()) Complete(std::unique_ptr<Entry>(raw), status);
-
-    bool read_more = false;
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (write_failed_ || cancelled_.load(std::memory_order_relaxed)) {
-        // The client is gone. OnCancel / a failed OnWriteDone may have run
-        // while Dispatch did, before a pause existed for them to see: stop
-        // reading here, or nothing would ever mark the reads done.
-        reads_done_ = true;
-        finish = ShouldFinishLocked();
-      } else if (pending_ >= max_pending_) {
-        read_paused_ = true;
-      } else {
-        read_more = true;
-      }
-    }
-    if (read_more) StartNextRead();
-    if (finish) FinishStream();
-  }
-
-  void OnWriteDone(bool ok) override {
-    Entry* next = nullptr;
-    bool resume_reading = false;
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      writing_.reset();
-      AddPendingLocked(-1);
-      if (!ok) {
-        // The client is gone; nothing more can be written.
-        write_failed_ = true;
-        AddPendingLocked(-static_cast<int>(write_queue_.size()));
-        write_queue_.clear();
-      }
-      next = NextWriteLocked();
-      if (read_paused_ && !write_failed_ && pending_ < max_pending_) {
-        read_paused_ = false;
-        resume_reading = true;
-      } else if (read_paused_ && write_failed_) {
-        read_paused_ = false;
-        reads_done_ = true;
-      }
-      finish = ShouldFinishLocked();
-    }
-    if (next != nullptr) StartWrite(&next->outgoing);
-    if (resume_reading) StartNextRead();
-    if (finish) FinishStream();
-  }
-
-  void OnCancel() override {
-    cancelled_.store(true, std::memory_order_relaxed);
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (read_paused_) {
-        // No read is outstanding, so no OnReadDone(false) will come.
-        read_paused_ = false;
-        reads_done_ = true;
-      }
-      finish = ShouldFinishLocked();
-    }
-    if (finish) FinishStream();
-  }
-
-  void OnDone() override {
-    service_->UnregisterStream(this);
-    delete this;
-  }
-
- private:
   struct Entry {
     explicit Entry(std::shared_ptr<TensorBufferPool> pool) : buffers(std::move(pool)) {}
     ~Entry() { RecycleBuffers(buffers.get(), &request, &response); }
@@ -302,11 +152,52 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     std::shared_ptr<const void> held;  // its share of the memory budget
   };
 
-  void StartNextRead() {
-    reading_ = std::make_unique<Entry>(service_->buffers());
-    StartRead(&reading_->incoming);
+  SoftmaxStreamHandler(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context) {}
+
+  std::unique_ptr<Entry> NewEntry() { return std::make_unique<Entry>(service_->buffers()); }
+
+  void Start(Entry* entry, std::function<bool()> is_cancelled,
+             std::function<void(const absl::Status&)> done) {
+    entry->start = SteadyClock::now();
+    const absl::Status parsed =
+        ParseRequestMessage(&entry->incoming, service_->buffers().get(), &entry->request);
+    // Read before Dispatch, which may move the input bytes into the output.
+    entry->data_bytes = static_cast<int64_t>(entry->request.input().data().size());
+    if (!parsed.ok()) {
+      done(parsed);
+      return;
+    }
+    const absl::Status status =
+        service_->Dispatch(&entry->request, &entry->response, &entry->view,
+                           context_->deadline(), std::move(is_cancelled), done, nullptr,
+                           &entry->held);
+    if (!status.ok()) done(status);
   }
 
+  // Serialises the finished response of `entry`. Any thread.
+  void Answer(Entry& entry, const absl::Status& status) {
+    if (!status.ok()) {
+      entry.view = OutputView{};
+      SetError(entry, status);
+    } else {
+      LendLargeOutput(entry.buffers, &entry.response, &entry.view);
+    }
+    if (absl::Status serialized =
+            SerializeResponse(&entry.response, std::move(entry.view), &entry.outgoing);
+        !serialized.ok()) {
+      SetError(entry, serialized);
+      SerializeResponse(&entry.response, OutputView{}, &entry.outgoing).IgnoreError();
+    }
+    if (service_->metrics() != nullptr) {
+      service_->metrics()->RecordRequest(RpcMethod::kSoftmaxStream, status.code(),
+                                         SecondsSince(entry.start), 2 * entry.data_bytes);
+    }
+    logging::LogAccess("SoftmaxStream", status.code(), 2 * entry.data_bytes,
+                       SecondsSince(entry.start), [this] { return context_->peer(); });
+  }
+
+ private:
   // The per-request error response for `status`.
   static void SetError(Entry& entry, const absl::Status& status) {
     v1::SoftmaxResponse& response = entry.response;
@@ -323,100 +214,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     response.mutable_error()->set_message(std::string(status.message()));
   }
 
-  // Serialises the finished response of `entry` and queues it for writing.
-  // Any thread; responses are serialised in parallel, written one at a time.
-  void Complete(std::unique_ptr<Entry> entry, const absl::Status& status) {
-    if (!status.ok()) {
-      entry->view = OutputView{};
-      SetError(*entry, status);
-    } else {
-      LendLargeOutput(entry->buffers, &entry->response, &entry->view);
-    }
-    if (absl::Status serialized =
-            SerializeResponse(&entry->response, std::move(entry->view), &entry->outgoing);
-        !serialized.ok()) {
-      SetError(*entry, serialized);
-      SerializeResponse(&entry->response, OutputView{}, &entry->outgoing).IgnoreError();
-    }
-    if (service_->metrics() != nullptr) {
-      service_->metrics()->RecordRequest(
-          RpcMethod::kSoftmaxStream, status.code(), SecondsSince(entry->start),
-          2 * entry->data_bytes);
-    }
-    logging::LogAccess("SoftmaxStream", status.code(), 2 * entry->data_bytes,
-                       SecondsSince(entry->start), [this] { return context_->peer(); });
-    Entry* next = nullptr;
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (write_failed_) {
-        AddPendingLocked(-1);
-      } else {
-        write_queue_.push_back(std::move(entry));
-        next = NextWriteLocked();
-      }
-      finish = ShouldFinishLocked();
-    }
-    if (next != nullptr) StartWrite(&next->outgoing);
-    if (finish) FinishStream();
-  }
-
-  // The next response to write, when no write is in flight.
-  Entry* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_ != nullptr || write_queue_.empty() || write_failed_) return nullptr;
-    writing_ = std::move(write_queue_.front());
-    write_queue_.pop_front();
-    return writing_.get();
-  }
-
-  // Keeps the service's count of requests in flight in step with pending_.
-  void AddPendingLocked(int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    pending_ += delta;
-    if (delta > 0) service_->RequestsStarted(delta);
-    if (delta < 0) service_->RequestsEnded(-delta);
-  }
-
-  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || pending_ != 0 || (!reads_done_ && !draining_)) return false;
-    finished_ = true;
-    ended_by_drain_ = !reads_done_;
-    return true;
-  }
-
-  // REQUIRES: ShouldFinishLocked returned true (once per stream).
-  void FinishStream() {
-    bool by_drain = false;
-    {
-      absl::MutexLock lock(&mu_);
-      by_drain = ended_by_drain_ || !reads_done_;
-    }
-    if (cancelled_.load()) {
-      Finish(grpc::Status::CANCELLED);
-    } else if (by_drain) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "server is shutting down; retry on another replica"));
-    } else {
-      Finish(grpc::Status::OK);
-    }
-  }
-
   SoftmaxServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
-  const int max_pending_;
-  std::atomic<bool> cancelled_{false};
-  std::unique_ptr<Entry> reading_;  // touched only by whoever owns the next read
-
-  absl::Mutex mu_;
-  // Responses not yet written: in the batcher, queued, or being written.
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<std::unique_ptr<Entry>> write_queue_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<Entry> writing_ ABSL_GUARDED_BY(mu_);
-  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
-  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  bool ended_by_drain_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -564,7 +363,8 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 SoftmaxServiceImpl::SoftmaxStream(grpc::CallbackServerContext* context) {
   absl::Status refusal;
   if (options_.authenticator != nullptr) refusal = options_.authenticator->Check(*context);
-  return new StreamCall(this, context, options_.max_stream_pending, refusal);
+  return new StreamReactor<SoftmaxStreamHandler>(this, context, options_.max_stream_pending,
+                                                 refusal, SoftmaxStreamHandler(this, context));
 }
 
 }  // namespace softmax::server

@@ -1,0 +1,276 @@
+// StreamReactor: a bidirectional stream of independent requests, one
+// response each, in the order they finish. It serves both protocols'
+// streams (softmax.v1's SoftmaxStream, KServe's ModelStreamInfer); what a
+// message is and how it is answered comes from a Handler.
+//
+// Flow: each message read is started at once (the batcher batches it with
+// other callers' requests) and the next read is posted, until
+// `max_pending` responses are outstanding; then reading pauses until a
+// write completes. Responses are serialised on the thread that finished
+// them and written one at a time.
+//
+// Lifetime: gRPC calls OnDone only after Finish, and Finish is called only
+// once reads are done and no response is pending, so no completion can
+// reach a deleted reactor. A client that goes away (cancel, failed write)
+// stops the reading; what is still in flight completes and is dropped.
+//
+// Draining (SoftmaxServiceImpl::StartDraining): the stream finishes with
+// UNAVAILABLE once nothing of it is in flight, whether or not the client
+// has finished writing; a message read after that is dropped unanswered.
+//
+// A Handler provides:
+//   using Entry = ...;  // one message; has grpc::ByteBuffer incoming, outgoing
+//   std::unique_ptr<Entry> NewEntry();
+//   // Starts `entry` (its message read into `incoming`): calls `done`
+//   // exactly once with the outcome, possibly before it returns.
+//   void Start(Entry* entry, std::function<bool()> is_cancelled,
+//              std::function<void(const absl::Status&)> done);
+//   // Writes the answer to `entry` for `status` into `outgoing` (in band
+//   // for an error) and records it. Any thread.
+//   void Answer(Entry& entry, const absl::Status& status);
+#ifndef SOFTMAX_SERVER_RPC_STREAM_REACTOR_H_
+#define SOFTMAX_SERVER_RPC_STREAM_REACTOR_H_
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "server/rpc/service.h"
+#include "server/rpc/status_util.h"
+
+namespace softmax::server {
+
+template <typename Handler>
+class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                            public SoftmaxServiceImpl::Drainable {
+ public:
+  using Entry = typename Handler::Entry;
+
+  // A stream refused at once (`refusal` not OK: unauthenticated) is
+  // finished with that status without reading.
+  StreamReactor(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context,
+                int max_pending, const absl::Status& refusal, Handler handler)
+      : service_(service),
+        context_(context),
+        max_pending_(std::max(1, max_pending)),
+        handler_(std::move(handler)) {
+    if (!refusal.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+      }
+      Finish(ToGrpcStatus(refusal));
+      return;
+    }
+    if (!service_->RegisterStream(this)) {
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+        draining_ = true;
+      }
+      FinishStream();
+      return;
+    }
+    registered_ = true;
+    StartNextRead();
+  }
+
+  bool BeginDrain() override {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    return ShouldFinishLocked();
+  }
+  void FinishDrained() override { FinishStream(); }
+
+  void OnReadDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      // Finished by a drain while this read was outstanding.
+      if (finished_) return;
+    }
+    if (!ok) {
+      bool finish = false;
+      {
+        absl::MutexLock lock(&mu_);
+        reads_done_ = true;
+        finish = ShouldFinishLocked();
+      }
+      if (finish) FinishStream();
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      AddPendingLocked(1);
+    }
+    Entry* raw = reading_.release();  // owned by the completion from here on
+    handler_.Start(
+        raw,
+        [this] { return cancelled_.load(std::memory_order_relaxed) || context_->IsCancelled(); },
+        [this, raw](const absl::Status& outcome) { Complete(std::unique_ptr<Entry>(raw), outcome); });
+
+    bool read_more = false;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (write_failed_ || cancelled_.load(std::memory_order_relaxed)) {
+        // The client is gone. OnCancel / a failed OnWriteDone may have run
+        // while Start did, before a pause existed for them to see: stop
+        // reading here, or nothing would ever mark the reads done.
+        reads_done_ = true;
+        finish = ShouldFinishLocked();
+      } else if (pending_ >= max_pending_) {
+        read_paused_ = true;
+      } else {
+        read_more = true;
+      }
+    }
+    if (read_more) StartNextRead();
+    if (finish) FinishStream();
+  }
+
+  void OnWriteDone(bool ok) override {
+    Entry* next = nullptr;
+    bool resume_reading = false;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_.reset();
+      AddPendingLocked(-1);
+      if (!ok) {
+        // The client is gone; nothing more can be written.
+        write_failed_ = true;
+        AddPendingLocked(-static_cast<int>(write_queue_.size()));
+        write_queue_.clear();
+      }
+      next = NextWriteLocked();
+      if (read_paused_ && !write_failed_ && pending_ < max_pending_) {
+        read_paused_ = false;
+        resume_reading = true;
+      } else if (read_paused_ && write_failed_) {
+        read_paused_ = false;
+        reads_done_ = true;
+      }
+      finish = ShouldFinishLocked();
+    }
+    if (next != nullptr) StartWrite(&next->outgoing);
+    if (resume_reading) StartNextRead();
+    if (finish) FinishStream();
+  }
+
+  void OnCancel() override {
+    cancelled_.store(true, std::memory_order_relaxed);
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (read_paused_) {
+        // No read is outstanding, so no OnReadDone(false) will come.
+        read_paused_ = false;
+        reads_done_ = true;
+      }
+      finish = ShouldFinishLocked();
+    }
+    if (finish) FinishStream();
+  }
+
+  void OnDone() override {
+    if (registered_) service_->UnregisterStream(this);
+    delete this;
+  }
+
+ private:
+  void StartNextRead() {
+    reading_ = handler_.NewEntry();
+    StartRead(&reading_->incoming);
+  }
+
+  // Answers `entry` and queues the answer for writing.
+  void Complete(std::unique_ptr<Entry> entry, const absl::Status& status) {
+    handler_.Answer(*entry, status);
+    Entry* next = nullptr;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (write_failed_) {
+        AddPendingLocked(-1);
+      } else {
+        write_queue_.push_back(std::move(entry));
+        next = NextWriteLocked();
+      }
+      finish = ShouldFinishLocked();
+    }
+    if (next != nullptr) StartWrite(&next->outgoing);
+    if (finish) FinishStream();
+  }
+
+  // The next response to write, when no write is in flight.
+  Entry* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ != nullptr || write_queue_.empty() || write_failed_) return nullptr;
+    writing_ = std::move(write_queue_.front());
+    write_queue_.pop_front();
+    return writing_.get();
+  }
+
+  // Keeps the service's count of requests in flight in step with pending_.
+  void AddPendingLocked(int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    pending_ += delta;
+    if (delta > 0) service_->RequestsStarted(delta);
+    if (delta < 0) service_->RequestsEnded(-delta);
+  }
+
+  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || pending_ != 0 || (!reads_done_ && !draining_)) return false;
+    finished_ = true;
+    ended_by_drain_ = !reads_done_;
+    return true;
+  }
+
+  // REQUIRES: ShouldFinishLocked returned true (once per stream).
+  void FinishStream() {
+    bool by_drain = false;
+    {
+      absl::MutexLock lock(&mu_);
+      by_drain = ended_by_drain_ || !reads_done_;
+    }
+    if (cancelled_.load()) {
+      Finish(grpc::Status::CANCELLED);
+    } else if (by_drain) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "server is shutting down; retry on another replica"));
+    } else {
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  SoftmaxServiceImpl* const service_;
+  grpc::CallbackServerContext* const context_;
+  const int max_pending_;
+  Handler handler_;
+  bool registered_ = false;  // with the service, for draining
+  std::atomic<bool> cancelled_{false};
+  std::unique_ptr<Entry> reading_;  // touched only by whoever owns the next read
+
+  absl::Mutex mu_;
+  // Responses not yet written: in the batcher, queued, or being written.
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::unique_ptr<Entry>> write_queue_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Entry> writing_ ABSL_GUARDED_BY(mu_);
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_by_drain_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace softmax::server
+
+#endif  // SOFTMAX_SERVER_RPC_STREAM_REACTOR_H_
