@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: the soak (bench/soak/soak.py) on --device=cuda from a
-# release bundle, for 8.5 minutes by default (one GPU run allows about 9).
+# release bundle, for 8 minutes by default (one GPU command may run 10).
 #
 # STAGE (made by bench/soak/stage.sh) holds:
 #   bundle.tar.xz  the bundle of `make gpu-bundle` (server, client, lib/, python/
@@ -12,7 +12,7 @@
 #   src/           optional: the soak's sources, for a checkout that lacks them
 #
 # Usage (from any folder): bench/soak/run_h200.sh STAGE OUT [soak.py flags]
-#   SOAK_DURATION  default 8.5m;  SOAK_CALLERS  Python callers, default 8;
+#   SOAK_DURATION  default 8m;  SOAK_CALLERS  Python callers, default 8;
 #   SOAK_BULK      softmax-client load callers, default 128 (half streamed)
 # The server gets --max_held_bytes=1GiB: 128 callers in flight hold about
 # 240 MiB, past the soak's own 128 MiB (which would refuse them outside bursts).
@@ -26,7 +26,7 @@ shift 2
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 root=$(cd "$(dirname "$0")/../.." && pwd)
-duration=${SOAK_DURATION:-8.5m}
+duration=${SOAK_DURATION:-8m}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
