@@ -43,7 +43,7 @@ else build/bin/ of this checkout.
 
 Examples:
   build/venv/bin/python bench/soak/soak.py --device=cpu --duration=30m --out=/tmp/soak
-  python3 bench/soak/soak.py --bundle=$B --device=cuda --duration=8.5m --out=$OUT/soak
+  python3 bench/soak/soak.py --bundle=$B --device=cuda --duration=8m --out=$OUT/soak
 """
 
 import argparse

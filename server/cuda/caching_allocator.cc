@@ -110,11 +110,8 @@ absl::StatusOr<Block> CachingAllocator::Allocate(size_t bytes) {
 
 absl::StatusOr<Block> CachingAllocator::AllocateWithin(size_t bytes, size_t limit_bytes) {
   if (bytes == 0) return Block();
+  const size_t size = RoundUp(bytes, kBlockAlignment);
   absl::MutexLock lock(&mu_);
-  return AllocateLocked(RoundUp(bytes, kBlockAlignment), limit_bytes);
-}
-
-absl::StatusOr<Block> CachingAllocator::AllocateLocked(size_t size, size_t limit_bytes) {
   const bool small = size <= kSmallBlockBytes;
   FreeSet& pool = Pool(small);
   auto best = pool.lower_bound({size, nullptr});

@@ -155,8 +155,6 @@ class CachingAllocator {
   };
   // Adds a free segment for a block of `size` bytes to its pool.
   absl::StatusOr<char*> NewSegment(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Block> AllocateLocked(size_t size, size_t limit_bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   FreeSet& Pool(bool small) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return small ? free_small_ : free_large_;
   }
