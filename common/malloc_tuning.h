@@ -24,8 +24,10 @@
 // lock. 1 x 1024 float32 at 256 callers on the H200 host (16 cores), medians
 // of 3 alternating rounds: 83,900 req/s with one heap per core, 95,100 with
 // four, 93,900 with glibc's eight; the server before any heap limit, 90,600.
-// Four per core with a 4 MiB threshold keeps the bound of one per core with
-// 16 MiB: cores x 16 MiB.
+// A lower threshold to keep the bound at cores x 16 MiB costs the large
+// messages instead: 64 x 32000 bfloat16 on the 2-core host's CPU backend,
+// 267 page faults per request with 16 MiB, 383 with 4 MiB, at half the rate.
+// So four per core at 16 MiB: at most cores x 64 MiB stays behind.
 //
 // Thread-safety: call once, at start, before other threads allocate.
 #ifndef SOFTMAX_COMMON_MALLOC_TUNING_H_
@@ -48,8 +50,9 @@ struct MallocTuning {
   // reused, instead of a fresh mmap each. 0 keeps glibc's default.
   int64_t mmap_threshold_bytes = kMaxMmapThresholdBytes;
   // Free memory at the top of a heap is returned to the system only beyond
-  // this much: one of the 4 MiB messages above. 0 keeps glibc's default.
-  int64_t trim_threshold_bytes = int64_t{4} << 20;
+  // this much: four of the 4 MiB messages above, under a thread heap's 64 MiB.
+  // 0 keeps glibc's default.
+  int64_t trim_threshold_bytes = int64_t{16} << 20;
   // Heaps (arenas) per online core, at least one in all. 0 keeps glibc's
   // default (8 per core on 64-bit systems).
   int arenas_per_core = 4;
