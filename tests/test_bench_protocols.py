@@ -27,8 +27,8 @@ def bin_dir():
     return folder
 
 
-def run_protocols(tmp_path, *args):
-    command = [sys.executable, PROTOCOLS_PY, f"--bundle={bin_dir()}", "--device=cpu",
+def run_protocols(tmp_path, *args, device="cpu"):
+    command = [sys.executable, PROTOCOLS_PY, f"--bundle={bin_dir()}", f"--device={device}",
                f"--points=2x256:float32@{CALLERS}", "--duration=0.4", "--warmup=0.1",
                f"--out={tmp_path}", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=150)
@@ -73,6 +73,15 @@ def test_without_http_the_server_needs_no_http_port(tmp_path):
     assert set(row) == {"payload", "callers", "softmax.v1 req/s (p99 ms)",
                         "KServe gRPC req/s (p99 ms)",
                         "KServe gRPC / softmax.v1, median (rounds)"}
+
+
+def test_the_echo_is_checked_for_answers_not_values(tmp_path):
+    # --device=none returns the inputs, which --verify would refuse.
+    result = run_protocols(tmp_path, "--rounds=1", "--protocols=http", device="none")
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "answered 2x256:float32 http: ok" in result.stdout
+    assert json.loads((tmp_path / "protocols.json").read_text())["points"][0]["http"][
+        "requests_per_s"] > 0
 
 
 def test_unknown_protocol_is_a_usage_error(tmp_path):
