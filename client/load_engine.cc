@@ -23,6 +23,8 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/latency_histogram.h"
+#include "client/load_http.h"
+#include "client/load_http_wire.h"
 #include "client/load_wire.h"
 #include "client/summary.h"
 #include "client/tensor.h"
@@ -48,9 +50,10 @@ constexpr int kScheduleLength = 1000;
 // Payloads are immutable once built and shared by every call of the run.
 struct Payload {
   // request_id left empty; the input's data is cleared once serialised into
-  // `prepared`, which is what calls send.
+  // `prepared` (gRPC) or `http`, which is what calls send.
   v1::SoftmaxRequest request;
   std::unique_ptr<const PreparedRequest> prepared;
+  std::unique_ptr<const HttpPreparedRequest> http;
   SoftmaxShape view;           // [outer, n, inner] along the request's axis
   int64_t rows = 0;
   int64_t tensor_bytes = 0;    // input data bytes (the output has as many)
@@ -58,9 +61,11 @@ struct Payload {
 };
 
 // Builds the payloads of every mix entry and fills `schedule` with indices
-// into them, in the order requests send them. INVALID_ARGUMENT when an entry
-// does not fit the axis or is too large to build.
+// into them, in the order requests send them. `http_base_url` is
+// ParseHttpTarget's, with --protocol=http only. INVALID_ARGUMENT when an
+// entry does not fit the axis or is too large to build.
 absl::StatusOr<std::vector<Payload>> BuildPayloads(const LoadOptions& options,
+                                                   const std::string& http_base_url,
                                                    std::vector<uint32_t>* schedule) {
   const std::vector<LoadShape>& shapes = options.shapes;
   std::vector<Payload> payloads;
@@ -98,11 +103,19 @@ absl::StatusOr<std::vector<Payload>> BuildPayloads(const LoadOptions& options,
                          static_cast<DType>(shape.dtype), *view, softmax_options,
                          payload.expected.data());
       }
-      payload.prepared =
-          options.protocol == LoadProtocol::kKserve
-              ? std::make_unique<const PreparedRequest>(
-                    KserveRequestOf(payload.request).SerializeAsString())
-              : std::make_unique<const PreparedRequest>(payload.request);
+      switch (options.protocol) {
+        case LoadProtocol::kSoftmaxV1:
+          payload.prepared = std::make_unique<const PreparedRequest>(payload.request);
+          break;
+        case LoadProtocol::kKserve:
+          payload.prepared = std::make_unique<const PreparedRequest>(
+              KserveRequestOf(payload.request).SerializeAsString());
+          break;
+        case LoadProtocol::kHttp:
+          payload.http = std::make_unique<const HttpPreparedRequest>(
+              http_base_url, HttpInferRequestOf(payload.request));
+          break;
+      }
       std::string().swap(*payload.request.mutable_input()->mutable_data());
       payloads.push_back(std::move(payload));
     }
@@ -221,15 +234,19 @@ class StreamWorker;
 // State shared by every call of one run.
 class LoadRun {
  public:
+  // One of `stubs` (gRPC protocols) and `http` (kHttp) holds the connections.
   LoadRun(const LoadOptions& options, const LoadMonitor& monitor, std::vector<Payload> payloads,
           std::vector<uint32_t> schedule,
-          std::vector<std::unique_ptr<grpc::GenericStub>> stubs)
+          std::vector<std::unique_ptr<grpc::GenericStub>> stubs,
+          std::vector<std::unique_ptr<HttpConnection>> http)
       : options_(options),
         monitor_(monitor),
         payloads_(std::move(payloads)),
         schedule_(std::move(schedule)),
         stubs_(std::move(stubs)),
-        stats_(stubs_.size()) {}
+        http_(std::move(http)),
+        connections_(static_cast<int>(std::max(stubs_.size(), http_.size()))),
+        stats_(connections_) {}
 
   // Runs to completion; returns once every call has finished.
   void Execute();
@@ -376,6 +393,20 @@ class LoadRun {
 
   void RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers);
   void IssueOpenUnary(int connection, Clock::time_point intended, bool measured);
+
+  // --protocol=http. Every request waits in one queue, oldest first, for the
+  // next free connection; each connection's thread (HttpConnectionLoop)
+  // takes one, sends it, waits for its answer, accounts it and takes the
+  // next. Closed loop: each of the `concurrency` callers queues its next
+  // request (intended now) when its last one is answered, so callers beyond
+  // the connections wait in the queue and the wait counts in their latency.
+  // Open loop: the sender queues requests at their intended times.
+  bool http() const { return options_.protocol == LoadProtocol::kHttp; }
+  void QueueHttp(const Payload* payload, Clock::time_point intended, bool measured);
+  // Closed loop: a caller sends its next request, or stops for good.
+  void NextHttpCallerRequest();
+  void CloseHttpQueue();
+  void HttpConnectionLoop(int connection);
   void WaitForUnits(std::vector<std::unique_ptr<StreamWorker>>* workers);
   void ProgressLoop();
 
@@ -384,6 +415,8 @@ class LoadRun {
   const std::vector<Payload> payloads_;
   const std::vector<uint32_t> schedule_;
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
+  std::vector<std::unique_ptr<HttpConnection>> http_;
+  const int connections_;
   std::vector<ConnectionStats> stats_;
 
   Clock::time_point start_;
@@ -411,6 +444,17 @@ class LoadRun {
 
   mutable std::mutex mismatch_mutex_;
   std::string first_mismatch_;  // GUARDED_BY(mismatch_mutex_)
+
+  struct QueuedHttpRequest {
+    const Payload* payload = nullptr;
+    Clock::time_point intended;
+    bool measured = false;
+  };
+  std::mutex http_mutex_;
+  std::condition_variable http_cv_;
+  std::deque<QueuedHttpRequest> http_queue_;  // GUARDED_BY(http_mutex_)
+  bool http_queue_closed_ = false;            // GUARDED_BY(http_mutex_); nothing more comes
+  int http_callers_ = 0;                      // GUARDED_BY(http_mutex_); closed loop, still sending
 };
 
 // Closed loop, unary: one request in flight at a time; each completion
@@ -645,10 +689,63 @@ void LoadRun::IssueOpenUnary(int connection, Clock::time_point intended, bool me
       });
 }
 
+void LoadRun::QueueHttp(const Payload* payload, Clock::time_point intended, bool measured) {
+  CallStarted();
+  {
+    std::lock_guard<std::mutex> lock(http_mutex_);
+    http_queue_.push_back(QueuedHttpRequest{payload, intended, measured});
+  }
+  http_cv_.notify_one();
+}
+
+void LoadRun::NextHttpCallerRequest() {
+  const Clock::time_point now = Clock::now();
+  bool measured = false;
+  if (Admit(now, &measured)) {
+    QueueHttp(NextPayload(), now, measured);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(http_mutex_);
+  if (--http_callers_ == 0) {
+    http_queue_closed_ = true;
+    http_cv_.notify_all();
+  }
+}
+
+void LoadRun::CloseHttpQueue() {
+  std::lock_guard<std::mutex> lock(http_mutex_);
+  http_queue_closed_ = true;
+  http_cv_.notify_all();
+}
+
+void LoadRun::HttpConnectionLoop(int connection) {
+  v1::SoftmaxResponse response;  // reused: keeps its output's buffer
+  std::string error;
+  const bool closed_loop = options_.rate == 0;
+  while (true) {
+    QueuedHttpRequest request;
+    {
+      std::unique_lock<std::mutex> lock(http_mutex_);
+      http_cv_.wait(lock, [this] { return !http_queue_.empty() || http_queue_closed_; });
+      if (http_queue_.empty()) break;
+      request = http_queue_.front();
+      http_queue_.pop_front();
+    }
+    const int code = http_[connection]->Post(*request.payload->http, &response, &error);
+    Complete(connection, *request.payload, request.intended, request.measured, code,
+             code == 0 ? &response : nullptr);
+    // The caller's next request is queued before this one is counted out, so
+    // the count of outstanding requests reaches zero only at the end.
+    if (closed_loop) NextHttpCallerRequest();
+    CallFinished();
+  }
+  UnitDone();
+}
+
 void LoadRun::RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers) {
   std::mt19937_64 engine(options_.seed ^ 0x9e3779b97f4a7c15ull);
   std::exponential_distribution<double> poisson_gap(options_.rate);
-  const int connections = static_cast<int>(stubs_.size());
+  const int connections = connections_;
   Clock::time_point intended = start_;
   double poisson_seconds = 0.0;  // sum of the gaps so far
   uint64_t sequence = 0;  // requests sent so far
@@ -674,7 +771,9 @@ void LoadRun::RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers) {
     bool measured = false;
     if (!Admit(intended, &measured)) break;
     const int connection = static_cast<int>(sequence % connections);
-    if (workers->empty()) {
+    if (http()) {
+      QueueHttp(NextPayload(), intended, measured);
+    } else if (workers->empty()) {
       IssueOpenUnary(connection, intended, measured);
     } else {
       (*workers)[connection]->Send(NextPayload(), intended, measured);
@@ -692,6 +791,7 @@ void LoadRun::RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers) {
     intended = start_ + std::chrono::nanoseconds(std::llround(offset_seconds * 1e9));
   }
   for (auto& worker : *workers) worker->Close();
+  if (http()) CloseHttpQueue();
 }
 
 void LoadRun::WaitForUnits(std::vector<std::unique_ptr<StreamWorker>>* workers) {
@@ -744,7 +844,7 @@ void LoadRun::ProgressLoop() {
 }
 
 void LoadRun::Execute() {
-  const int connections = static_cast<int>(stubs_.size());
+  const int connections = connections_;
   std::thread progress;
   if (monitor_.on_progress) {
     live_ = std::make_unique<LatencyHistogram>();
@@ -773,9 +873,26 @@ void LoadRun::Execute() {
     }
     for (auto& worker : workers) worker->Start();
   }
+  std::vector<std::thread> http_threads;
+  if (http()) {
+    {
+      std::lock_guard<std::mutex> lock(done_mutex_);
+      units_running_ = connections;
+    }
+    for (int c = 0; c < connections; ++c) {
+      http_threads.emplace_back([this, c] { HttpConnectionLoop(c); });
+    }
+    if (!open_loop) {
+      {
+        std::lock_guard<std::mutex> lock(http_mutex_);
+        http_callers_ = options_.concurrency;
+      }
+      for (int i = 0; i < options_.concurrency; ++i) NextHttpCallerRequest();
+    }
+  }
   if (open_loop) {
     RunOpenLoop(&workers);
-  } else if (!options_.stream) {
+  } else if (!options_.stream && !http()) {
     {
       std::lock_guard<std::mutex> lock(done_mutex_);
       units_running_ = options_.concurrency;
@@ -786,6 +903,7 @@ void LoadRun::Execute() {
     for (auto& slot : slots) slot->SendNext();
   }
   WaitForUnits(&workers);
+  for (std::thread& thread : http_threads) thread.join();
   {
     std::lock_guard<std::mutex> lock(done_mutex_);
     finished_ = true;
@@ -870,14 +988,34 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& requested, const LoadMonit
   LoadOptions options = requested;
   // A closed loop cannot keep more connections busy than it has requests.
   if (options.rate == 0) options.connections = std::min(options.connections, options.concurrency);
+  std::string http_base_url;
+  if (options.protocol == LoadProtocol::kHttp) {
+    absl::StatusOr<std::string> base_url = ParseHttpTarget(options.target);
+    if (!base_url.ok()) return base_url.status();
+    http_base_url = *std::move(base_url);
+  }
   std::vector<uint32_t> schedule;
-  absl::StatusOr<std::vector<Payload>> payloads = BuildPayloads(options, &schedule);
+  absl::StatusOr<std::vector<Payload>> payloads =
+      BuildPayloads(options, http_base_url, &schedule);
   if (!payloads.ok()) return payloads.status();
 
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
+  std::vector<std::unique_ptr<HttpConnection>> http;
   const auto connect_deadline =
       std::chrono::system_clock::now() + absl::ToChronoNanoseconds(options.connect_timeout);
-  for (int c = 0; c < options.connections; ++c) {
+  for (int c = 0; c < options.connections && options.protocol == LoadProtocol::kHttp; ++c) {
+    HttpConnectionOptions http_options;
+    http_options.base_url = http_base_url;
+    http_options.timeout = options.timeout;
+    http_options.connect_deadline = absl::FromChrono(connect_deadline);
+    http_options.connect_timeout = options.connect_timeout;
+    http_options.max_response_bytes = options.max_message_bytes;
+    absl::StatusOr<std::unique_ptr<HttpConnection>> connection =
+        HttpConnection::Open(http_options);
+    if (!connection.ok()) return connection.status();
+    http.push_back(*std::move(connection));
+  }
+  for (int c = 0; c < options.connections && options.protocol != LoadProtocol::kHttp; ++c) {
     std::shared_ptr<grpc::Channel> channel = CreateLoadChannel(options, c);
     if (!channel->WaitForConnected(connect_deadline)) {
       return absl::UnavailableError(absl::StrCat("could not connect to ", options.target,
@@ -886,7 +1024,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& requested, const LoadMonit
     }
     stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
   }
-  LoadRun run(options, monitor, *std::move(payloads), std::move(schedule), std::move(stubs));
+  LoadRun run(options, monitor, *std::move(payloads), std::move(schedule), std::move(stubs),
+              std::move(http));
   run.Execute();
   return run.Report();
 }

@@ -11,6 +11,9 @@
 //                counted instead of hidden.
 // Calls use gRPC's callback API (unary), or one ClientBidiReactor per
 // connection (stream), so hundreds of requests in flight need no thread each.
+// --protocol=http runs a thread per keep-alive HTTP/1.1 connection
+// (client/load_http.h), each carrying one request at a time; requests wait
+// for a free connection in one queue, oldest first.
 //
 // Payloads are built before the run (a few random tensors per mix entry,
 // chosen by weight from a precomputed schedule), so the hot path makes no

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "client/load_http_wire.h"
 #include "client/tensor.h"
 
 namespace softmax::client {
@@ -112,12 +113,20 @@ bool AbslParseFlag(absl::string_view text, LoadProtocol* protocol, std::string* 
     *protocol = LoadProtocol::kKserve;
     return true;
   }
-  *error = "want softmax.v1 or kserve";
+  if (text == "http") {
+    *protocol = LoadProtocol::kHttp;
+    return true;
+  }
+  *error = "want softmax.v1, kserve or http";
   return false;
 }
 
 std::string AbslUnparseFlag(LoadProtocol protocol) {
-  return protocol == LoadProtocol::kKserve ? "kserve" : "softmax.v1";
+  switch (protocol) {
+    case LoadProtocol::kKserve: return "kserve";
+    case LoadProtocol::kHttp: return "http";
+    default: return "softmax.v1";
+  }
 }
 
 absl::Status ValidateLoadOptions(const LoadOptions& options) {
@@ -149,8 +158,14 @@ absl::Status ValidateLoadOptions(const LoadOptions& options) {
       options.connect_timeout == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError("--connect_timeout must be finite and > 0");
   }
-  if (options.protocol == LoadProtocol::kKserve && options.stream) {
-    return absl::InvalidArgumentError("--stream is not available with --protocol=kserve");
+  if (options.protocol != LoadProtocol::kSoftmaxV1 && options.stream) {
+    return absl::InvalidArgumentError(absl::StrCat("--stream is not available with --protocol=",
+                                                   AbslUnparseFlag(options.protocol)));
+  }
+  if (options.protocol == LoadProtocol::kHttp) {
+    if (absl::Status target = ParseHttpTarget(options.target).status(); !target.ok()) {
+      return target;
+    }
   }
   if (options.shapes.empty()) {
     return absl::InvalidArgumentError("no payload: give --shape or --mix");

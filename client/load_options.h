@@ -63,9 +63,13 @@ std::string AbslUnparseFlag(Arrival arrival);
 enum class LoadProtocol {
   kSoftmaxV1,  // softmax.v1.SoftmaxService (Softmax, SoftmaxStream)
   kKserve,     // inference.GRPCInferenceService/ModelInfer (unary only)
+  // POST /v2/models/{model}/infer, the Open Inference Protocol's HTTP/REST
+  // endpoint, with binary tensor data both ways (client/load_http_wire.h),
+  // over keep-alive HTTP/1.1 connections, one request at a time each.
+  kHttp,
 };
 
-// "softmax.v1" | "kserve", for the --protocol flag.
+// "softmax.v1" | "kserve" | "http", for the --protocol flag.
 bool AbslParseFlag(absl::string_view text, LoadProtocol* protocol, std::string* error);
 std::string AbslUnparseFlag(LoadProtocol protocol);
 
@@ -73,11 +77,15 @@ std::string AbslUnparseFlag(LoadProtocol protocol);
 // caller; the command line's defaults are its flags' (client/main.cc), whose
 // help texts say what each field means to a user.
 struct LoadOptions {
+  // host:port of the server's gRPC port, or of its HTTP port (--http_address)
+  // with LoadProtocol::kHttp.
   std::string target = "localhost:50051";
-  // Send/receive message size limit of every channel.
+  // Send/receive message size limit of every channel; with kHttp, the
+  // largest response body accepted.
   int32_t max_message_bytes = INT32_MAX;
   // Channels, each its own TCP connection. A closed loop uses at most
-  // `concurrency` of them.
+  // `concurrency` of them. With kHttp each carries one request at a time and
+  // requests beyond `connections` wait for the next free one.
   int connections = 1;
   // Closed loop: requests in flight at all times. Ignored when rate > 0.
   int concurrency = 1;

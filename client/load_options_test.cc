@@ -109,6 +109,21 @@ TEST(ArrivalFlagTest, ParsesAndUnparses) {
   EXPECT_FALSE(error.empty());
 }
 
+TEST(ProtocolFlagTest, ParsesAndUnparsesEveryProtocol) {
+  for (const LoadProtocol protocol :
+       {LoadProtocol::kSoftmaxV1, LoadProtocol::kKserve, LoadProtocol::kHttp}) {
+    LoadProtocol parsed = LoadProtocol::kSoftmaxV1;
+    std::string error;
+    ASSERT_TRUE(AbslParseFlag(AbslUnparseFlag(protocol), &parsed, &error)) << error;
+    EXPECT_EQ(parsed, protocol);
+  }
+  EXPECT_EQ(AbslUnparseFlag(LoadProtocol::kHttp), "http");
+  LoadProtocol parsed = LoadProtocol::kSoftmaxV1;
+  std::string error;
+  EXPECT_FALSE(AbslParseFlag("rest", &parsed, &error));
+  EXPECT_EQ(error, "want softmax.v1, kserve or http");
+}
+
 LoadOptions Runnable() {
   LoadOptions options;
   options.shapes = {LoadShape{{1, 1024}}};
@@ -117,6 +132,10 @@ LoadOptions Runnable() {
 
 TEST(ValidateLoadOptionsTest, AcceptsARunnableSet) {
   EXPECT_TRUE(ValidateLoadOptions(Runnable()).ok());
+  LoadOptions http = Runnable();
+  http.protocol = LoadProtocol::kHttp;
+  http.target = "127.0.0.1:8000";
+  EXPECT_TRUE(ValidateLoadOptions(http).ok());
   LoadOptions options = Runnable();
   options.requests = 10;
   options.duration = absl::InfiniteDuration();
@@ -144,6 +163,22 @@ TEST(ValidateLoadOptionsTest, NamesTheFlagOfEachBadField) {
       {"--payloads_per_shape", [](LoadOptions* o) { o->payloads_per_shape = 0; }},
       {"--temperature", [](LoadOptions* o) { o->temperature = 0; }},
       {"--max_message_bytes", [](LoadOptions* o) { o->max_message_bytes = 0; }},
+      {"--stream is not available with --protocol=kserve",
+       [](LoadOptions* o) {
+         o->protocol = LoadProtocol::kKserve;
+         o->stream = true;
+       }},
+      {"--stream is not available with --protocol=http",
+       [](LoadOptions* o) {
+         o->protocol = LoadProtocol::kHttp;
+         o->target = "localhost:8000";
+         o->stream = true;
+       }},
+      {"--target=dns:///localhost:8000",
+       [](LoadOptions* o) {
+         o->protocol = LoadProtocol::kHttp;
+         o->target = "dns:///localhost:8000";
+       }},
   };
   for (const Case& c : cases) {
     LoadOptions options = Runnable();

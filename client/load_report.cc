@@ -68,8 +68,10 @@ std::string FormatLoadReport(const LoadReport& report) {
   const LoadOptions& o = report.options;
   std::string text;
   const char* call = o.protocol == LoadProtocol::kKserve ? " (kserve ModelInfer, unary)"
-                     : o.stream                            ? " (stream)"
-                                                           : " (unary)";
+                     : o.protocol == LoadProtocol::kHttp
+                         ? " (http POST /v2/models/{model}/infer, binary data)"
+                     : o.stream ? " (stream)"
+                                : " (unary)";
   absl::StrAppend(&text, "target:       ", o.target, call, "\n");
   if (report.mode == "open") {
     absl::StrAppend(&text, "load:         open loop, ",

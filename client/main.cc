@@ -50,10 +50,14 @@
 #include "common/malloc_tuning.h"
 
 // Every mode.
-ABSL_FLAG(std::string, target, "localhost:50051", "Server address (host:port or gRPC URI).");
+ABSL_FLAG(std::string, target, "localhost:50051",
+          "Server address (host:port or gRPC URI). load --protocol=http: the server's HTTP port "
+          "(its --http_address), as host:port or http://host:port.");
 ABSL_FLAG(int64_t, timeout_ms, 60000,
           "Deadline of each call (load: of each request) in milliseconds; 0 = none.");
-ABSL_FLAG(int32_t, max_message_bytes, INT32_MAX, "Client send/receive message size limit.");
+ABSL_FLAG(int32_t, max_message_bytes, INT32_MAX,
+          "Client send/receive message size limit (load --protocol=http: the largest response "
+          "body accepted).");
 
 // The request: call and load.
 ABSL_FLAG(std::string, shape, "2,1024",
@@ -101,9 +105,14 @@ ABSL_FLAG(double, rate, 0,
           "[load] Open loop when > 0: requests per second, sent whether or not earlier ones "
           "have finished; latency counts from each request's intended send time.");
 ABSL_FLAG(softmax::client::LoadProtocol, protocol, softmax::client::LoadProtocol::kSoftmaxV1,
-          "[load] The API to call: softmax.v1 (Softmax, or SoftmaxStream with --stream) or "
-          "kserve (the Open Inference Protocol's ModelInfer on model softmax or log_softmax; "
-          "unary only), so that both protocols can be driven by one client.");
+          "[load] The API to call, so that every protocol is driven by one client: softmax.v1 "
+          "(Softmax, or SoftmaxStream with --stream); kserve (the Open Inference Protocol's "
+          "gRPC ModelInfer on model softmax or log_softmax; unary only); http (its HTTP/REST "
+          "POST /v2/models/{model}/infer with binary tensor data both ways; --target is the "
+          "server's HTTP port; each of --connections keep-alive HTTP/1.1 connections carries "
+          "one request at a time, so a closed loop keeps min(--concurrency, --connections) "
+          "requests at the server and callers beyond the connections wait, in order, for a "
+          "free one, that wait counted in their latency; no --stream).");
 ABSL_FLAG(softmax::client::Arrival, arrival, softmax::client::Arrival::kConstant,
           "[load] Open-loop spacing: constant (exactly 1/rate apart) or poisson (exponential "
           "gaps).");
@@ -112,7 +121,8 @@ ABSL_FLAG(int32_t, max_outstanding, 100000,
           "in latency); bounds client memory.");
 ABSL_FLAG(int32_t, connections, 1,
           "[load] Channels, each its own TCP connection; a closed loop uses at most "
-          "--concurrency of them.");
+          "--concurrency of them (with --protocol=http, HTTP/1.1 connections: see "
+          "--protocol).");
 ABSL_FLAG(std::optional<absl::Duration>, duration, std::nullopt,
           "[load] Length of the measured phase, e.g. 10s or 500ms; default 10s, or no limit "
           "when --requests is given. Sending stops at whichever limit comes first.");

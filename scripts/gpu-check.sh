@@ -111,8 +111,9 @@ if step scrape; then
 fi
 
 if step protocols; then
-  # softmax.v1 against KServe ModelInfer, one server, the same load client.
-  note "softmax.v1 against KServe gRPC, same client"
+  # softmax.v1 against KServe ModelInfer and KServe HTTP/REST (binary
+  # tensors), one server, the same load client.
+  note "softmax.v1 against KServe gRPC and HTTP, same client"
   python3 bench/kserve/protocols.py --bundle="$bundle" --device=cuda --out="$work/protocols" \
     2>&1 | tee "$work/protocols.log" | tail -5 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1

@@ -16,6 +16,8 @@ build_packages=(
   libcivetweb-dev civetweb
   # TLS on that front-end (server/rpc/civetweb_tls.cc); gRPC uses it too.
   libssl-dev
+  # softmax-client load --protocol=http (client/load_http.cc).
+  libcurl4-openssl-dev
 )
 test_packages=(
   python3 python3-venv python3-grpcio python3-protobuf python3-numpy

@@ -2,7 +2,8 @@
 # The release bundle: deploy/make-bundle.sh packs BUILD_DIR's binaries; the
 # tarball is unpacked elsewhere and its launchers are run with a bare
 # environment: the server starts on the CPU backend, the bundled client finds
-# it SERVING and gets a correct softmax, SIGTERM stops it with exit code 0.
+# it SERVING and gets a correct softmax (and correct ones over HTTP through
+# the bundled libcurl), SIGTERM stops it with exit code 0.
 # Usage: tests/bundle_test.sh BUILD_DIR WORK_DIR
 set -euo pipefail
 build_dir=$1
@@ -24,6 +25,8 @@ for f in softmax-server softmax-client bin/softmax-server bin/softmax-client VER
 done
 [[ -x "$bundle/softmax-server" && -x "$bundle/softmax-client" ]] || fail "launchers not executable"
 ls "$bundle"/lib/libgrpc++.so.* > /dev/null || fail "libgrpc++ not packed"
+# The client's HTTP transport (load --protocol=http).
+ls "$bundle"/lib/libcurl.so.* > /dev/null || fail "libcurl not packed"
 for lib in "$bundle"/lib/*; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*)
@@ -34,28 +37,34 @@ done
 # The packed libraries are the ones loaded.
 LD_LIBRARY_PATH="$bundle/lib" ldd "$bundle/bin/softmax-server" | grep "libgrpc++.so" \
   | grep -q "$bundle/lib/" || fail "libgrpc++ does not resolve to the bundle"
+LD_LIBRARY_PATH="$bundle/lib" ldd "$bundle/bin/softmax-client" | grep "libcurl.so" \
+  | grep -q "$bundle/lib/" || fail "libcurl does not resolve to the bundle"
 
 # Run from another directory, through a symlink, with a bare environment.
 ln -s "$bundle/softmax-server" "$work/server-link"
 log="$work/server.log"
 (cd / && exec env -i PATH=/usr/bin:/bin "$work/server-link" --grpc_address=127.0.0.1:0 \
-    --metrics_address= --http_address= --device=cpu) 2> "$log" &
+    --metrics_address= --http_address=127.0.0.1:0 --device=cpu) 2> "$log" &
 pid=$!
 trap 'kill -KILL $pid 2>/dev/null || true' EXIT
 address=""
 for _ in $(seq 1 300); do
-  address=$(sed -n 's/^.* softmax-server: listening grpc=\([^ ]*\) http=off metrics=off$/\1/p' "$log")
+  address=$(sed -n 's/^.* softmax-server: listening grpc=\([^ ]*\) http=[^ ]* metrics=off$/\1/p' "$log")
   [[ -n "$address" ]] && break
   kill -0 $pid 2>/dev/null || fail "bundled server exited: $(cat "$log")"
   sleep 0.1
 done
 [[ -n "$address" ]] || fail "no 'listening' line: $(cat "$log")"
+http=$(sed -n 's/^.* softmax-server: listening grpc=[^ ]* http=\([^ ]*\) metrics=off$/\1/p' "$log")
 
 health=$(env -i PATH=/usr/bin:/bin "$bundle/softmax-client" health --target="$address")
 [[ "$health" == "SERVING" ]] || fail "health: $health"
 env -i PATH=/usr/bin:/bin "$bundle/softmax-client" --target="$address" --shape=3,257 \
   --dtype=float16 --check > "$work/client.log" || fail "client call: $(cat "$work/client.log")"
 grep -q "check:      0 of 771 elements" "$work/client.log" || fail "$(cat "$work/client.log")"
+env -i PATH=/usr/bin:/bin "$bundle/softmax-client" load --protocol=http --target="$http" \
+  --requests=20 --warmup=0 --verify --quiet > "$work/load.log" 2>&1 \
+  || fail "load over HTTP: $(cat "$work/load.log")"
 
 kill -TERM $pid
 status=0

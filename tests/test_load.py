@@ -14,9 +14,10 @@ import e2e_util
 
 
 def run_load(server, *args, timeout=120):
-    """Runs `softmax-client load` against `server`; returns the process."""
-    command = [e2e_util.CLIENT_BIN, "load", f"--target={server.grpc_address}", "--quiet",
-               *args]
+    """Runs `softmax-client load` against `server` (its HTTP port with
+    --protocol=http); returns the process."""
+    target = server.http_address if "--protocol=http" in args else server.grpc_address
+    command = [e2e_util.CLIENT_BIN, "load", f"--target={target}", "--quiet", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
@@ -138,9 +139,75 @@ def test_kserve_protocol_verify_fails_against_echo_server(start_server, tmp_path
     assert report["mismatches"] == 20
 
 
+def http_infer_ok(server):
+    return e2e_util.metric_value(e2e_util.scrape_metrics(server.metrics_address),
+                                 "softmax_requests_total",
+                                 {"method": "http_infer", "code": "OK"}) or 0
+
+
+def test_http_protocol_closed_and_open_loop(server, tmp_path):
+    # The same client over HTTP/REST with binary tensors: 8 callers over 2
+    # HTTP/1.1 connections (6 wait for a free one at any time), every answer
+    # checked against the float64 reference.
+    before = http_infer_ok(server)
+    report, result = load_report(server, tmp_path, "--protocol=http", "--concurrency=8",
+                                 "--connections=2", "--requests=300", "--warmup=0", "--verify",
+                                 "--log", "--temperature=0.7", "--axis=0", *MIX)
+    check_clean(report)
+    assert report["protocol"] == "http" and not report["stream"]
+    assert report["connections"] == 2 and report["concurrency"] == 8
+    assert report["requests"] == 300
+    assert "(http POST /v2/models/{model}/infer, binary data)" in result.stdout
+    report, _ = load_report(server, tmp_path, "--protocol=http", "--rate=200", "--connections=2",
+                            "--requests=100", "--warmup=0", "--verify", "--shape=4x1000",
+                            "--dtype=bfloat16")
+    check_clean(report)
+    assert report["mode"] == "open"
+    assert report["payload_bytes"] == 100 * 2 * (4 * 1000 * 2)
+    # Every request reached the server's HTTP endpoint, not its gRPC one.
+    assert http_infer_ok(server) - before == 400
+
+
+def test_http_protocol_many_callers_over_few_connections(server, tmp_path):
+    report, _ = load_report(server, tmp_path, "--protocol=http", "--concurrency=64",
+                            "--connections=3", "--duration=1s", "--warmup=200ms", "--verify",
+                            "--mix=2x4096:float32")
+    check_clean(report)
+    assert report["connections"] == 3
+
+
+def test_http_protocol_verify_fails_against_echo_server(start_server, tmp_path):
+    echo = start_server(device="none")
+    report, result = load_report(echo, tmp_path, "--protocol=http", "--requests=20",
+                                 "--warmup=0", "--verify", expect_rc=1)
+    assert report["ok"] == 20
+    assert report["mismatches"] == 20
+    assert "out of tolerance" in report["first_mismatch"]
+    assert "verify failed" in result.stderr
+
+
+def test_http_protocol_counts_refusals_by_their_code(start_server, tmp_path):
+    # The server answers 400 {"error": ...} for a tensor over its limit;
+    # the client counts it as INVALID_ARGUMENT, as gRPC would report it.
+    small = start_server("--max_tensor_bytes=4096")
+    report, result = load_report(small, tmp_path, "--protocol=http", "--requests=10",
+                                 "--warmup=0", "--shape=2x1024", "--dtype=float32")
+    assert report["errors"] == 10 and report["ok"] == 0
+    assert report["errors_by_code"] == {"INVALID_ARGUMENT": 10}
+
+
+def test_http_protocol_on_the_grpc_port_says_which_port(server):
+    command = [e2e_util.CLIENT_BIN, "load", f"--target={server.grpc_address}", "--quiet",
+               "--protocol=http", "--requests=10", "--connect_timeout=5s"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "UNAVAILABLE" in result.stderr and "--http_address" in result.stderr, result.stderr
+
+
 def test_unknown_protocol_is_refused(server):
-    result = run_load(server, "--requests=10", "--protocol=http")
-    assert result.returncode != 0 and "want softmax.v1 or kserve" in result.stderr, result.stderr
+    result = run_load(server, "--requests=10", "--protocol=rest")
+    assert result.returncode != 0, result.stderr
+    assert "want softmax.v1, kserve or http" in result.stderr, result.stderr
 
 
 def test_request_count_limit(server, tmp_path):
@@ -219,6 +286,14 @@ def test_mix_file_adds_to_mix(server, tmp_path):
     assert report["rows"] == 20 + 80 + 20
 
 
+def test_http_target_must_be_plain_http(server):
+    command = [e2e_util.CLIENT_BIN, "load", "--target=https://127.0.0.1:8443", "--quiet",
+               "--protocol=http", "--requests=10"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "--target=https://127.0.0.1:8443: this client speaks plain HTTP" in result.stderr
+
+
 @pytest.mark.parametrize("args,expected", [
     (["--shape=1x1024:float32"], "--mix=1x1024:float32"),
     (["--mix=1x8:float32", "--shape=4x4"], "do not combine"),
@@ -229,6 +304,7 @@ def test_mix_file_adds_to_mix(server, tmp_path):
     (["--requests=-1"], "--requests"),
     (["--timeout_ms=-5"], "--timeout_ms"),
     (["--protocol=kserve", "--stream"], "--stream is not available with --protocol=kserve"),
+    (["--protocol=http", "--stream"], "--stream is not available with --protocol=http"),
 ])
 def test_usage_errors_name_the_flag(server, args, expected):
     result = run_load(server, "--requests=10", *args)
