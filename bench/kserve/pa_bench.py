@@ -179,25 +179,29 @@ def check_answers(kind, url, spec, values, peer):
     else:
         import tritonclient.http as tc
     if peer and dtype == "bfloat16":
-        datatype, data = "UINT16", bf16_bits(values)
+        datatype, candidates = "UINT16", [bf16_bits(values)]
     else:
         datatype = DATATYPES[dtype]
-        data = values.astype(np.float16) if dtype == "float16" else values
+        candidates = [values.astype(np.float16) if dtype == "float16" else values]
         if dtype == "bfloat16":
-            try:  # tritonclient >= 2.70 takes BF16 as ml_dtypes.bfloat16 only
-                import ml_dtypes
-                data = values.astype(ml_dtypes.bfloat16)
-            except ImportError:  # older ones take float32 and keep each word's upper half
+            try:  # tritonclient >= 2.70 takes BF16 as ml_dtypes.bfloat16 only,
+                import ml_dtypes  # older ones float32 (each word's upper half kept)
+                candidates.insert(0, values.astype(ml_dtypes.bfloat16))
+            except ImportError:
                 pass
+    from tritonclient.utils import InferenceServerException
+    binary = {"binary_data": True} if kind == "http" else {}
     client = tc.InferenceServerClient(url)
     try:
         tensor = tc.InferInput("INPUT", [rows, cols], datatype)
-        if kind == "http":
-            tensor.set_data_from_numpy(data, binary_data=True)
-            outputs = [tc.InferRequestedOutput("OUTPUT", binary_data=True)]
-        else:
-            tensor.set_data_from_numpy(data)
-            outputs = [tc.InferRequestedOutput("OUTPUT")]
+        for index, data in enumerate(candidates):
+            try:
+                tensor.set_data_from_numpy(data, **binary)
+                break
+            except InferenceServerException:  # this tritonclient wants the next form
+                if index + 1 == len(candidates):
+                    raise
+        outputs = [tc.InferRequestedOutput("OUTPUT", **binary)]
         result = client.infer(model, [tensor], outputs=outputs)
         out = result.as_numpy("OUTPUT")
     except Exception as error:  # noqa: BLE001 - any failure fails the check
