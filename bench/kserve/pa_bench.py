@@ -279,6 +279,14 @@ def resident_bytes(pid):
     return total
 
 
+def machine_memory_bytes():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemTotal")
+
+
 def run_watched(command, log_path, timeout, memory_limit):
     """Runs `command` in a session of its own, its output (after the command
     line) in `log_path`, sampling its resident memory. Ends the session past
@@ -411,8 +419,9 @@ def main():
     # and HTTP, ended in 5-9 s under 2.9 GB, at higher rates (README.md).
     parser.add_argument("--pa-max-threads", type=int, default=1,
                         help="perf_analyzer's --max-threads in --async mode")
-    parser.add_argument("--pa-memory-limit-gb", type=float, default=16,
-                        help="perf_analyzer is stopped past this resident memory (GiB)")
+    parser.add_argument("--pa-memory-limit-gb", type=float, default=None,
+                        help="perf_analyzer is stopped past this resident memory (GiB; "
+                        "default: half the machine's memory)")
     parser.add_argument("--pa-arg", action="append", default=[],
                         help="extra perf_analyzer flag (repeatable), e.g. -v")
     parser.add_argument("--pa-timeout", type=float, default=60,
@@ -433,6 +442,8 @@ def main():
         args.client = args.client or os.path.join(args.bundle, "softmax-client")
     args.server = args.server or os.path.join(REPO, "build", "bin", "softmax-server")
     args.client = args.client or os.path.join(REPO, "build", "bin", "softmax-client")
+    if args.pa_memory_limit_gb is None:
+        args.pa_memory_limit_gb = machine_memory_bytes() / 2 / (1 << 30)
     if args.perf_analyzer is None:
         from shutil import which
         args.perf_analyzer = which("perf_analyzer")
