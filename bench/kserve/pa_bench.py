@@ -9,7 +9,8 @@ and concurrency (1, 16, 64, 256):
   load           softmax-client load on softmax.v1 (bench/service/run.py's
                  settings: min(concurrency, 8) connections, closed loop)
   pa-grpc        perf_analyzer -i grpc on inference.GRPCInferenceService
-                 (every perf_analyzer call --async unless --pa-mode=sync)
+                 (every perf_analyzer call --async --max-threads 1 unless
+                 --pa-mode=sync; its peak memory is sampled and capped)
   pa-http        perf_analyzer -i http (binary tensors) on the HTTP port
   pytriton-grpc  perf_analyzer -i grpc on PyTriton (pytriton-http with
                  --peer-protocols=grpc,http)
@@ -60,6 +61,9 @@ PEER_DATATYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "UINT16"}
 # tensor (half types round each output to 8 or 11 significant bits).
 TOLERANCE = {"float32": (1e-4, 1e-7), "float16": (2e-3, 1e-6), "bfloat16": (1.6e-2, 1e-6)}
 MAX_DRIVER_FAILURES = 3
+# perf_analyzer's resident memory is sampled this often (seconds) for its peak
+# and for --pa-memory-limit-gb.
+RSS_SAMPLE_S = 0.2
 
 
 def load_service_run():
@@ -175,25 +179,29 @@ def check_answers(kind, url, spec, values, peer):
     else:
         import tritonclient.http as tc
     if peer and dtype == "bfloat16":
-        datatype, data = "UINT16", bf16_bits(values)
+        datatype, candidates = "UINT16", [bf16_bits(values)]
     else:
         datatype = DATATYPES[dtype]
-        data = values.astype(np.float16) if dtype == "float16" else values
+        candidates = [values.astype(np.float16) if dtype == "float16" else values]
         if dtype == "bfloat16":
-            try:  # tritonclient >= 2.70 takes BF16 as ml_dtypes.bfloat16 only
-                import ml_dtypes
-                data = values.astype(ml_dtypes.bfloat16)
-            except ImportError:  # older ones take float32 and keep each word's upper half
+            try:  # tritonclient >= 2.70 takes BF16 as ml_dtypes.bfloat16 only,
+                import ml_dtypes  # older ones float32 (each word's upper half kept)
+                candidates.insert(0, values.astype(ml_dtypes.bfloat16))
+            except ImportError:
                 pass
+    from tritonclient.utils import InferenceServerException
+    binary = {"binary_data": True} if kind == "http" else {}
     client = tc.InferenceServerClient(url)
     try:
         tensor = tc.InferInput("INPUT", [rows, cols], datatype)
-        if kind == "http":
-            tensor.set_data_from_numpy(data, binary_data=True)
-            outputs = [tc.InferRequestedOutput("OUTPUT", binary_data=True)]
-        else:
-            tensor.set_data_from_numpy(data)
-            outputs = [tc.InferRequestedOutput("OUTPUT")]
+        for index, data in enumerate(candidates):
+            try:
+                tensor.set_data_from_numpy(data, **binary)
+                break
+            except InferenceServerException:  # this tritonclient wants the next form
+                if index + 1 == len(candidates):
+                    raise
+        outputs = [tc.InferRequestedOutput("OUTPUT", **binary)]
         result = client.infer(model, [tensor], outputs=outputs)
         out = result.as_numpy("OUTPUT")
     except Exception as error:  # noqa: BLE001 - any failure fails the check
@@ -219,6 +227,8 @@ def pa_command(args, model, protocol, url, data_path, batch, concurrency, csv_pa
                "--measurement-interval", str(args.pa_interval_ms),
                "--stability-percentage", str(args.pa_stability),
                "--max-trials", str(args.pa_max_trials), f"--{args.pa_mode}", "-f", csv_path]
+    if args.pa_mode == "async":  # sync mode runs one thread per request in flight
+        command += ["--max-threads", str(args.pa_max_threads)]
     if batch > 1:
         command += ["-b", str(batch)]
     return command + args.pa_arg
@@ -250,6 +260,60 @@ def parse_pa(csv_path, stdout, concurrency, batch):
     return figures
 
 
+def resident_bytes(pid):
+    """VmRSS of `pid` and of its descendants (a wrapper script's perf_analyzer
+    is its child); 0 once they are gone."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    pending += [int(child) for child in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def machine_memory_bytes():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemTotal")
+
+
+def run_watched(command, log_path, timeout, memory_limit):
+    """Runs `command` in a session of its own, its output (after the command
+    line) in `log_path`, sampling its resident memory. Ends the session past
+    `timeout` seconds or `memory_limit` bytes. Returns (exit code, or "timeout"
+    or "memory limit"; peak resident bytes)."""
+    with open(log_path, "w") as log:
+        log.write(" ".join(command) + "\n\n")
+        log.flush()
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        peak = 0
+        while True:
+            try:
+                return process.wait(timeout=RSS_SAMPLE_S), peak
+            except subprocess.TimeoutExpired:
+                pass
+            peak = max(peak, resident_bytes(process.pid))
+            if peak > memory_limit or time.monotonic() > deadline:
+                reason = "memory limit" if peak > memory_limit else "timeout"
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                log.write(f"\n[pa_bench: stopped, {reason}: peak resident "
+                          f"{peak / (1 << 30):.2f} GiB]\n")
+                return reason, peak
+
+
 def run_pa_point(args, logs, server, protocol, url, spec, concurrency, data_path, batch):
     rows, cols, dtype = parse_payload(spec)
     name = f"{server}-pa-{protocol}-{rows}x{cols}-{dtype}-c{concurrency}"
@@ -263,19 +327,14 @@ def run_pa_point(args, logs, server, protocol, url, spec, concurrency, data_path
         entry.update(ok=False, skipped="perf_analyzer not found")
         return entry
     started = time.monotonic()
-    try:
-        result = subprocess.run(command, capture_output=True, text=True,
-                                timeout=args.pa_timeout)
-        stdout, code = result.stdout + result.stderr, result.returncode
-    except subprocess.TimeoutExpired as expired:
-        stdout = (expired.stdout or b"").decode(errors="replace") if isinstance(
-            expired.stdout, bytes) else (expired.stdout or "")
-        code = "timeout"
-    with open(os.path.join(logs, name + ".log"), "w") as f:
-        f.write(" ".join(command) + "\n\n" + stdout)
+    log_path = os.path.join(logs, name + ".log")
+    code, peak_rss = run_watched(command, log_path, args.pa_timeout,
+                                 args.pa_memory_limit_gb * (1 << 30))
+    with open(log_path, errors="replace") as f:
+        stdout = f.read()
     figures = parse_pa(csv_path, stdout, concurrency, batch)
     entry.update(figures, exit_code=code, seconds=round(time.monotonic() - started, 1),
-                 ok=code == 0 and bool(figures))
+                 peak_rss_mb=round(peak_rss / (1 << 20)), ok=code == 0 and bool(figures))
     if not entry["ok"]:
         tail = [line for line in stdout.strip().splitlines() if line.strip()][-3:]
         entry["error"] = " | ".join(tail)
@@ -337,7 +396,11 @@ def main():
     parser.add_argument("--peer-port-base", type=int, default=8000)
     parser.add_argument("--peer-python", default=sys.executable)
     parser.add_argument("--peer-start-timeout", type=float, default=240)
-    parser.add_argument("--pa-interval-ms", type=int, default=1500)
+    # perf_analyzer keeps a copy of every request's input and output tensors
+    # until its window is summarised, and copies them twice more then, so the
+    # window's length times the rate sets its memory (README.md); 1 s holds
+    # two thirds of what the earlier 1.5 s did.
+    parser.add_argument("--pa-interval-ms", type=int, default=1000)
     # Stable once three windows are within this many percent of their mean:
     # 100 accepts the first three, so a point takes about three windows.
     parser.add_argument("--pa-stability", type=int, default=100)
@@ -347,6 +410,18 @@ def main():
     # more (echo server, Debian 12); --async ran the same points in 8-9 s.
     parser.add_argument("--pa-mode", choices=["async", "sync"], default="async",
                         help="perf_analyzer's --async or --sync, for every driver")
+    # One worker thread: perf_analyzer then records every request under one
+    # lock, which its summary holds while copying the window's records, so
+    # sending pauses for that copy. With its default 4 threads the summary
+    # fell behind and memory grew without bound (echo server, 2 cores:
+    # 8 x 4096 at 16 callers 8 GB; 64 x 32000 15 GB, no window in 45 s); with
+    # 1 thread every 8 x 4096 and 64 x 32000 point at 16 and 64 callers, gRPC
+    # and HTTP, ended in 5-9 s under 2.9 GB, at higher rates (README.md).
+    parser.add_argument("--pa-max-threads", type=int, default=1,
+                        help="perf_analyzer's --max-threads in --async mode")
+    parser.add_argument("--pa-memory-limit-gb", type=float, default=None,
+                        help="perf_analyzer is stopped past this resident memory (GiB; "
+                        "default: half the machine's memory)")
     parser.add_argument("--pa-arg", action="append", default=[],
                         help="extra perf_analyzer flag (repeatable), e.g. -v")
     parser.add_argument("--pa-timeout", type=float, default=60,
@@ -367,6 +442,8 @@ def main():
         args.client = args.client or os.path.join(args.bundle, "softmax-client")
     args.server = args.server or os.path.join(REPO, "build", "bin", "softmax-server")
     args.client = args.client or os.path.join(REPO, "build", "bin", "softmax-client")
+    if args.pa_memory_limit_gb is None:
+        args.pa_memory_limit_gb = machine_memory_bytes() / 2 / (1 << 30)
     if args.perf_analyzer is None:
         from shutil import which
         args.perf_analyzer = which("perf_analyzer")

@@ -134,7 +134,7 @@ def targets(points, payloads, concurrencies):
 
 def write_csv(results, path):
     fields = ["server", "driver", "protocol", "payload", "concurrency", "requests_per_s",
-              "infer_per_s", "p50_ms", "p90_ms", "p99_ms", "avg_ms", "ok", "exit_code",
+              "infer_per_s", "p50_ms", "p90_ms", "p99_ms", "avg_ms", "peak_rss_mb", "ok", "exit_code",
               "error", "command"]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
