@@ -20,14 +20,14 @@
 // behind is at most heaps x threshold beyond what the last trim period
 // touched (server/memory_trim.h), so the two are set together.
 //
-// Too few heaps cost time instead: threads that share a heap queue on its
-// lock. 1 x 1024 float32 at 256 callers on the H200 host (16 cores), medians
-// of 3 alternating rounds: 83,900 req/s with one heap per core, 95,100 with
-// four, 93,900 with glibc's eight; the server before any heap limit, 90,600.
-// A lower threshold to keep the bound at cores x 16 MiB costs the large
-// messages instead: 64 x 32000 bfloat16 on the 2-core host's CPU backend,
-// 267 page faults per request with 16 MiB, 383 with 4 MiB, at half the rate.
-// So four per core at 16 MiB: at most cores x 64 MiB stays behind.
+// The heap count is a trade, measured on the H200 host (16 cores): one heap
+// per core queues threads on heap locks at small messages (1 x 1024 float32,
+// 256 callers: 83,900 req/s against 95,100 with four per core, medians of 3
+// rounds), while four per core met more page faults on large ones (64 x
+// 32000 bfloat16, 16 callers: 1,325-1,362 req/s against 1,689 for the server
+// before any heap limit; on the 2-core host 299 faults per request against
+// 77). One per core keeps the large messages level and the bound at
+// cores x 16 MiB.
 //
 // Thread-safety: call once, at start, before other threads allocate.
 #ifndef SOFTMAX_COMMON_MALLOC_TUNING_H_
@@ -55,7 +55,7 @@ struct MallocTuning {
   int64_t trim_threshold_bytes = int64_t{16} << 20;
   // Heaps (arenas) per online core, at least one in all. 0 keeps glibc's
   // default (8 per core on 64-bit systems).
-  int arenas_per_core = 4;
+  int arenas_per_core = 1;
 };
 
 // True when every value is within what mallopt accepts.
