@@ -56,9 +56,14 @@ fi
 # typer and what only it brings (pydantic, rich, pygments, ...) serve PyTriton's
 # command line, which is not used: left behind.
 cli_only="typer pydantic pydantic_core rich pygments markdown_it_py mdurl shellingham annotated_doc annotated_types typing_inspection"
+# aiohttp and its own packages (tritonclient's asyncio client, which
+# PyTriton imports) are already in the GPU machine's Python
+# (/opt/torch/.venv); leaving them here keeps the stage and the checkout
+# under one transfer's 64 MiB now that the bundle carries libcurl.
+on_machine="aiohttp aiohappyeyeballs aiosignal frozenlist multidict propcache yarl"
 mkdir -p "$work/w"
 for w in "$wheels"/*.whl; do
-  base=$(basename "$w"); [[ " $cli_only " == *" ${base%%-*} "* ]] && continue
+  base=$(basename "$w"); [[ " $cli_only $on_machine " == *" ${base%%-*} "* ]] && continue
   d="$work/w/$(basename "$w" .whl)"
   mkdir -p "$d" && unzip -q "$w" -d "$d"  # unzip keeps the executable bits
 done
