@@ -56,10 +56,10 @@ fi
 # typer and what only it brings (pydantic, rich, pygments, ...) serve PyTriton's
 # command line, which is not used: left behind.
 cli_only="typer pydantic pydantic_core rich pygments markdown_it_py mdurl shellingham annotated_doc annotated_types typing_inspection"
-# aiohttp and its own packages (tritonclient's asyncio client, which
-# PyTriton imports) are already in the GPU machine's Python
-# (/opt/torch/.venv); leaving them here keeps the stage and the checkout
-# under one transfer's 64 MiB now that the bundle carries libcurl.
+# aiohttp and its own packages serve only tritonclient's asyncio clients,
+# which PyTriton imports but its server never calls: an empty `aiohttp` takes
+# their place (below), which keeps the stage and the checkout under one
+# transfer's 64 MiB now that the bundle carries libcurl.
 on_machine="aiohttp aiohappyeyeballs aiosignal frozenlist multidict propcache yarl"
 mkdir -p "$work/w"
 for w in "$wheels"/*.whl; do
@@ -67,6 +67,14 @@ for w in "$wheels"/*.whl; do
   d="$work/w/$(basename "$w" .whl)"
   mkdir -p "$d" && unzip -q "$w" -d "$d"  # unzip keeps the executable bits
 done
+stub="$work/w/aiohttp-0.0.0-py3-none-any"
+mkdir -p "$stub/aiohttp" "$stub/aiohttp-0.0.0.dist-info"
+echo "# Empty: tritonclient.http.aio imports aiohttp; the benchmark never calls it." > "$stub/aiohttp/__init__.py"
+printf 'Metadata-Version: 2.1\nName: aiohttp\nVersion: 0.0.0\n' > "$stub/aiohttp-0.0.0.dist-info/METADATA"
+printf 'Wheel-Version: 1.0\nGenerator: stage.sh\nRoot-Is-Purelib: true\nTag: py3-none-any\n' \
+  > "$stub/aiohttp-0.0.0.dist-info/WHEEL"
+printf '%s,,\n' aiohttp/__init__.py aiohttp-0.0.0.dist-info/{METADATA,WHEEL,RECORD} \
+  > "$stub/aiohttp-0.0.0.dist-info/RECORD"
 pt=$(ls -d "$work"/w/nvidia_pytriton-*)
 for v in 3.8 3.9 3.10 3.11 3.13; do rm -rf "$pt/pytriton/tritonserver/python_backend_stubs/$v"; done
 rm -f "$pt"/nvidia_pytriton.libs/libpython3-*.13.so*
