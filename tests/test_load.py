@@ -176,16 +176,6 @@ def test_http_protocol_many_callers_over_few_connections(server, tmp_path):
     assert report["connections"] == 3
 
 
-def test_http_protocol_verify_fails_against_echo_server(start_server, tmp_path):
-    echo = start_server(device="none")
-    report, result = load_report(echo, tmp_path, "--protocol=http", "--requests=20",
-                                 "--warmup=0", "--verify", expect_rc=1)
-    assert report["ok"] == 20
-    assert report["mismatches"] == 20
-    assert "out of tolerance" in report["first_mismatch"]
-    assert "verify failed" in result.stderr
-
-
 def test_http_protocol_counts_refusals_by_their_code(start_server, tmp_path):
     # The server answers 400 {"error": ...} for a tensor over its limit;
     # the client counts it as INVALID_ARGUMENT, as gRPC would report it.
@@ -218,10 +208,11 @@ def test_request_count_limit(server, tmp_path):
     assert report["warmup_requests"] == 0
 
 
-def test_verify_fails_against_echo_server(start_server, tmp_path):
+@pytest.mark.parametrize("protocol", ["softmax.v1", "http"])
+def test_verify_fails_against_echo_server(start_server, tmp_path, protocol):
     echo = start_server(device="none")
-    report, result = load_report(echo, tmp_path, "--requests=50", "--concurrency=4",
-                                 "--warmup=0", "--verify", expect_rc=1)
+    report, result = load_report(echo, tmp_path, f"--protocol={protocol}", "--requests=50",
+                                 "--concurrency=4", "--warmup=0", "--verify", expect_rc=1)
     assert report["ok"] == 50
     assert report["mismatches"] == 50
     assert "out of tolerance" in report["first_mismatch"]
