@@ -6,6 +6,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace softmax::client {
@@ -22,10 +23,11 @@ constexpr long kUploadBufferBytes = 512 * 1024;
 // Between attempts to reach a server whose port refused the connection.
 constexpr auto kConnectRetryInterval = std::chrono::milliseconds(100);
 
-// gRPC status codes for transfers that failed before an answer was read.
-constexpr int kDeadlineExceeded = 4;
-constexpr int kResourceExhausted = 8;
-constexpr int kUnavailable = 14;
+// Status codes (gRPC's numbering) for transfers that failed before an answer
+// was read.
+constexpr int kDeadlineExceeded = static_cast<int>(absl::StatusCode::kDeadlineExceeded);
+constexpr int kResourceExhausted = static_cast<int>(absl::StatusCode::kResourceExhausted);
+constexpr int kUnavailable = static_cast<int>(absl::StatusCode::kUnavailable);
 
 void InitCurlOnce() {
   static std::once_flag once;

@@ -6,31 +6,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "client/load_wire.h"
 
 namespace softmax::client {
 namespace {
 
 using Json = nlohmann::json;
-
-const char* DatatypeOf(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT16: return "FP16";
-    case v1::DTYPE_BFLOAT16: return "BF16";
-    default: return "FP32";
-  }
-}
-
-v1::DType DTypeOfDatatype(const std::string& datatype) {
-  if (datatype == "FP32") return v1::DTYPE_FLOAT32;
-  if (datatype == "FP16") return v1::DTYPE_FLOAT16;
-  if (datatype == "BF16") return v1::DTYPE_BFLOAT16;
-  return v1::DTYPE_UNSPECIFIED;
-}
 
 // The value of header `name` in `line` ("Name: value"), case-insensitively;
 // false when the line is another header.
@@ -64,7 +51,7 @@ std::string DecodeOutput(const std::string& json_text, v1::SoftmaxResponse* resp
   if (!output.is_object()) return "outputs[0]: not an object";
   auto datatype = output.find("datatype");
   const v1::DType dtype = datatype != output.end() && datatype->is_string()
-                              ? DTypeOfDatatype(datatype->get<std::string>())
+                              ? DTypeOfKserveDatatype(datatype->get<std::string>())
                               : v1::DTYPE_UNSPECIFIED;
   if (dtype == v1::DTYPE_UNSPECIFIED) return "outputs[0].datatype: missing or not FP32/FP16/BF16";
   auto shape = output.find("shape");
@@ -107,7 +94,7 @@ HttpInferRequest HttpInferRequestOf(const v1::SoftmaxRequest& request) {
   }
   const Json header = {
       {"inputs", Json::array({{{"name", "INPUT"},
-                               {"datatype", DatatypeOf(input.dtype())},
+                               {"datatype", KserveDatatype(input.dtype())},
                                {"shape", std::vector<int64_t>(input.shape().begin(),
                                                               input.shape().end())},
                                {"parameters", {{"binary_data_size", input.data().size()}}}}})},
@@ -151,20 +138,21 @@ absl::StatusOr<std::string> ParseHttpTarget(absl::string_view target) {
 
 int GrpcCodeOfHttpStatus(int http_status) {
   if (http_status >= 200 && http_status < 300) return 0;
+  absl::StatusCode code = absl::StatusCode::kUnknown;
   switch (http_status) {
-    case 400: return 3;   // INVALID_ARGUMENT
-    case 401: return 16;  // UNAUTHENTICATED
-    case 403: return 7;   // PERMISSION_DENIED
-    case 404: return 5;   // NOT_FOUND
-    case 409: return 6;   // ALREADY_EXISTS
-    case 429: return 8;   // RESOURCE_EXHAUSTED
-    case 499: return 1;   // CANCELLED
-    case 500: return 13;  // INTERNAL
-    case 501: return 12;  // UNIMPLEMENTED
-    case 503: return 14;  // UNAVAILABLE
-    case 504: return 4;   // DEADLINE_EXCEEDED
-    default: return 2;    // UNKNOWN
+    case 400: code = absl::StatusCode::kInvalidArgument; break;
+    case 401: code = absl::StatusCode::kUnauthenticated; break;
+    case 403: code = absl::StatusCode::kPermissionDenied; break;
+    case 404: code = absl::StatusCode::kNotFound; break;
+    case 409: code = absl::StatusCode::kAlreadyExists; break;
+    case 429: code = absl::StatusCode::kResourceExhausted; break;
+    case 499: code = absl::StatusCode::kCancelled; break;
+    case 500: code = absl::StatusCode::kInternal; break;
+    case 501: code = absl::StatusCode::kUnimplemented; break;
+    case 503: code = absl::StatusCode::kUnavailable; break;
+    case 504: code = absl::StatusCode::kDeadlineExceeded; break;
   }
+  return static_cast<int>(code);
 }
 
 void HttpResponseReader::Start(v1::SoftmaxResponse* response) {
@@ -230,7 +218,7 @@ bool HttpResponseReader::OnBody(absl::string_view bytes) {
 }
 
 int HttpResponseReader::Finish(std::string* error) {
-  constexpr int kInternal = 13;
+  constexpr int kInternal = static_cast<int>(absl::StatusCode::kInternal);
   if (http_status_ == 0) {
     *error = "no HTTP status line";
     return kInternal;

@@ -15,6 +15,8 @@ using google::protobuf::io::CodedOutputStream;
 // SoftmaxRequest.request_id: field 1, length-delimited.
 constexpr uint8_t kRequestIdTag = (1 << 3) | 2;
 
+}  // namespace
+
 const char* KserveDatatype(v1::DType dtype) {
   switch (dtype) {
     case v1::DTYPE_FLOAT16: return "FP16";
@@ -23,14 +25,12 @@ const char* KserveDatatype(v1::DType dtype) {
   }
 }
 
-v1::DType WireDTypeOf(const std::string& datatype) {
+v1::DType DTypeOfKserveDatatype(absl::string_view datatype) {
   if (datatype == "FP32") return v1::DTYPE_FLOAT32;
   if (datatype == "FP16") return v1::DTYPE_FLOAT16;
   if (datatype == "BF16") return v1::DTYPE_BFLOAT16;
   return v1::DTYPE_UNSPECIFIED;
 }
-
-}  // namespace
 
 PreparedRequest::PreparedRequest(const v1::SoftmaxRequest& request)
     : PreparedRequest(request.SerializeAsString()) {}
@@ -88,7 +88,7 @@ bool ParseKserveResponse(grpc::ByteBuffer* buffer, inference::ModelInferResponse
     return false;
   }
   const inference::ModelInferResponse::InferOutputTensor& out = scratch->outputs(0);
-  const v1::DType dtype = WireDTypeOf(out.datatype());
+  const v1::DType dtype = DTypeOfKserveDatatype(out.datatype());
   if (dtype == v1::DTYPE_UNSPECIFIED) return false;
   // Keep the capacity of the response's data string as the v1 parse does.
   std::string data;

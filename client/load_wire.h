@@ -32,6 +32,12 @@ inline constexpr char kSoftmaxMethod[] = "/softmax.v1.SoftmaxService/Softmax";
 inline constexpr char kSoftmaxStreamMethod[] = "/softmax.v1.SoftmaxService/SoftmaxStream";
 inline constexpr char kKserveInferMethod[] = "/inference.GRPCInferenceService/ModelInfer";
 
+// The Open Inference Protocol's name of `dtype` (FP32, FP16, BF16), and the
+// dtype of such a name (DTYPE_UNSPECIFIED for any other); both protocols
+// (gRPC and HTTP) use them.
+const char* KserveDatatype(v1::DType dtype);
+v1::DType DTypeOfKserveDatatype(absl::string_view datatype);
+
 // The Open Inference Protocol request equivalent to `request`: model
 // "softmax" or "log_softmax", its input as INPUT's raw_input_contents, axis
 // and temperature as parameters when they differ from the defaults.
