@@ -372,18 +372,15 @@ SoftmaxServiceImpl::SoftmaxStream(grpc::CallbackServerContext* context) {
 namespace softmax::server {
 
 void SoftmaxServiceImpl::RequestsStarted(int count) {
-  absl::MutexLock lock(&calls_mu_);
-  requests_in_flight_ += count;
+  requests_in_flight_.fetch_add(count, std::memory_order_relaxed);
 }
 
 void SoftmaxServiceImpl::RequestsEnded(int count) {
-  absl::MutexLock lock(&calls_mu_);
-  requests_in_flight_ -= count;
+  requests_in_flight_.fetch_sub(count, std::memory_order_acq_rel);
 }
 
 int SoftmaxServiceImpl::requests_in_flight() {
-  absl::MutexLock lock(&calls_mu_);
-  return requests_in_flight_;
+  return requests_in_flight_.load(std::memory_order_acquire);
 }
 
 void SoftmaxServiceImpl::StartDraining() {
@@ -435,11 +432,15 @@ void SoftmaxServiceImpl::ReleaseHeldCalls() {
 }
 
 bool SoftmaxServiceImpl::WaitForRequestsInFlight(absl::Time deadline) {
-  absl::MutexLock lock(&calls_mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) {
-    return requests_in_flight_ == 0;
-  };
-  return calls_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+  // Polled: it runs once, at shutdown, and keeps the count a lone atomic
+  // that no request has to lock.
+  constexpr absl::Duration kPoll = absl::Milliseconds(1);
+  while (requests_in_flight() != 0) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return false;
+    absl::SleepFor(std::min(kPoll, deadline - now));
+  }
+  return true;
 }
 
 }  // namespace softmax::server

@@ -180,9 +180,10 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   Metrics* const metrics_;
   const std::shared_ptr<TensorBufferPool> buffers_;
   std::atomic<bool> draining_{false};
-  absl::Mutex calls_mu_;
-  int requests_in_flight_ ABSL_GUARDED_BY(calls_mu_) = 0;
-  // Lock order: streams_mu_, then a stream's own lock, then calls_mu_.
+  // Changed twice per request by every gRPC thread, so an atomic: as a
+  // mutex it took 40% of the gRPC threads' lock time, streamed on 2 cores.
+  std::atomic<int> requests_in_flight_{0};
+  // Lock order: streams_mu_, then a stream's own lock.
   absl::Mutex streams_mu_;
   std::set<Drainable*> streams_ ABSL_GUARDED_BY(streams_mu_);
   bool holding_ ABSL_GUARDED_BY(streams_mu_) = false;
