@@ -6,7 +6,10 @@
 // in completion order, one write in flight at a time; the stream finishes OK
 // after the client's writes-done once every response is written. A stream
 // stops reading while `max_stream_pending` of its responses are unwritten
-// (flow control against clients that write without reading).
+// (flow control against clients that write without reading). A big tensor
+// may come in chunks (softmax.proto: chunk_offset, more_chunks): assembled
+// per request_id (server/rpc/chunk_assembler.h), computed whole, and
+// answered in chunks that reference the output instead of copying it.
 //
 // Both methods take and give raw byte buffers (server/wire.h): requests are
 // parsed here, and a response may reference its output where the backend

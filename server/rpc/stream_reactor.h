@@ -3,6 +3,10 @@
 // streams (softmax.v1's SoftmaxStream, KServe's ModelStreamInfer); what a
 // message is and how it is answered comes from a Handler.
 //
+// A handler may take a message into an earlier one (a chunk of a request
+// sent in chunks: no answer of its own) and answer a request with several
+// messages (its output in chunks), written back to back.
+//
 // Flow: each message read is started at once (the batcher batches it with
 // other callers' requests) and the next read is posted, until
 // `max_pending` responses are outstanding; then reading pauses until a
