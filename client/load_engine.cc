@@ -53,6 +53,8 @@ struct Payload {
   // `prepared` (gRPC) or `http`, which is what calls send.
   v1::SoftmaxRequest request;
   std::unique_ptr<const PreparedRequest> prepared;
+  // With options.chunk_bytes: the request's chunks, sent instead of `prepared`.
+  std::vector<std::unique_ptr<const PreparedRequest>> chunks;
   std::unique_ptr<const HttpPreparedRequest> http;
   SoftmaxShape view;           // [outer, n, inner] along the request's axis
   int64_t rows = 0;
@@ -105,7 +107,11 @@ absl::StatusOr<std::vector<Payload>> BuildPayloads(const LoadOptions& options,
       }
       switch (options.protocol) {
         case LoadProtocol::kSoftmaxV1:
-          payload.prepared = std::make_unique<const PreparedRequest>(payload.request);
+          if (options.chunk_bytes > 0) {
+            payload.chunks = PrepareChunks(payload.request, options.chunk_bytes);
+          } else {
+            payload.prepared = std::make_unique<const PreparedRequest>(payload.request);
+          }
           break;
         case LoadProtocol::kKserve:
           payload.prepared = std::make_unique<const PreparedRequest>(
@@ -571,16 +577,37 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
       auto it = in_flight_.find(id);
       if (it != in_flight_.end()) {
         call = it->second;
-        in_flight_.erase(it);
         found = true;
       }
     }
+    const v1::SoftmaxResponse* answer = &read_;
+    int code = read_.has_error() ? read_.error().code() : 0;
+    bool whole = true;
+    if (found && code == 0 && !call.payload->chunks.empty()) {
+      // A chunk of the answer: appended until the last one arrives.
+      std::unique_ptr<v1::SoftmaxResponse>& assembled = assembling_[id];
+      if (assembled == nullptr) assembled = TakeSpare();
+      std::string problem;
+      if (!AppendResponseChunk(&read_, call.payload->tensor_bytes, assembled.get(), &problem)) {
+        code = static_cast<int>(grpc::StatusCode::INTERNAL);
+      } else {
+        whole = !read_.more_chunks();
+      }
+      answer = assembled.get();
+    }
     if (!found) {
       run_->RecordUnmatched(read_.request_id());
-    } else {
-      const int code = read_.has_error() ? read_.error().code() : 0;
+    } else if (whole) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        in_flight_.erase(id);
+      }
       run_->Complete(connection_, *call.payload, call.intended, call.measured, code,
-                     code == 0 ? &read_ : nullptr);
+                     code == 0 ? answer : nullptr);
+      if (auto it = assembling_.find(id); it != assembling_.end()) {
+        spare_.push_back(std::move(it->second));
+        assembling_.erase(it);
+      }
       run_->CallFinished();
       if (window_ > 0) SendNextClosedLoop();
     }
@@ -627,16 +654,42 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
     Send(run_->NextPayload(), now, measured);
   }
 
+  // A response message that keeps its output's buffer (read path only).
+  std::unique_ptr<v1::SoftmaxResponse> TakeSpare() {
+    if (spare_.empty()) return std::make_unique<v1::SoftmaxResponse>();
+    std::unique_ptr<v1::SoftmaxResponse> response = std::move(spare_.back());
+    spare_.pop_back();
+    return response;
+  }
+
   // REQUIRES: mutex_ held.
   void MaybeWriteLocked() {
     if (writing_ || writes_done_ || broken_) return;
+    if (sending_ != nullptr) {
+      // The next chunk of a request, before any other request's.
+      write_ = sending_->chunks[next_chunk_]->WithRequestId(sending_id_);
+      if (++next_chunk_ == sending_->chunks.size()) sending_ = nullptr;
+      writing_ = true;
+      StartWrite(&write_);
+      return;
+    }
     if (!pending_.empty()) {
       const InFlight call = pending_.front();
       pending_.pop_front();
       const uint64_t id = next_id_++;
       // The payload's bytes are shared by every stream (by reference); this
       // write adds its request_id and lives until OnWriteDone.
-      write_ = call.payload->prepared->WithRequestId(absl::StrCat(id));
+      const Payload* payload = call.payload;
+      if (payload->chunks.empty()) {
+        write_ = payload->prepared->WithRequestId(absl::StrCat(id));
+      } else {
+        sending_id_ = absl::StrCat(id);
+        write_ = payload->chunks[0]->WithRequestId(sending_id_);
+        if (payload->chunks.size() > 1) {
+          sending_ = payload;
+          next_chunk_ = 1;
+        }
+      }
       in_flight_.emplace(id, call);
       writing_ = true;
       StartWrite(&write_);
@@ -655,11 +708,19 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   grpc::ByteBuffer read_buffer_;
   v1::SoftmaxResponse read_;    // reused: keeps its output's buffer
   grpc::ByteBuffer write_;      // GUARDED_BY(mutex_) while writing_
+  // --chunk_bytes: answers being reassembled by request id, and finished
+  // ones kept for their buffers. Touched by the read path only.
+  std::unordered_map<uint64_t, std::unique_ptr<v1::SoftmaxResponse>> assembling_;
+  std::vector<std::unique_ptr<v1::SoftmaxResponse>> spare_;
 
   std::mutex mutex_;
   std::deque<InFlight> pending_;                     // GUARDED_BY(mutex_)
   std::unordered_map<uint64_t, InFlight> in_flight_;  // GUARDED_BY(mutex_)
   uint64_t next_id_ = 0;                             // GUARDED_BY(mutex_)
+  // A chunked request whose later chunks are still to be written.
+  const Payload* sending_ = nullptr;                 // GUARDED_BY(mutex_)
+  size_t next_chunk_ = 0;                            // GUARDED_BY(mutex_)
+  std::string sending_id_;                           // GUARDED_BY(mutex_)
   bool writing_ = false;                             // GUARDED_BY(mutex_)
   bool closing_ = false;                             // GUARDED_BY(mutex_)
   bool writes_done_ = false;                         // GUARDED_BY(mutex_)

@@ -162,6 +162,12 @@ absl::Status ValidateLoadOptions(const LoadOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--stream is not available with --protocol=",
                                                    AbslUnparseFlag(options.protocol)));
   }
+  if (options.chunk_bytes < 0) {
+    return absl::InvalidArgumentError("--chunk_bytes must be >= 0");
+  }
+  if (options.chunk_bytes > 0 && !options.stream) {
+    return absl::InvalidArgumentError("--chunk_bytes needs --stream");
+  }
   if (options.protocol == LoadProtocol::kHttp) {
     if (absl::Status target = ParseHttpTarget(options.target).status(); !target.ok()) {
       return target;

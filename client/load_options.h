@@ -107,6 +107,9 @@ struct LoadOptions {
   LoadProtocol protocol = LoadProtocol::kSoftmaxV1;
   // true: SoftmaxStream, one stream per connection; false: unary Softmax.
   bool stream = false;
+  // With `stream`: > 0 sends each tensor in chunks of at most this many
+  // bytes and reassembles the chunked answer; 0 sends it whole.
+  int64_t chunk_bytes = 0;
   // The payload mix; at least one entry.
   std::vector<LoadShape> shapes;
   // Distinct random tensors per entry, cycled through; entries of more than

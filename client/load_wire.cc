@@ -1,11 +1,14 @@
 #include "client/load_wire.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
 #include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/slice.h>
+
+#include "absl/strings/str_cat.h"
 
 namespace softmax::client {
 namespace {
@@ -39,6 +42,55 @@ PreparedRequest::PreparedRequest(std::string bytes) : bytes_(std::move(bytes)) {
   grpc::Slice slice(bytes_.data(), bytes_.size(), grpc::Slice::STATIC_SLICE);
   grpc::ByteBuffer message(&slice, 1);
   message_.Swap(&message);
+}
+
+std::vector<std::unique_ptr<const PreparedRequest>> PrepareChunks(const v1::SoftmaxRequest& request,
+                                                                  int64_t chunk_bytes) {
+  const std::string& data = request.input().data();
+  const int64_t total = static_cast<int64_t>(data.size());
+  std::vector<std::unique_ptr<const PreparedRequest>> chunks;
+  v1::SoftmaxRequest first = request;
+  first.mutable_input()->clear_data();
+  int64_t offset = 0;
+  do {
+    const int64_t bytes = std::min(chunk_bytes, total - offset);
+    v1::SoftmaxRequest later;
+    v1::SoftmaxRequest& message = offset == 0 ? first : later;
+    message.mutable_input()->set_data(data.data() + offset, static_cast<size_t>(bytes));
+    message.set_chunk_offset(offset);
+    message.set_more_chunks(offset + bytes < total);
+    chunks.push_back(std::make_unique<const PreparedRequest>(message));
+    offset += bytes;
+  } while (offset < total);
+  return chunks;
+}
+
+bool AppendResponseChunk(v1::SoftmaxResponse* chunk, int64_t expected_bytes,
+                         v1::SoftmaxResponse* whole, std::string* problem) {
+  std::string* data = whole->mutable_output()->mutable_data();
+  if (chunk->chunk_offset() == 0) {
+    std::string kept = std::move(*data);
+    std::string first = std::move(*chunk->mutable_output()->mutable_data());
+    chunk->mutable_output()->clear_data();
+    *whole = *chunk;  // everything but the data, which is small
+    kept.clear();
+    kept.reserve(static_cast<size_t>(std::max<int64_t>(expected_bytes, 0)));
+    kept.append(first);
+    data = whole->mutable_output()->mutable_data();
+    data->swap(kept);
+    // The chunk's message keeps its own capacity for the next parse.
+    first.clear();
+    chunk->mutable_output()->mutable_data()->swap(first);
+    return true;
+  }
+  if (chunk->chunk_offset() != static_cast<int64_t>(data->size())) {
+    *problem = absl::StrCat("response chunk at offset ", chunk->chunk_offset(), " after ",
+                            data->size(), " bytes");
+    return false;
+  }
+  data->append(chunk->output().data());
+  whole->set_more_chunks(chunk->more_chunks());
+  return true;
 }
 
 grpc::ByteBuffer PreparedRequest::WithRequestId(absl::string_view request_id) const {

@@ -17,7 +17,9 @@
 #ifndef SOFTMAX_CLIENT_LOAD_WIRE_H_
 #define SOFTMAX_CLIENT_LOAD_WIRE_H_
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/support/byte_buffer.h>
 
@@ -67,6 +69,22 @@ class PreparedRequest {
   const std::string bytes_;
   grpc::ByteBuffer message_;
 };
+
+// `request` as the messages of a chunked request (softmax.proto's
+// chunk_offset and more_chunks), each holding at most `chunk_bytes` of the
+// input's data: the first carries everything else, the later ones only their
+// data, offset and more_chunks. One message when the data fits one chunk.
+// REQUIRES: request.request_id() is empty, chunk_bytes > 0.
+std::vector<std::unique_ptr<const PreparedRequest>> PrepareChunks(const v1::SoftmaxRequest& request,
+                                                                  int64_t chunk_bytes);
+
+// Adds one message of a chunked answer (`chunk`, parsed) to `whole`. The
+// first (chunk_offset 0) replaces everything in `whole` but the capacity of
+// its output's data string, which is reserved to at least `expected_bytes`;
+// later ones append their data. false, with `problem` set, when the chunk
+// does not continue `whole` (its offset is not the bytes so far).
+bool AppendResponseChunk(v1::SoftmaxResponse* chunk, int64_t expected_bytes,
+                         v1::SoftmaxResponse* whole, std::string* problem);
 
 // Parses a SoftmaxResponse out of `buffer` (consumed) into `response`, which
 // is reset first except for the capacity of its output's data string, which

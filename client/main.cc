@@ -76,6 +76,10 @@ ABSL_FLAG(bool, log, false, "[call, load] Log-softmax instead of softmax.");
 ABSL_FLAG(bool, stream, false,
           "[call, load] Send on the SoftmaxStream RPC instead of unary Softmax (load: one "
           "stream per connection).");
+ABSL_FLAG(int64_t, chunk_bytes, 0,
+          "[load] With --stream: send each request's tensor in chunks of at most this many "
+          "bytes (softmax.proto's chunk_offset and more_chunks) and reassemble its answer, "
+          "which the server sends back in chunks as large; 0 = one message per tensor.");
 ABSL_FLAG(uint64_t, seed, 42, "[call, load] Seed of the random input tensors.");
 
 // call only.
@@ -373,6 +377,7 @@ absl::StatusOr<LoadOptions> LoadOptionsFromFlags() {
       options.requests > 0 ? absl::InfiniteDuration() : kDefaultLoadDuration);
   options.warmup = absl::GetFlag(FLAGS_warmup);
   options.stream = absl::GetFlag(FLAGS_stream);
+  options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.protocol = absl::GetFlag(FLAGS_protocol);
   absl::StatusOr<std::vector<LoadShape>> shapes = LoadShapesFromFlags();
   if (!shapes.ok()) return shapes.status();

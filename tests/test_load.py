@@ -228,6 +228,31 @@ def test_echo_server_without_verify_measures_the_transport(start_server, tmp_pat
     assert report["payload_bytes"] == report["ok"] * 2 * (8 * 4096 * 2)
 
 
+def test_chunked_stream_verified(server, tmp_path):
+    # Chunks that split elements, tensors of one chunk and of several, and
+    # answers that come back in several chunks (at least 64 KiB each).
+    report, _ = load_report(server, tmp_path, "--stream", "--chunk_bytes=70001",
+                            "--concurrency=4", "--connections=2", "--requests=40", "--warmup=0",
+                            "--verify", "--mix=2x50000:float32,3x30000:float16,1x100:bfloat16")
+    check_clean(report)
+
+
+def test_chunked_stream_verify_fails_against_echo_server(start_server, tmp_path):
+    echo = start_server(device="none")
+    report, _ = load_report(echo, tmp_path, "--stream", "--chunk_bytes=100000", "--requests=8",
+                            "--concurrency=2", "--warmup=0", "--verify", "--mix=2x50000:float32",
+                            expect_rc=1)
+    assert report["ok"] == 8
+    assert report["mismatches"] == 8
+    assert report["payload_bytes"] == 8 * 2 * (2 * 50000 * 4)
+
+
+def test_chunk_bytes_needs_the_stream(server):
+    result = run_load(server, "--chunk_bytes=1000", "--requests=1")
+    assert result.returncode != 0
+    assert "--chunk_bytes needs --stream" in result.stderr
+
+
 def test_csv_appends_one_row_per_run(server, tmp_path):
     path = tmp_path / "runs.csv"
     for concurrency in (1, 4):

@@ -4,8 +4,12 @@ the echo server (--device=none) and a computing server, beside raw loopback
 TCP measured in the same run (bench/transport/tcp_ceiling).
 
 For every variant (a pair of softmax-server / softmax-client binaries, e.g.
-the code before and after a change) and every server device, one server
-starts up front on a kernel-picked port and stays up. Then:
+the code before and after a change, with optional client arguments) and every
+server device, one server starts up front on a kernel-picked port and stays
+up (variants of the same server binary share it). --chunk-bytes adds, beside
+the last variant (unary calls), the same binaries on SoftmaxStream with each
+tensor whole and in chunks of each given size (`load --stream
+--chunk_bytes=N`). Then:
   1. validate: a short `load --verify` run per checked size against each
      variant's computing server (every response against the float64 CPU
      reference); the script exits non-zero when one fails;
@@ -48,6 +52,7 @@ service_run = importlib.util.module_from_spec(_SERVICE_RUN)
 _SERVICE_RUN.loader.exec_module(service_run)
 
 DEFAULT_SIZES = "64K,256K,1M,4M,16M,64M"
+DEFAULT_CHUNKS = "1M"
 
 
 def parse_size(text):
@@ -112,8 +117,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", action="append", default=[],
-                        help="NAME:SERVER_BIN:CLIENT_BIN (repeatable; default "
+                        help="NAME:SERVER_BIN:CLIENT_BIN[:CLIENT_ARGS] (repeatable; "
+                             "CLIENT_ARGS space-separated; default "
                              "current:build/bin/softmax-server:build/bin/softmax-client)")
+    parser.add_argument("--chunk-bytes", default=DEFAULT_CHUNKS,
+                        help="chunk sizes (K/M suffixes, comma-separated) for the variants "
+                             "added beside the last one: NAME-stream (whole tensors on the "
+                             f"stream) and NAME-chunkSIZE; empty adds none (default "
+                             f"{DEFAULT_CHUNKS})")
     parser.add_argument("--lib-dir", default="",
                         help="prepended to LD_LIBRARY_PATH of every process (a bundle's lib/)")
     parser.add_argument("--tcp-ceiling", default=os.path.join(REPO, "build", "bin", "tcp_ceiling"))
@@ -141,8 +152,17 @@ def main():
     for spec in args.variant or [
             "current:" + os.path.join(REPO, "build", "bin", "softmax-server") + ":" +
             os.path.join(REPO, "build", "bin", "softmax-client")]:
-        name, server, client = spec.split(":")
-        variants.append({"name": name, "server": server, "client": client})
+        name, server, client, *extra = spec.split(":", 3)
+        variants.append({"name": name, "server": server, "client": client,
+                         "args": extra[0].split() if extra else []})
+    chunks = [parse_size(s) for s in args.chunk_bytes.split(",") if s]
+    if chunks:
+        last = variants[-1]
+        variants.append(dict(last, name=last["name"] + "-stream", args=last["args"] + ["--stream"]))
+        for chunk in chunks:
+            label = size_label(chunk).replace(" ", "").replace("iB", "")
+            variants.append(dict(last, name=f"{last['name']}-chunk{label}",
+                                 args=last["args"] + ["--stream", f"--chunk_bytes={chunk}"]))
     devices = [d for d in args.devices.split(",") if d]
     sizes = [parse_size(s) for s in args.sizes.split(",") if s]
     verify_sizes = [parse_size(s) for s in args.verify_sizes.split(",") if s]
@@ -158,20 +178,22 @@ def main():
     try:
         for variant in variants:
             for device in devices:
-                servers[(variant["name"], device)] = service_run.Server(
-                    variant["server"], device, [],
-                    os.path.join(work, f"server-{variant['name']}-{device.replace(':', '-')}.log"),
-                    env=env)
+                if (variant["server"], device) not in servers:
+                    servers[(variant["server"], device)] = service_run.Server(
+                        variant["server"], device, [],
+                        os.path.join(work, f"server-{variant['name']}-"
+                                     f"{device.replace(':', '-')}.log"),
+                        env=env)
 
         # 1. Validate.
         for variant in variants:
             for device in computing:
-                address = servers[(variant["name"], device)].address
+                address = servers[(variant["server"], device)].address
                 for size in verify_sizes:
                     command, result, report = run_load(
                         variant["client"], address,
                         [f"--mix={shape_of(size)}", "--concurrency=2", "--connections=2",
-                         "--warmup=0", "--requests=4", "--verify"],
+                         "--warmup=0", "--requests=4", "--verify", *variant["args"]],
                         os.path.join(work, "verify.json"), env)
                     ok = (result.returncode == 0 and report is not None and
                           report["verified"] > 0 and report["mismatches"] == 0 and
@@ -198,9 +220,10 @@ def main():
                         load_args = [f"--mix={shape_of(size)}", f"--concurrency={args.callers}",
                                      f"--connections={args.callers}",
                                      f"--warmup={args.warmup}s", f"--duration={args.duration}s",
-                                     f"--label={variant['name']}/{device}/r{round_index}"]
+                                     f"--label={variant['name']}/{device}/r{round_index}",
+                                     *variant["args"]]
                         command, result, report = run_load(
-                            variant["client"], servers[(variant["name"], device)].address,
+                            variant["client"], servers[(variant["server"], device)].address,
                             load_args, os.path.join(work, "point.json"), env)
                         rounds[variant["name"]].append(report)
                         gbps = report and report["payload_gb_per_s"]

@@ -353,7 +353,8 @@ class StreamInferHandler {
                });
   }
 
-  void Answer(Entry& entry, const absl::Status& status) {
+  // Every request has its answer, one message each.
+  bool Answer(Entry& entry, const absl::Status& status) {
     absl::Status outcome = status;
     if (outcome.ok()) {
       inference::ModelInferResponse response;
@@ -371,7 +372,10 @@ class StreamInferHandler {
     Record(service_, RpcMethod::kModelStreamInfer, *entry.call, outcome);
     entry.call.reset();
     entry.request.Clear();
+    return true;
   }
+  bool NextOutgoing(Entry&) { return false; }
+  void ReadsDone() {}  // nothing is held between messages
 
  private:
   KServeGrpcService* const service_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <atomic>
 #include <memory>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/logging/log.h"
+#include "server/rpc/chunk_assembler.h"
 #include "server/rpc/status_util.h"
 #include "server/rpc/stream_reactor.h"
 #include "server/rpc/wire.h"
@@ -132,7 +134,11 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
 };
 
 // SoftmaxStream's messages, for StreamReactor: a SoftmaxRequest in, a
-// SoftmaxResponse out, errors in band (SoftmaxResponse.error).
+// SoftmaxResponse out, errors in band (SoftmaxResponse.error). A chunked
+// request (proto: chunk_offset, more_chunks) is assembled by a
+// ChunkAssembler into its first chunk's entry, which is then dispatched as a
+// whole request and answered in chunks; the entries of its later chunks get
+// no message of their own.
 class SoftmaxStreamHandler {
  public:
   struct Entry {
@@ -146,14 +152,21 @@ class SoftmaxStreamHandler {
     v1::SoftmaxRequest request;
     v1::SoftmaxResponse response;
     OutputView view;            // the output, when the backend lent it
-    grpc::ByteBuffer outgoing;  // the response as written
+    grpc::ByteBuffer outgoing;  // the response as written (its first chunk)
+    std::deque<grpc::ByteBuffer> more_outgoing;  // its later chunks, in order
     SteadyClock::time_point start;
     int64_t data_bytes = 0;  // the request's input bytes, as received
     std::shared_ptr<const void> held;  // its share of the memory budget
+    // A chunked request's: the output's chunk size; 0 for one message.
+    int64_t response_chunk_bytes = 0;
+    bool absorbed = false;  // a chunk taken into another entry: no answer
   };
 
   SoftmaxStreamHandler(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context)
-      : service_(service), context_(context) {}
+      : service_(service),
+        context_(context),
+        assembler_(std::make_unique<ChunkAssembler<Started>>(
+            service->limits(), service->budget(), service->buffers().get())) {}
 
   std::unique_ptr<Entry> NewEntry() { return std::make_unique<Entry>(service_->buffers()); }
 
@@ -168,18 +181,60 @@ class SoftmaxStreamHandler {
       done(parsed);
       return;
     }
-    const absl::Status status =
-        service_->Dispatch(&entry->request, &entry->response, &entry->view,
-                           context_->deadline(), std::move(is_cancelled), done, nullptr,
-                           &entry->held);
-    if (!status.ok()) done(status);
+    Started started{entry, std::move(is_cancelled), std::move(done)};
+    using Kind = ChunkAssembler<Started>::Kind;
+    ChunkAssembler<Started>::Step step = assembler_->Offer(&entry->request, &started);
+    switch (step.kind) {
+      case Kind::kWhole:
+        Dispatch(std::move(started));
+        return;
+      case Kind::kStarted:
+        return;  // kept by the assembler until its last chunk
+      case Kind::kAppended:
+      case Kind::kDropped:
+        Absorb(std::move(started));
+        return;
+      case Kind::kComplete: {
+        Absorb(std::move(started));
+        Entry* whole = step.owner->entry;
+        whole->data_bytes = static_cast<int64_t>(whole->request.input().data().size());
+        whole->response_chunk_bytes = std::max(step.largest_chunk, kMinResponseChunkBytes);
+        whole->held = std::move(step.lease);
+        Dispatch(*std::move(step.owner));
+        return;
+      }
+      case Kind::kFailed:
+        if (step.owner.has_value()) {
+          Absorb(std::move(started));
+          step.owner->done(step.error);
+        } else {
+          started.done(step.error);
+        }
+        return;
+    }
   }
 
-  // Serialises the finished response of `entry`. Any thread.
-  void Answer(Entry& entry, const absl::Status& status) {
+  // The stream's reads ended: tensors still being assembled fail.
+  void ReadsDone() {
+    for (ChunkAssembler<Started>::Step& step : assembler_->End()) step.owner->done(step.error);
+  }
+
+  // Serialises the finished response of `entry`; false for a chunk that
+  // has no response of its own. Any thread.
+  bool Answer(Entry& entry, const absl::Status& status) {
+    if (entry.absorbed) return false;
     if (!status.ok()) {
       entry.view = OutputView{};
       SetError(entry, status);
+    } else if (entry.response_chunk_bytes > 0) {
+      if (absl::Status chunked = SerializeChunks(entry); chunked.ok()) {
+        Record(entry, status);
+        return true;
+      } else {
+        entry.view = OutputView{};
+        entry.more_outgoing.clear();
+        SetError(entry, chunked);
+      }
     } else {
       LendLargeOutput(entry.buffers, &entry.response, &entry.view);
     }
@@ -189,6 +244,78 @@ class SoftmaxStreamHandler {
       SetError(entry, serialized);
       SerializeResponse(&entry.response, OutputView{}, &entry.outgoing).IgnoreError();
     }
+    Record(entry, status);
+    return true;
+  }
+
+  // Moves the next chunk of `entry`'s answer into `outgoing`; false when
+  // every message of it has been handed out.
+  bool NextOutgoing(Entry& entry) {
+    if (entry.more_outgoing.empty()) return false;
+    entry.outgoing.Swap(&entry.more_outgoing.front());
+    entry.more_outgoing.pop_front();
+    return true;
+  }
+
+ private:
+  // A response chunk below this is raised to it: it bounds the messages one
+  // tensor's answer takes (16,384 for 1 GiB), whatever the caller's chunks.
+  static constexpr int64_t kMinResponseChunkBytes = int64_t{64} << 10;
+
+  // A message read and started, as the assembler keeps a first chunk.
+  struct Started {
+    Entry* entry;  // owned by `done`'s completion
+    std::function<bool()> is_cancelled;
+    std::function<void(const absl::Status&)> done;
+  };
+
+  void Dispatch(Started started) {
+    Entry* entry = started.entry;
+    const absl::Status status =
+        service_->Dispatch(&entry->request, &entry->response, &entry->view,
+                           context_->deadline(), std::move(started.is_cancelled), started.done,
+                           nullptr, &entry->held);
+    if (!status.ok()) started.done(status);
+  }
+
+  // A chunk taken into another request's entry: its own entry ends unanswered.
+  static void Absorb(Started started) {
+    started.entry->absorbed = true;
+    started.done(absl::OkStatus());
+  }
+
+  // Splits `entry`'s output into messages of response_chunk_bytes, each
+  // referencing its part of the output (one buffer, lent by the backend or
+  // moved out of the response) instead of copying it.
+  static absl::Status SerializeChunks(Entry& entry) {
+    OutputView whole = std::move(entry.view);
+    if (whole.data == nullptr) {
+      whole = TensorBufferPool::LendAsView(entry.buffers,
+                                           std::move(*entry.response.mutable_output()->mutable_data()));
+    }
+    entry.response.mutable_output()->clear_data();
+    const int64_t chunk = entry.response_chunk_bytes;
+    int64_t offset = 0;
+    do {
+      const int64_t bytes = std::min(chunk, whole.bytes - offset);
+      v1::SoftmaxResponse later;
+      v1::SoftmaxResponse& message = offset == 0 ? entry.response : later;
+      if (offset != 0) message.set_request_id(entry.response.request_id());
+      message.set_chunk_offset(offset);
+      message.set_more_chunks(offset + bytes < whole.bytes);
+      OutputView part;
+      if (bytes > 0) part = OutputView{whole.data + offset, bytes, whole.owner};
+      grpc::ByteBuffer* out = &entry.outgoing;
+      if (offset != 0) out = &entry.more_outgoing.emplace_back();
+      if (absl::Status status = SerializeResponse(&message, std::move(part), out); !status.ok()) {
+        return status;
+      }
+      offset += bytes;
+    } while (offset < whole.bytes);
+    return absl::OkStatus();
+  }
+
+  void Record(const Entry& entry, const absl::Status& status) {
     if (service_->metrics() != nullptr) {
       service_->metrics()->RecordRequest(RpcMethod::kSoftmaxStream, status.code(),
                                          SecondsSince(entry.start), 2 * entry.data_bytes);
@@ -197,12 +324,13 @@ class SoftmaxStreamHandler {
                        SecondsSince(entry.start), [this] { return context_->peer(); });
   }
 
- private:
   // The per-request error response for `status`.
   static void SetError(Entry& entry, const absl::Status& status) {
     v1::SoftmaxResponse& response = entry.response;
     response.clear_output();
     response.clear_timing();
+    response.clear_chunk_offset();
+    response.clear_more_chunks();
     // An invalid request_id is not echoed: clients could not parse it.
     const std::string& id = entry.request.request_id();
     if (id.size() <= kMaxRequestIdBytes && IsValidUtf8(id)) {
@@ -216,6 +344,8 @@ class SoftmaxStreamHandler {
 
   SoftmaxServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
+  // Touched only by the stream's read path (Start, ReadsDone).
+  std::unique_ptr<ChunkAssembler<Started>> assembler_;
 };
 
 }  // namespace
@@ -250,7 +380,7 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
   }
   // The input and the output, each unless it is in a caller's region.
   std::shared_ptr<const void> lease;
-  if (options_.budget != nullptr) {
+  if (options_.budget != nullptr && (held == nullptr || *held == nullptr)) {
     const int64_t bytes =
         (ext.input != nullptr ? 0 : parsed->bytes) + (ext.output != nullptr ? 0 : parsed->bytes);
     lease = options_.budget->TryReserve(bytes);
@@ -342,6 +472,10 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
                                 &call->request());
   }
   call->set_data_bytes(static_cast<int64_t>(call->request().input().data().size()));
+  if (status.ok() && IsChunk(call->request())) {
+    status = absl::InvalidArgumentError(
+        "chunk_offset, more_chunks: chunked requests are for SoftmaxStream only");
+  }
   if (status.ok()) {
     status = Dispatch(
         &call->request(), &call->response(), &call->view(), context->deadline(),

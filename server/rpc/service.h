@@ -6,7 +6,10 @@
 // in completion order, one write in flight at a time; the stream finishes OK
 // after the client's writes-done once every response is written. A stream
 // stops reading while `max_stream_pending` of its responses are unwritten
-// (flow control against clients that write without reading).
+// (flow control against clients that write without reading). A big tensor
+// may come in chunks (softmax.proto: chunk_offset, more_chunks): assembled
+// per request_id (server/rpc/chunk_assembler.h), computed whole, and
+// answered in chunks that reference the output instead of copying it.
 //
 // Both methods take and give raw byte buffers (server/wire.h): requests are
 // parsed here, and a response may reference its output where the backend
@@ -99,7 +102,9 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   // messages; a region too small for the output is INVALID_ARGUMENT.
   // `held` receives the request's share of the memory budget: the caller
   // keeps it until the response is sent (null: it is given back once `done`
-  // has run). UNAVAILABLE when the budget is spent.
+  // has run). UNAVAILABLE when the budget is spent. When `*held` is already
+  // set, it is the request's share reserved earlier (a chunked request's,
+  // from its first chunk on) and nothing more is reserved.
   absl::Status Dispatch(v1::SoftmaxRequest* request, v1::SoftmaxResponse* response,
                         OutputView* view,
                         std::chrono::system_clock::time_point deadline,
@@ -145,6 +150,9 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   void RequestsEnded(int count);
 
   Metrics* metrics() const { return metrics_; }
+  const RequestLimits& limits() const { return options_.limits; }
+  // May be null (no --max_held_bytes).
+  MemoryBudget* budget() const { return options_.budget; }
   // Where the calls' large tensor buffers come from and go back to.
   const std::shared_ptr<TensorBufferPool>& buffers() const { return buffers_; }
 

@@ -3,6 +3,10 @@
 // streams (softmax.v1's SoftmaxStream, KServe's ModelStreamInfer); what a
 // message is and how it is answered comes from a Handler.
 //
+// A handler may take a message into an earlier one (a chunk of a request
+// sent in chunks: no answer of its own) and answer a request with several
+// messages (its output in chunks), written back to back.
+//
 // Flow: each message read is started at once (the batcher batches it with
 // other callers' requests) and the next read is posted, until
 // `max_pending` responses are outstanding; then reading pauses until a
@@ -26,8 +30,17 @@
 //   void Start(Entry* entry, std::function<bool()> is_cancelled,
 //              std::function<void(const absl::Status&)> done);
 //   // Writes the answer to `entry` for `status` into `outgoing` (in band
-//   // for an error) and records it. Any thread.
-//   void Answer(Entry& entry, const absl::Status& status);
+//   // for an error) and records it; false when the message has no answer of
+//   // its own (a chunk taken into another message's request). Any thread.
+//   bool Answer(Entry& entry, const absl::Status& status);
+//   // After `outgoing` was written: refills it with the next message of the
+//   // same answer and returns true, or returns false when there is none. An
+//   // answer's messages are written back to back.
+//   bool NextOutgoing(Entry& entry);
+//   // No message will be read any more: calls `done` of every message the
+//   // handler holds unanswered (chunked requests being assembled). Called
+//   // once, on the read path, before the stream may finish.
+//   void ReadsDone();
 #ifndef SOFTMAX_SERVER_RPC_STREAM_REACTOR_H_
 #define SOFTMAX_SERVER_RPC_STREAM_REACTOR_H_
 
@@ -98,13 +111,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       if (finished_) return;
     }
     if (!ok) {
-      bool finish = false;
-      {
-        absl::MutexLock lock(&mu_);
-        reads_done_ = true;
-        finish = ShouldFinishLocked();
-      }
-      if (finish) FinishStream();
+      if (EndReads()) FinishStream();
       return;
     }
     {
@@ -118,15 +125,14 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         [this, raw](const absl::Status& outcome) { Complete(std::unique_ptr<Entry>(raw), outcome); });
 
     bool read_more = false;
-    bool finish = false;
+    bool end_reads = false;
     {
       absl::MutexLock lock(&mu_);
       if (write_failed_ || cancelled_.load(std::memory_order_relaxed)) {
         // The client is gone. OnCancel / a failed OnWriteDone may have run
         // while Start did, before a pause existed for them to see: stop
         // reading here, or nothing would ever mark the reads done.
-        reads_done_ = true;
-        finish = ShouldFinishLocked();
+        end_reads = true;
       } else if (pending_ >= max_pending_) {
         read_paused_ = true;
       } else {
@@ -134,13 +140,24 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       }
     }
     if (read_more) StartNextRead();
-    if (finish) FinishStream();
+    if (end_reads && EndReads()) FinishStream();
   }
 
   void OnWriteDone(bool ok) override {
     Entry* next = nullptr;
     bool resume_reading = false;
+    bool end_reads = false;
     bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ok && handler_.NextOutgoing(*writing_)) {
+        next = writing_.get();  // the same answer's next message
+      }
+    }
+    if (next != nullptr) {
+      StartWrite(&next->outgoing);
+      return;
+    }
     {
       absl::MutexLock lock(&mu_);
       writing_.reset();
@@ -157,27 +174,31 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         resume_reading = true;
       } else if (read_paused_ && write_failed_) {
         read_paused_ = false;
-        reads_done_ = true;
+        end_reads = true;
       }
       finish = ShouldFinishLocked();
     }
     if (next != nullptr) StartWrite(&next->outgoing);
     if (resume_reading) StartNextRead();
+    // Nothing is held unanswered when the stream could already finish.
+    if (end_reads) finish = EndReads() || finish;
     if (finish) FinishStream();
   }
 
   void OnCancel() override {
     cancelled_.store(true, std::memory_order_relaxed);
+    bool end_reads = false;
     bool finish = false;
     {
       absl::MutexLock lock(&mu_);
       if (read_paused_) {
         // No read is outstanding, so no OnReadDone(false) will come.
         read_paused_ = false;
-        reads_done_ = true;
+        end_reads = true;
       }
       finish = ShouldFinishLocked();
     }
+    if (end_reads) finish = EndReads() || finish;
     if (finish) FinishStream();
   }
 
@@ -192,14 +213,24 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     StartRead(&reading_->incoming);
   }
 
+  // Reads are over for good (no read outstanding): the handler answers what
+  // it holds, then the stream may finish. True when the caller must call
+  // FinishStream.
+  bool EndReads() {
+    handler_.ReadsDone();
+    absl::MutexLock lock(&mu_);
+    reads_done_ = true;
+    return ShouldFinishLocked();
+  }
+
   // Answers `entry` and queues the answer for writing.
   void Complete(std::unique_ptr<Entry> entry, const absl::Status& status) {
-    handler_.Answer(*entry, status);
+    const bool answered = handler_.Answer(*entry, status);
     Entry* next = nullptr;
     bool finish = false;
     {
       absl::MutexLock lock(&mu_);
-      if (write_failed_) {
+      if (write_failed_ || !answered) {
         AddPendingLocked(-1);
       } else {
         write_queue_.push_back(std::move(entry));

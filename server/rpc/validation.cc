@@ -94,9 +94,8 @@ absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank) {
   return static_cast<int>(axis < 0 ? axis + extent : axis);
 }
 
-absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
-                                           const RequestLimits& limits,
-                                           std::optional<absl::string_view> data) {
+absl::StatusOr<ParsedRequest> ParseRequestHeader(const v1::SoftmaxRequest& request,
+                                                 const RequestLimits& limits) {
   ParsedRequest parsed;
   const v1::Tensor& input = request.input();
 
@@ -132,14 +131,6 @@ absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
         "input: tensor of ", parsed.bytes, " bytes exceeds the server's limit of ",
         limits.max_tensor_bytes, " bytes (--max_tensor_bytes)"));
   }
-  const absl::string_view bytes = data.value_or(absl::string_view(input.data()));
-  const int64_t got = static_cast<int64_t>(bytes.size());
-  if (got != parsed.bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "input.data: expected ", parsed.bytes, " bytes (", parsed.elements, " elements of ",
-        DTypeName(parsed.dtype), "), got ", got));
-  }
-  parsed.data = bytes;
 
   absl::StatusOr<int> axis = NormalizeAxis(request.has_axis() ? request.axis() : -1, rank);
   if (!axis.ok()) return axis.status();
@@ -165,6 +156,22 @@ absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
     for (int i = parsed.axis + 1; i < rank; ++i) inner *= parsed.dims[i];
     parsed.shape = SoftmaxShape{outer, parsed.dims[parsed.axis], inner};
   }  // else: a scalar is one row of length 1, the default SoftmaxShape.
+  return parsed;
+}
+
+absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
+                                           const RequestLimits& limits,
+                                           std::optional<absl::string_view> data) {
+  absl::StatusOr<ParsedRequest> parsed = ParseRequestHeader(request, limits);
+  if (!parsed.ok()) return parsed;
+  const absl::string_view bytes = data.value_or(absl::string_view(request.input().data()));
+  const int64_t got = static_cast<int64_t>(bytes.size());
+  if (got != parsed->bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input.data: expected ", parsed->bytes, " bytes (", parsed->elements, " elements of ",
+        DTypeName(parsed->dtype), "), got ", got));
+  }
+  parsed->data = bytes;
   return parsed;
 }
 

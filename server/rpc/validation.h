@@ -69,6 +69,12 @@ absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
                                            const RequestLimits& limits,
                                            std::optional<absl::string_view> data = std::nullopt);
 
+// ParseRequest without the input's data: every check but the data's size,
+// for the first chunk of a chunked request, whose data arrives later. The
+// view's `data` is empty and `bytes` is the size the data must have.
+absl::StatusOr<ParsedRequest> ParseRequestHeader(const v1::SoftmaxRequest& request,
+                                                 const RequestLimits& limits);
+
 }  // namespace softmax::server
 
 #endif  // SOFTMAX_SERVER_VALIDATION_H_
