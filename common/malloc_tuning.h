@@ -44,6 +44,10 @@ namespace softmax {
 
 // glibc's upper bound for M_MMAP_THRESHOLD on 64-bit systems.
 constexpr int64_t kMaxMmapThresholdBytes = int64_t{32} << 20;
+// The trim threshold below: a freed block this large at a heap's top goes
+// back to the system, so buffers of this size and more are pooled instead
+// (server/rpc/tensor_buffer_pool.h).
+constexpr int64_t kTrimThresholdBytes = int64_t{16} << 20;
 
 struct MallocTuning {
   // Allocations up to this size come from the heap, where freed memory is
@@ -52,7 +56,7 @@ struct MallocTuning {
   // Free memory at the top of a heap is returned to the system only beyond
   // this much: four of the 4 MiB messages above, under a thread heap's 64 MiB.
   // 0 keeps glibc's default.
-  int64_t trim_threshold_bytes = int64_t{16} << 20;
+  int64_t trim_threshold_bytes = kTrimThresholdBytes;
   // Heaps (arenas) per online core, at least one in all. 0 keeps glibc's
   // default (8 per core on 64-bit systems).
   int arenas_per_core = 1;

@@ -572,7 +572,7 @@ TEST(ServiceTest, UnparsableRequestBytesAreInvalidArgument) {
 // the right bytes, unary and streamed, and afterwards the pool holds the
 // buffers for the next calls, no more than those calls took out.
 TEST(ServiceTest, LargeTensorsTravelThroughPooledBuffers) {
-  constexpr int64_t kColumns = (TensorBufferPool::kMinPooledBytes + (1 << 20)) / 4;  // 33 MiB
+  constexpr int64_t kColumns = (TensorBufferPool::kMinPooledBytes + (1 << 20)) / 4;  // 17 MiB
   for (const bool echo : {true, false}) {
     SCOPED_TRACE(echo ? "echo" : "cpu");
     Harness harness(echo, std::chrono::microseconds(100), /*in_place=*/false,
