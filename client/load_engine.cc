@@ -587,8 +587,7 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
       // A chunk of the answer: appended until the last one arrives.
       std::unique_ptr<v1::SoftmaxResponse>& assembled = assembling_[id];
       if (assembled == nullptr) assembled = TakeSpare();
-      std::string problem;
-      if (!AppendResponseChunk(&read_, call.payload->tensor_bytes, assembled.get(), &problem)) {
+      if (!AppendResponseChunk(&read_, call.payload->tensor_bytes, assembled.get())) {
         code = static_cast<int>(grpc::StatusCode::INTERNAL);
       } else {
         whole = !read_.more_chunks();

@@ -8,8 +8,6 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/slice.h>
 
-#include "absl/strings/str_cat.h"
-
 namespace softmax::client {
 namespace {
 
@@ -66,7 +64,7 @@ std::vector<std::unique_ptr<const PreparedRequest>> PrepareChunks(const v1::Soft
 }
 
 bool AppendResponseChunk(v1::SoftmaxResponse* chunk, int64_t expected_bytes,
-                         v1::SoftmaxResponse* whole, std::string* problem) {
+                         v1::SoftmaxResponse* whole) {
   std::string* data = whole->mutable_output()->mutable_data();
   if (chunk->chunk_offset() == 0) {
     std::string kept = std::move(*data);
@@ -83,11 +81,7 @@ bool AppendResponseChunk(v1::SoftmaxResponse* chunk, int64_t expected_bytes,
     chunk->mutable_output()->mutable_data()->swap(first);
     return true;
   }
-  if (chunk->chunk_offset() != static_cast<int64_t>(data->size())) {
-    *problem = absl::StrCat("response chunk at offset ", chunk->chunk_offset(), " after ",
-                            data->size(), " bytes");
-    return false;
-  }
+  if (chunk->chunk_offset() != static_cast<int64_t>(data->size())) return false;
   data->append(chunk->output().data());
   whole->set_more_chunks(chunk->more_chunks());
   return true;

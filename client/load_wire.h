@@ -81,10 +81,10 @@ std::vector<std::unique_ptr<const PreparedRequest>> PrepareChunks(const v1::Soft
 // Adds one message of a chunked answer (`chunk`, parsed) to `whole`. The
 // first (chunk_offset 0) replaces everything in `whole` but the capacity of
 // its output's data string, which is reserved to at least `expected_bytes`;
-// later ones append their data. false, with `problem` set, when the chunk
-// does not continue `whole` (its offset is not the bytes so far).
+// later ones append their data. false when the chunk does not continue
+// `whole` (its offset is not the bytes so far).
 bool AppendResponseChunk(v1::SoftmaxResponse* chunk, int64_t expected_bytes,
-                         v1::SoftmaxResponse* whole, std::string* problem);
+                         v1::SoftmaxResponse* whole);
 
 // Parses a SoftmaxResponse out of `buffer` (consumed) into `response`, which
 // is reset first except for the capacity of its output's data string, which

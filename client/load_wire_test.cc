@@ -67,6 +67,51 @@ TEST(PreparedRequestTest, WithRequestIdParsesAsTheRequestWithThatId) {
   }
 }
 
+TEST(PrepareChunksTest, SplitsTheDataAndKeepsTheHeaderOnTheFirstChunk) {
+  const v1::SoftmaxRequest request = SampleRequest(1000);
+  const auto chunks = PrepareChunks(request, 300);
+  ASSERT_EQ(chunks.size(), 4u);  // 300 + 300 + 300 + 100
+  std::string data;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    v1::SoftmaxRequest parsed;
+    ASSERT_TRUE(parsed.ParseFromString(Flatten(chunks[i]->message())));
+    EXPECT_EQ(parsed.chunk_offset(), static_cast<int64_t>(data.size()));
+    EXPECT_EQ(parsed.more_chunks(), i + 1 < chunks.size());
+    EXPECT_EQ(parsed.input().shape_size(), i == 0 ? 2 : 0);
+    EXPECT_EQ(parsed.has_temperature(), i == 0);
+    data += parsed.input().data();
+  }
+  EXPECT_EQ(data, request.input().data());
+}
+
+TEST(AppendResponseChunkTest, ReassemblesInOrderAndRefusesAGap) {
+  auto chunk = [](int64_t offset, const std::string& data, bool more) {
+    v1::SoftmaxResponse response;
+    response.set_request_id("7");
+    if (offset == 0) response.mutable_output()->add_shape(6);
+    response.mutable_output()->set_data(data);
+    response.set_chunk_offset(offset);
+    response.set_more_chunks(more);
+    return response;
+  };
+  v1::SoftmaxResponse whole;
+  v1::SoftmaxResponse first = chunk(0, "ab", true);
+  ASSERT_TRUE(AppendResponseChunk(&first, 6, &whole));
+  v1::SoftmaxResponse second = chunk(2, "cd", true);
+  ASSERT_TRUE(AppendResponseChunk(&second, 6, &whole));
+  v1::SoftmaxResponse gap = chunk(5, "f", false);
+  EXPECT_FALSE(AppendResponseChunk(&gap, 6, &whole));
+  v1::SoftmaxResponse last = chunk(4, "ef", false);
+  ASSERT_TRUE(AppendResponseChunk(&last, 6, &whole));
+  EXPECT_EQ(whole.output().data(), "abcdef");
+  EXPECT_EQ(whole.output().shape_size(), 1);
+  EXPECT_FALSE(whole.more_chunks());
+  // A new answer into the same message starts afresh.
+  v1::SoftmaxResponse again = chunk(0, "xy", false);
+  ASSERT_TRUE(AppendResponseChunk(&again, 2, &whole));
+  EXPECT_EQ(whole.output().data(), "xy");
+}
+
 TEST(ParseResponseReusingBuffersTest, ReusesTheOutputBufferAndResetsEverythingElse) {
   v1::SoftmaxResponse first;
   first.set_request_id("a");
