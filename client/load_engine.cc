@@ -563,6 +563,36 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream is ending; OnDone follows
+    if (!assembling_.empty() && ReadLaterChunk(read_buffer_, kResponseChunkFields, &chunk_)) {
+      // A later chunk of an answer being assembled: its data is appended
+      // from the message as it lies, without parsing it first.
+      uint64_t id = 0;
+      auto it = absl::SimpleAtoi(chunk_.request_id, &id) ? assembling_.find(id)
+                                                          : assembling_.end();
+      InFlight call;
+      bool found = false;
+      if (it != assembling_.end()) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto entry = in_flight_.find(id);
+        if (entry != in_flight_.end()) {
+          call = entry->second;
+          found = true;
+        }
+      }
+      if (found) {
+        const bool appended = AppendLaterChunk(chunk_, it->second.get());
+        const bool more = chunk_.more_chunks;
+        chunk_ = ChunkView{};
+        read_buffer_.Clear();
+        if (!appended || !more) {
+          FinishAnswer(id, call, appended ? 0 : static_cast<int>(grpc::StatusCode::INTERNAL),
+                       it->second.get());
+        }
+        ReadNext();
+        return;
+      }
+      chunk_ = ChunkView{};
+    }
     if (!ParseResponseReusingBuffers(&read_buffer_, &read_)) {
       // As a typed stream would: the call ends, and OnDone fails whatever
       // is in flight.
@@ -597,24 +627,9 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
     if (!found) {
       run_->RecordUnmatched(read_.request_id());
     } else if (whole) {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        in_flight_.erase(id);
-      }
-      run_->Complete(connection_, *call.payload, call.intended, call.measured, code,
-                     code == 0 ? answer : nullptr);
-      if (auto it = assembling_.find(id); it != assembling_.end()) {
-        spare_.push_back(std::move(it->second));
-        assembling_.erase(it);
-      }
-      run_->CallFinished();
-      if (window_ > 0) SendNextClosedLoop();
+      FinishAnswer(id, call, code, answer);
     }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      MaybeWriteLocked();
-    }
-    StartRead(&read_buffer_);
+    ReadNext();
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -642,6 +657,32 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
     Clock::time_point intended;
     bool measured = false;
   };
+
+  // The answer to `id` is complete, or failed with `code`: accounted, and
+  // the next request goes out.
+  void FinishAnswer(uint64_t id, const InFlight& call, int code,
+                    const v1::SoftmaxResponse* answer) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_flight_.erase(id);
+    }
+    run_->Complete(connection_, *call.payload, call.intended, call.measured, code,
+                   code == 0 ? answer : nullptr);
+    if (auto it = assembling_.find(id); it != assembling_.end()) {
+      spare_.push_back(std::move(it->second));
+      assembling_.erase(it);
+    }
+    run_->CallFinished();
+    if (window_ > 0) SendNextClosedLoop();
+  }
+
+  void ReadNext() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      MaybeWriteLocked();
+    }
+    StartRead(&read_buffer_);
+  }
 
   void SendNextClosedLoop() {
     const Clock::time_point now = Clock::now();
@@ -705,6 +746,7 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   const int window_;  // closed loop: requests in flight; 0 in the open loop
   grpc::ClientContext context_;
   grpc::ByteBuffer read_buffer_;
+  ChunkView chunk_;  // a later chunk of an answer, as read (OnReadDone)
   v1::SoftmaxResponse read_;    // reused: keeps its output's buffer
   grpc::ByteBuffer write_;      // GUARDED_BY(mutex_) while writing_
   // --chunk_bytes: answers being reassembled by request id, and finished

@@ -87,6 +87,14 @@ bool AppendResponseChunk(v1::SoftmaxResponse* chunk, int64_t expected_bytes,
   return true;
 }
 
+bool AppendLaterChunk(const ChunkView& chunk, v1::SoftmaxResponse* whole) {
+  std::string* data = whole->mutable_output()->mutable_data();
+  if (chunk.chunk_offset != static_cast<int64_t>(data->size())) return false;
+  chunk.AppendTo(data);
+  whole->set_more_chunks(chunk.more_chunks);
+  return true;
+}
+
 grpc::ByteBuffer PreparedRequest::WithRequestId(absl::string_view request_id) const {
   std::string field;
   field.reserve(1 + CodedOutputStream::VarintSize64(request_id.size()) + request_id.size());

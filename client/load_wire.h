@@ -23,6 +23,7 @@
 
 #include <grpcpp/support/byte_buffer.h>
 
+#include "common/chunk_wire.h"
 #include "absl/strings/string_view.h"
 #include "inference/grpc_service.pb.h"
 #include "softmax/v1/softmax.pb.h"
@@ -85,6 +86,11 @@ std::vector<std::unique_ptr<const PreparedRequest>> PrepareChunks(const v1::Soft
 // `whole` (its offset is not the bytes so far).
 bool AppendResponseChunk(v1::SoftmaxResponse* chunk, int64_t expected_bytes,
                          v1::SoftmaxResponse* whole);
+
+// The same for a later chunk read without a full parse (ReadLaterChunk,
+// common/chunk_wire.h): its data is appended from where it lies. false when
+// it does not continue `whole`.
+bool AppendLaterChunk(const ChunkView& chunk, v1::SoftmaxResponse* whole);
 
 // Parses a SoftmaxResponse out of `buffer` (consumed) into `response`, which
 // is reset first except for the capacity of its output's data string, which

@@ -112,6 +112,32 @@ TEST(AppendResponseChunkTest, ReassemblesInOrderAndRefusesAGap) {
   EXPECT_EQ(whole.output().data(), "xy");
 }
 
+TEST(AppendLaterChunkTest, AppendsThePiecesInOrderAndRefusesAGap) {
+  v1::SoftmaxResponse whole;
+  v1::SoftmaxResponse first;
+  first.set_request_id("7");
+  first.mutable_output()->set_data("ab");
+  first.set_more_chunks(true);
+  ASSERT_TRUE(AppendResponseChunk(&first, 6, &whole));
+  const std::string bytes = "cdef";
+  ChunkView later;
+  later.request_id = "7";
+  later.chunk_offset = 2;
+  later.more_chunks = true;
+  later.data = {absl::string_view(bytes).substr(0, 1), absl::string_view(bytes).substr(1, 1)};
+  later.data_bytes = 2;
+  ASSERT_TRUE(AppendLaterChunk(later, &whole));
+  EXPECT_TRUE(whole.more_chunks());
+  later.chunk_offset = 5;
+  EXPECT_FALSE(AppendLaterChunk(later, &whole));
+  later.chunk_offset = 4;
+  later.more_chunks = false;
+  later.data = {absl::string_view(bytes).substr(2)};
+  ASSERT_TRUE(AppendLaterChunk(later, &whole));
+  EXPECT_EQ(whole.output().data(), "abcdef");
+  EXPECT_FALSE(whole.more_chunks());
+}
+
 TEST(ParseResponseReusingBuffersTest, ReusesTheOutputBufferAndResetsEverythingElse) {
   v1::SoftmaxResponse first;
   first.set_request_id("a");

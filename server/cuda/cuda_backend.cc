@@ -330,33 +330,42 @@ std::vector<MemoryStats> CudaBackend::Memory() const {
 }
 
 bool CudaBackend::StageInput(Segment& segment) {
-  const int64_t bytes = segment.bytes;
   // (A shared-memory input is read where it is, never copied.)
-  if (!segment.output_view_ok || segment.input_memory != MemoryKind::kHost || bytes <= 0 ||
-      bytes < options_.pinned_response_min_bytes ||
+  if (!segment.output_view_ok || segment.input_memory != MemoryKind::kHost) return false;
+  StagingBuffer staging = AllocateStaging(segment.bytes);
+  if (staging.data == nullptr) return false;
+  CopyAll({{staging.data, static_cast<const char*>(segment.input), segment.bytes}});
+  segment.input = staging.data;
+  segment.staged = std::move(staging.owner);
+  return true;
+}
+
+StagingBuffer CudaBackend::AllocateStaging(int64_t bytes) {
+  if (bytes <= 0 || bytes < options_.pinned_response_min_bytes ||
       options_.pinned_responses_max_bytes <= 0 || failed_.load()) {
-    return false;
+    return {};
   }
   PinnedLoans& loans = *state_->loans;
   if (loans.bytes.fetch_add(bytes) + bytes > options_.pinned_responses_max_bytes) {
     loans.bytes.fetch_sub(bytes);
-    return false;
+    return {};
   }
   absl::StatusOr<Block> block =
       loans.memory->AllocateWithin(static_cast<size_t>(bytes), loans.limit_bytes);
   if (!block.ok()) {
     loans.bytes.fetch_sub(bytes);
-    return false;
+    return {};
   }
   auto* owned = new Block(std::move(*block));
-  CopyAll({{static_cast<char*>(owned->data()), static_cast<const char*>(segment.input), bytes}});
-  segment.input = owned->data();
-  segment.staged =
+  StagingBuffer staging;
+  staging.data = static_cast<char*>(owned->data());
+  staging.bytes = bytes;
+  staging.owner =
       std::shared_ptr<const void>(owned, [loans = state_->loans, bytes](const Block* b) {
         delete b;
         loans->bytes.fetch_sub(bytes);
       });
-  return true;
+  return staging;
 }
 
 absl::Status CudaBackend::CanReach(const Segment& segment) const {

@@ -127,6 +127,8 @@ class CudaBackend final : public Backend {
   // them there, and the slot's thread has nothing to pack for them. The
   // memory is portable: any GPU of the process may compute from it.
   bool StageInput(Segment& segment) override;
+  // The memory StageInput copies into, under the same bound.
+  StagingBuffer AllocateStaging(int64_t bytes) override;
   DeviceInfo Device() const override { return info_; }
   std::vector<MemoryStats> Memory() const override;
 

@@ -6,7 +6,10 @@
 // chunk of a tensor is kept, with what the caller keeps beside it (`Held`:
 // its stream entry and completion), and the data of every later chunk is
 // appended to it, into one buffer sized from the shape at the first chunk
-// (from the TensorBufferPool when it is large). The tensor's input and output
+// (from the TensorBufferPool when it is large), or straight into a backend's
+// staging when the caller's `stage` gives some (Backend::AllocateStaging:
+// the GPU's pinned memory, which then needs no copy at admission). The
+// tensor's input and output
 // bytes are reserved in the MemoryBudget from the first chunk on; the lease
 // goes with the completed request to Dispatch. Every malformed sequence
 // yields exactly one error, for the request it belongs to; later chunks of a
@@ -18,6 +21,8 @@
 #define SOFTMAX_SERVER_RPC_CHUNK_ASSEMBLER_H_
 
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -29,9 +34,12 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/chunk_wire.h"
 #include "server/rpc/memory_budget.h"
 #include "server/rpc/tensor_buffer_pool.h"
 #include "server/rpc/validation.h"
+#include "server/scheduling/backend.h"
 #include "softmax/v1/softmax.pb.h"
 
 namespace softmax::server {
@@ -69,11 +77,18 @@ class ChunkAssembler {
     std::optional<Held> owner;
     int64_t largest_chunk = 0;           // kComplete: bytes of its largest chunk
     std::shared_ptr<const void> lease;   // kComplete: its share of the budget
+    // kComplete: where the tensor was assembled when `stage` gave memory
+    // (the owner's request then holds no data); empty otherwise.
+    StagingBuffer staged;
   };
+  // Memory for a tensor of the given bytes, or StagingBuffer{} for none.
+  using Stage = std::function<StagingBuffer(int64_t bytes)>;
 
   // `budget` and `pool` may be null; both must outlive the assembler.
-  ChunkAssembler(const RequestLimits& limits, MemoryBudget* budget, TensorBufferPool* pool)
-      : limits_(limits), budget_(budget), pool_(pool) {}
+  // `stage` may be empty (every tensor is assembled in its request).
+  ChunkAssembler(const RequestLimits& limits, MemoryBudget* budget, TensorBufferPool* pool,
+                 Stage stage = nullptr)
+      : limits_(limits), budget_(budget), pool_(pool), stage_(std::move(stage)) {}
 
   // Offers the stream's next message. `request` is the message, parsed; for
   // kStarted, `*held` is moved into the assembler and `request` must stay
@@ -122,15 +137,36 @@ class ChunkAssembler {
                                  "); retry with backoff")));
       }
     }
-    std::string data = pool_ != nullptr ? pool_->Take(static_cast<size_t>(total)) : std::string();
-    data.reserve(static_cast<size_t>(total));
-    data.append(request->input().data());
+    StagingBuffer staging = stage_ ? stage_(total) : StagingBuffer{};
     std::string* field = request->mutable_input()->mutable_data();
-    field->swap(data);
-    if (pool_ != nullptr) pool_->Give(std::move(data));
-    Assembly assembly{std::move(*held), request, std::move(lease), total, first, first};
+    if (staging.data != nullptr && staging.bytes >= total) {
+      std::memcpy(staging.data, field->data(), static_cast<size_t>(first));
+      field->clear();
+      staging.bytes = total;
+    } else {
+      staging = StagingBuffer{};
+      std::string data =
+          pool_ != nullptr ? pool_->Take(static_cast<size_t>(total)) : std::string();
+      data.reserve(static_cast<size_t>(total));
+      data.append(*field);
+      field->swap(data);
+      if (pool_ != nullptr) pool_->Give(std::move(data));
+    }
+    Assembly assembly{std::move(*held), request,          std::move(lease), total,
+                      first,            first,            std::move(staging)};
     assembling_.emplace(id, std::move(assembly));
     return Of(Kind::kStarted);
+  }
+
+  // Offers a later chunk read without a full parse (ReadLaterChunk): its
+  // data is copied from where it lies. Nothing when its request_id has no
+  // tensor being assembled: the caller then parses the message and Offers
+  // it, which handles the rest (failed ids, errors).
+  std::optional<Step> OfferLater(const ChunkView& chunk) {
+    auto it = assembling_.find(chunk.request_id);
+    if (it == assembling_.end()) return std::nullopt;
+    return Continue(it, chunk.chunk_offset, chunk.data_bytes, chunk.more_chunks,
+                    /*header_fields=*/false, chunk);
   }
 
   // The stream's reads ended: one kFailed step (with its owner) for every
@@ -160,6 +196,7 @@ class ChunkAssembler {
     int64_t total;     // bytes the tensor must have
     int64_t received;  // bytes appended so far
     int64_t largest_chunk;
+    StagingBuffer staging;  // data null: assembled in request's input.data
   };
   using Map = absl::flat_hash_map<std::string, Assembly>;
 
@@ -169,15 +206,29 @@ class ChunkAssembler {
     return step;
   }
 
+  // The data of a parsed chunk, in the shape of a ChunkView's.
+  struct MessageData {
+    absl::string_view data;
+    void CopyTo(char* out) const { std::memcpy(out, data.data(), data.size()); }
+    void AppendTo(std::string* out) const { out->append(data.data(), data.size()); }
+  };
+
   Step Continue(typename Map::iterator it, v1::SoftmaxRequest* chunk) {
+    const v1::Tensor& input = chunk->input();
+    const bool header_fields = input.dtype() != v1::DTYPE_UNSPECIFIED || input.shape_size() > 0 ||
+                               chunk->has_axis() || chunk->has_temperature() || chunk->log();
+    return Continue(it, chunk->chunk_offset(), static_cast<int64_t>(input.data().size()),
+                    chunk->more_chunks(), header_fields, MessageData{input.data()});
+  }
+
+  // `data` has CopyTo(char*) and AppendTo(std::string*) of its `bytes`.
+  template <typename Data>
+  Step Continue(typename Map::iterator it, int64_t offset, int64_t bytes, bool more,
+                bool header_fields, const Data& data) {
     Assembly& assembly = it->second;
     const std::string& id = it->first;
-    const int64_t offset = chunk->chunk_offset();
-    const int64_t bytes = static_cast<int64_t>(chunk->input().data().size());
     std::string problem;
-    const v1::Tensor& input = chunk->input();
-    if (input.dtype() != v1::DTYPE_UNSPECIFIED || input.shape_size() > 0 || chunk->has_axis() ||
-        chunk->has_temperature() || chunk->log()) {
+    if (header_fields) {
       problem = absl::StrCat("chunk at chunk_offset ", offset, " of request_id \"",
                              Printable(id),
                              "\": input.dtype, input.shape, axis, temperature and log belong "
@@ -188,7 +239,7 @@ class ChunkAssembler {
                              " (chunks must follow each other without gaps or overlaps)");
     } else if (bytes > assembly.total - assembly.received) {
       problem = Beyond(id, offset, bytes, assembly.total);
-    } else if (!chunk->more_chunks() && assembly.received + bytes != assembly.total) {
+    } else if (!more && assembly.received + bytes != assembly.total) {
       problem = absl::StrCat("more_chunks: false after ", assembly.received + bytes, " of the ",
                              assembly.total, " bytes of request_id \"", Printable(id), "\"");
     }
@@ -196,20 +247,24 @@ class ChunkAssembler {
       Step step = Of(Kind::kFailed);
       step.error = absl::InvalidArgumentError(problem);
       step.owner.emplace(std::move(assembly.held));
-      const bool more = chunk->more_chunks();
       std::string failed_id = id;
       assembling_.erase(it);
       if (more) Remember(std::move(failed_id));
       return step;
     }
-    assembly.request->mutable_input()->mutable_data()->append(input.data());
+    if (assembly.staging.data != nullptr) {
+      data.CopyTo(assembly.staging.data + assembly.received);
+    } else {
+      data.AppendTo(assembly.request->mutable_input()->mutable_data());
+    }
     assembly.received += bytes;
     assembly.largest_chunk = std::max(assembly.largest_chunk, bytes);
-    if (chunk->more_chunks()) return Of(Kind::kAppended);
+    if (more) return Of(Kind::kAppended);
     Step step = Of(Kind::kComplete);
     step.owner.emplace(std::move(assembly.held));
     step.largest_chunk = assembly.largest_chunk;
     step.lease = std::move(assembly.lease);
+    step.staged = std::move(assembly.staging);
     assembling_.erase(it);
     return step;
   }
@@ -249,6 +304,7 @@ class ChunkAssembler {
   const RequestLimits limits_;
   MemoryBudget* const budget_;
   TensorBufferPool* const pool_;
+  const Stage stage_;
   Map assembling_;
   absl::flat_hash_set<std::string> failed_;
 };

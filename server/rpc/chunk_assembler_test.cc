@@ -1,6 +1,7 @@
 #include "server/rpc/chunk_assembler.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -208,6 +209,111 @@ TEST_F(ChunkAssemblerTest, LargeTensorsUseThePool) {
   EXPECT_EQ(static_cast<int64_t>(data.size()), elements * 4);
   pool_.Give(std::move(data));
   EXPECT_EQ(pool_.idle_buffers(), 1u);  // taken from the pool, so kept by it
+}
+
+// A backend's staging, as the stage callback hands it out: counts the
+// buffers alive, and gives none below `min_bytes`.
+struct FakeStaging {
+  int64_t min_bytes = 0;
+  std::shared_ptr<int> alive = std::make_shared<int>(0);
+  StagingBuffer operator()(int64_t bytes) const {
+    if (bytes < min_bytes) return {};
+    auto buffer = std::make_shared<std::vector<char>>(static_cast<size_t>(bytes), '\0');
+    ++*alive;
+    StagingBuffer staging;
+    staging.data = buffer->data();
+    staging.bytes = bytes;
+    staging.owner = std::shared_ptr<const void>(
+        buffer.get(), [buffer, alive = alive](const void*) mutable {
+          --*alive;
+          buffer.reset();
+        });
+    return staging;
+  }
+};
+
+TEST_F(ChunkAssemblerTest, AssemblesIntoTheBackendsStaging) {
+  FakeStaging staging;
+  Assembler assembler(limits_, nullptr, &pool_, staging);
+  ASSERT_EQ(Offer(assembler, First("a", 1000)).kind, Kind::kStarted);
+  EXPECT_EQ(*staging.alive, 1);
+  ASSERT_EQ(Offer(assembler, Later("a", 1000, 2500, true)).kind, Kind::kAppended);
+  Assembler::Step done = Offer(assembler, Later("a", 2500, 4000, false));
+  ASSERT_EQ(done.kind, Kind::kComplete);
+  ASSERT_NE(done.staged.data, nullptr);
+  EXPECT_EQ(done.staged.bytes, 4000);
+  EXPECT_EQ(std::string(done.staged.data, 4000), Bytes(0, 4000));
+  // The request carries the header only; its data is in the staging.
+  EXPECT_TRUE((*done.owner)->input().data().empty());
+  EXPECT_EQ((*done.owner)->input().shape_size(), 2);
+  done.staged = StagingBuffer{};
+  EXPECT_EQ(*staging.alive, 0);
+}
+
+TEST_F(ChunkAssemblerTest, FailedAndUnfinishedTensorsGiveTheirStagingBack) {
+  FakeStaging staging;
+  Assembler assembler(limits_, nullptr, &pool_, staging);
+  Offer(assembler, First("gap", 1000));
+  Offer(assembler, First("open", 1000));
+  EXPECT_EQ(*staging.alive, 2);
+  ExpectError(Offer(assembler, Later("gap", 1500, 2000, true)), absl::StatusCode::kInvalidArgument,
+              "expected 1000", true);
+  EXPECT_EQ(*staging.alive, 1);
+  EXPECT_EQ(assembler.End().size(), 1u);
+  EXPECT_EQ(*staging.alive, 0);
+}
+
+TEST_F(ChunkAssemblerTest, TensorsTheBackendDeclinesAreAssembledInTheRequest) {
+  FakeStaging staging;
+  staging.min_bytes = 8000;  // more than the 4000-byte tensor
+  Assembler assembler(limits_, nullptr, &pool_, staging);
+  Offer(assembler, First("a", 1000));
+  Assembler::Step done = Offer(assembler, Later("a", 1000, 4000, false));
+  ASSERT_EQ(done.kind, Kind::kComplete);
+  EXPECT_EQ(done.staged.data, nullptr);
+  EXPECT_EQ((*done.owner)->input().data(), Bytes(0, 4000));
+}
+
+// A later chunk read without a full parse (ReadLaterChunk) is appended as a
+// parsed one is, with the same checks; an id with nothing being assembled
+// is left to the full parse.
+TEST_F(ChunkAssemblerTest, LaterChunksReadInPlaceAreAppended) {
+  auto view = [](const std::string& id, int64_t offset, int64_t end, bool more) {
+    ChunkView chunk;
+    chunk.request_id = id;
+    chunk.chunk_offset = offset;
+    chunk.more_chunks = more;
+    static std::vector<std::string> kept;  // the pieces' bytes
+    kept.push_back(Bytes(offset, end));
+    const std::string& bytes = kept.back();
+    const size_t half = bytes.size() / 2;
+    chunk.data = {absl::string_view(bytes).substr(0, half), absl::string_view(bytes).substr(half)};
+    chunk.data_bytes = end - offset;
+    return chunk;
+  };
+  for (bool staged : {false, true}) {
+    FakeStaging staging;
+    Assembler assembler(limits_, nullptr, &pool_, staged ? Assembler::Stage(staging) : nullptr);
+    EXPECT_FALSE(assembler.OfferLater(view("a", 1000, 2000, true)).has_value());
+    ASSERT_EQ(Offer(assembler, First("a", 1000)).kind, Kind::kStarted);
+    std::optional<Assembler::Step> gap = assembler.OfferLater(view("a", 1500, 2000, true));
+    ASSERT_TRUE(gap.has_value());
+    ExpectError(*gap, absl::StatusCode::kInvalidArgument, "expected 1000", true);
+    ASSERT_EQ(Offer(assembler, First("a", 1000)).kind, Kind::kStarted);
+    std::optional<Assembler::Step> more = assembler.OfferLater(view("a", 1000, 2500, true));
+    ASSERT_TRUE(more.has_value());
+    EXPECT_EQ(more->kind, Kind::kAppended);
+    std::optional<Assembler::Step> done = assembler.OfferLater(view("a", 2500, 4000, false));
+    ASSERT_TRUE(done.has_value());
+    ASSERT_EQ(done->kind, Kind::kComplete);
+    if (staged) {
+      ASSERT_NE(done->staged.data, nullptr);
+      EXPECT_EQ(std::string(done->staged.data, 4000), Bytes(0, 4000));
+    } else {
+      EXPECT_EQ((*done->owner)->input().data(), Bytes(0, 4000));
+    }
+    EXPECT_EQ(done->largest_chunk, 1500);
+  }
 }
 
 }  // namespace

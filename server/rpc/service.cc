@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/logging/log.h"
+#include "common/chunk_wire.h"
 #include "server/rpc/chunk_assembler.h"
 #include "server/rpc/status_util.h"
 #include "server/rpc/stream_reactor.h"
@@ -166,52 +167,41 @@ class SoftmaxStreamHandler {
       : service_(service),
         context_(context),
         assembler_(std::make_unique<ChunkAssembler<Started>>(
-            service->limits(), service->budget(), service->buffers().get())) {}
+            service->limits(), service->budget(), service->buffers().get(),
+            [service](int64_t bytes) { return service->AllocateStaging(bytes); })) {}
 
   std::unique_ptr<Entry> NewEntry() { return std::make_unique<Entry>(service_->buffers()); }
 
   void Start(Entry* entry, std::function<bool()> is_cancelled,
              std::function<void(const absl::Status&)> done) {
     entry->start = SteadyClock::now();
+    Started started{entry, std::move(is_cancelled), std::move(done)};
+    // A later chunk of a tensor being assembled is copied from the message
+    // as it lies, without parsing it into entry->request first.
+    if (assembler_->assembling() > 0) {
+      ChunkView chunk;
+      if (ReadLaterChunk(entry->incoming, kRequestChunkFields, &chunk)) {
+        std::optional<ChunkAssembler<Started>::Step> step = assembler_->OfferLater(chunk);
+        if (step.has_value()) {
+          entry->data_bytes = chunk.data_bytes;
+          chunk = ChunkView{};
+          entry->incoming.Clear();
+          Handle(std::move(started), *std::move(step));
+          return;
+        }
+      }
+    }
     const absl::Status parsed =
         ParseRequestMessage(&entry->incoming, service_->buffers().get(), &entry->request);
     // Read before Dispatch, which may move the input bytes into the output.
     entry->data_bytes = static_cast<int64_t>(entry->request.input().data().size());
     if (!parsed.ok()) {
-      done(parsed);
+      started.done(parsed);
       return;
     }
-    Started started{entry, std::move(is_cancelled), std::move(done)};
-    using Kind = ChunkAssembler<Started>::Kind;
+    // (Offer may keep `started`, moved out: a first chunk.)
     ChunkAssembler<Started>::Step step = assembler_->Offer(&entry->request, &started);
-    switch (step.kind) {
-      case Kind::kWhole:
-        Dispatch(std::move(started));
-        return;
-      case Kind::kStarted:
-        return;  // kept by the assembler until its last chunk
-      case Kind::kAppended:
-      case Kind::kDropped:
-        Absorb(std::move(started));
-        return;
-      case Kind::kComplete: {
-        Absorb(std::move(started));
-        Entry* whole = step.owner->entry;
-        whole->data_bytes = static_cast<int64_t>(whole->request.input().data().size());
-        whole->response_chunk_bytes = std::max(step.largest_chunk, kMinResponseChunkBytes);
-        whole->held = std::move(step.lease);
-        Dispatch(*std::move(step.owner));
-        return;
-      }
-      case Kind::kFailed:
-        if (step.owner.has_value()) {
-          Absorb(std::move(started));
-          step.owner->done(step.error);
-        } else {
-          started.done(step.error);
-        }
-        return;
-    }
+    Handle(std::move(started), std::move(step));
   }
 
   // The stream's reads ended: tensors still being assembled fail.
@@ -269,12 +259,54 @@ class SoftmaxStreamHandler {
     std::function<void(const absl::Status&)> done;
   };
 
-  void Dispatch(Started started) {
+  // Carries out what the assembler made of the message of `started`.
+  void Handle(Started started, ChunkAssembler<Started>::Step step) {
+    using Kind = ChunkAssembler<Started>::Kind;
+    switch (step.kind) {
+      case Kind::kWhole:
+        Dispatch(std::move(started));
+        return;
+      case Kind::kStarted:
+        return;  // kept by the assembler until its last chunk
+      case Kind::kAppended:
+      case Kind::kDropped:
+        Absorb(std::move(started));
+        return;
+      case Kind::kComplete: {
+        Absorb(std::move(started));
+        Entry* whole = step.owner->entry;
+        whole->response_chunk_bytes = std::max(step.largest_chunk, kMinResponseChunkBytes);
+        whole->held = std::move(step.lease);
+        if (step.staged.data != nullptr) {
+          whole->data_bytes = step.staged.bytes;
+          ExternalTensors staged;
+          staged.input = step.staged.data;
+          staged.input_bytes = step.staged.bytes;
+          staged.input_staged = std::move(step.staged.owner);
+          Dispatch(*std::move(step.owner), &staged);
+        } else {
+          whole->data_bytes = static_cast<int64_t>(whole->request.input().data().size());
+          Dispatch(*std::move(step.owner));
+        }
+        return;
+      }
+      case Kind::kFailed:
+        if (step.owner.has_value()) {
+          Absorb(std::move(started));
+          step.owner->done(step.error);
+        } else {
+          started.done(step.error);
+        }
+        return;
+    }
+  }
+
+  void Dispatch(Started started, const ExternalTensors* external = nullptr) {
     Entry* entry = started.entry;
     const absl::Status status =
         service_->Dispatch(&entry->request, &entry->response, &entry->view,
                            context_->deadline(), std::move(started.is_cancelled), started.done,
-                           nullptr, &entry->held);
+                           external, &entry->held);
     if (!status.ok()) started.done(status);
   }
 
@@ -432,6 +464,7 @@ absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
     item->input_buffer = nullptr;
     item->segment.input_memory = ext.input_memory;
     item->segment.input_device = ext.input_device;
+    item->segment.staged = ext.input_staged;
   }
   if (ext.output != nullptr) {
     item->fixed_output = ext.output;

@@ -55,6 +55,9 @@ struct ExternalTensors {
   int64_t output_bytes = 0;
   MemoryKind output_memory = MemoryKind::kHost;
   int output_device = -1;
+  // With `input`: the input is in a backend's staging (AllocateStaging),
+  // kept alive by this, and is computed there without another copy.
+  std::shared_ptr<const void> input_staged;
 };
 
 struct ServiceOptions {
@@ -155,6 +158,13 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   MemoryBudget* budget() const { return options_.budget; }
   // Where the calls' large tensor buffers come from and go back to.
   const std::shared_ptr<TensorBufferPool>& buffers() const { return buffers_; }
+  // A backend's memory for an input that arrives in parts
+  // (Backend::AllocateStaging), to dispatch as ExternalTensors::staged;
+  // empty when no backend has any (the echo, the CPU). Any thread.
+  StagingBuffer AllocateStaging(int64_t bytes) const {
+    return options_.echo || batcher_ == nullptr ? StagingBuffer{}
+                                                : batcher_->AllocateStaging(bytes);
+  }
 
   // OK when tokens are off or `context` carries a known one; else
   // UNAUTHENTICATED. For the other front-ends on the same tokens.

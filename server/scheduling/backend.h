@@ -58,6 +58,15 @@ struct Segment {
   int output_device = -1;
 };
 
+// Memory of a backend's own for one input (Backend::AllocateStaging):
+// `bytes` writable bytes at `data`, valid while `owner` lives. Empty
+// (data null) when the backend has none to give.
+struct StagingBuffer {
+  char* data = nullptr;
+  int64_t bytes = 0;
+  std::shared_ptr<const void> owner;
+};
+
 // A segment's output left where the backend computed it (the GPU backend's
 // pinned host memory) for the response to reference instead of copying it.
 // `owner` keeps the bytes alive and valid: whoever holds the last reference
@@ -189,6 +198,13 @@ class Backend {
   // another). Such memory must be readable by every backend of the process
   // (pinned host memory is). Default: false.
   virtual bool StageInput(Segment& segment) { return false; }
+
+  // Optional: memory like StageInput's for an input of `bytes` that the
+  // caller writes there itself as it arrives (a tensor sent in chunks), so
+  // that StageInput's copy is not needed. Hand it over as segment.input and
+  // segment.staged, with output_view_ok set, and the batcher stages nothing
+  // more. Any thread. Default: none (StagingBuffer{}).
+  virtual StagingBuffer AllocateStaging(int64_t bytes) { return {}; }
 
   // The device this backend computes on; default: nothing known.
   virtual DeviceInfo Device() const { return {}; }

@@ -55,7 +55,8 @@ absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
     // Copied into a backend's own memory here, on the caller's thread (see
     // Backend::StageInput); the request's copy is not needed any more. An
     // input in shared memory is read where it is.
-    if (item->segment.input_memory == MemoryKind::kHost &&
+    // (An input staged by its caller, Backend::AllocateStaging, already is.)
+    if (item->segment.staged == nullptr && item->segment.input_memory == MemoryKind::kHost &&
         scheduler_->StageInput(item->segment) && item->input_buffer != nullptr) {
       std::string().swap(*item->input_buffer);
       item->input_buffer = nullptr;

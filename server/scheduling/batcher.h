@@ -165,6 +165,11 @@ class Batcher final : public BatchSource {
   // reports the returned status.
   absl::Status Enqueue(std::unique_ptr<WorkItem> item);
 
+  // Memory of one of the backends for an input that its caller writes
+  // there as it arrives (Backend::AllocateStaging); empty when none has it.
+  // Any thread.
+  StagingBuffer AllocateStaging(int64_t bytes) { return scheduler_->AllocateStaging(bytes); }
+
   // Refuses new requests, computes everything already queued without waiting
   // for the delay, waits until every request is answered, then stops the
   // scheduler's threads. Idempotent.

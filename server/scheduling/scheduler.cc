@@ -164,6 +164,12 @@ bool Scheduler::StageInput(Segment& segment) {
   return backends_[turn % backends_.size()]->StageInput(segment);
 }
 
+StagingBuffer Scheduler::AllocateStaging(int64_t bytes) {
+  if (backends_.empty()) return {};
+  const uint32_t turn = next_stager_.fetch_add(1, std::memory_order_relaxed);
+  return backends_[turn % backends_.size()]->AllocateStaging(bytes);
+}
+
 void Scheduler::Stop() {
   absl::MutexLock stop_lock(&stop_mu_);
   {

@@ -17,7 +17,7 @@
 // sleeping, and polls briefly for one before it sleeps. Nothing else starts
 // compute: no thread-locals, no inline paths, no per-backend queues.
 //
-// Thread-safety: Notify, StageInput and the accessors may be called from any
+// Thread-safety: Notify, StageInput, AllocateStaging and the accessors may be called from any
 // thread; Start and Stop once each, from the owner.
 #ifndef SOFTMAX_SERVER_SCHEDULING_SCHEDULER_H_
 #define SOFTMAX_SERVER_SCHEDULING_SCHEDULER_H_
@@ -74,6 +74,8 @@ class Scheduler {
   // Stages `segment` into the memory of one of the backends, in turn
   // (Backend::StageInput).
   bool StageInput(Segment& segment);
+  // Staging from one of the backends, in turn (Backend::AllocateStaging).
+  StagingBuffer AllocateStaging(int64_t bytes);
   const std::vector<Backend*>& backends() const { return backends_; }
 
  private:

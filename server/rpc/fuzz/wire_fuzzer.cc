@@ -2,7 +2,8 @@
 // them, through parsing, validation, the batcher and a CPU backend, back to
 // the bytes of the response. The first byte picks the front-end:
 //   even: a softmax.v1.SoftmaxRequest message, as gRPC hands it
-//         (ParseRequestMessage on a grpc::ByteBuffer);
+//         (ParseRequestMessage on a grpc::ByteBuffer; and ReadLaterChunk,
+//         checked against protobuf's parse);
 //   odd:  a KServe v2 HTTP infer body; the next two bytes give
 //         Inference-Header-Content-Length (modulo the body's size + 1).
 // Checks: every refusal is a client error (INVALID_ARGUMENT, or
@@ -30,6 +31,7 @@
 #include <grpcpp/support/slice.h>
 
 #include "absl/synchronization/notification.h"
+#include "common/chunk_wire.h"
 #include "absl/time/time.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/rpc/kserve.h"
@@ -167,7 +169,33 @@ void DispatchAndCheck(v1::SoftmaxRequest* request) {
   }
 }
 
+// The stream's reading of a later chunk without a full parse
+// (ReadLaterChunk) agrees with protobuf's wherever both accept the bytes
+// (protobuf also refuses an id of invalid UTF-8), over three slices.
+void CheckLaterChunkReading(const uint8_t* data, size_t size) {
+  const char* bytes = reinterpret_cast<const char*>(data);
+  grpc::Slice slices[3] = {grpc::Slice(bytes, size / 3),
+                           grpc::Slice(bytes + size / 3, size * 2 / 3 - size / 3),
+                           grpc::Slice(bytes + size * 2 / 3, size - size * 2 / 3)};
+  const grpc::ByteBuffer buffer(slices, 3);
+  ChunkView view;
+  if (!ReadLaterChunk(buffer, kRequestChunkFields, &view)) return;
+  v1::SoftmaxRequest parsed;
+  if (!parsed.ParseFromArray(data, static_cast<int>(size))) return;
+  std::string copied(static_cast<size_t>(view.data_bytes), '\0');
+  view.CopyTo(copied.data());
+  Check(parsed.request_id() == view.request_id, "a later chunk's id reads as protobuf's");
+  Check(parsed.chunk_offset() == view.chunk_offset && view.chunk_offset > 0,
+        "a later chunk's offset reads as protobuf's");
+  Check(parsed.more_chunks() == view.more_chunks, "a later chunk's more_chunks reads alike");
+  Check(parsed.input().data() == copied, "a later chunk's data reads as protobuf's");
+  Check(parsed.input().dtype() == v1::DTYPE_UNSPECIFIED && parsed.input().shape_size() == 0 &&
+            !parsed.has_axis() && !parsed.has_temperature() && !parsed.log(),
+        "a later chunk read so has no header fields");
+}
+
 void SoftmaxV1(const uint8_t* data, size_t size) {
+  CheckLaterChunkReading(data, size);
   grpc::Slice slice(data, size);
   grpc::ByteBuffer buffer(&slice, 1);
   v1::SoftmaxRequest request;
