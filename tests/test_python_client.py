@@ -281,6 +281,47 @@ def test_stream_answers_every_request_and_reports_bad_ones(client, softmax_clien
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_big_tensors_travel_in_chunks_on_streams(softmax_client, server):
+    """Tensors over chunk_bytes go in chunks (chunks that split elements
+    included) and their chunked answers are put back together, every dtype,
+    beside whole ones and a bad chunked one; with chunk_bytes=0 all go whole."""
+    items = []
+    for seed, dtype in enumerate(["float32", "float16", "bfloat16"]):
+        array, _ = inputs(dtype, (3, 40000), softmax_client, seed=seed)
+        items.append((array, {"temperature": 1.5}))
+        items.append((array[:1, :50], {"log": True}))
+    big_bad, _ = inputs("float32", (2, 30000), softmax_client)
+    items.insert(3, (big_bad, {"axis": 3}))
+    for chunk_bytes in (70001, softmax_client.DEFAULT_CHUNK_BYTES // 16, 0):
+        with softmax_client.Client(server.grpc_address, timeout=60,
+                                   chunk_bytes=chunk_bytes) as c:
+            results = {r.index: r for r in c.stream(items)}
+        assert sorted(results) == list(range(len(items)))
+        assert results.pop(3).error.code == grpc.StatusCode.INVALID_ARGUMENT
+        for index, result in results.items():
+            array, kwargs = items[index]
+            assert result.error is None, result.error
+            assert result.output.dtype == array.dtype and result.output.shape == array.shape
+            dtype = "bfloat16" if array.dtype.itemsize == 2 and array.dtype != np.float16 else \
+                str(array.dtype)
+            assert_close(result.output.astype(np.float64),
+                         reference_softmax(array.astype(np.float64), **kwargs), dtype,
+                         f"{dtype} chunk_bytes={chunk_bytes}")
+
+
+def test_chunks_of_a_request(softmax_client):
+    request = softmax_client.client._request(np.zeros((2, 5), np.float32), request_id="9")
+    chunks = list(softmax_client.client._chunks(request, 16))
+    assert [(c.chunk_offset, len(c.input.data), c.more_chunks) for c in chunks] == [
+        (0, 16, True), (16, 16, True), (32, 8, False)]
+    assert list(chunks[0].input.shape) == [2, 5] and chunks[0].request_id == "9"
+    assert all(c.request_id == "9" and not c.input.shape for c in chunks[1:])
+    whole = softmax_client.client._request(np.zeros((2, 2), np.float32))
+    assert list(softmax_client.client._chunks(whole, 16)) == [whole]
+    with pytest.raises(ValueError):
+        softmax_client.Client("127.0.0.1:1", chunk_bytes=-1)
+
+
 def test_service_config_retries_unavailable_with_backoff(softmax_client):
     import json
     config = json.loads(softmax_client.client.service_config(
