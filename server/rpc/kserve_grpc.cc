@@ -34,6 +34,11 @@ int64_t NanosSince(SteadyClock::time_point start) {
 
 // One inference request on its way through Dispatch.
 struct InferCall {
+  ~InferCall() {
+    if (buffers != nullptr) RecycleBuffers(buffers.get(), &request, &response);
+  }
+  // Where its large tensor buffers go back to (the service's pool).
+  std::shared_ptr<TensorBufferPool> buffers;
   SteadyClock::time_point start = SteadyClock::now();
   bool model_known = false;
   kserve::Model model = kserve::Model::kSoftmax;
@@ -206,6 +211,9 @@ OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out
     return OutputView{};
   }
   if (call->view.data != nullptr) return std::move(call->view);
+  // A large output (echo, CPU backend) is sent by reference, not copied.
+  if (call->buffers != nullptr) LendLargeOutput(call->buffers, &call->response, &call->view);
+  if (call->view.data != nullptr) return std::move(call->view);
   out->add_raw_output_contents()->swap(*call->response.mutable_output()->mutable_data());
   return OutputView{};
 }
@@ -264,8 +272,20 @@ absl::Status SerializeInferResponse(inference::ModelInferResponse* response, Out
   return absl::OkStatus();
 }
 
-// Parses a ModelInferRequest out of `buffer` (consumed).
-absl::Status ParseInferRequest(grpc::ByteBuffer* buffer, inference::ModelInferRequest* request) {
+// Parses a ModelInferRequest out of `buffer` (consumed). A large message's
+// first raw_input_contents entry lands in a buffer from `pool` (may be
+// null): a repeated field keeps its cleared elements, with their capacity,
+// for the parser to reuse. 2-core host, 64 MiB echo: 34,000 page faults
+// per request without it.
+absl::Status ParseInferRequest(grpc::ByteBuffer* buffer, TensorBufferPool* pool,
+                               inference::ModelInferRequest* request) {
+  if (pool != nullptr && request->raw_input_contents_size() == 0) {
+    std::string data = pool->Take(buffer->Length());
+    if (data.capacity() >= TensorBufferPool::kMinPooledBytes) {
+      request->add_raw_input_contents()->swap(data);
+      request->mutable_raw_input_contents()->Clear();
+    }
+  }
   const grpc::Status status =
       grpc::SerializationTraits<inference::ModelInferRequest>::Deserialize(buffer, request);
   if (!status.ok()) {
@@ -309,8 +329,9 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
                 std::function<bool()> is_cancelled, Complete complete) {
   InferCall* call = owned.release();
   call->context = context;
+  call->buffers = service->softmax()->buffers();
   absl::Status status = service->softmax()->Authenticate(*context);
-  if (status.ok()) status = ParseInferRequest(buffer, request);
+  if (status.ok()) status = ParseInferRequest(buffer, call->buffers.get(), request);
   if (status.ok()) status = PrepareInfer(request, service->shared_memory(), call);
   if (status.ok()) {
     status = kserve::RenameInputFields(

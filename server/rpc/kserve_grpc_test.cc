@@ -58,15 +58,19 @@ class LendingBackend final : public Backend {
 };
 
 struct Harness {
-  Harness() {
+  // `echo`: --device=none, no backend.
+  explicit Harness(bool echo = false, int64_t max_tensor_bytes = 1 << 20) {
     metrics = std::move(*Metrics::Create(""));
-    auto lending = std::make_unique<LendingBackend>();
-    backend = lending.get();
-    owned_backend = std::move(lending);
-    scheduler = std::make_unique<Scheduler>(std::vector<Backend*>{backend});
-    batcher = std::make_unique<Batcher>(BatcherOptions{}, scheduler.get(), metrics.get());
+    if (!echo) {
+      auto lending = std::make_unique<LendingBackend>();
+      backend = lending.get();
+      owned_backend = std::move(lending);
+      scheduler = std::make_unique<Scheduler>(std::vector<Backend*>{backend});
+      batcher = std::make_unique<Batcher>(BatcherOptions{}, scheduler.get(), metrics.get());
+    }
     ServiceOptions options;
-    options.limits.max_tensor_bytes = 1 << 20;
+    options.echo = echo;
+    options.limits.max_tensor_bytes = max_tensor_bytes;
     softmax = std::make_unique<SoftmaxServiceImpl>(options, batcher.get(), metrics.get());
     kserve = std::make_unique<KServeGrpcService>(softmax.get(), &statistics, "test", 4);
     GrpcServerOptions grpc_options;
@@ -76,14 +80,16 @@ struct Harness {
     absl::StatusOr<RunningServer> started = StartGrpcServer(grpc_options, softmax.get());
     EXPECT_TRUE(started.ok()) << started.status();
     server = std::move(started->server);
-    channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", started->port),
-                                  grpc::InsecureChannelCredentials());
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", started->port),
+                                        grpc::InsecureChannelCredentials(), args);
     stub = inference::GRPCInferenceService::NewStub(channel);
   }
   ~Harness() {
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
     server->Wait();
-    batcher->Stop();
+    if (batcher != nullptr) batcher->Stop();
   }
 
   std::unique_ptr<Metrics> metrics;
@@ -166,6 +172,46 @@ TEST(KServeGrpcTest, ModelInferAnswersFromTheLentOutput) {
   EXPECT_TRUE(AllReleased(*harness.backend));
   const inference::ModelStatistics stats = harness.statistics.Get(kserve::Model::kSoftmax);
   EXPECT_EQ(stats.inference_count(), 3u);
+}
+
+// A large tensor is parsed into a pooled buffer and its answer sent from
+// one, unary and streamed: the buffers come back to the service's pool.
+TEST(KServeGrpcTest, LargeTensorsTravelThroughPooledBuffers) {
+  const size_t columns = (TensorBufferPool::kMinPooledBytes + (1 << 20)) / 4;  // 17 MiB
+  Harness harness(/*echo=*/true, int64_t{64} << 20);
+  const std::vector<float> values = Values(columns, 2.0f);
+  const inference::ModelInferRequest request = Request("big", values, 1, false);
+  for (int call = 0; call < 3; ++call) {
+    grpc::ClientContext context;
+    inference::ModelInferResponse response;
+    const grpc::Status status = harness.stub->ModelInfer(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.raw_output_contents_size(), 1);
+    EXPECT_TRUE(response.raw_output_contents(0) == request.raw_input_contents(0));
+  }
+  grpc::ClientContext context;
+  auto stream = harness.stub->ModelStreamInfer(&context);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  inference::ModelStreamInferResponse response;
+  int answered = 0;
+  while (stream->Read(&response)) {
+    ++answered;
+    EXPECT_TRUE(response.error_message().empty()) << response.error_message();
+    ASSERT_EQ(response.infer_response().raw_output_contents_size(), 1);
+    EXPECT_TRUE(response.infer_response().raw_output_contents(0) ==
+                request.raw_input_contents(0));
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(answered, 2);
+  // gRPC releases the responses' buffers once they are on the wire.
+  TensorBufferPool& pool = *harness.softmax->buffers();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (pool.idle_buffers() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GE(pool.idle_buffers(), 1u);
+  EXPECT_LE(pool.idle_buffers(), 2u);  // at most two calls were in flight at once
 }
 
 TEST(KServeGrpcTest, StreamAnswersEveryRequestAndErrorsInBand) {

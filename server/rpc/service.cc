@@ -19,26 +19,13 @@
 #include "server/rpc/wire.h"
 
 namespace softmax::server {
-namespace {
 
-using SteadyClock = std::chrono::steady_clock;
-
-// Idle capacity the service keeps for large tensors (TensorBufferPool): the
-// buffers of eight 64 MiB calls, twice what 4 callers of 64 MiB tensors hold
-// (one each on the echo and the CUDA backend). With the pool, H200, 4 such
-// callers: 6.5 GB/s of payload on the echo, 5.9 on CUDA; without, 1.3 / 1.6.
-constexpr size_t kIdleTensorBufferBytes = size_t{512} << 20;
-
-// Gives a finished call's large strings back to the pool.
 void RecycleBuffers(TensorBufferPool* pool, v1::SoftmaxRequest* request,
                     v1::SoftmaxResponse* response) {
   if (request->has_input()) pool->Give(std::move(*request->mutable_input()->mutable_data()));
   if (response->has_output()) pool->Give(std::move(*response->mutable_output()->mutable_data()));
 }
 
-// An output left in the response's own string (echo, CPU backend) is sent
-// by reference when it is large, as views are, instead of being copied into
-// a newly allocated message buffer.
 void LendLargeOutput(const std::shared_ptr<TensorBufferPool>& pool,
                      v1::SoftmaxResponse* response, OutputView* view) {
   if (view->data != nullptr || !response->has_output() ||
@@ -48,6 +35,16 @@ void LendLargeOutput(const std::shared_ptr<TensorBufferPool>& pool,
   *view = TensorBufferPool::LendAsView(pool, std::move(*response->mutable_output()->mutable_data()));
   response->mutable_output()->clear_data();
 }
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// Idle capacity the service keeps for large tensors (TensorBufferPool): the
+// buffers of eight 64 MiB calls, twice what 4 callers of 64 MiB tensors hold
+// (one each on the echo and the CUDA backend). With the pool, H200, 4 such
+// callers: 6.5 GB/s of payload on the echo, 5.9 on CUDA; without, 1.3 / 1.6.
+constexpr size_t kIdleTensorBufferBytes = size_t{512} << 20;
 
 double SecondsSince(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();

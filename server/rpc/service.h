@@ -60,6 +60,16 @@ struct ExternalTensors {
   std::shared_ptr<const void> input_staged;
 };
 
+// Gives a finished call's large strings back to `pool`.
+void RecycleBuffers(TensorBufferPool* pool, v1::SoftmaxRequest* request,
+                    v1::SoftmaxResponse* response);
+
+// An output left in the response's own string (echo, CPU backend) is sent
+// by reference when it is large, as views are, instead of being copied into
+// a newly allocated message buffer: a no-op when `view` already holds one.
+void LendLargeOutput(const std::shared_ptr<TensorBufferPool>& pool,
+                     v1::SoftmaxResponse* response, OutputView* view);
+
 struct ServiceOptions {
   RequestLimits limits;
   // --device=none: answer every valid request with its input, straight from
