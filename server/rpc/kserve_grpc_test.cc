@@ -22,6 +22,7 @@
 #include "server/rpc/grpc_server.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
+#include "server/testing/test_backends.h"
 
 namespace softmax::server {
 namespace {
@@ -206,11 +207,7 @@ TEST(KServeGrpcTest, LargeTensorsTravelThroughPooledBuffers) {
   EXPECT_EQ(answered, 2);
   // gRPC releases the responses' buffers once they are on the wire.
   TensorBufferPool& pool = *harness.softmax->buffers();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (pool.idle_buffers() == 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  EXPECT_GE(pool.idle_buffers(), 1u);
+  EXPECT_TRUE(testing::Await([&pool] { return pool.idle_buffers() >= 1; }));
   EXPECT_LE(pool.idle_buffers(), 2u);  // at most two calls were in flight at once
 }
 

@@ -25,6 +25,7 @@
 #include "server/rpc/grpc_server.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
+#include "server/testing/test_backends.h"
 
 namespace softmax::server {
 namespace {
@@ -570,12 +571,7 @@ TEST(ServiceTest, ChunkedTensorsAreAssembledInTheBackendsStaging) {
   ExpectCorrect(whole, assembled);
   EXPECT_EQ(harness.staging->staged.load(), 2);
   EXPECT_EQ(harness.staging->in_place.load(), 1);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (harness.staging->staged_alive.load() != 0 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  EXPECT_EQ(harness.staging->staged_alive.load(), 0);
+  EXPECT_TRUE(testing::Await([&] { return harness.staging->staged_alive.load() == 0; }));
 }
 
 // Bytes that are no SoftmaxRequest at all: INVALID_ARGUMENT for a unary call;
