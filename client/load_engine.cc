@@ -563,12 +563,13 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream is ending; OnDone follows
-    if (!assembling_.empty() && ReadLaterChunk(read_buffer_, kResponseChunkFields, &chunk_)) {
+    ChunkView chunk;
+    if (!assembling_.empty() && ReadLaterChunk(read_buffer_, kResponseChunkFields, &chunk)) {
       // A later chunk of an answer being assembled: its data is appended
       // from the message as it lies, without parsing it first.
       uint64_t id = 0;
-      auto it = absl::SimpleAtoi(chunk_.request_id, &id) ? assembling_.find(id)
-                                                          : assembling_.end();
+      auto it =
+          absl::SimpleAtoi(chunk.request_id, &id) ? assembling_.find(id) : assembling_.end();
       InFlight call;
       bool found = false;
       if (it != assembling_.end()) {
@@ -580,9 +581,9 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
         }
       }
       if (found) {
-        const bool appended = AppendLaterChunk(chunk_, it->second.get());
-        const bool more = chunk_.more_chunks;
-        chunk_ = ChunkView{};
+        const bool appended = AppendLaterChunk(chunk, it->second.get());
+        const bool more = chunk.more_chunks;
+        chunk = ChunkView{};  // its references to the buffer's slices
         read_buffer_.Clear();
         if (!appended || !more) {
           FinishAnswer(id, call, appended ? 0 : static_cast<int>(grpc::StatusCode::INTERNAL),
@@ -591,7 +592,6 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
         ReadNext();
         return;
       }
-      chunk_ = ChunkView{};
     }
     if (!ParseResponseReusingBuffers(&read_buffer_, &read_)) {
       // As a typed stream would: the call ends, and OnDone fails whatever
@@ -746,7 +746,6 @@ class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   const int window_;  // closed loop: requests in flight; 0 in the open loop
   grpc::ClientContext context_;
   grpc::ByteBuffer read_buffer_;
-  ChunkView chunk_;  // a later chunk of an answer, as read (OnReadDone)
   v1::SoftmaxResponse read_;    // reused: keeps its output's buffer
   grpc::ByteBuffer write_;      // GUARDED_BY(mutex_) while writing_
   // --chunk_bytes: answers being reassembled by request id, and finished

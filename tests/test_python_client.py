@@ -309,6 +309,42 @@ def test_big_tensors_travel_in_chunks_on_streams(softmax_client, server):
                          f"{dtype} chunk_bytes={chunk_bytes}")
 
 
+@pytest.mark.parametrize("answer,words", [
+    ([(0, b"ab", True), (3, b"cd", False)], "expected 2"),   # a gap
+    ([(0, b"ab", True), (2, b"cd", True)], "ended within"),  # no last chunk
+])
+def test_malformed_chunked_answers_raise_internal(softmax_client, answer, words):
+    """A server whose chunked answer skips bytes or stops before its last
+    chunk: SoftmaxError INTERNAL, not a wrong or missing array."""
+    from concurrent import futures
+    pb = softmax_client.client.softmax_pb2
+
+    def handler(requests, context):
+        first = next(requests)
+        for offset, data, more in answer:
+            output = pb.Tensor(data=data)
+            if offset == 0:
+                output.dtype, output.shape[:] = first.input.dtype, [2]
+            yield pb.SoftmaxResponse(request_id=first.request_id, output=output,
+                                     chunk_offset=offset, more_chunks=more)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "softmax.v1.SoftmaxService", {"SoftmaxStream": grpc.stream_stream_rpc_method_handler(
+            handler, request_deserializer=pb.SoftmaxRequest.FromString,
+            response_serializer=pb.SoftmaxResponse.SerializeToString)})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with softmax_client.Client(f"127.0.0.1:{port}", timeout=10) as c:
+            with pytest.raises(softmax_client.SoftmaxError) as error:
+                list(c.stream([np.zeros((1, 2), np.float16)]))
+    finally:
+        server.stop(0)
+    assert error.value.code == grpc.StatusCode.INTERNAL
+    assert words in error.value.details
+
+
 def test_chunks_of_a_request(softmax_client):
     request = softmax_client.client._request(np.zeros((2, 5), np.float32), request_id="9")
     chunks = list(softmax_client.client._chunks(request, 16))

@@ -56,7 +56,8 @@ struct ExternalTensors {
   MemoryKind output_memory = MemoryKind::kHost;
   int output_device = -1;
   // With `input`: the input is in a backend's staging (AllocateStaging),
-  // kept alive by this, and is computed there without another copy.
+  // kept alive by this, and is computed there without another copy; the
+  // answer is then a view of that memory, so Dispatch needs a `view`.
   std::shared_ptr<const void> input_staged;
 };
 

@@ -202,8 +202,9 @@ class Backend {
   // Optional: memory like StageInput's for an input of `bytes` that the
   // caller writes there itself as it arrives (a tensor sent in chunks), so
   // that StageInput's copy is not needed. Hand it over as segment.input and
-  // segment.staged, with output_view_ok set, and the batcher stages nothing
-  // more. Any thread. Default: none (StagingBuffer{}).
+  // segment.staged of a WorkItem with an output_view (the answer is a view
+  // of this memory, computed in place), and the batcher stages nothing more.
+  // Any thread. Default: none (StagingBuffer{}).
   virtual StagingBuffer AllocateStaging(int64_t bytes) { return {}; }
 
   // The device this backend computes on; default: nothing known.

@@ -17,8 +17,8 @@
 // sleeping, and polls briefly for one before it sleeps. Nothing else starts
 // compute: no thread-locals, no inline paths, no per-backend queues.
 //
-// Thread-safety: Notify, StageInput, AllocateStaging and the accessors may be called from any
-// thread; Start and Stop once each, from the owner.
+// Thread-safety: Notify, StageInput, AllocateStaging and the accessors may
+// be called from any thread; Start and Stop once each, from the owner.
 #ifndef SOFTMAX_SERVER_SCHEDULING_SCHEDULER_H_
 #define SOFTMAX_SERVER_SCHEDULING_SCHEDULER_H_
 
