@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -46,6 +47,12 @@ constexpr int kFaultSignal = SIGUSR1;
 // An hour: longer batching delays are a mistake, and bounding them keeps the
 // batcher's time arithmetic far from overflow.
 constexpr int64_t kMaxQueueDelayUs = int64_t{3600} * 1000 * 1000;
+// The lame duck: from SIGINT/SIGTERM, new requests are refused with a
+// retryable UNAVAILABLE (health NOT_SERVING) for this long before the
+// listener may close. No measurement chose 500 ms: it is the value the drain
+// was built and tested with (tests/test_shutdown.py); it needs only to
+// outlast a refusal's round trip, and every restart waits it out.
+constexpr std::chrono::milliseconds kLameDuck(500);
 // Pause between the last response and closing the connections, so callers
 // read their responses before the close (see WaitForRequestsInFlight).
 constexpr std::chrono::milliseconds kCloseLinger(200);
@@ -87,23 +94,13 @@ ABSL_FLAG(int64_t, max_batch_bytes, kDefaults.max_batch_bytes,
 ABSL_FLAG(int64_t, max_queue_delay_us, kDefaults.max_queue_delay_us,
           "longest wait of the oldest queued request for company while the device is busy; "
           "0 forms a batch as soon as a slot is free (an idle device never waits)");
-ABSL_FLAG(bool, dispatch_when_idle, kDefaults.dispatch_when_idle,
-          "form a batch at once when no batch is in flight instead of waiting "
-          "--max_queue_delay_us for company (nothing is gained by waiting on an idle device); "
-          "false holds every request for the delay unless its batch fills");
 ABSL_FLAG(int64_t, max_queued_requests, kDefaults.max_queued_requests,
           "queued requests beyond which new ones get UNAVAILABLE (retryable)");
-ABSL_FLAG(int64_t, max_queued_bytes, kDefaults.max_queued_bytes,
-          "queued input bytes beyond which new requests get UNAVAILABLE (retryable)");
 ABSL_FLAG(int64_t, max_held_bytes, kDefaults.max_held_bytes,
           "bound on the tensor bytes (input + output) that requests hold from admission until "
           "their response is sent, over every protocol; past it new requests get UNAVAILABLE. "
+          "Half of it also bounds the queued input bytes, shared-memory tensors included. "
           "0 = no bound");
-ABSL_FLAG(int, cpu_threads, kDefaults.cpu_threads,
-          "threads of the CPU backend; 0 = all cores");
-ABSL_FLAG(int64_t, cuda_memory_limit_bytes, kDefaults.cuda_memory_limit_bytes,
-          "device memory each GPU backend may hold, staging included, for a GPU shared with "
-          "other processes; past it requests get RESOURCE_EXHAUSTED; 0 = no cap");
 ABSL_FLAG(int, max_concurrent_streams, kDefaults.max_concurrent_streams,
           "calls one client connection may have open at once (HTTP/2 "
           "SETTINGS_MAX_CONCURRENT_STREAMS); bounds what one connection can hold");
@@ -124,9 +121,6 @@ ABSL_FLAG(std::string, shared_memory, kDefaults.shared_memory,
           "Triton's shared-memory extensions on the KServe endpoints: off, system (POSIX "
           "shared memory) or all (also CUDA IPC memory). Any caller that reaches the port may "
           "then map any shared-memory key or IPC handle it can name");
-ABSL_FLAG(int, lame_duck_ms, kDefaults.lame_duck_ms,
-          "after SIGINT/SIGTERM, milliseconds spent refusing new requests with UNAVAILABLE "
-          "(health NOT_SERVING) before the listener closes");
 ABSL_FLAG(int, shutdown_grace_s, kDefaults.shutdown_grace_s,
           "seconds in-flight RPCs get to finish after SIGINT/SIGTERM before they are cancelled");
 ABSL_FLAG(std::string, log_format, kDefaults.log_format,
@@ -150,11 +144,7 @@ ServerOptions OptionsFromFlags() {
   options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
   options.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
   options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
-  options.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   options.max_held_bytes = absl::GetFlag(FLAGS_max_held_bytes);
-  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
-  options.cuda_memory_limit_bytes = absl::GetFlag(FLAGS_cuda_memory_limit_bytes);
-  options.lame_duck_ms = absl::GetFlag(FLAGS_lame_duck_ms);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
@@ -163,12 +153,14 @@ ServerOptions OptionsFromFlags() {
   options.reflection = absl::GetFlag(FLAGS_reflection);
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
-  options.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
   options.log_format = absl::GetFlag(FLAGS_log_format);
   options.access_log_one_in = absl::GetFlag(FLAGS_access_log_one_in);
-  // A testing hook, not an operator's decision: an environment variable.
+  // Testing hooks, not an operator's decisions: environment variables.
   if (const char* inject = std::getenv("SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES")) {
     options.inject_fault_after_batches = std::strtoll(inject, nullptr, 10);
+  }
+  if (const char* hold = std::getenv("SOFTMAX_TEST_NO_IDLE_DISPATCH")) {
+    options.test_no_idle_dispatch = std::string(hold) == "1";
   }
   return options;
 }
@@ -188,6 +180,16 @@ void RaiseOpenFileLimit() {
   }
 }
 
+// The bound on the input bytes waiting in the batcher's queue: half of
+// --max_held_bytes (4 GiB by default). A queued request holds its input and
+// its output in that budget, so only requests with a tensor in shared memory,
+// which the budget does not count, can reach this bound first. No held bound
+// (0): none on the queue either.
+int64_t MaxQueuedBytes(int64_t max_held_bytes) {
+  if (max_held_bytes <= 0) return std::numeric_limits<int64_t>::max();
+  return std::max<int64_t>(1, max_held_bytes / 2);
+}
+
 int Fail(const absl::Status& status) {
   logging::LogError(status.message());
   return 1;
@@ -205,21 +207,19 @@ int Run(const ServerOptions& options) {
   }
   if (options.max_tensor_bytes <= 0 || options.max_batch_rows <= 0 ||
       options.max_batch_bytes <= 0 || options.max_queued_requests <= 0 ||
-      options.max_queued_bytes <= 0 || options.max_concurrent_streams <= 0) {
+      options.max_concurrent_streams <= 0) {
     return Fail(absl::InvalidArgumentError(
-        "--max_tensor_bytes, --max_batch_rows, --max_batch_bytes, --max_queued_requests, "
-        "--max_queued_bytes and --max_concurrent_streams must be positive"));
+        "--max_tensor_bytes, --max_batch_rows, --max_batch_bytes, --max_queued_requests "
+        "and --max_concurrent_streams must be positive"));
   }
   if (options.max_held_bytes < 0) {
     return Fail(absl::InvalidArgumentError("--max_held_bytes: must be >= 0 (0: no bound)"));
   }
-  if (options.max_queue_delay_us < 0 || options.cpu_threads < 0 || options.lame_duck_ms < 0 ||
-      options.shutdown_grace_s < 0 || options.cuda_memory_limit_bytes < 0 ||
+  if (options.max_queue_delay_us < 0 || options.shutdown_grace_s < 0 ||
       options.inject_fault_after_batches < 0) {
     return Fail(absl::InvalidArgumentError(
-        "--max_queue_delay_us, --cpu_threads, --lame_duck_ms, --shutdown_grace_s, "
-        "--cuda_memory_limit_bytes and SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES must not be "
-        "negative"));
+        "--max_queue_delay_us, --shutdown_grace_s and SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES "
+        "must not be negative"));
   }
   if (options.max_queue_delay_us > kMaxQueueDelayUs) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -248,9 +248,9 @@ int Run(const ServerOptions& options) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   MemoryTrimmer memory_trimmer(kMemoryTrimPeriod);
 
+  // The CPU backend takes every core the process may run on, and a GPU
+  // backend as much device memory as it needs (their options' defaults).
   BackendOptions backend_options;
-  backend_options.cpu.threads = options.cpu_threads;
-  backend_options.cuda.memory_limit_bytes = options.cuda_memory_limit_bytes;
   backend_options.cuda.max_staging_bytes = options.max_batch_bytes;
   backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;
   // A sticky GPU error: log it and wake the signal loop below, which takes
@@ -280,12 +280,13 @@ int Run(const ServerOptions& options) {
   // No --metrics_address: no Metrics object, so nothing is recorded at all.
   // Declared after `choice`: destroyed before the backends its scrapes read.
   std::unique_ptr<Metrics> metrics;
+  const int64_t max_queued_bytes = MaxQueuedBytes(options.max_held_bytes);
   if (!options.metrics_address.empty()) {
     absl::StatusOr<std::unique_ptr<Metrics>> created = Metrics::Create(options.metrics_address);
     if (!created.ok()) return Fail(created.status());
     metrics = std::move(*created);
     metrics->SetBackends(observed);
-    metrics->SetQueueCapacity(options.max_queued_requests, options.max_queued_bytes);
+    metrics->SetQueueCapacity(options.max_queued_requests, max_queued_bytes);
     if (choice->unusable != GpuUnusableCause::kNone) {
       metrics->SetGpuUnusable(CauseName(choice->unusable));
     }
@@ -301,9 +302,9 @@ int Run(const ServerOptions& options) {
     batcher_options.max_batch_rows = options.max_batch_rows;
     batcher_options.max_batch_bytes = options.max_batch_bytes;
     batcher_options.max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us);
-    batcher_options.dispatch_when_idle = options.dispatch_when_idle;
+    batcher_options.dispatch_when_idle = !options.test_no_idle_dispatch;
     batcher_options.max_queued_requests = options.max_queued_requests;
-    batcher_options.max_queued_bytes = options.max_queued_bytes;
+    batcher_options.max_queued_bytes = max_queued_bytes;
     batcher = std::make_unique<Batcher>(batcher_options, scheduler.get(), metrics.get());
   }
 
@@ -350,9 +351,12 @@ int Run(const ServerOptions& options) {
   grpc_options.reflection = options.reflection;
   // What the transport may buffer: the queue's bytes plus a few messages in
   // reading at their largest (the queue bound is checked after a message is
-  // read, so this is the bound on reading, not on queueing).
-  grpc_options.transport_memory_bytes =
-      options.max_queued_bytes + 4 * (options.max_tensor_bytes + kMessageHeadroomBytes);
+  // read, so this is the bound on reading, not on queueing). No memory bound,
+  // no quota.
+  if (options.max_held_bytes > 0) {
+    grpc_options.transport_memory_bytes =
+        max_queued_bytes + 4 * (options.max_tensor_bytes + kMessageHeadroomBytes);
+  }
   // Both endpoints take the TLS files; a misfit (say, a key that is not the
   // certificate's) is named here rather than as gRPC's bare bind failure.
   if (!options.tls_cert_file.empty() && !options.tls_key_file.empty()) {
@@ -421,7 +425,7 @@ int Run(const ServerOptions& options) {
   // What is already queued is computed now, without waiting out the batching
   // delay; Stop() returns once the backend has answered all of it.
   if (batcher != nullptr) batcher->Stop();
-  std::this_thread::sleep_for(std::chrono::milliseconds(options.lame_duck_ms));
+  std::this_thread::sleep_for(kLameDuck);
   // The lame duck is over: /metrics and the HTTP endpoint go too (each stop
   // takes about a second, spent beside the rest of the shutdown; the batcher
   // has answered every HTTP request it admitted).

@@ -3,7 +3,9 @@
 // means is written once, in its help text in main.cc (`softmax-server
 // --help`); the measured tuning values that are no flags are named
 // constants beside the code they tune (scheduler.cc, batcher.h,
-// cuda_backend.h, common/malloc_tuning.h).
+// cuda_backend.h, common/malloc_tuning.h; the shutdown's in main.cc), and
+// what follows from a flag (the queue's byte bound from --max_held_bytes) is
+// derived in main.cc.
 #ifndef SOFTMAX_SERVER_SERVER_OPTIONS_H_
 #define SOFTMAX_SERVER_SERVER_OPTIONS_H_
 
@@ -21,12 +23,8 @@ struct ServerOptions {
   int64_t max_batch_rows = 8192;
   int64_t max_batch_bytes = int64_t{64} << 20;
   int64_t max_queue_delay_us = 0;
-  bool dispatch_when_idle = true;
   int64_t max_queued_requests = 8192;
-  int64_t max_queued_bytes = int64_t{4} << 30;
   int64_t max_held_bytes = int64_t{8} << 30;
-  int cpu_threads = 0;
-  int64_t cuda_memory_limit_bytes = 0;
   int max_concurrent_streams = 1024;
   std::string tls_cert_file;
   std::string tls_key_file;
@@ -34,13 +32,16 @@ struct ServerOptions {
   std::string auth_tokens_file;
   bool reflection = true;
   std::string shared_memory = "all";
-  int lame_duck_ms = 500;
   int shutdown_grace_s = 30;
   std::string log_format = "text";
   int64_t access_log_one_in = 0;
   // Testing only, from SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES: the GPU
   // backends provoke a real sticky fault after this many batches (0 = never).
   int64_t inject_fault_after_batches = 0;
+  // Testing only, from SOFTMAX_TEST_NO_IDLE_DISPATCH=1: an idle device waits
+  // --max_queue_delay_us for company like a busy one, so that end-to-end
+  // tests can hold requests in the queue (BatcherOptions::dispatch_when_idle).
+  bool test_no_idle_dispatch = false;
 };
 
 }  // namespace softmax::server

@@ -83,6 +83,15 @@ DTYPES = {
 RTOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 ATOL = 1e-6
 
+# The environment that makes softmax-server hold every request in its queue
+# for --max_queue_delay_us, or until its batch fills, even on an idle device
+# (a testing hook; the server otherwise forms a batch at once when none is in
+# flight). Tests use it to have requests certainly queued: Server(env=...).
+HOLD_IN_QUEUE = {"SOFTMAX_TEST_NO_IDLE_DISPATCH": "1"}
+# The lame duck: from SIGTERM, new requests are refused UNAVAILABLE for this
+# long before the listener may close (kLameDuck in server/main.cc).
+LAME_DUCK_S = 0.5
+
 # Unlimited client message sizes: gRPC's Python default receive limit is 4 MiB.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
                    ("grpc.max_send_message_length", -1)]
@@ -93,6 +102,7 @@ class Server:
 
     Construct, then use .grpc_address / .http_address / .metrics_address; stop() sends a
     signal and returns the exit code; kill() is the always-safe cleanup.
+    `env` adds variables to the server's environment (e.g. HOLD_IN_QUEUE).
     Under the sanitizers kill() first asks for an orderly exit, so that
     LeakSanitizer checks what the server's whole life left behind.
     """
@@ -102,7 +112,8 @@ class Server:
     # after this long is killed unchecked.
     SANITIZED_EXIT_TIMEOUT_S = 15.0
 
-    def __init__(self, *extra_args, device="cpu", startup_timeout=30.0, preexec_fn=None):
+    def __init__(self, *extra_args, device="cpu", startup_timeout=30.0, preexec_fn=None,
+                 env=None):
         self.log = tempfile.NamedTemporaryFile(
             mode="w+", prefix="softmax-server-", suffix=".log", delete=False)
         self.args = [SERVER_BIN, "--grpc_address=127.0.0.1:0",
@@ -111,7 +122,8 @@ class Server:
                      *extra_args]
         self.process = subprocess.Popen(
             self.args, stdout=self.log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, preexec_fn=preexec_fn)
+            stdin=subprocess.DEVNULL, preexec_fn=preexec_fn,
+            env=None if env is None else {**os.environ, **env})
         self.grpc_address = None
         self.http_address = None  # "off" when disabled
         self.metrics_address = None

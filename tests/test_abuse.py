@@ -42,7 +42,7 @@ def test_deadline_drop_is_labelled_deadline_exceeded(start_server):
     """A request whose deadline passes while it is queued is dropped as
     deadline_exceeded (gRPC also marks such a call cancelled; the deadline
     is the cause). Also fails when deadlines do not reach the batcher."""
-    server = start_server("--max_queue_delay_us=1500000", "--dispatch_when_idle=false")
+    server = start_server("--max_queue_delay_us=1500000", env=e2e_util.HOLD_IN_QUEUE)
     stub = server.stub()
     with pytest.raises(grpc.RpcError) as caught:
         stub.Softmax(request(np.zeros((1, 8))), timeout=0.3)

@@ -35,7 +35,7 @@ def test_rounds_sweep(tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, RUN_PY, f"--server={e2e_util.SERVER_BIN}",
                f"--client={e2e_util.CLIENT_BIN}", "--device=cpu",
-               "--server-arg=--cpu_threads=1", f"--payloads={PAYLOAD}",
+               "--server-arg=--max_batch_rows=1024", f"--payloads={PAYLOAD}",
                f"--concurrency={','.join(map(str, CONCURRENCIES))}", f"--rounds={ROUNDS}",
                "--duration=0.3", "--warmup=0.1", f"--out={out}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
@@ -43,6 +43,8 @@ def test_rounds_sweep(tmp_path):
 
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["rounds"] == ROUNDS
+    # --server-arg reaches the servers' command lines, recorded with the run.
+    assert "--max_batch_rows=1024" in data["meta"]["server_args"]
     assert data["meta"]["verification"][PAYLOAD]["ok"]
     points = {(p["device"], p["payload"], p["concurrency"]): p for p in data["points"]}
     for device in DEVICES:

@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import e2e_util
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -14,11 +16,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import flags_table  # noqa: E402
 
 EXPECTED = {
-    "grpc_address", "http_address", "metrics_address", "device", "max_tensor_bytes", "max_batch_rows",
-    "max_batch_bytes", "max_queue_delay_us", "dispatch_when_idle", "max_queued_requests",
-    "max_queued_bytes", "max_held_bytes", "cpu_threads", "cuda_memory_limit_bytes", "lame_duck_ms",
-    "shutdown_grace_s", "max_concurrent_streams", "tls_cert_file", "tls_key_file",
-    "tls_client_ca_file", "auth_tokens_file", "reflection", "shared_memory",
+    "grpc_address", "http_address", "metrics_address", "device", "max_tensor_bytes",
+    "max_batch_rows", "max_batch_bytes", "max_queue_delay_us", "max_queued_requests",
+    "max_held_bytes", "max_concurrent_streams", "tls_cert_file", "tls_key_file",
+    "tls_client_ca_file", "auth_tokens_file", "reflection", "shared_memory", "shutdown_grace_s",
     "log_format", "access_log_one_in",
 }
 
@@ -57,8 +58,29 @@ def test_flagfile_is_read(tmp_path):
     assert '--device: expected' in result.stderr and '"tpu"' in result.stderr, result.stderr
 
 
-def test_removed_tuning_flags_are_refused():
-    result = subprocess.run([e2e_util.SERVER_BIN, "--cuda_streams=2", "--metrics_address="],
+# Flags the server no longer has, each now a constant or derived: the CUDA
+# tuning knobs (constants in server/cuda/cuda_backend.h), the idle dispatch
+# (always on), the queue's byte bound (half of --max_held_bytes), the CPU
+# threads (every core the process may use), the device memory cap (none), the
+# lame duck (kLameDuck in server/main.cc).
+REMOVED = ["cuda_streams", "dispatch_when_idle", "max_queued_bytes", "cpu_threads",
+           "cuda_memory_limit_bytes", "lame_duck_ms"]
+
+
+@pytest.mark.parametrize("name", REMOVED)
+def test_removed_tuning_flags_are_refused(name):
+    value = "false" if name == "dispatch_when_idle" else "1"
+    result = subprocess.run([e2e_util.SERVER_BIN, f"--{name}={value}", "--metrics_address="],
                             capture_output=True, text=True, timeout=30)
-    assert result.returncode != 0
-    assert "cuda_streams" in result.stderr
+    assert result.returncode == 1, result.stderr
+    assert f"Unknown command line flag '{name}'" in result.stderr, result.stderr
+    assert "listening" not in result.stderr
+
+
+def test_removed_flags_are_refused_from_a_flagfile(tmp_path):
+    flagfile = tmp_path / "flags"
+    flagfile.write_text("--lame_duck_ms=1000\n")
+    result = subprocess.run([e2e_util.SERVER_BIN, f"--flagfile={flagfile}", "--metrics_address="],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1, result.stderr
+    assert "Unknown command line flag 'lame_duck_ms'" in result.stderr, result.stderr

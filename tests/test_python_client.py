@@ -174,7 +174,7 @@ def test_size_limit_carries_the_servers_code_and_message(softmax_client, start_s
 
 def test_deadline_exceeded(softmax_client, start_server):
     # A 5 s batching delay holds the request on the server past its deadline.
-    server = start_server("--max_queue_delay_us=5000000", "--dispatch_when_idle=false")
+    server = start_server("--max_queue_delay_us=5000000", env=e2e_util.HOLD_IN_QUEUE)
     with softmax_client.Client(server.grpc_address) as c:
         started = time.monotonic()
         with pytest.raises(softmax_client.SoftmaxError) as error:

@@ -61,7 +61,7 @@ def test_deadline_exceeded_is_reported_not_hung(start_server):
     # The batcher holds requests for 300 ms; a 50 ms deadline expires while
     # queued: the caller sees DEADLINE_EXCEEDED promptly, and the server drops
     # the request before compute and stays healthy.
-    slow = start_server("--max_queue_delay_us=300000", "--dispatch_when_idle=false")
+    slow = start_server("--max_queue_delay_us=300000", env=e2e_util.HOLD_IN_QUEUE)
     stub = slow.stub()
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as caught:
@@ -79,8 +79,8 @@ def test_startup_logs_device_choice(server):
 
 @pytest.mark.parametrize("flag, message", [
     ("--max_batch_rows=0", "must be positive"),
-    ("--max_queued_bytes=0", "must be positive"),
-    ("--cuda_memory_limit_bytes=-1", "must not be negative"),
+    ("--max_queued_requests=0", "must be positive"),
+    ("--max_held_bytes=-1", "--max_held_bytes: must be >= 0"),
     ("--shutdown_grace_s=-1", "must not be negative"),
     ("--max_queue_delay_us=99999999999", "--max_queue_delay_us: at most"),
     ("--device=tpu", "--device: expected"),
@@ -118,13 +118,14 @@ def test_device_choice_without_a_usable_gpu(start_server):
 
 @pytest.mark.parametrize("flags, size, admitted", [
     (("--max_queued_requests=2",), 4, 2),
-    (("--max_queued_bytes=100",), 8, 3),  # 32-byte requests: three fit in 100 bytes
+    # 32-byte requests hold 64 bytes each (input and output): three fit in 200.
+    (("--max_held_bytes=200",), 8, 3),
 ])
 def test_queue_bounds_reach_the_batcher(start_server, flags, size, admitted):
     """With requests held in the queue (a long batching delay), the request
-    past --max_queued_requests / --max_queued_bytes is refused UNAVAILABLE."""
-    server = start_server("--max_queue_delay_us=60000000", "--dispatch_when_idle=false",
-                          "--max_batch_rows=1000000", *flags)
+    past --max_queued_requests / --max_held_bytes is refused UNAVAILABLE."""
+    server = start_server("--max_queue_delay_us=60000000", "--max_batch_rows=1000000",
+                          *flags, env=e2e_util.HOLD_IN_QUEUE)
     stub = server.stub()
     held = [stub.Softmax.future(request(np.zeros((1, size))), timeout=60)
             for _ in range(admitted)]

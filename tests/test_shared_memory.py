@@ -372,6 +372,48 @@ def test_a_region_unregistered_under_load(grpc_client, server, regions):
     assert grpc_client.is_server_ready()
 
 
+def test_queued_input_bytes_are_bounded_by_half_of_max_held_bytes(start_server, regions):
+    """Requests whose tensors are all in shared memory hold nothing in the
+    memory budget, so the queue's own bound on input bytes, half of
+    --max_held_bytes, is what refuses them: with 200, three queued 32-byte
+    requests (96 bytes) leave no room for a fourth."""
+    server = start_server("--max_held_bytes=200", "--max_queue_delay_us=60000000",
+                          "--max_batch_rows=1000000", env=e2e_util.HOLD_IN_QUEUE)
+    assert e2e_util.metric_value(e2e_util.scrape_metrics(server.metrics_address),
+                                 "softmax_queue_capacity_bytes") == 100
+    client = triton_grpc.InferenceServerClient(server.grpc_address)
+    shape, nbytes = (1, 8), 32
+    region = regions(5 * nbytes)
+    region.write(np.zeros(shape, np.float32))
+    client.register_system_shared_memory(region.name, region.key, region.byte_size)
+
+    def request(index):
+        tensor = triton_grpc.InferInput("INPUT", list(shape), "FP32")
+        tensor.set_shared_memory(region.name, nbytes, 0)
+        output = triton_grpc.InferRequestedOutput("OUTPUT")
+        output.set_shared_memory(region.name, nbytes, (index + 1) * nbytes)
+        return [tensor], [output]
+
+    answered = []
+    try:
+        for i in range(3):
+            inputs, outputs = request(i)
+            client.async_infer("softmax", inputs, lambda *reply: answered.append(reply),
+                               outputs=outputs, client_timeout=60)
+        e2e_util.wait_for(lambda: (e2e_util.metric_value(
+            e2e_util.scrape_metrics(server.metrics_address), "softmax_queued_requests") or 0) >= 3,
+            10, "three requests to be queued")
+        inputs, outputs = request(3)
+        with pytest.raises(InferenceServerException) as error:
+            client.infer("softmax", inputs, outputs=outputs, client_timeout=10)
+        assert error.value.status() == "StatusCode.UNAVAILABLE", error.value
+        assert "request queue full" in error.value.message(), error.value
+        assert "100 bytes" in error.value.message(), error.value
+        assert not answered
+    finally:
+        client.close()
+
+
 def test_shared_memory_off(start_server, regions):
     process = start_server("--shared_memory=off")
     client = triton_grpc.InferenceServerClient(process.grpc_address)

@@ -441,7 +441,7 @@ def main():
                              "(client and server memory; default 8 GiB)")
     parser.add_argument("--timeout-ms", type=int, default=600000, dest="timeout_ms")
     parser.add_argument("--server-arg", action="append", default=[],
-                        help="extra softmax-server flag, repeatable (e.g. --cpu_threads=2)")
+                        help="extra softmax-server flag, repeatable (e.g. --max_batch_rows=1024)")
     parser.add_argument("--stream", action="store_true",
                         help="SoftmaxStream (one stream per connection) instead of unary calls")
     parser.add_argument("--skip-none", action="store_true",
@@ -474,8 +474,9 @@ def main():
     csv_path = os.path.join(args.out, "results.csv")
     if os.path.exists(csv_path):
         os.unlink(csv_path)
-    # Enough server queue for every point that runs.
-    server_args = [f"--max_queued_bytes={int(2 * args.max_inflight_bytes)}", *args.server_arg]
+    # Enough server memory budget for every point that runs: each request
+    # holds its input and output, and half the budget bounds the queue's bytes.
+    server_args = [f"--max_held_bytes={int(4 * args.max_inflight_bytes)}", *args.server_arg]
 
     # --device=none is its own ceiling: one server, no ratio.
     with_echo = not args.skip_none and args.device != "none"

@@ -1,5 +1,7 @@
 #include "server/cpu/cpu_backend.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -20,10 +22,21 @@ struct CpuBackend::Job {
   absl::Notification finished;  // every task ran
 };
 
+namespace {
+// The cores this process may run on: its CPU affinity (a container's cpuset,
+// taskset), else every core of the machine; at least one.
+int UsableCores() {
+  cpu_set_t cores;
+  CPU_ZERO(&cores);
+  if (sched_getaffinity(0, sizeof(cores), &cores) == 0 && CPU_COUNT(&cores) > 0) {
+    return CPU_COUNT(&cores);
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+}  // namespace
+
 CpuBackend::CpuBackend(const CpuBackendOptions& options) : options_(options) {
-  int count = options.threads;
-  if (count <= 0) count = static_cast<int>(std::thread::hardware_concurrency());
-  if (count <= 0) count = 1;
+  const int count = options.threads > 0 ? options.threads : UsableCores();
   threads_count_ = count;
   // The slot's own thread is the last of the `count`.
   helpers_.reserve(count - 1);

@@ -22,8 +22,9 @@
 namespace softmax::server {
 
 struct CpuBackendOptions {
-  // Threads, the slot's own included; 0 = std::thread::hardware_concurrency(). More threads
-  // cut compute time for large batches until memory bandwidth saturates.
+  // Threads, the slot's own included; 0 = one per core the process may run
+  // on (its CPU affinity), softmax-server's choice. More threads cut compute
+  // time for large batches until memory bandwidth saturates.
   int threads = 0;
   // Smallest task, in elements: below this, splitting costs more in
   // hand-offs than it gains in parallelism.

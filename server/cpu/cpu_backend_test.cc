@@ -1,5 +1,7 @@
 #include "server/cpu/cpu_backend.h"
 
+#include <sched.h>
+
 #include <cmath>
 #include <chrono>
 #include <limits>
@@ -194,6 +196,26 @@ TEST(CpuBackendTest, RowSumsAreOneOnLargeBatch) {
     for (int64_t k = 0; k < 1024; ++k) sum += LoadAsFloat(cases[0].output.data(), DType::kFloat32, r * 1024 + k);
     ASSERT_NEAR(sum, 1.0, 1e-4) << "row " << r;
   }
+}
+
+// No thread count: one thread per core the process may run on, so a
+// container's cpuset (or taskset) sizes the pool, not the machine.
+TEST(CpuBackendTest, ZeroThreadsMeansEveryCoreTheProcessMayUse) {
+  cpu_set_t cores;
+  CPU_ZERO(&cores);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(cores), &cores), 0);
+  CpuBackend backend(CpuBackendOptions{0, 16384});
+  EXPECT_EQ(backend.threads(), CPU_COUNT(&cores));
+
+  int first_core = 0;
+  while (!CPU_ISSET(first_core, &cores)) ++first_core;
+  cpu_set_t one_core;
+  CPU_ZERO(&one_core);
+  CPU_SET(first_core, &one_core);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one_core), &one_core), 0);
+  const int pinned_threads = CpuBackend(CpuBackendOptions{0, 16384}).threads();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(cores), &cores), 0);
+  EXPECT_EQ(pinned_threads, 1);
 }
 
 // What the scheduler needs of it: one slot, not in place, the "cpu" label;

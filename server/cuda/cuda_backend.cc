@@ -36,7 +36,7 @@ class CudaDeviceRawAllocator final : public RawAllocator {
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     if (limit_bytes_ > 0 && total_ + static_cast<int64_t>(bytes) > limit_bytes_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "device memory: ", bytes, " more bytes would pass --cuda_memory_limit_bytes=",
+          "device memory: ", bytes, " more bytes would pass the backend's limit of ",
           limit_bytes_, " (", total_, " held)"));
     }
     void* ptr = nullptr;

@@ -91,7 +91,8 @@ struct CudaBackendOptions {
   // Device memory the caching allocator may take from CUDA, staging
   // included (0 = no cap). Past it, allocation fails as out of memory does:
   // the caches are released and retried, then RESOURCE_EXHAUSTED for the
-  // requests that do not fit.
+  // requests that do not fit. softmax-server sets no cap (the device's own
+  // memory is the bound); the backend's tests set one to provoke that path.
   int64_t memory_limit_bytes = 0;
   // Testing only: after this many batches (0 = never), launch a kernel on an
   // invalid address to produce a real sticky fault.

@@ -229,8 +229,9 @@ Metrics::Metrics()
   queue_capacity_requests_ =
       &AddGauge(r, "softmax_queue_capacity_requests",
                 "Admission limit on queued requests (--max_queued_requests).");
-  queue_capacity_bytes_ = &AddGauge(r, "softmax_queue_capacity_bytes",
-                                    "Admission limit on queued bytes (--max_queued_bytes).");
+  queue_capacity_bytes_ =
+      &AddGauge(r, "softmax_queue_capacity_bytes",
+                "Admission limit on queued input bytes (half of --max_held_bytes).");
   {
     auto& regions = prometheus::BuildGauge()
                         .Name("softmax_shared_memory_regions")

@@ -38,7 +38,9 @@
 
 namespace softmax::server {
 
-// Defaults are softmax-server's; the first six follow its flags.
+// Defaults are softmax-server's. max_batch_rows, max_batch_bytes,
+// max_queue_delay and max_queued_requests follow its flags; max_queued_bytes
+// is half of its --max_held_bytes; dispatch_when_idle is always on there.
 struct BatcherOptions {
   // A batch closes at this many rows (summed over its requests). Larger
   // batches amortise launch and transfer overheads; smaller ones cut latency.
@@ -53,6 +55,8 @@ struct BatcherOptions {
   // batch in flight, instead of waiting max_queue_delay for company: nothing
   // is gained by waiting on an idle device. While a batch is in flight,
   // requests gather until it completes, the delay passes or the batch is full.
+  // Off, every request waits for the delay or a full batch: tests use that to
+  // hold requests in the queue (SOFTMAX_TEST_NO_IDLE_DISPATCH for the server).
   bool dispatch_when_idle = true;
   // Admission bounds: beyond these the request is refused with UNAVAILABLE
   // (retryable) instead of queueing without limit.
