@@ -461,6 +461,8 @@ TEST_F(SoftmaxCudaTest, SplitSingleAndTwoPass) {
       std::vector<Problem> problems;
       problems.push_back(MakeProblem(dtype, 1, one_pass, 1, rng, 1.0f, log));
       problems.push_back(MakeProblem(dtype, 2, one_pass + 1, 1, rng, 0.9f, log));
+      // More two-pass rows in one launch (their partials and counters side by side).
+      problems.push_back(MakeProblem(dtype, 5, one_pass + 3, 1, rng, 1.2f, log));
       problems.push_back(MakeProblem(dtype, 97, few_parts, 1, rng, 1.1f, log));
       for (const Problem& p : problems) {
         SoftmaxSegment s;
@@ -590,8 +592,12 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
         problems.push_back(MakeProblem(dtype, outer, n, 1, rng, temperature(rng), i % 2 == 0));
         if (i % 4 == 1) problems.back().input_offset_elements = 3;
       }
-      problems.push_back(MakeProblem(dtype, 3, 8192 * v, 1, rng));  // the table's limit
+      // The table's limits: 8192 vectors for aligned rows, 8191 for rows that
+      // start inside a 16-byte granule (they may span one granule more).
+      problems.push_back(MakeProblem(dtype, 2, 8192 * v, 1, rng));
+      problems.push_back(MakeProblem(dtype, 3, 8191 * v, 1, rng));
       problems.back().input_offset_elements = 1;  // misaligned: the staged path does not take it
+      problems.back().output_offset_elements = 2;  // and the output at another offset
       std::vector<SoftmaxSegment> described(problems.size());
       for (size_t i = 0; i < problems.size(); ++i) {
         described[i].outer = problems[i].shape.outer;
@@ -603,7 +609,7 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
       const int described_count = static_cast<int>(described.size());
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count), "flat_table");
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count, false), "on_chip");
-      described.back().n = 8192 * v + 1;  // one row too long: the on-chip kernel takes the table
+      described.back().n = 8191 * v + 1;  // one row too long: the on-chip kernel takes the table
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count), "on_chip");
       for (bool allow_flat : {true, false}) {
         RunAndCheck(dtype, problems,

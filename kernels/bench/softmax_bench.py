@@ -326,11 +326,10 @@ def measure_point(ours, case, dtype_name, shape, dim, log_lines, results):
             row[f"{name}_gbps"], row[f"{name}_status"] = None, "unsupported: " + short_error(e)
             continue
         run_provider(name, fn, x, y, dim, rtol, fresh, nbytes, row, log_lines, label)
-    if case == "sweep":
-        for vname, vlib in VARIANTS.items():
-            run_v = vlib.prepare(code, [(x, y, outer, axis_n, inner)])[0]
-            run_provider(f"variant_{vname}", lambda: (run_v(), y)[1], x, y, dim, rtol, fresh,
-                         nbytes, row, log_lines, label)
+    for vname, vlib in VARIANTS.items():
+        run_v = vlib.prepare(code, [(x, y, outer, axis_n, inner)])[0]
+        run_provider(f"variant_{vname}", lambda: (run_v(), y)[1], x, y, dim, rtol, fresh,
+                     nbytes, row, log_lines, label)
     ms = median_ms(lambda: y.copy_(x))
     row["copy_gbps"] = gbps(nbytes, ms)
     row["copy_ms"] = ms
@@ -498,7 +497,7 @@ def main():
                         help="stop starting new points after this many seconds (0: no limit)")
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME=path of another build of the library, timed beside ours "
-                             "(sweep and ragged points)")
+                             "(every point)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)

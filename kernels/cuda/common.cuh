@@ -238,6 +238,54 @@ __device__ __forceinline__ void StoreVector(void* row, long long vi, long long n
   StoreElements<T>(static_cast<typename Traits<T>::Bits*>(row), vi * V, n, v);
 }
 
+// Rows whose start is not 16-byte aligned (odd lengths in a ragged table, a
+// view at an offset) are read as the aligned 16-byte granules that cover them:
+// granule g of a row starting `lead` elements into its first granule holds the
+// row's elements g*V - lead .. g*V - lead + V-1. A granule holding at least one
+// of the row's bytes never crosses a page, so reading its other lanes (a
+// neighbour's elements, or past the buffer) cannot fault; they are masked on
+// load and never written. Lanes of `v` outside [lo, hi) become -inf.
+template <typename T>
+__device__ __forceinline__ uint4 MaskLanes(uint4 v, int lo, int hi) {
+  constexpr int P = Traits<T>::kPerWord;
+  using Bits = typename Traits<T>::Bits;
+  constexpr Bits kNegInf = static_cast<Bits>(Traits<T>::kNegInfWord);
+  unsigned w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    Bits e[P];
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const int lane = i * P + k;
+      e[k] = lane >= lo && lane < hi ? Traits<T>::Element(Word(v, i), k) : kNegInf;
+    }
+    w[i] = Traits<T>::ElementsToWord(e);
+  }
+  return MakeVector(w[0], w[1], w[2], w[3]);
+}
+
+// Stores the lanes of v as elements e0 .. e0+V-1 of a row of n elements,
+// dropping those outside [0, n) (e0 may be negative).
+template <typename T>
+__device__ __forceinline__ void StoreLanes(typename Traits<T>::Bits* row, long long e0, long long n,
+                                           uint4 v) {
+  constexpr int P = Traits<T>::kPerWord;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const long long idx = e0 + i * P + k;
+      if (idx >= 0 && idx < n) row[idx] = Traits<T>::Element(Word(v, i), k);
+    }
+  }
+}
+
+// Elements between p and the 16-byte boundary below it.
+template <typename T>
+__device__ __forceinline__ int LeadElements(const void* p) {
+  return static_cast<int>((reinterpret_cast<uintptr_t>(p) & 15u) / sizeof(typename Traits<T>::Bits));
+}
+
 // ---------------------------------------------------------------------------
 // (max, sum) pairs: sum = sum_i exp2((x_i - max) * scale). Merging is
 // associative (online softmax). A part with max == -inf contributes 0 * its

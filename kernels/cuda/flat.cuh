@@ -157,6 +157,21 @@ __device__ __forceinline__ float GroupReduce(float v, int r_threads, int group, 
   return v;
 }
 
+// The table entry holding unit u (entries are sorted by first unit).
+__device__ __forceinline__ int TableSegmentOf(const RowSegment* table, int count, int u) {
+  int lo = 0;
+  int hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (table[mid].first_worker <= u) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
     const __grid_constant__ TableArgs args) {
@@ -167,17 +182,18 @@ __global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
   const RowSegment* table = args.table != nullptr ? args.table : args.inline_segments;
   const int total_units = args.launch_cluster;  // total units of the table
   for (int u = blockIdx.x; u < total_units; u += gridDim.x) {
-    int lo = 0;
-    int hi = args.count - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (table[mid].first_worker <= u) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
+    // The unit that starts when this wave of blocks ends streams into L2
+    // while this one loads, reduces and writes. H200, the ragged mix: 1,712
+    // -> 1,775 GB/s (fp32), 1,687 -> 1,777 (fp16).
+    const int ahead = u + args.prefetch_units;
+    if (threadIdx.x == 0 && args.prefetch_units > 0 && ahead < total_units) {
+      const RowSegment& next = table[TableSegmentOf(table, args.count, ahead)];
+      const int next_rows = kTableThreads >> ((next.config >> kShapeShift) & 0xf);
+      const int first = (ahead - next.first_worker) * next_rows;
+      PrefetchL2(static_cast<const Bits*>(next.input) + static_cast<long long>(first) * next.n,
+                 static_cast<size_t>(min(next_rows, next.rows - first)) * next.n * sizeof(Bits));
     }
-    const RowSegment seg = table[lo];
+    const RowSegment seg = table[TableSegmentOf(table, args.count, u)];
     const int group_log2 = (seg.config >> kShapeShift) & 0xf;
     const int r_threads = 1 << group_log2;
     const int group = threadIdx.x >> group_log2;
@@ -185,18 +201,30 @@ __global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
     const int row = (u - seg.first_worker) * (kTableThreads >> group_log2) + group;
     const bool valid = row < seg.rows;
     const bool log = seg.config & kLogBit;
-    const bool vec = seg.config & kVecBit;
-    const int vectors = (seg.n + V - 1) / V;
-    const int slots_used = (vectors + r_threads - 1) >> group_log2;  // <= kTableSlots
-    const char* in = static_cast<const char*>(seg.input) +
-                     static_cast<long long>(row) * seg.n * static_cast<long long>(sizeof(Bits));
+    // The row as aligned granules (MaskLanes): `lead` elements of its first
+    // granule belong to the row before, so every access is 16 bytes wide
+    // whatever the row's length. H200, the 64-tensor ragged mix (random
+    // lengths, most rows unaligned): fp16 776 -> 1,794 GB/s, fp32 1,806 -> 1,777.
+    const Bits* in = static_cast<const Bits*>(seg.input) + static_cast<long long>(row) * seg.n;
+    const int lead = LeadElements<T>(in);
+    const int slots_used = (seg.n + lead + V * r_threads - 1) / (V * r_threads);  // <= kTableSlots
     uint4 raw[kTableSlots];
 #pragma unroll
     for (int j = 0; j < kTableSlots; ++j) {
-      const int vi = j * r_threads + t;
+      // Element index (in the row) of the granule's first lane; -lead < e0.
+      const int e0 = (j * r_threads + t) * V - lead;
       raw[j] = NegInfVector<T>();
-      if (valid && j < slots_used) {
-        raw[j] = vec ? LoadVector<T, true>(in, vi, seg.n) : LoadVector<T, false>(in, vi, seg.n);
+      if (valid && j < slots_used && e0 < seg.n) {
+        raw[j] = LoadGlobal16(reinterpret_cast<const uint4*>(in + e0));
+      }
+    }
+    // Masked only once every load is issued: a mask between two loads made
+    // the warps holding a row's ends wait for each load in turn.
+#pragma unroll
+    for (int j = 0; j < kTableSlots; ++j) {
+      const int e0 = (j * r_threads + t) * V - lead;
+      if (j < slots_used && (e0 < 0 || e0 + V > seg.n)) {
+        raw[j] = MaskLanes<T>(raw[j], -e0, seg.n - e0);
       }
     }
     float m = -INFINITY;
@@ -219,17 +247,19 @@ __global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
     d = GroupReduce<false>(d, r_threads, group, sum_slots);
     if (valid) {
       const float factor = OutputFactor(log, d);
-      char* out = static_cast<char*>(seg.output) +
-                  static_cast<long long>(row) * seg.n * static_cast<long long>(sizeof(Bits));
+      Bits* out = static_cast<Bits*>(seg.output) + static_cast<long long>(row) * seg.n;
+      // Whole granules go out as 16-byte stores where the output shares the
+      // input's offset in its granule (the usual case); the rest element-wise.
+      const bool same_lead = LeadElements<T>(out) == lead;
 #pragma unroll
       for (int j = 0; j < kTableSlots; ++j) {
-        if (j < slots_used) {
+        const int e0 = (j * r_threads + t) * V - lead;
+        if (j < slots_used && e0 < seg.n) {
           const uint4 y = NormalizeVector<T>(raw[j], shift, seg.scale, log, factor);
-          const int vi = j * r_threads + t;
-          if (vec) {
-            StoreVector<T, true>(out, vi, seg.n, y);
+          if (same_lead && e0 >= 0 && e0 + V <= seg.n) {
+            StoreGlobal16(reinterpret_cast<uint4*>(out + e0), y);
           } else {
-            StoreVector<T, false>(out, vi, seg.n, y);
+            StoreLanes<T>(out, e0, seg.n, y);
           }
         }
       }

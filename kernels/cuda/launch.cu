@@ -199,10 +199,16 @@ cudaError_t LaunchOnChip(const LaunchPlan& plan, DType dtype, const std::vector<
 
 // Whether every table entry has rows of at most kTableMaxVectors vectors and
 // the table's units fit the flat table kernel's int indices.
+// Granules (16-byte vectors) a row of the table may span: one more than its
+// vectors when its start may fall inside a granule (flat.cuh, MaskLanes).
+long long TableGranules(const RowSegment& r, int v) {
+  return CeilDiv(r.n, v) + ((r.config & kVecBit) ? 0 : 1);
+}
+
 bool FlatTableFits(const std::vector<RowSegment>& rows, int v) {
   long long units = 0;
   for (const RowSegment& r : rows) {
-    const long long vectors = CeilDiv(r.n, v);
+    const long long vectors = TableGranules(r, v);
     if (vectors > kTableMaxVectors) return false;
     units += CeilDiv(r.rows, kTableThreads >> TableGroupLog2(vectors));
   }
@@ -210,14 +216,15 @@ bool FlatTableFits(const std::vector<RowSegment>& rows, int v) {
 }
 
 // Rewrites an on-chip table for the flat table kernel (group shape, first
-// unit) and launches it with a one-pass grid.
+// unit) and launches it with a one-pass grid; each unit prefetches the unit
+// `resident_blocks` ahead, the one that starts as this wave of blocks ends.
 template <typename T>
-cudaError_t LaunchFlatTable(std::vector<RowSegment>* rows, void* table_scratch,
-                            cudaStream_t stream) {
+cudaError_t LaunchFlatTable(std::vector<RowSegment>* rows, int resident_blocks,
+                            void* table_scratch, cudaStream_t stream) {
   constexpr int V = VecWidth<T>();
   long long units = 0;
   for (RowSegment& r : *rows) {
-    const int group_log2 = TableGroupLog2(CeilDiv(r.n, V));
+    const int group_log2 = TableGroupLog2(TableGranules(r, V));
     r.config = (r.config & (kLogBit | kVecBit)) | (group_log2 << kShapeShift);
     r.units = static_cast<int>(CeilDiv(r.rows, kTableThreads >> group_log2));
     r.first_worker = static_cast<int>(units);
@@ -226,6 +233,7 @@ cudaError_t LaunchFlatTable(std::vector<RowSegment>* rows, void* table_scratch,
   TableArgs args;
   SOFTMAX_CUDA_RETURN_IF_ERROR(FillTable(*rows, table_scratch, stream, &args));
   args.launch_cluster = static_cast<int>(units);
+  args.prefetch_units = resident_blocks;
   FlatTableKernel<T><<<static_cast<unsigned>(units), kTableThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
@@ -469,7 +477,7 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
     offset += Align256(rows.size() * sizeof(RowSegment));
   }
   if (!rows.empty() && allow_flat && FlatTableFits(rows, V)) {
-    SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchFlatTable<T>(&rows, table_scratch, stream));
+    SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchFlatTable<T>(&rows, GridOf(plan, "flat_table", dtype), table_scratch, stream));
   } else if (!rows.empty()) {
     SOFTMAX_CUDA_RETURN_IF_ERROR(
         LaunchOnChip<T>(plan, dtype, rows, launch_cluster, table_scratch, stream));

@@ -108,6 +108,7 @@ struct TableArgs {
   int count;
   int launch_cluster;  // on_chip: cluster size of this launch (1: none);
                        // flat_table: the table's total units
+  int prefetch_units = 0;  // flat_table: a unit asks L2 for the unit this far ahead
   RowSegment inline_segments[kInlineSegments];
 };
 
