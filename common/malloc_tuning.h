@@ -1,4 +1,6 @@
-// glibc malloc settings for processes that move large messages.
+// glibc malloc settings for processes that move large messages: the load
+// client, and the server where it was built without tcmalloc (the server's
+// allocator and why: server/memory_trim.h).
 //
 // By default glibc serves every allocation above a threshold (128 KiB,
 // raised dynamically up to 32 MiB) with its own mmap and returns it with

@@ -18,6 +18,8 @@ build_packages=(
   libssl-dev
   # softmax-client load --protocol=http (client/load_http.cc).
   libcurl4-openssl-dev
+  # The server's allocator, tcmalloc_minimal (server/memory_trim.h).
+  libgoogle-perftools-dev
 )
 test_packages=(
   python3 python3-venv python3-grpcio python3-protobuf python3-numpy

@@ -232,8 +232,9 @@ int Run(const ServerOptions& options) {
       ParseSharedMemoryMode(options.shared_memory);
   if (!shared_memory_mode.ok()) return Fail(shared_memory_mode.status());
   RaiseOpenFileLimit();
-  // Before any other thread starts allocating.
-  if (!softmax::ApplyMallocTuning(softmax::MallocTuning())) {
+  // Before any other thread starts allocating (glibc's malloc only: tcmalloc
+  // needs no settings).
+  if (!SOFTMAX_HAVE_TCMALLOC && !softmax::ApplyMallocTuning(softmax::MallocTuning())) {
     logging::LogWarning("glibc refused the malloc settings");
   }
 
@@ -482,7 +483,8 @@ int main(int argc, char** argv) {
       "softmax / log-softmax over gRPC (softmax.v1.SoftmaxService).\n"
       "Usage: softmax-server [--flag=value ...] [--flagfile=FILE]\n"
       "  --flagfile reads one --flag=value per line (lines starting with # are comments);\n"
-      "  --version prints the version and git revision; --helpfull adds Abseil's own flags.");
+      "  --version prints the version, git revision and allocator; --helpfull adds Abseil's\n"
+      "  own flags.");
   absl::FlagsUsageConfig usage;
   // --help lists the flags defined in this file: the server's own.
   usage.contains_help_flags = [](absl::string_view path) {
@@ -490,7 +492,9 @@ int main(int argc, char** argv) {
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   usage.version_string = [] {
-    return std::string("softmax-server " SOFTMAX_VERSION " (revision " SOFTMAX_GIT_REVISION ")\n");
+    return absl::StrCat("softmax-server " SOFTMAX_VERSION " (revision " SOFTMAX_GIT_REVISION
+                        ", allocator ",
+                        softmax::server::MemoryTrimmer::AllocatorName(), ")\n");
   };
   usage.normalize_filename = [](absl::string_view path) { return std::string(path); };
   absl::SetFlagsUsageConfig(usage);

@@ -2,7 +2,13 @@
 
 #include <malloc.h>
 
+#include <cstddef>
+
 #include "common/thread_name.h"
+
+#if SOFTMAX_HAVE_TCMALLOC
+#include <gperftools/malloc_extension_c.h>
+#endif
 
 namespace softmax::server {
 
@@ -17,7 +23,18 @@ MemoryTrimmer::~MemoryTrimmer() {
   thread_.join();
 }
 
-bool MemoryTrimmer::TrimNow() { return malloc_trim(0) == 1; }
+bool MemoryTrimmer::TrimNow() {
+#if SOFTMAX_HAVE_TCMALLOC
+  size_t free_bytes = 0;
+  MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes", &free_bytes);
+  MallocExtension_ReleaseFreeMemory();
+  return free_bytes > 0;
+#else
+  return malloc_trim(0) == 1;
+#endif
+}
+
+const char* MemoryTrimmer::AllocatorName() { return SOFTMAX_HAVE_TCMALLOC ? "tcmalloc" : "glibc"; }
 
 void MemoryTrimmer::Run(absl::Duration period) {
   NameThisThread("memory-trim");

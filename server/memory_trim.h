@@ -1,14 +1,21 @@
-// MemoryTrimmer: gives the heaps' free pages back to the system every period.
+// MemoryTrimmer: gives the allocator's free pages back to the system every period.
 //
-// The server keeps freed memory in glibc's heaps (common/malloc_tuning.h), so
-// that a multi-megabyte message reuses pages instead of faulting in fresh
-// ones. Free memory between live allocations goes back to the system only
-// through malloc_trim, though: without it, each heap kept the most it had
+// The server's allocator is tcmalloc where the build found it (CMake's
+// SOFTMAX_TCMALLOC), else glibc's malloc. Either keeps freed memory, so that a
+// multi-megabyte message reuses pages instead of faulting in fresh ones, and
+// returns it only when asked: tcmalloc's page heap through
+// MallocExtension_ReleaseFreeMemory, glibc's heaps (common/malloc_tuning.h)
+// through malloc_trim. Without a trim, each glibc heap kept the most it had
 // ever served, and bursts of large messages raised RSS step by step (a
 // 10-minute CPU soak, bench/soak: 372 to 509 MiB with 49 MiB in use; one
-// malloc_trim(0) returned 163 MB at once). A trim every period returns each
-// heap's free pages (madvise), so that RSS follows what the last period
-// touched; pages used again fault back in once per period.
+// malloc_trim(0) returned 163 MB at once). A trim every period returns the
+// free pages, so that RSS follows what the last period touched; pages used
+// again fault back in once per period.
+//
+// Why tcmalloc: with glibc, gRPC's threads and the scheduler's hand small
+// blocks to each other and queue on the heap locks of one heap per core. H200,
+// 1 x 1024 float32 at 256 callers, 4 alternating rounds, ratio to the echo:
+// glibc 0.71-0.98 unary (median 0.83), tcmalloc 0.94-0.99 (0.96).
 //
 // Thread-safety: TrimNow may be called from any thread; construct and destroy
 // a MemoryTrimmer on one thread.
@@ -33,8 +40,10 @@ class MemoryTrimmer {
   MemoryTrimmer(const MemoryTrimmer&) = delete;
   MemoryTrimmer& operator=(const MemoryTrimmer&) = delete;
 
-  // Returns the free pages of every heap to the system; true when some were.
+  // Returns the allocator's free pages to the system; true when some were.
   static bool TrimNow();
+  // "tcmalloc" or "glibc": the allocator this server was built with.
+  static const char* AllocatorName();
 
  private:
   void Run(absl::Duration period);

@@ -14,18 +14,26 @@
 #include "common/malloc_tuning.h"
 #include "gtest/gtest.h"
 
+#if SOFTMAX_HAVE_TCMALLOC
+#include <gperftools/malloc_extension_c.h>
+#endif
+
 namespace softmax::server {
 namespace {
 
-// These tests measure glibc's heaps through RSS. AddressSanitizer replaces
-// malloc with its own allocator (it holds freed memory back in quarantine and
-// ignores mallopt and malloc_trim), so under it they measure nothing.
+// These tests measure the allocator's free pages through RSS. AddressSanitizer
+// replaces malloc with its own allocator (it holds freed memory back in
+// quarantine and ignores mallopt, malloc_trim and tcmalloc), so under it they
+// measure nothing. The glibc settings' own test runs only where glibc's malloc
+// is the server's (a build without tcmalloc).
 #if defined(__SANITIZE_ADDRESS__)
-constexpr bool kGlibcMalloc = false;
+constexpr bool kMeasurable = false;
 #else
-constexpr bool kGlibcMalloc = true;
+constexpr bool kMeasurable = true;
 #endif
-constexpr char kNotGlibcMalloc[] = "AddressSanitizer's allocator replaces glibc's malloc";
+constexpr bool kGlibcMalloc = kMeasurable && !SOFTMAX_HAVE_TCMALLOC;
+constexpr char kNotMeasurable[] = "AddressSanitizer's allocator replaces the server's";
+constexpr char kNotGlibcMalloc[] = "the server allocates with tcmalloc, not glibc's malloc";
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
@@ -42,7 +50,9 @@ int64_t ResidentBytes() {
 // the freed blocks lie between live memory (in the heap's free lists, where
 // only a trim returns them); without, they end up at the top of each heap.
 std::vector<void*> FreeMemoryInHeaps(bool pinned_between) {
-  EXPECT_TRUE(ApplyMallocTuning(MallocTuning()));
+  if (kGlibcMalloc) {
+    EXPECT_TRUE(ApplyMallocTuning(MallocTuning()));
+  }
   constexpr int kThreads = 4;
   std::vector<std::vector<void*>> pins(kThreads);
   std::vector<std::thread> threads;
@@ -75,8 +85,21 @@ void FreeAll(const std::vector<void*>& pointers) {
   for (void* pointer : pointers) free(pointer);
 }
 
+TEST(MemoryTrimmerTest, AllocatorIsTheBuildsChoice) {
+  EXPECT_STREQ(MemoryTrimmer::AllocatorName(), SOFTMAX_HAVE_TCMALLOC ? "tcmalloc" : "glibc");
+#if SOFTMAX_HAVE_TCMALLOC
+  // malloc is tcmalloc's: it reports the bytes this process allocated.
+  size_t before = 0, after = 0;
+  ASSERT_TRUE(MallocExtension_GetNumericProperty("generic.current_allocated_bytes", &before));
+  void* volatile block = malloc(8 * kMiB);  // volatile: the pair is not elided
+  ASSERT_TRUE(MallocExtension_GetNumericProperty("generic.current_allocated_bytes", &after));
+  free(block);
+  EXPECT_GE(after, before + 8 * kMiB);
+#endif
+}
+
 TEST(MemoryTrimmerTest, TrimNowReturnsFreedPagesBetweenLiveAllocations) {
-  if (!kGlibcMalloc) GTEST_SKIP() << kNotGlibcMalloc;
+  if (!kMeasurable) GTEST_SKIP() << kNotMeasurable;
   const int64_t before = ResidentBytes();
   std::vector<void*> pins = FreeMemoryInHeaps(/*pinned_between=*/true);
   ASSERT_GT(ResidentBytes() - before, 64 * kMiB) << "the heaps kept nothing: nothing to test";
@@ -103,7 +126,7 @@ TEST(MemoryTrimmerDeathTest, ServerMallocTuningReturnsTheTopOfNewThreadHeaps) {
 // In a process of its own, so that the freed pages are new ones that only a
 // trim returns.
 TEST(MemoryTrimmerDeathTest, TrimsEveryPeriod) {
-  if (!kGlibcMalloc) GTEST_SKIP() << kNotGlibcMalloc;
+  if (!kMeasurable) GTEST_SKIP() << kNotMeasurable;
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {

@@ -39,6 +39,11 @@ LD_LIBRARY_PATH="$bundle/lib" ldd "$bundle/bin/softmax-server" | grep "libgrpc++
   | grep -q "$bundle/lib/" || fail "libgrpc++ does not resolve to the bundle"
 LD_LIBRARY_PATH="$bundle/lib" ldd "$bundle/bin/softmax-client" | grep "libcurl.so" \
   | grep -q "$bundle/lib/" || fail "libcurl does not resolve to the bundle"
+# A server built with tcmalloc carries it: the target may not have it installed.
+if "$bundle/softmax-server" --version | grep -q "allocator tcmalloc"; then
+  LD_LIBRARY_PATH="$bundle/lib" ldd "$bundle/bin/softmax-server" | grep "libtcmalloc_minimal.so" \
+    | grep -q "$bundle/lib/" || fail "libtcmalloc_minimal not packed"
+fi
 
 # Run from another directory, through a symlink, with a bare environment.
 ln -s "$bundle/softmax-server" "$work/server-link"

@@ -4,6 +4,7 @@ revision, and --flagfile is read."""
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -45,6 +46,12 @@ def test_version_names_version_and_revision():
     assert result.returncode == 0
     assert result.stdout.startswith("softmax-server 0."), result.stdout
     assert "(revision " in result.stdout and "Debug build" not in result.stdout
+    allocator = re.search(r", allocator (tcmalloc|glibc)\)", result.stdout)
+    assert allocator, result.stdout
+    # The allocator it names is the one it loads.
+    linked = subprocess.run(["ldd", e2e_util.SERVER_BIN], capture_output=True, text=True,
+                            timeout=30).stdout
+    assert ("libtcmalloc" in linked) == (allocator.group(1) == "tcmalloc"), linked
 
 
 def test_flagfile_is_read(tmp_path):
