@@ -265,7 +265,8 @@ __device__ __forceinline__ uint4 MaskLanes(uint4 v, int lo, int hi) {
 }
 
 // Stores the lanes of v as elements e0 .. e0+V-1 of a row of n elements,
-// dropping those outside [0, n) (e0 may be negative).
+// dropping those outside [0, n) (e0 may be negative). Not merged with
+// StoreElements: its lower bound there made the on-chip kernel spill (16-28 bytes, half types).
 template <typename T>
 __device__ __forceinline__ void StoreLanes(typename Traits<T>::Bits* row, long long e0, long long n,
                                            uint4 v) {
