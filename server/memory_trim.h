@@ -15,7 +15,7 @@
 // Why tcmalloc: with glibc, gRPC's threads and the scheduler's hand small
 // blocks to each other and queue on the heap locks of one heap per core. H200,
 // 1 x 1024 float32 at 256 callers, 4 alternating rounds, ratio to the echo:
-// glibc 0.71-0.98 unary (median 0.83), tcmalloc 0.94-0.99 (0.96).
+// glibc 0.71-0.98 unary (median 0.83), tcmalloc 0.93-0.99 (0.96).
 //
 // Thread-safety: TrimNow may be called from any thread; construct and destroy
 // a MemoryTrimmer on one thread.
