@@ -22,18 +22,22 @@
 //                              pairs cross blocks through distributed shared
 //                              memory. (on_chip.cuh)
 //   SoftmaxPath::kStagedRows   16-byte aligned rows of more than 8192 V, up to
-//                              what 16 blocks hold in shared memory (224 KiB
-//                              each). A row per cluster of 1..16 blocks, each
+//                              512 KiB (without split_staged: up to what 16
+//                              blocks hold in shared memory, 224 KiB each).
+//                              A row per cluster of 1..16 blocks, each
 //                              staging its share in shared memory with
 //                              cp.async copies (several stages in flight),
 //                              (max, sum) exchanged through distributed shared
 //                              memory. (staged.cuh)
 //   SoftmaxPath::kSplitRows    Longer rows, split across the blocks of a
-//                              persistent grid: one cooperative pass while the
-//                              grid holds every part of a row in registers
-//                              (SplitSinglePassMaxLength), else (max, sum)
-//                              partials then a re-read: two reads and one
-//                              write. (split.cuh)
+//                              persistent cooperative grid, one pass each:
+//                              aligned rows staged in the grid's shared
+//                              memory in parts of 64 KiB (split_staged,
+//                              SplitStagedMaxLength; staged.cuh), other rows
+//                              held in its registers (split_fused,
+//                              SplitSinglePassMaxLength). Longer rows:
+//                              (max, sum) partials then a re-read, two reads
+//                              and one write. (split.cuh)
 //   SoftmaxPath::kStrided      Softmax over a non-last axis ([outer, N, inner],
 //                              inner > 1): coalesced over inner, N split
 //                              across blocks; two reads and one write.
@@ -157,8 +161,8 @@ class LaunchPlan {
 int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path);
 
 // The kernels a LaunchSoftmax call with these arguments runs, comma-separated,
-// from: flat, flat_table, on_chip, staged, split_fused, split_stats,
-// split_normalize, strided_stats, strided_normalize.
+// from: flat, flat_table, on_chip, staged, split_staged, split_fused,
+// split_stats, split_normalize, strided_stats, strided_normalize.
 std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, bool allow_flat = true);
 
@@ -167,9 +171,14 @@ std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
 bool FlatKernelTakes(DType dtype, int64_t n);
 
 // Longest last-axis row that the split path handles in one pass (each
-// element read once): rows up to what the whole persistent grid holds in
-// registers. Longer rows are read twice.
+// element read once) whatever its alignment: rows up to what the whole
+// persistent grid holds in registers (split_fused). Longer rows are read
+// twice, unless split_staged takes them.
 int64_t SplitSinglePassMaxLength(const LaunchPlan& plan, DType dtype);
+
+// Longest 16-byte aligned last-axis row that the split path handles in one
+// pass staged in the grid's shared memory (split_staged); 0 without it.
+int64_t SplitStagedMaxLength(const LaunchPlan& plan, DType dtype);
 
 // The path LaunchSoftmax takes for `segment` of `dtype` on this plan.
 SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);

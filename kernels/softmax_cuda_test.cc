@@ -258,6 +258,10 @@ TEST_F(SoftmaxCudaTest, PlanDescribesEveryKernel) {
       ASSERT_NE(staged, nullptr);
       EXPECT_GE(staged->max_active_clusters, 1);
       EXPECT_EQ(staged->local_bytes_per_thread, 0);
+      const KernelProbe* split_staged = plan_->Find("split_staged", dtype);
+      ASSERT_NE(split_staged, nullptr);
+      EXPECT_GE(split_staged->blocks_per_sm, 1);
+      EXPECT_EQ(split_staged->local_bytes_per_thread, 0);
     }
     EXPECT_EQ(plan_->Find("on_chip", dtype)->local_bytes_per_thread, 0);
   }
@@ -373,7 +377,7 @@ TEST_F(SoftmaxCudaTest, SpecialValues) {
       // over a cluster): a row whose first blocks hold only -inf, NaN or +inf
       // in one block's share, an all -inf row.
       {
-        const int64_t n = 40000 * v;
+        const int64_t n = 20000 * v;
         Problem p = MakeProblem(dtype, 4, n, 1, rng, 1.0f, log);
         SetRow(p, dtype, 0, [&](int64_t k) { return k < n / 2 ? -inf : 0.001f * (k % 1000); });
         SetRow(p, dtype, 1, [&](int64_t k) { return k == n - 1 ? nan : 0.5f; });
@@ -441,8 +445,8 @@ TEST_F(SoftmaxCudaTest, FlatKernel) {
   }
 }
 
-// The split path's two forms: one pass while the grid holds every part of a
-// row (up to SplitSinglePassMaxLength), two passes beyond. Rows of a few
+// The split path's register forms: one pass while the grid holds every part
+// of a row (up to SplitSinglePassMaxLength), two passes beyond. Rows of a few
 // parts over many grid strides exercise the single pass's waits between
 // blocks, also with a part count that does not divide the grid.
 TEST_F(SoftmaxCudaTest, SplitSingleAndTwoPass) {
@@ -459,7 +463,10 @@ TEST_F(SoftmaxCudaTest, SplitSingleAndTwoPass) {
     }
     for (bool log : {false, true}) {
       std::vector<Problem> problems;
+      // At the limit, misaligned by one element (aligned rows go to split_staged).
       problems.push_back(MakeProblem(dtype, 1, one_pass, 1, rng, 1.0f, log));
+      problems.back().input_offset_elements = 1;
+      problems.back().output_offset_elements = 1;
       problems.push_back(MakeProblem(dtype, 2, one_pass + 1, 1, rng, 0.9f, log));
       // More two-pass rows in one launch (their partials and counters side by side).
       problems.push_back(MakeProblem(dtype, 5, one_pass + 3, 1, rng, 1.2f, log));
@@ -471,6 +478,89 @@ TEST_F(SoftmaxCudaTest, SplitSingleAndTwoPass) {
       }
       RunAndCheck(dtype, problems, "split one/two pass");
     }
+  }
+}
+
+// split_staged: aligned rows beyond the staged path, each part staged in one
+// block's shared memory, parts exchanging (max, sum) through global scratch
+// in a cooperative grid. Rows just beyond the staged path and at the longest
+// it takes, more rows than one step of the grid holds (so blocks run several
+// units), parts that do not divide the row evenly, a row of special values,
+// a table mixing it with other paths, and an in-place launch. The same
+// lengths misaligned go to split_fused or the two-pass form.
+TEST_F(SoftmaxCudaTest, SplitStagedRows) {
+  std::mt19937_64 rng(12);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (DType dtype : kDTypes) {
+    const int64_t v = VecWidth(dtype);
+    const int64_t staged = PathMaxLength(*plan_, dtype, SoftmaxPath::kStagedRows);
+    const int64_t longest = SplitStagedMaxLength(*plan_, dtype);
+    if (staged == 0 || longest == 0) {
+      std::printf("split_staged unavailable for %s (no clusters)\n", DTypeName(dtype));
+      continue;
+    }
+    ASSERT_GT(longest, staged) << DTypeName(dtype);
+    const int64_t lengths[] = {staged + v, (staged / v * 3 / 2 + 7) * v, longest};
+    for (int64_t n : lengths) {
+      SoftmaxSegment s;
+      s.n = n;
+      s.outer = 2;
+      EXPECT_EQ(ChoosePath(*plan_, dtype, s), SoftmaxPath::kSplitRows) << "n=" << n;
+      EXPECT_EQ(LaunchKernels(*plan_, dtype, &s, 1), "split_staged") << "n=" << n;
+    }
+    SoftmaxSegment beyond;
+    beyond.n = longest + v;
+    EXPECT_NE(LaunchKernels(*plan_, dtype, &beyond, 1), "split_staged");
+    for (bool log : {false, true}) {
+      std::vector<Problem> problems;
+      // Rows just beyond the staged path, more than two steps of the grid hold.
+      const KernelProbe* probe = plan_->Find("split_staged", dtype);
+      const int64_t parts = (lengths[0] * static_cast<int64_t>(ItemSize(dtype)) + 65535) / 65536;  // 64 KiB parts
+      const int64_t rows = 2 * (probe->grid / parts) + 3;
+      problems.push_back(MakeProblem(dtype, rows, lengths[0], 1, rng, 0.9f, log));
+      Problem special = MakeProblem(dtype, 4, lengths[1], 1, rng, 1.0f, log);
+      const int64_t n1 = lengths[1];
+      SetRow(special, dtype, 0, [&](int64_t k) { return k < n1 / 2 ? -inf : 0.001f * (k % 1000); });
+      SetRow(special, dtype, 1, [&](int64_t k) { return k == n1 - 1 ? nan : 0.5f; });
+      SetRow(special, dtype, 2, [&](int64_t k) { return k == 3 ? inf : 1.0f; });
+      SetRow(special, dtype, 3, [&](int64_t) { return -inf; });
+      problems.push_back(std::move(special));
+      problems.push_back(MakeProblem(dtype, 2, longest, 1, rng, 1.1f, log));
+      problems.push_back(MakeProblem(dtype, 3, 3000 * v, 1, rng, 1.0f, log));  // another path
+      RunAndCheck(dtype, problems, "split_staged");
+      std::vector<Problem> misaligned;
+      misaligned.push_back(MakeProblem(dtype, 3, lengths[0] + 1, 1, rng, 1.0f, log));
+      RunAndCheck(dtype, misaligned, "split, odd length");
+    }
+    // In place: output == input (a block reads its whole part before writing it).
+    const int64_t n = lengths[0];
+    Problem p = MakeProblem(dtype, 7, n, 1, rng);
+    std::vector<double> ref(static_cast<size_t>(p.shape.elements()));
+    ReferenceSoftmax(p.input.data(), dtype, p.shape, p.options, ref.data());
+    void* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, p.input.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d, p.input.data(), p.input.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    SoftmaxSegment s;
+    s.input = d;
+    s.output = d;
+    s.outer = p.shape.outer;
+    s.n = n;
+    const size_t scratch_bytes = SoftmaxScratchBytes(*plan_, dtype, &s, 1);
+    void* scratch = nullptr;
+    ASSERT_EQ(cudaMalloc(&scratch, scratch_bytes), cudaSuccess);
+    ASSERT_EQ(LaunchSoftmax(*plan_, dtype, &s, 1, scratch, scratch_bytes, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint8_t> host(p.input.size());
+    ASSERT_EQ(cudaMemcpy(host.data(), d, host.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(d);
+    cudaFree(scratch);
+    int64_t bad = 0;
+    for (int64_t e = 0; e < p.shape.elements(); ++e) {
+      const double y = LoadAsFloat(host.data(), dtype, e);
+      if (!(std::fabs(y - ref[e]) <= 1e-6 + Rtol(dtype) * std::fabs(ref[e]))) ++bad;
+    }
+    EXPECT_EQ(bad, 0) << "split_staged in place " << DTypeName(dtype);
   }
 }
 

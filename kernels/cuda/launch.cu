@@ -113,6 +113,16 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
       probes->push_back(c);
       best = size;
     }
+    // split_staged: probed at its largest share.
+    const void* split_staged = reinterpret_cast<const void*>(&SplitStagedKernel<T>);
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        split_staged, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(kSplitStagedPartBytes)));
+    KernelProbe split_probe;
+    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(split_staged, "split_staged", "split", dtype,
+                                             multiprocessors, &split_probe, kStagedThreads,
+                                             kSplitStagedPartBytes));
+    if (split_probe.blocks_per_sm > 0) probes->push_back(split_probe);
     // Staged: probed at the largest share; one entry per cluster size that
     // fits at least once.
     const void* staged = reinterpret_cast<const void*>(&StagedKernel<T>);
@@ -321,6 +331,22 @@ cudaError_t LaunchSplit(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
   if (*offset > scratch_bytes) return cudaErrorInvalidValue;
   SOFTMAX_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.counters, 0, sizeof(unsigned) * s.outer, stream));
   const long long units = s.outer * shape.parts;
+  if (shape.staged) {
+    // Cooperative launch: every block resident at once, which the kernel's
+    // waits between blocks rely on.
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(shape.grid), 1, 1);
+    config.blockDim = dim3(kStagedThreads, 1, 1);
+    config.dynamicSmemBytes = static_cast<size_t>(shape.part_vectors) * 16;
+    config.stream = stream;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeCooperative;
+    attribute.val.cooperative = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, SplitStagedKernel<T>, a));
+    return cudaGetLastError();
+  }
   if (shape.fused) {
     // Cooperative launch: every block resident at once, which the kernel's
     // waits between blocks rely on.

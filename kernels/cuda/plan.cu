@@ -75,6 +75,8 @@ bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, Stage
     if (p != nullptr && p->max_active_clusters > 0) largest = c;
   }
   if (largest == 0) return false;
+  // Longer rows go to split_staged where the plan has it.
+  if (vectors * 16 > kStagedMaxRowBytes && plan.Find("split_staged", dtype) != nullptr) return false;
   int cluster = 1;
   while (cluster < largest && CeilDiv(vectors, cluster) * 16 > kStagedTargetBytes) cluster *= 2;
   const long long chunk = CeilDiv(vectors, cluster);
@@ -87,16 +89,26 @@ bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, Stage
 
 SplitShape SplitShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
   const long long vectors = CeilDiv(s.n, Vectors(dtype));
+  if (VectorAligned(dtype, s)) {
+    // Parts of at most kSplitStagedPartBytes, as even as whole vectors allow.
+    const KernelProbe* probe = plan.Find("split_staged", dtype);
+    const long long parts = CeilDiv(vectors * 16, kSplitStagedPartBytes);
+    if (probe != nullptr && parts <= probe->grid) {
+      const long long steps_rows = std::min<long long>(s.outer, probe->grid / parts);
+      return {CeilDiv(vectors, parts), static_cast<int>(parts), false, true,
+              static_cast<int>(steps_rows * parts)};
+    }
+  }
   const long long chunks = CeilDiv(vectors, kBlockVectors);
   if (chunks <= GridOf(plan, "split_fused", dtype)) {
-    return {kBlockVectors, static_cast<int>(chunks), true};
+    return {kBlockVectors, static_cast<int>(chunks), true, false, 0};
   }
   const long long rows = s.outer;
   const long long grid = GridOf(plan, "split_stats", dtype);
   long long parts = std::min(chunks, std::max(1LL, CeilDiv(grid, rows)));
   const long long part_vectors = CeilDiv(chunks, parts) * kBlockVectors;
   parts = CeilDiv(vectors, part_vectors);
-  return {part_vectors, static_cast<int>(parts), false};
+  return {part_vectors, static_cast<int>(parts), false, false, 0};
 }
 
 StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
@@ -258,7 +270,10 @@ std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
     if (Empty(s)) continue;
     const SoftmaxPath path = ChoosePath(plan, dtype, s);
     if (path == SoftmaxPath::kSplitRows) {
-      if (SplitShapeOf(plan, dtype, s).fused) {
+      const SplitShape shape = SplitShapeOf(plan, dtype, s);
+      if (shape.staged) {
+        add("split_staged");
+      } else if (shape.fused) {
         add("split_fused");
       } else {
         add("split_stats");
@@ -291,6 +306,12 @@ int64_t SplitSinglePassMaxLength(const LaunchPlan& plan, DType dtype) {
   const KernelProbe* probe = plan.Find("split_fused", dtype);
   if (probe == nullptr) return 0;
   return static_cast<int64_t>(probe->grid) * kBlockVectors * Vectors(dtype);
+}
+
+int64_t SplitStagedMaxLength(const LaunchPlan& plan, DType dtype) {
+  const KernelProbe* probe = plan.Find("split_staged", dtype);
+  if (probe == nullptr) return 0;
+  return static_cast<int64_t>(probe->grid) * (kSplitStagedPartBytes / ItemSize(dtype));
 }
 
 int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path) {

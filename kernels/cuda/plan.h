@@ -6,7 +6,7 @@
 //   paths (SoftmaxPath):  warp_rows, block_rows, cluster_rows, staged_rows,
 //                         split_rows, strided
 //   kernels (probes, LaunchKernels): flat, flat_table, on_chip, staged,
-//                         split_fused, split_stats, split_normalize,
+//                         split_staged, split_fused, split_stats, split_normalize,
 //                         strided_stats, strided_normalize
 #ifndef SOFTMAX_KERNELS_CUDA_PLAN_H_
 #define SOFTMAX_KERNELS_CUDA_PLAN_H_
@@ -52,8 +52,10 @@ constexpr long long kTableMaxVectors = static_cast<long long>(kTableThreads) * k
 constexpr long long kFlatMaxVectors = 1024;
 constexpr int kFlatSlots = 2;
 
-// Staged kernel (kernels/cuda/staged.cuh): a row per cluster of 1..16 blocks,
-// each block's share staged in shared memory by per-thread async copies.
+// Staged kernels (kernels/cuda/staged.cuh): a row per cluster of 1..16
+// blocks (staged) or per group of blocks of a cooperative grid
+// (split_staged), each block's share staged in shared memory by per-thread
+// async copies.
 constexpr int kStagedThreads = 256;
 // A stage (one cp.async commit group per thread) is 1024 vectors (16 KiB;
 // the last one of a share may be shorter): 4 per thread, reduced as soon as
@@ -68,6 +70,18 @@ constexpr long long kStagedTargetBytes = 65536;
 // Largest share (dynamic shared memory) a block stages: the 227 KiB opt-in
 // limit less the static barriers and slots.
 constexpr long long kStagedMaxBytes = 224 * 1024;
+// Longest row the staged path takes when split_staged is there to take
+// longer ones (rows that would need 16-block clusters). H200, one run:
+// fp32 N = 262144 3,611 GB/s on split_staged against 3,530 staged; rows
+// from 256 KiB or 128 KiB on split_staged were 3-24% slower.
+constexpr long long kStagedMaxRowBytes = 512 * 1024;
+// split_staged: parts of at most kSplitStagedStages stages (64 KiB), 3
+// blocks per SM. H200, fp32 N = 2^20: 3,321 GB/s against 3,263 with two
+// 32 KiB buffers per block (the next part landing while one is written),
+// and 3,057 with an L2 prefetch of the next part while waiting.
+constexpr int kSplitStagedStages = 4;
+constexpr long long kSplitStagedPartBytes = kSplitStagedStages * kStagedStageVectors * 16LL;
+constexpr int kSplitStagedBlocks = 3;
 static_assert(kStagedMaxStages * kStagedStageVectors * 16LL >= kStagedMaxBytes &&
                   kStagedStageVectors % kStagedThreads == 0,
               "stages cover the largest share, whole vectors per thread");
@@ -167,11 +181,13 @@ struct StagedShape {
 // Returns false when the plan cannot stage rows of `vectors` vectors.
 bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, StagedShape* shape);
 
-// Split path: parts of a row and whether one cooperative pass does it.
+// Split path: parts of a row and which kernel takes them.
 struct SplitShape {
   long long part_vectors;
   int parts;
-  bool fused;  // single pass (split_fused): parts of one block each, parts <= grid
+  bool fused;   // single pass (split_fused): parts of one block each, parts <= grid
+  bool staged;  // single pass (split_staged): aligned rows, parts staged in shared memory
+  int grid;     // split_staged: blocks of the cooperative launch, a multiple of parts
 };
 SplitShape SplitShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s);
 

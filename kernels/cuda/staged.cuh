@@ -1,29 +1,39 @@
-// The staged_rows path: a last-axis row of more than 8192 vectors (1025..8192
-// in launches of one segment) is split evenly over a thread-block cluster of
-// C = 1..16 blocks (one row per cluster, grid = rows x C). Each block stages
-// its share of the row in shared memory with per-thread asynchronous copies
-// (cp.async, 16 bytes each, one commit group per 16 KiB stage, all in flight
-// at once), takes each stage's max and exp2 as soon as it lands, pushes the
-// block's (max, sum) into every peer's shared memory (distributed shared
-// memory), passes one cluster barrier, and writes its share from shared
-// memory. Each element is read once from device memory and written once;
-// shares of up to 224 KiB (16 blocks: 3.5 MiB per row) fit.
+// Rows staged in shared memory, each element read once and written once.
+//
+// staged (staged_rows path): a last-axis row of more than 8192 vectors and
+// up to 512 KiB (1025..8192 vectors in launches of one segment) is split
+// evenly over a thread-block cluster of C = 1..16 blocks (one row per
+// cluster, grid = rows x C). Each block stages its share of the row in
+// shared memory with per-thread asynchronous copies (cp.async, 16 bytes each,
+// one commit group per 16 KiB stage, all in flight at once), takes each
+// stage's max and exp2 as soon as it lands, pushes the block's (max, sum)
+// into every peer's shared memory (distributed shared memory), passes one
+// cluster barrier, and writes its share from shared memory. Without
+// split_staged the path takes rows up to 16 shares of 224 KiB (3.5 MiB).
+//
+// split_staged (split_rows path): longer aligned rows, in parts of up to
+// 64 KiB staged the same way by the blocks of a cooperative grid, (max, sum)
+// exchanged through global scratch; rows up to what the grid holds at once
+// (H200: 396 parts, 24.75 MiB).
 //
 // H200, M x N = 2^28, share target 64 KiB: fp32 N = 8192..65536 at
-// 0.94-0.96 of copy, 262144 at 0.84; fp16 16384..65536 at 0.95-0.97, 262144
-// at 0.87. Bulk copies (cp.async.bulk, one per stage, issued by one thread,
-// completing on an mbarrier) measured 0.74-0.87 at the same points in the
-// same run: the per-thread copies are what brought the path to the ceiling.
+// 0.94-0.96 of copy; fp16 16384..65536 at 0.94-0.97, 262144 at 0.87.
+// split_staged: fp32 262144 at 0.87 (0.84 on 16-block clusters), N = 2^20
+// at 0.79-0.80 (0.63-0.66 before it). Bulk copies (cp.async.bulk, one per
+// stage, issued by one thread, completing on an mbarrier) measured 0.74-0.87
+// at the staged points in one run: the per-thread copies are what brought
+// the path to the ceiling.
 //
-// Needs: sm_90 (clusters), rows 16-byte aligned with n % V == 0 (16-byte
-// copies); input != output is not required (a block reads its whole share
-// before writing it).
+// Needs: sm_90 (clusters; the probe of both kernels needs them), rows
+// 16-byte aligned with n % V == 0 (16-byte copies); input != output is not
+// required (a block reads its whole share before writing it).
 #ifndef SOFTMAX_KERNELS_CUDA_STAGED_CUH_
 #define SOFTMAX_KERNELS_CUDA_STAGED_CUH_
 
 #include <utility>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/split.cuh"  // SplitArgs
 
 namespace softmax {
 namespace gpu {
@@ -76,38 +86,22 @@ __device__ __forceinline__ void ClusterWait() {
 // later stages are still landing. Log-softmax keeps x and writes
 // (x - m_row) * scale - log2(sum). Rounding e to a 16-bit T adds at most
 // half an ulp before the output's own rounding.
-template <typename T>
-__global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_constant__ StagedArgs a) {
-#if !SOFTMAX_SM90_DEVICE_CODE
-  __trap();  // never planned below sm_90 (its probe finds no cluster)
-#else
-  constexpr int V = VecWidth<T>();
-  constexpr int kStagedWarps = kStagedThreads / 32;
+//
+// The three steps of one block's share of a row (`count` vectors, at most
+// kMaxStages stages): IssueCopies stages them from `in` into `share`,
+// ReduceStages takes their (max, sum) (e written back for softmax; the
+// block's total in every thread), WriteStages writes the output from the
+// share once the row's total is known. Each thread copies, reads and writes
+// only its own vectors of the share.
+template <int kMaxStages>
+__device__ __forceinline__ void IssueCopies(uint4* share, const uint4* in, int count) {
   constexpr int kPerStage = kStagedStageVectors / kStagedThreads;
-  using Bits = typename Traits<T>::Bits;
-  extern __shared__ uint4 share[];  // chunk_vectors (16-byte aligned)
-  __shared__ float2 warp_slots[kStagedWarps];
-  __shared__ float2 cluster_slots[kMaxClusterSize];
-
-  cg::cluster_group cluster = cg::this_cluster();
-  const int blocks = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
-  // Blocks of a 1-D cluster have consecutive x indices: cluster = row.
-  const long long row = blockIdx.x / blocks;
-  const long long vectors = a.n / V;
-  const long long first = static_cast<long long>(rank) * a.chunk_vectors;
-  const long long left = vectors - first;
-  const int count = left <= 0 ? 0 : static_cast<int>(left < a.chunk_vectors ? left : a.chunk_vectors);
-  const size_t pitch = static_cast<size_t>(a.n) * sizeof(Bits);
-  const uint4* in = reinterpret_cast<const uint4*>(static_cast<const char*>(a.input) + row * pitch) + first;
-  uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(a.output) + row * pitch) + first;
-  const int stages = (count + kStagedStageVectors - 1) / kStagedStageVectors;  // <= kStagedMaxStages
-
+  const int stages = (count + kStagedStageVectors - 1) / kStagedStageVectors;  // <= kMaxStages
   // Each thread copies the vectors it will read (16 bytes per cp.async), one
-  // commit group per stage and always kStagedMaxStages groups, so that stage
-  // s waits with an immediate count. No other thread reads them.
+  // commit group per stage and always kMaxStages groups, so that stage s
+  // waits with an immediate count. No other thread reads them.
 #pragma unroll
-  for (int s = 0; s < kStagedMaxStages; ++s) {
+  for (int s = 0; s < kMaxStages; ++s) {
     if (s < stages) {
       const int begin = s * kStagedStageVectors;
       const int end = min(count, begin + kStagedStageVectors);
@@ -123,22 +117,24 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
-  __syncthreads();
-  // A block may write into a peer's shared memory only once every block of
-  // the cluster has started: arrive now, wait before the first remote store.
-  if (blocks > 1) ClusterArriveRelaxed();
+}
 
-  const bool log = a.log != 0;
-  const float scale = a.scale;
-  float stage_max[kStagedMaxStages];
+// Needs this share's kMaxStages groups to be the last ones committed.
+template <typename T, int kMaxStages>
+__device__ __forceinline__ MaxSum ReduceStages(uint4* share, float2* warp_slots, int count,
+                                               float scale, bool log, float (&stage_max)[kMaxStages]) {
+  constexpr int V = VecWidth<T>();
+  constexpr int kStagedWarps = kStagedThreads / 32;
+  constexpr int kPerStage = kStagedStageVectors / kStagedThreads;
+  const int stages = (count + kStagedStageVectors - 1) / kStagedStageVectors;
   MaxSum acc{-INFINITY, 0.0f};
 #pragma unroll
-  for (int s = 0; s < kStagedMaxStages; ++s) {
+  for (int s = 0; s < kMaxStages; ++s) {
     stage_max[s] = -INFINITY;
     if (s < stages) {
       const int begin = s * kStagedStageVectors;
       const int end = min(count, begin + kStagedStageVectors);
-      CpAsyncWait(kStagedMaxStages - 1 - s);
+      CpAsyncWait(kMaxStages - 1 - s);
       uint4 raw[kPerStage];
 #pragma unroll
       for (int j = 0; j < kPerStage; ++j) {
@@ -175,24 +171,19 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
   for (int w = 0; w < kStagedWarps; ++w) {
     total = Merge(total, MaxSum{warp_slots[w].x, warp_slots[w].y}, scale);
   }
-  if (blocks > 1) {
-    ClusterWait();
-    // Lane k pushes this block's pair into peer k's shared memory; after the
-    // barrier each thread reads the pairs locally. No remote access follows
-    // the barrier, so a block may exit as soon as it is done.
-    if (threadIdx.x < blocks) {
-      *cluster.map_shared_rank(&cluster_slots[rank], static_cast<int>(threadIdx.x)) =
-          make_float2(total.m, total.d);
-    }
-    cluster.sync();
-    total = MaxSum{-INFINITY, 0.0f};
-    for (int k = 0; k < blocks; ++k) {
-      total = Merge(total, MaxSum{cluster_slots[k].x, cluster_slots[k].y}, scale);
-    }
-  }
+  return total;
+}
+
+template <typename T, int kMaxStages>
+__device__ __forceinline__ void WriteStages(const uint4* share, uint4* out, int count, float scale,
+                                            bool log, const float (&stage_max)[kMaxStages],
+                                            MaxSum total) {
+  constexpr int V = VecWidth<T>();
+  constexpr int kPerStage = kStagedStageVectors / kStagedThreads;
+  const int stages = (count + kStagedStageVectors - 1) / kStagedStageVectors;
   const float factor = OutputFactor(log, total.d);
 #pragma unroll
-  for (int s = 0; s < kStagedMaxStages; ++s) {
+  for (int s = 0; s < kMaxStages; ++s) {
     if (s < stages) {
       const int begin = s * kStagedStageVectors;
       const int end = min(count, begin + kStagedStageVectors);
@@ -216,6 +207,112 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
         }
       }
     }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_constant__ StagedArgs a) {
+#if !SOFTMAX_SM90_DEVICE_CODE
+  __trap();  // never planned below sm_90 (its probe finds no cluster)
+#else
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  extern __shared__ uint4 share[];  // chunk_vectors (16-byte aligned)
+  __shared__ float2 warp_slots[kStagedThreads / 32];
+  __shared__ float2 cluster_slots[kMaxClusterSize];
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int blocks = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  // Blocks of a 1-D cluster have consecutive x indices: cluster = row.
+  const long long row = blockIdx.x / blocks;
+  const long long vectors = a.n / V;
+  const long long first = static_cast<long long>(rank) * a.chunk_vectors;
+  const long long left = vectors - first;
+  const int count = left <= 0 ? 0 : static_cast<int>(left < a.chunk_vectors ? left : a.chunk_vectors);
+  const size_t pitch = static_cast<size_t>(a.n) * sizeof(Bits);
+  const uint4* in = reinterpret_cast<const uint4*>(static_cast<const char*>(a.input) + row * pitch) + first;
+  uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(a.output) + row * pitch) + first;
+  const bool log = a.log != 0;
+  IssueCopies<kStagedMaxStages>(share, in, count);
+  __syncthreads();
+  // A block may write into a peer's shared memory only once every block of
+  // the cluster has started: arrive now, wait before the first remote store.
+  if (blocks > 1) ClusterArriveRelaxed();
+  float stage_max[kStagedMaxStages];
+  MaxSum total = ReduceStages<T>(share, warp_slots, count, a.scale, log, stage_max);
+  if (blocks > 1) {
+    ClusterWait();
+    // Lane k pushes this block's pair into peer k's shared memory; after the
+    // barrier each thread reads the pairs locally. No remote access follows
+    // the barrier, so a block may exit as soon as it is done.
+    if (threadIdx.x < blocks) {
+      *cluster.map_shared_rank(&cluster_slots[rank], static_cast<int>(threadIdx.x)) =
+          make_float2(total.m, total.d);
+    }
+    cluster.sync();
+    total = MaxSum{-INFINITY, 0.0f};
+    for (int k = 0; k < blocks; ++k) {
+      total = Merge(total, MaxSum{cluster_slots[k].x, cluster_slots[k].y}, a.scale);
+    }
+  }
+  WriteStages<T>(share, out, count, a.scale, log, stage_max, total);
+#endif  // SOFTMAX_SM90_DEVICE_CODE
+}
+
+// The split_staged kernel: aligned rows too long for the staged path but not
+// for the whole grid's shared memory. A row is cut into `parts` parts of
+// part_vectors (the last one may hold fewer; at most kSplitStagedStages
+// stages); unit u = (row, part) goes to block u % grid, as its (u / grid)-th
+// unit. A block stages its unit, reduces it, publishes its (max, sum) in
+// global scratch and counts itself in, waits until every part of the row has
+// done so, merges the row's partials (read through L2) and writes its unit.
+// Each element is read once and written once.
+//
+// Why it cannot deadlock: the grid is launched cooperatively (every block
+// resident) and is a multiple of parts, so all parts of a row are units of
+// the same step; a block publishes before it waits and waits only on blocks
+// of its own step.
+template <typename T>
+__global__ void __launch_bounds__(kStagedThreads, kSplitStagedBlocks) SplitStagedKernel(const __grid_constant__ SplitArgs a) {
+#if !SOFTMAX_SM90_DEVICE_CODE
+  __trap();  // never planned below sm_90 (probed with the staged kernel)
+#else
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  extern __shared__ uint4 share[];  // part_vectors (16-byte aligned)
+  __shared__ float2 warp_slots[kStagedThreads / 32];
+  __shared__ float2 slots[kWarps];
+  static_assert(kStagedThreads == kThreads, "MergePartials strides by kThreads");
+  const long long vectors = a.n / V;
+  const size_t pitch = static_cast<size_t>(a.n) * sizeof(Bits);
+  const long long units = a.rows * a.parts;
+  const bool log = a.log != 0;
+  for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+    const long long row = u / a.parts;
+    const long long first = (u % a.parts) * a.part_vectors;
+    const long long left = vectors - first;
+    const int count = static_cast<int>(left < a.part_vectors ? left : a.part_vectors);
+    // The previous unit's reads of the share and of the slots are done
+    // before new copies land.
+    __syncthreads();
+    IssueCopies<kSplitStagedStages>(
+        share, reinterpret_cast<const uint4*>(static_cast<const char*>(a.input) + row * pitch) + first,
+        count);
+    float stage_max[kSplitStagedStages];
+    const MaxSum part_total = ReduceStages<T>(share, warp_slots, count, a.scale, log, stage_max);
+    if (threadIdx.x == 0) {
+      a.partials[u] = make_float2(part_total.m, part_total.d);
+      __threadfence();
+      atomicAdd(a.counters + row, 1u);
+      const volatile unsigned* published = a.counters + row;
+      while (*published < static_cast<unsigned>(a.parts)) __nanosleep(32);
+      __threadfence();
+    }
+    __syncthreads();
+    const MaxSum total = MergePartials(a.partials + row * a.parts, a.parts, a.scale, slots);
+    WriteStages<T>(share, reinterpret_cast<uint4*>(static_cast<char*>(a.output) + row * pitch) + first,
+                   count, a.scale, log, stage_max, total);
   }
 #endif  // SOFTMAX_SM90_DEVICE_CODE
 }
