@@ -62,3 +62,26 @@ def test_judge_passes_burst_spikes_and_fails_a_creep():
                for i in range(30)]
     assert watch.judge(backing, 10, 0.05)["pinned_backing_allocations"]["ok"] is False
     assert watch.judge(backing, 10, 0.05)["rss_bytes"]["ok"] is None
+
+
+def test_a_rare_failure_keeps_its_detail_after_many_expected_refusals():
+    import traffic
+
+    class Bursts:
+        on = True
+
+        def active(self):
+            return self.on
+
+    bursts = Bursts()
+    tally = traffic.Tally(bursts)
+    for i in range(50):  # expected refusals in a burst fill the examples first
+        tally.add("v1-unary", "UNAVAILABLE", detail=f"budget spent {i}")
+    bursts.on = False
+    tally.add("kserve-http", "TRANSPORT", detail="ConnectionResetError: reset by peer")
+    tally.add("kserve-http", "TRANSPORT", detail="second of its kind")
+    assert tally.total("TRANSPORT", "steady") == 2
+    transport = [e for e in tally.examples if "TRANSPORT" in e]
+    assert len(transport) == 1 and "ConnectionResetError" in transport[0], tally.examples
+    assert "(steady, " in transport[0]
+    assert len(tally.examples) == 21

@@ -361,3 +361,38 @@ def test_expect_100_continue_is_answered_at_once(server):
             assert len(rest) == length
             got = np.frombuffer(rest[json_length:], dtype=np.float32)
             assert_close(got, reference_softmax(values), "float32")
+
+
+def test_idle_keep_alive_connections_stay_open_for_seconds_then_close(server):
+    """A pooled client reuses its connection after a pause: the server keeps
+    an idle keep-alive connection open for 5 s (civetweb's default closed it
+    after 500 ms), then closes it so that idle clients do not hold worker
+    threads for good."""
+    import socket
+    body = json.dumps({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 4],
+                                   "data": [0, 0, 0, 0]}]}).encode()
+    request = (b"POST /v2/models/softmax/infer HTTP/1.1\r\nHost: x\r\n"
+               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    def roundtrip(sock):
+        sock.sendall(request)
+        response = b""
+        while b"\r\n\r\n" not in response:
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection instead of answering"
+            response += chunk
+        head, rest = response.split(b"\r\n\r\n", 1)
+        fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+        while len(rest) < int(fields[b"Content-Length"]):
+            rest += sock.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200 OK"), head
+        return json.loads(rest)["outputs"][0]["data"]
+
+    host, port = server.http_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        assert roundtrip(sock) == [0.25] * 4
+        time.sleep(2.0)  # four times civetweb's default
+        assert roundtrip(sock) == [0.25] * 4
+        idle_since = time.monotonic()
+        assert sock.recv(1) == b""  # closed by the server
+        assert 4.0 < time.monotonic() - idle_since < 15.0

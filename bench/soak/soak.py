@@ -417,7 +417,8 @@ def main():
     }
     if after:
         extremes["rss_start_after_warmup"] = after[0]["rss_bytes"]
-    notes += tally.examples[:10]
+    # Failures first (their detail is what a reader needs), then the rest.
+    notes += sorted(tally.examples, key=lambda e: "(steady" not in e and " wrong " not in e)
     report = {
         "settings": {
             "device": args.device, "duration_s": args.duration, "warmup_s": args.warmup,

@@ -103,15 +103,21 @@ class Tally:
         self._bursts = bursts  # .active() -> bool
         self._lock = threading.Lock()
         self.counts = {}  # (protocol, outcome, "burst" | "steady") -> n
-        self.examples = []  # the first wrong answers and unexpected codes
+        # The first wrong answers and unexpected codes: the first of each
+        # (protocol, outcome, phase) always, then others up to 20, so that a
+        # rare failure keeps its detail however many expected refusals came first.
+        self.examples = []
+        self._start = time.monotonic()
 
     def add(self, protocol, outcome, n=1, detail=None):
         phase = "burst" if self._bursts.active() else "steady"
         with self._lock:
             key = (protocol, outcome, phase)
+            first = key not in self.counts
             self.counts[key] = self.counts.get(key, 0) + n
-            if detail and len(self.examples) < 20 and outcome not in ("ok",):
-                self.examples.append(f"{protocol} {outcome} ({phase}): {detail[:300]}")
+            if detail and outcome not in ("ok",) and (first or len(self.examples) < 20):
+                at = time.monotonic() - self._start
+                self.examples.append(f"{protocol} {outcome} ({phase}, {at:.1f} s): {detail[:300]}")
 
     def total(self, outcome=None, phase=None, protocol=None):
         with self._lock:

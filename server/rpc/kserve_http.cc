@@ -584,9 +584,11 @@ absl::StatusOr<std::unique_ptr<KServeHttpServer>> KServeHttpServer::Start(
   // A trailing "s" makes civetweb's port TLS-only.
   const std::string listening = tls ? options.address + "s" : options.address;
   const std::string threads = std::to_string(kHttpThreads);
+  const std::string keep_alive = std::to_string(kHttpKeepAliveMs);
   const char* civet_options[] = {"listening_ports", listening.c_str(),
                                  "num_threads", threads.c_str(),
                                  "enable_keep_alive", "yes",
+                                 "keep_alive_timeout_ms", keep_alive.c_str(),
                                  "tcp_nodelay", "1",
                                  nullptr};
   mg_callbacks callbacks{};

@@ -45,6 +45,12 @@ inline constexpr std::chrono::seconds kHttpRequestTimeout(60);
 // civetweb worker threads: requests served at once (each waits for its
 // answer on its thread); more connections wait for a free thread.
 inline constexpr int kHttpThreads = 256;
+// How long an idle keep-alive connection stays open (and holds its worker
+// thread). civetweb's default, 500 ms (measured: closed 0.501 s after the
+// last answer), made any client pausing longer connect again, with TLS a
+// handshake per request, and opened a race for clients that reuse a
+// connection just as it closes. 5 s is Apache's and Node.js's default.
+inline constexpr int kHttpKeepAliveMs = 5000;
 
 struct HttpServerOptions {
   // host:port; port 0 picks a free port.
