@@ -205,6 +205,27 @@ def test_idle_open_stream_does_not_hold_the_exit(start_server):
         release.set()
 
 
+def test_idle_http_keep_alive_connection_holds_the_exit_at_most_2_s(start_server):
+    """An HTTP connection kept alive after its answer (5 s) is closed by the
+    stop within civetweb's 2-s wait: the server exits 0 within the lame duck
+    + 1 s + 2 s, not the keep-alive or the grace."""
+    import json
+    import socket
+    server = start_server("--shutdown_grace_s=30")
+    body = json.dumps({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 2],
+                                   "data": [0, 0]}]}).encode()
+    host, port = server.http_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v2/models/softmax/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % len(body) + body)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK")
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=10) == 0, server.output()
+        assert time.monotonic() - started <= LAME_DUCK_S + 1.0 + 2.0
+
+
 def test_busy_stream_is_answered_then_ended_with_unavailable(start_server):
     """A stream with requests queued at SIGTERM gets every answer, then
     UNAVAILABLE (retry elsewhere) although its client never half-closed."""

@@ -49,7 +49,9 @@ inline constexpr int kHttpThreads = 256;
 // thread). civetweb's default, 500 ms (measured: closed 0.501 s after the
 // last answer), made any client pausing longer connect again, with TLS a
 // handshake per request, and opened a race for clients that reuse a
-// connection just as it closes. 5 s is Apache's and Node.js's default.
+// connection just as it closes. 5 s is Apache's and Node.js's default. A
+// stop waits up to 2 s for such a connection (civetweb looks for a stop
+// between waits of at most 2 s): SIGTERM to exit 1.83 s against 0.83 s.
 inline constexpr int kHttpKeepAliveMs = 5000;
 
 struct HttpServerOptions {
