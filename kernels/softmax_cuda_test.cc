@@ -97,6 +97,41 @@ class SoftmaxCudaTest : public ::testing::Test {
 
   // Runs all problems as one LaunchSoftmax call (twice, re-poisoning), and
   // checks every element of every problem against the float64 reference.
+  // One launch of `rows` x `n` with output == input, which must take `path`,
+  // checked against the reference.
+  void CheckInPlace(DType dtype, int64_t rows, int64_t n, SoftmaxPath path, std::mt19937_64& rng,
+                    const std::string& label) {
+    Problem p = MakeProblem(dtype, rows, n, 1, rng);
+    std::vector<double> ref(static_cast<size_t>(p.shape.elements()));
+    ReferenceSoftmax(p.input.data(), dtype, p.shape, p.options, ref.data());
+    void* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, p.input.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d, p.input.data(), p.input.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    SoftmaxSegment s;
+    s.input = d;
+    s.output = d;
+    s.outer = p.shape.outer;
+    s.n = n;
+    ASSERT_EQ(ChoosePath(*plan_, dtype, s), path) << label;
+    const size_t scratch_bytes = SoftmaxScratchBytes(*plan_, dtype, &s, 1);
+    void* scratch = nullptr;
+    if (scratch_bytes > 0) {
+      ASSERT_EQ(cudaMalloc(&scratch, scratch_bytes), cudaSuccess);
+    }
+    ASSERT_EQ(LaunchSoftmax(*plan_, dtype, &s, 1, scratch, scratch_bytes, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint8_t> host(p.input.size());
+    ASSERT_EQ(cudaMemcpy(host.data(), d, host.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(d);
+    cudaFree(scratch);
+    int64_t bad = 0;
+    for (int64_t e = 0; e < p.shape.elements(); ++e) {
+      const double y = LoadAsFloat(host.data(), dtype, e);
+      if (!(std::fabs(y - ref[e]) <= 1e-6 + Rtol(dtype) * std::fabs(ref[e]))) ++bad;
+    }
+    EXPECT_EQ(bad, 0) << label << " " << DTypeName(dtype);
+  }
+
   // `allow_flat` false keeps a one-segment launch on the on-chip kernel.
   void RunAndCheck(DType dtype, std::vector<Problem>& problems, const std::string& label,
                    bool allow_flat = true) {
@@ -534,33 +569,7 @@ TEST_F(SoftmaxCudaTest, SplitStagedRows) {
       RunAndCheck(dtype, misaligned, "split, odd length");
     }
     // In place: output == input (a block reads its whole part before writing it).
-    const int64_t n = lengths[0];
-    Problem p = MakeProblem(dtype, 7, n, 1, rng);
-    std::vector<double> ref(static_cast<size_t>(p.shape.elements()));
-    ReferenceSoftmax(p.input.data(), dtype, p.shape, p.options, ref.data());
-    void* d = nullptr;
-    ASSERT_EQ(cudaMalloc(&d, p.input.size()), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(d, p.input.data(), p.input.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    SoftmaxSegment s;
-    s.input = d;
-    s.output = d;
-    s.outer = p.shape.outer;
-    s.n = n;
-    const size_t scratch_bytes = SoftmaxScratchBytes(*plan_, dtype, &s, 1);
-    void* scratch = nullptr;
-    ASSERT_EQ(cudaMalloc(&scratch, scratch_bytes), cudaSuccess);
-    ASSERT_EQ(LaunchSoftmax(*plan_, dtype, &s, 1, scratch, scratch_bytes, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<uint8_t> host(p.input.size());
-    ASSERT_EQ(cudaMemcpy(host.data(), d, host.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    cudaFree(d);
-    cudaFree(scratch);
-    int64_t bad = 0;
-    for (int64_t e = 0; e < p.shape.elements(); ++e) {
-      const double y = LoadAsFloat(host.data(), dtype, e);
-      if (!(std::fabs(y - ref[e]) <= 1e-6 + Rtol(dtype) * std::fabs(ref[e]))) ++bad;
-    }
-    EXPECT_EQ(bad, 0) << "split_staged in place " << DTypeName(dtype);
+    CheckInPlace(dtype, 7, lengths[0], SoftmaxPath::kSplitRows, rng, "split_staged in place");
   }
 }
 
@@ -599,30 +608,7 @@ TEST_F(SoftmaxCudaTest, StagedRows) {
       RunAndCheck(dtype, problems, "staged in a table");
     }
     // In place: output == input.
-    const int64_t n = 20000 * v;
-    Problem p = MakeProblem(dtype, 5, n, 1, rng);
-    std::vector<double> ref(static_cast<size_t>(p.shape.elements()));
-    ReferenceSoftmax(p.input.data(), dtype, p.shape, p.options, ref.data());
-    void* d = nullptr;
-    ASSERT_EQ(cudaMalloc(&d, p.input.size()), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(d, p.input.data(), p.input.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    SoftmaxSegment s;
-    s.input = d;
-    s.output = d;
-    s.outer = p.shape.outer;
-    s.n = n;
-    ASSERT_EQ(ChoosePath(*plan_, dtype, s), SoftmaxPath::kStagedRows);
-    ASSERT_EQ(LaunchSoftmax(*plan_, dtype, &s, 1, nullptr, 0, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<uint8_t> host(p.input.size());
-    ASSERT_EQ(cudaMemcpy(host.data(), d, host.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    cudaFree(d);
-    int64_t bad = 0;
-    for (int64_t e = 0; e < p.shape.elements(); ++e) {
-      const double y = LoadAsFloat(host.data(), dtype, e);
-      if (!(std::fabs(y - ref[e]) <= 1e-6 + Rtol(dtype) * std::fabs(ref[e]))) ++bad;
-    }
-    EXPECT_EQ(bad, 0) << "staged in place " << DTypeName(dtype);
+    CheckInPlace(dtype, 5, 20000 * v, SoftmaxPath::kStagedRows, rng, "staged in place");
   }
 }
 

@@ -209,16 +209,10 @@ cudaError_t LaunchOnChip(const LaunchPlan& plan, DType dtype, const std::vector<
 
 // Whether every table entry has rows of at most kTableMaxVectors vectors and
 // the table's units fit the flat table kernel's int indices.
-// Granules (16-byte vectors) a row of the table may span: one more than its
-// vectors when its start may fall inside a granule (flat.cuh, MaskLanes).
-long long TableGranules(const RowSegment& r, int v) {
-  return CeilDiv(r.n, v) + ((r.config & kVecBit) ? 0 : 1);
-}
-
 bool FlatTableFits(const std::vector<RowSegment>& rows, int v) {
   long long units = 0;
   for (const RowSegment& r : rows) {
-    const long long vectors = TableGranules(r, v);
+    const long long vectors = TableGranules(r.n, v, (r.config & kVecBit) != 0);
     if (vectors > kTableMaxVectors) return false;
     units += CeilDiv(r.rows, kTableThreads >> TableGroupLog2(vectors));
   }
@@ -234,7 +228,7 @@ cudaError_t LaunchFlatTable(std::vector<RowSegment>* rows, int resident_blocks,
   constexpr int V = VecWidth<T>();
   long long units = 0;
   for (RowSegment& r : *rows) {
-    const int group_log2 = TableGroupLog2(TableGranules(r, V));
+    const int group_log2 = TableGroupLog2(TableGranules(r.n, V, (r.config & kVecBit) != 0));
     r.config = (r.config & (kLogBit | kVecBit)) | (group_log2 << kShapeShift);
     r.units = static_cast<int>(CeilDiv(r.rows, kTableThreads >> group_log2));
     r.first_worker = static_cast<int>(units);
@@ -308,6 +302,24 @@ cudaError_t LaunchStaged(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   return cudaSuccess;
 }
 
+// Launches a split kernel cooperatively: every block resident at once, which
+// the kernels' waits between blocks rely on.
+cudaError_t LaunchCooperative(void (*kernel)(SplitArgs), unsigned grid, int threads,
+                              size_t shared_bytes, cudaStream_t stream, const SplitArgs& a) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid, 1, 1);
+  config.blockDim = dim3(threads, 1, 1);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a));
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t LaunchSplit(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
                         char* scratch, size_t scratch_bytes, size_t* offset, cudaStream_t stream) {
@@ -332,37 +344,15 @@ cudaError_t LaunchSplit(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
   SOFTMAX_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.counters, 0, sizeof(unsigned) * s.outer, stream));
   const long long units = s.outer * shape.parts;
   if (shape.staged) {
-    // Cooperative launch: every block resident at once, which the kernel's
-    // waits between blocks rely on.
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(shape.grid), 1, 1);
-    config.blockDim = dim3(kStagedThreads, 1, 1);
-    config.dynamicSmemBytes = static_cast<size_t>(shape.part_vectors) * 16;
-    config.stream = stream;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeCooperative;
-    attribute.val.cooperative = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, SplitStagedKernel<T>, a));
-    return cudaGetLastError();
+    return LaunchCooperative(SplitStagedKernel<T>, static_cast<unsigned>(shape.grid),
+                             kStagedThreads, static_cast<size_t>(shape.part_vectors) * 16,
+                             stream, a);
   }
   if (shape.fused) {
-    // Cooperative launch: every block resident at once, which the kernel's
-    // waits between blocks rely on.
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(
-        static_cast<unsigned>(std::min<long long>(units, GridOf(plan, "split_fused", dtype))), 1, 1);
-    config.blockDim = dim3(kThreads, 1, 1);
-    config.stream = stream;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeCooperative;
-    attribute.val.cooperative = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(
-        &config, a.vec ? SplitFusedKernel<T, true> : SplitFusedKernel<T, false>, a));
-    return cudaGetLastError();
+    return LaunchCooperative(
+        a.vec ? SplitFusedKernel<T, true> : SplitFusedKernel<T, false>,
+        static_cast<unsigned>(std::min<long long>(units, GridOf(plan, "split_fused", dtype))),
+        kThreads, 0, stream, a);
   }
   const int stats_grid =
       static_cast<int>(std::min<long long>(units, GridOf(plan, "split_stats", dtype)));

@@ -286,8 +286,7 @@ std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
       add("staged");
     } else {
       on_chip = true;
-      // As launch.cu's TableGranules: an unaligned row may span one more granule.
-      table_fits = table_fits && CeilDiv(s.n, v) + (VectorAligned(dtype, s) ? 0 : 1) <= kTableMaxVectors;
+      table_fits = table_fits && TableGranules(s.n, v, VectorAligned(dtype, s)) <= kTableMaxVectors;
     }
   }
   if (on_chip) kernels.insert(kernels.begin(), allow_flat && table_fits ? "flat_table" : "on_chip");

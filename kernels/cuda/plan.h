@@ -169,6 +169,13 @@ const SoftmaxSegment* StagedSegment(const LaunchPlan& plan, DType dtype,
 // log2 of the group size the flat table kernel gives rows of `vectors`.
 int TableGroupLog2(long long vectors);
 
+// Granules (16-byte vectors) a flat table row of n elements may span: one
+// more than its vectors when its start may fall inside a granule
+// (flat.cuh, MaskLanes).
+inline long long TableGranules(long long n, int v, bool vector_aligned) {
+  return CeilDiv(n, v) + (vector_aligned ? 0 : 1);
+}
+
 // Cluster path (registers): log2 of the blocks per row.
 int ClusterLog2(long long vectors);
 

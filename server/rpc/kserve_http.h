@@ -51,7 +51,8 @@ inline constexpr int kHttpThreads = 256;
 // handshake per request, and opened a race for clients that reuse a
 // connection just as it closes. 5 s is Apache's and Node.js's default. A
 // stop waits up to 2 s for such a connection (civetweb looks for a stop
-// between waits of at most 2 s): SIGTERM to exit 1.83 s against 0.83 s.
+// between waits of at most 2 s): SIGTERM to exit 1.83 s against 0.83 s
+// (2-core host).
 inline constexpr int kHttpKeepAliveMs = 5000;
 
 struct HttpServerOptions {

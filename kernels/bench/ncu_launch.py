@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""One launch of the library for Nsight Compute to profile: a warm-up launch,
+then the launch between cudaProfilerStart/Stop (profile it with
+`ncu --profile-from-start off`).
+
+    python3 kernels/bench/ncu_launch.py LIB DTYPE M N
+
+LIB: libsoftmax_kernels_c.so; DTYPE: float32, float16 or bfloat16; an M x N
+tensor of standard normal values, softmax over its last axis.
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import softmax_bench  # noqa: E402
+
+
+def main():
+    if len(sys.argv) != 5:
+        sys.exit(__doc__)
+    lib, dtype_name, m, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    torch_dtype, code, _ = softmax_bench.DTYPES[dtype_name]
+    x = torch.randn(m, n, device="cuda", dtype=torch_dtype)
+    y = torch.empty_like(x)
+    run, _ = softmax_bench.Ours(lib).prepare(code, [(x, y, m, n, 1)])
+    print("kernels", run.kernels, flush=True)
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__":
+    main()
