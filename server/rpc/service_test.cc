@@ -295,6 +295,41 @@ TEST(ServiceTest, StreamAnswersEveryRequestAndReportsBadOnesInline) {
   EXPECT_EQ(answered, kRequests);
 }
 
+TEST(ServiceTest, StreamDeliversEveryAnswerWhileTheClientKeepsTheStreamOpen) {
+  // The 2 ms delay answers each round's 8 requests as one batch, so 7
+  // answers queue behind a write and go out with gRPC's buffer hint. A
+  // hinted message that nothing flushes would sit in gRPC's buffer until
+  // more traffic came: the reads below would then hit the deadline.
+  Harness harness(false, std::chrono::milliseconds(2));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream = harness.stub->SoftmaxStream(&context);
+  constexpr int kRounds = 20;
+  constexpr int kPerRound = 8;  // max_stream_pending: the most a stream holds
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<v1::SoftmaxRequest> requests;
+    for (int i = 0; i < kPerRound; ++i) {
+      requests.push_back(RandomRequest(absl::StrCat(i), {1 + i % 3, 16}, -1, round * kPerRound + i));
+      ASSERT_TRUE(stream->Write(requests.back()));
+    }
+    std::vector<bool> seen(kPerRound, false);
+    for (int i = 0; i < kPerRound; ++i) {
+      v1::SoftmaxResponse response;
+      ASSERT_TRUE(stream->Read(&response)) << "round " << round << ": " << i << " of " << kPerRound
+                                           << " answers came";
+      const int index = std::stoi(response.request_id());
+      ASSERT_FALSE(seen[index]) << "duplicate response " << index;
+      seen[index] = true;
+      ExpectCorrect(requests[index], response);
+    }
+  }
+  ASSERT_TRUE(stream->WritesDone());
+  v1::SoftmaxResponse extra;
+  EXPECT_FALSE(stream->Read(&extra));
+  const grpc::Status status = stream->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
 TEST(ServiceTest, ClientCancellingMidStreamLeavesTheServerHealthy) {
   // A long delay keeps requests queued when the client vanishes.
   Harness harness(false, std::chrono::milliseconds(200));

@@ -11,7 +11,10 @@
 // other callers' requests) and the next read is posted, until
 // `max_pending` responses are outstanding; then reading pauses until a
 // write completes. Responses are serialised on the thread that finished
-// them and written one at a time.
+// them and written one at a time; while more wait behind one, it is written
+// with gRPC's buffer hint, so that the responses that queued up during a
+// write leave in one socket write (the last of them, without the hint,
+// flushes them all).
 //
 // Lifetime: gRPC calls OnDone only after Finish, and Finish is called only
 // once reads are done and no response is pending, so no completion can
@@ -145,6 +148,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
   void OnWriteDone(bool ok) override {
     Entry* next = nullptr;
+    grpc::WriteOptions options;
     bool resume_reading = false;
     bool end_reads = false;
     bool finish = false;
@@ -168,7 +172,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         AddPendingLocked(-static_cast<int>(write_queue_.size()));
         write_queue_.clear();
       }
-      next = NextWriteLocked();
+      next = NextWriteLocked(options);
       if (read_paused_ && !write_failed_ && pending_ < max_pending_) {
         read_paused_ = false;
         resume_reading = true;
@@ -178,7 +182,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       }
       finish = ShouldFinishLocked();
     }
-    if (next != nullptr) StartWrite(&next->outgoing);
+    if (next != nullptr) StartWrite(&next->outgoing, options);
     if (resume_reading) StartNextRead();
     // Nothing is held unanswered when the stream could already finish.
     if (end_reads) finish = EndReads() || finish;
@@ -227,6 +231,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void Complete(std::unique_ptr<Entry> entry, const absl::Status& status) {
     const bool answered = handler_.Answer(*entry, status);
     Entry* next = nullptr;
+    grpc::WriteOptions options;
     bool finish = false;
     {
       absl::MutexLock lock(&mu_);
@@ -234,19 +239,24 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         AddPendingLocked(-1);
       } else {
         write_queue_.push_back(std::move(entry));
-        next = NextWriteLocked();
+        next = NextWriteLocked(options);
       }
       finish = ShouldFinishLocked();
     }
-    if (next != nullptr) StartWrite(&next->outgoing);
+    if (next != nullptr) StartWrite(&next->outgoing, options);
     if (finish) FinishStream();
   }
 
-  // The next response to write, when no write is in flight.
-  Entry* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // The next response to write, when no write is in flight. While others
+  // wait behind it, `options` gets the buffer hint: gRPC then holds the
+  // message (up to its write buffer, 64 KiB) and completes the write at
+  // once, and the next unhinted one takes all of them to the socket. No
+  // message is held for long: the last of the queue goes unhinted.
+  Entry* NextWriteLocked(grpc::WriteOptions& options) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ != nullptr || write_queue_.empty() || write_failed_) return nullptr;
     writing_ = std::move(write_queue_.front());
     write_queue_.pop_front();
+    if (!write_queue_.empty()) options.set_buffer_hint();
     return writing_.get();
   }
 
