@@ -111,3 +111,31 @@ def test_rounds_sweep(tmp_path):
                 assert row[7] == f"{report['batch']['mean_kernel_us']:.1f}"
                 if device == "cpu":
                     assert float(row[6]) > 0 and row[6] == row[7]
+
+
+def test_ab_rounds_alternate(tmp_path):
+    """bench/service/ab.sh: every variant and the echo run every point in every
+    mode, in the order given in odd rounds and reversed in even ones."""
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    bundle = os.path.dirname(os.path.dirname(e2e_util.SERVER_BIN))
+    ab_sh = os.path.join(os.path.dirname(RUN_PY), "ab.sh")
+    env = dict(os.environ, DEV="cpu", DURATION="0.3s", WARMUP="0.1s", PORT=str(port),
+               POINTS="1x64:float32:4 1x32:float16:2:stream")
+    result = subprocess.run(["bash", ab_sh, bundle, str(tmp_path), "2",
+                             f"a={e2e_util.SERVER_BIN}", f"b={e2e_util.SERVER_BIN}"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    lines = [line.split() for line in (tmp_path / "ab.txt").read_text().splitlines()]
+    runs = [(round_, server, mode, point) for round_, server, mode, point, *_ in lines]
+    expected = []
+    for round_, order in (("1", ["a", "b", "none"]), ("2", ["none", "b", "a"])):
+        for server in order:
+            expected += [(round_, server, "unary", "1x64:float32:4"),
+                         (round_, server, "stream", "1x64:float32:4"),
+                         (round_, server, "stream", "1x32:float16:2")]
+    assert runs == expected
+    for _, _, _, _, rate, p99, errors in lines:
+        assert float(rate) > 0 and float(p99) > 0 and errors == "0"

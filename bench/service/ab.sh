@@ -1,6 +1,7 @@
 #!/bin/bash
-# Alternating rounds of the small point, 1 x 1024 float32 at 256 callers over
-# 16 connections, for server variants side by side with the echo.
+# Alternating rounds of service points for server variants side by side with
+# the echo; by default the small point, 1 x 1024 float32 at 256 callers over
+# 16 connections, unary and streamed.
 #
 # Usage: bench/service/ab.sh BUNDLE OUT ROUNDS NAME=COMMAND...
 # Each COMMAND starts a server (the flags below are appended), e.g.
@@ -9,19 +10,26 @@
 #   tcmalloc="env LD_PRELOAD=/tmp/libtcmalloc_minimal.so.4 BUNDLE/bin/softmax-server"
 # The echo (BUNDLE's server, --device=none) runs last in odd rounds and first
 # in even ones, the variants in the order given, reversed in even rounds; a
-# round starts each server afresh and runs every mode against it. MODES
-# (default "unary stream") picks among unary and stream (softmax.v1's
-# Softmax and SoftmaxStream). DEV=cpu runs
-# the CPU backend instead of cuda. Prints (and appends to OUT/ab.txt) one line
-# per run: round, server, mode, req/s, p99 ms, errors.
+# round starts each server afresh and runs every point against it.
+# Environment:
+#   POINTS    SHAPE:DTYPE:CALLERS[:MODE] ... (default 1x1024:float32:256), each
+#             over min(CALLERS, 16) connections, in MODE or else in every one
+#             of MODES
+#   MODES     unary and/or stream (softmax.v1's Softmax, SoftmaxStream);
+#             default "unary stream"
+#   ECHO=0    leaves the echo out
+#   DEV=cpu   the CPU backend instead of cuda
+#   DURATION, WARMUP  per run (default 2.5s, 0.5s); PORT  gRPC port (50090)
+# Prints (and appends to OUT/ab.txt) one line per run: round, server, mode,
+# point, req/s, p99 ms, errors.
 B=$1; OUT=$2; ROUNDS=$3; shift 3
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$B/lib
-P=50090
+P=${PORT:-50090}
 declare -A CMDS=([none]="$B/bin/softmax-server")
 ORDER=()
 for spec in "$@"; do CMDS[${spec%%=*}]=${spec#*=}; ORDER+=("${spec%%=*}"); done
-ORDER+=(none)
+[[ ${ECHO:-1} == 0 ]] || ORDER+=(none)
 for r in $(seq 1 "$ROUNDS"); do
   if (( r % 2 == 0 )); then ORD=($(printf '%s\n' "${ORDER[@]}" | tac)); else ORD=("${ORDER[@]}"); fi
   for v in "${ORD[@]}"; do
@@ -30,13 +38,17 @@ for r in $(seq 1 "$ROUNDS"); do
       > "$OUT/server-$v-$r.log" 2>&1 &
     spid=$!
     for i in $(seq 100); do grep -q listening "$OUT/server-$v-$r.log" && break; sleep 0.1; done
-    for mode in ${MODES:-unary stream}; do
-      extra=""; [[ $mode == stream ]] && extra=--stream
-      $B/bin/softmax-client load --target=127.0.0.1:$P --shape=1x1024 --dtype=float32 --concurrency=256 \
-        --connections=16 $extra --duration=2.5s --warmup=0.5s --quiet --json="$OUT/$v-$mode-$r.json" \
-        > /dev/null 2>&1
-      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], sys.argv[3], sys.argv[4], round(d['requests_per_s']), round(d['latency_us']['p99']/1000, 2), d['errors'])" \
-        "$OUT/$v-$mode-$r.json" $r $v $mode | tee -a "$OUT/ab.txt"
+    for point in ${POINTS:-1x1024:float32:256}; do
+      IFS=: read -r shape dtype callers only <<< "$point"
+      for mode in ${only:-${MODES:-unary stream}}; do
+        extra=""; [[ $mode == stream ]] && extra=--stream
+        name=$v-$mode-$shape-$dtype-$callers-$r
+        $B/bin/softmax-client load --target=127.0.0.1:$P --shape=$shape --dtype=$dtype \
+          --concurrency=$callers --connections=$(( callers < 16 ? callers : 16 )) $extra \
+          --duration=${DURATION:-2.5s} --warmup=${WARMUP:-0.5s} --quiet --json="$OUT/$name.json" > /dev/null 2>&1
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(*sys.argv[2:], round(d['requests_per_s']), round(d['latency_us']['p99']/1000, 2), d['errors'])" \
+          "$OUT/$name.json" $r $v $mode $shape:$dtype:$callers | tee -a "$OUT/ab.txt"
+      done
     done
     kill $spid; wait $spid 2>/dev/null
   done
