@@ -3,6 +3,9 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cmath>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -10,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "kernels/cpu_softmax.h"
 #include "server/logging/log.h"
 
 #if SOFTMAX_HAVE_CUDA
@@ -240,6 +244,56 @@ absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
     }
   }
   return absl::InvalidArgumentError("--device: unknown kind");
+}
+
+absl::Status WarmUp(Backend& backend) {
+  // Two rows of 1,000 (not a power of two: a vector path's tail is taken)
+  // with a wide spread, so that a wrong max or sum shows.
+  constexpr int64_t kRows = 2;
+  constexpr int64_t kLength = 1000;
+  std::vector<float> input(kRows * kLength);
+  for (size_t i = 0; i < input.size(); ++i) {
+    input[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 8.0);
+  }
+  absl::Status outcome;
+  std::thread slot_thread([&] {
+    backend.EnterSlotThread(0);
+    for (const bool log : {false, true}) {
+      std::vector<float> output(input.size(), std::nanf(""));
+      Batch batch;
+      Segment segment;
+      segment.input = input.data();
+      segment.output = output.data();
+      segment.bytes = static_cast<int64_t>(input.size() * sizeof(float));
+      segment.dtype = DType::kFloat32;
+      segment.shape = SoftmaxShape{kRows, kLength, 1};
+      segment.options.log = log;
+      batch.segments.push_back(segment);
+      batch.rows = kRows;
+      batch.bytes = segment.bytes;
+      BatchResult result = backend.Execute(0, batch);
+      absl::Status status = result.segment_status.empty() ? result.status
+                                                          : result.segment_status.front();
+      if (!status.ok()) {
+        outcome = absl::InternalError(absl::StrCat("warm-up on ", backend.Name(),
+                                                   " failed: ", status.message()));
+        return;
+      }
+      std::vector<double> expected(input.size());
+      ReferenceSoftmax(input.data(), DType::kFloat32, segment.shape, segment.options,
+                       expected.data());
+      for (size_t i = 0; i < output.size(); ++i) {
+        if (!WithinReferenceTolerance(output[i], expected[i], DType::kFloat32)) {
+          outcome = absl::InternalError(absl::StrCat(
+              "warm-up on ", backend.Name(), ": ", log ? "log-softmax" : "softmax",
+              " element ", i, " is ", output[i], ", expected ", expected[i]));
+          return;
+        }
+      }
+    }
+  });
+  slot_thread.join();
+  return outcome;
 }
 
 }  // namespace softmax::server

@@ -113,6 +113,14 @@ absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
                                              const BackendOptions& options,
                                              const GpuEnvironment& gpus = SystemGpus());
 
+// Readiness: computes a softmax and a log-softmax of a small float32 tensor
+// on `backend` (its slot 0, entered on a thread of its own, before the
+// scheduler runs it) and checks both against the float64 reference. OK when
+// the device answers right; INTERNAL naming the backend and what failed
+// otherwise. softmax-server reports SERVING only after every backend passed.
+// REQUIRES: no other thread uses `backend` yet.
+absl::Status WarmUp(Backend& backend);
+
 }  // namespace softmax::server
 
 #endif  // SOFTMAX_SERVER_DEVICE_H_

@@ -162,6 +162,34 @@ TEST(CreateBackendsTest, CudaFailsWithTheCauseWhereAutoWouldFallBack) {
   }
 }
 
+TEST(WarmUpTest, PassesOnABackendThatComputesRight) {
+  CpuBackend cpu(CpuBackendOptions{});
+  EXPECT_TRUE(WarmUp(cpu).ok());
+}
+
+TEST(WarmUpTest, FailsNamingTheBackendWhenItAnswersWrongOrFails) {
+  // Copies its input: a "softmax" that a readiness check must not pass.
+  testing::FakeBackendOptions copier_options;
+  copier_options.name = "copier";
+  testing::FakeBackend copies(copier_options);
+  absl::Status status = WarmUp(copies);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(status.message().find("copier"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("softmax element"), absl::string_view::npos) << status;
+
+  testing::FakeBackendOptions failing_options;
+  failing_options.name = "faulted";
+  failing_options.compute = [](int, Batch&, BatchResult& result) {
+    result.status = absl::InternalError("illegal address");
+  };
+  testing::FakeBackend failing(failing_options);
+  status = WarmUp(failing);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(status.message().find("illegal address"), absl::string_view::npos) << status;
+  // The warm-up ran on a slot it entered first (the backend checks).
+  EXPECT_EQ(failing.violations(), 0);
+}
+
 TEST(NvidiaDeviceNodesTest, CountsOnlyNumberedNodes) {
   // Whatever this machine has: at least GPU 0's node where it exists, and
   // never nvidiactl or nvidia-uvm (present on any host with the driver).

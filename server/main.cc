@@ -47,6 +47,8 @@ constexpr int kFaultSignal = SIGUSR1;
 // An hour: longer batching delays are a mistake, and bounding them keeps the
 // batcher's time arithmetic far from overflow.
 constexpr int64_t kMaxQueueDelayUs = int64_t{3600} * 1000 * 1000;
+// gRPC takes the connection age in int milliseconds: about 24 days at most.
+constexpr int64_t kMaxConnectionAgeS = int64_t{24} * 24 * 3600;
 // The lame duck: from SIGINT/SIGTERM, new requests are refused with a
 // retryable UNAVAILABLE (health NOT_SERVING) for this long before the
 // listener may close. No measurement chose 500 ms: it is the value the drain
@@ -104,6 +106,11 @@ ABSL_FLAG(int64_t, max_held_bytes, kDefaults.max_held_bytes,
 ABSL_FLAG(int, max_concurrent_streams, kDefaults.max_concurrent_streams,
           "calls one client connection may have open at once (HTTP/2 "
           "SETTINGS_MAX_CONCURRENT_STREAMS); bounds what one connection can hold");
+ABSL_FLAG(int64_t, max_connection_age_s, kDefaults.max_connection_age_s,
+          "a gRPC connection older than this (+-10%) gets a GOAWAY and a stream a retryable "
+          "UNAVAILABLE once its read messages are answered, so callers reconnect and spread over "
+          "replicas added since (a balancer or round_robin over a headless Service); the age "
+          "bounds how long a new replica waits for its share. 0 = connections live forever");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM certificate chain (with --tls_key_file): gRPC and the HTTP endpoint then "
           "serve TLS only (HTTPS); empty = plaintext");
@@ -146,6 +153,7 @@ ServerOptions OptionsFromFlags() {
   options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.max_held_bytes = absl::GetFlag(FLAGS_max_held_bytes);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.max_connection_age_s = absl::GetFlag(FLAGS_max_connection_age_s);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
@@ -211,6 +219,11 @@ int Run(const ServerOptions& options) {
     return Fail(absl::InvalidArgumentError(
         "--max_tensor_bytes, --max_batch_rows, --max_batch_bytes, --max_queued_requests "
         "and --max_concurrent_streams must be positive"));
+  }
+  if (options.max_connection_age_s < 0 || options.max_connection_age_s > kMaxConnectionAgeS) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--max_connection_age_s: 0 (no maximum) to ", kMaxConnectionAgeS, ", got ",
+        options.max_connection_age_s)));
   }
   if (options.max_held_bytes < 0) {
     return Fail(absl::InvalidArgumentError("--max_held_bytes: must be >= 0 (0: no bound)"));
@@ -293,6 +306,13 @@ int Run(const ServerOptions& options) {
     }
   }
 
+  // Readiness tells the truth: nothing listens (so no probe passes, and no
+  // health check reports SERVING) until every device has computed a checked
+  // softmax.
+  for (Backend* backend : backends) {
+    if (absl::Status warm = WarmUp(*backend); !warm.ok()) return Fail(warm);
+  }
+
   // The scheduler runs the backends' slots; the batcher feeds it. Declared
   // after the backends and the metrics, so both outlive their threads.
   std::unique_ptr<Scheduler> scheduler;
@@ -326,6 +346,7 @@ int Run(const ServerOptions& options) {
   service_options.authenticator = authenticator.get();
   service_options.limits.max_tensor_bytes = options.max_tensor_bytes;
   service_options.echo = backends.empty();
+  service_options.max_stream_age = std::chrono::seconds(options.max_connection_age_s);
   SoftmaxServiceImpl service(service_options, batcher.get(), metrics.get());
 
   // The Open Inference Protocol (KServe v2): gRPC beside softmax.v1, HTTP on
@@ -346,6 +367,7 @@ int Run(const ServerOptions& options) {
   grpc_options.max_tensor_bytes = options.max_tensor_bytes;
   grpc_options.additional_services.push_back(&kserve_service);
   grpc_options.max_concurrent_streams = options.max_concurrent_streams;
+  grpc_options.max_connection_age_ms = options.max_connection_age_s * 1000;
   grpc_options.tls_cert_file = options.tls_cert_file;
   grpc_options.tls_key_file = options.tls_key_file;
   grpc_options.tls_client_ca_file = options.tls_client_ca_file;

@@ -99,9 +99,16 @@ def test_typed_variants_advertise_their_datatype_and_compute_the_same(client, mo
                      reference_softmax(values, -1, 1.0, model.startswith("log")), sent, model)
 
 
+def test_a_model_not_served_is_not_ready_as_triton_answers(client):
+    """ModelReady of a model (or version) not served is OK with ready false,
+    as Triton answers it, so tritonclient's is_model_ready returns False."""
+    assert client.is_model_ready("resnet") is False
+    assert client.is_model_ready("softmax", "2") is False
+    assert client.is_model_ready("softmax") is True
+
+
 def test_unknown_model_is_not_found(client):
-    for call in (lambda: client.is_model_ready("resnet"),
-                 lambda: client.get_model_metadata("resnet"),
+    for call in (lambda: client.get_model_metadata("resnet"),
                  lambda: client.get_model_config("resnet"),
                  lambda: client.get_model_metadata("softmax", "2"),
                  lambda: client.get_inference_statistics("resnet")):

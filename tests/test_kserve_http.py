@@ -89,7 +89,7 @@ def test_health_metadata_config_and_statistics(server, client):
 
 @pytest.mark.parametrize("path,status", [
     ("/v2/models/resnet", 404), ("/v2/models/resnet/config", 404),
-    ("/v2/models/resnet/ready", 404), ("/v2/models/softmax/versions/3", 404),
+    ("/v2/models/softmax/versions/3", 404),
     ("/v2/models/softmax/explain", 404), ("/v2/nothing", 404), ("/v2/models/resnet/stats", 404),
 ])
 def test_unknown_models_and_endpoints_are_404_with_an_error(server, path, status):
@@ -97,6 +97,19 @@ def test_unknown_models_and_endpoints_are_404_with_an_error(server, path, status
     assert got == status
     assert headers["Content-Type"] == "application/json"
     assert json.loads(body)["error"]
+
+
+def test_a_model_not_served_is_not_ready_as_triton_answers(server):
+    """/ready of a model or version not served is 400 (Triton's answer for
+    any model that is not ready), not 404: tritonclient's is_model_ready
+    then returns False."""
+    got, _, body = http(server, "GET", "/v2/models/resnet/ready")
+    assert (got, json.loads(body)) == (400, {"error": "Model version not ready"})
+    assert http(server, "GET", "/v2/models/softmax/versions/3/ready")[0] == 400
+    assert http(server, "GET", "/v2/models/softmax/ready")[0] == 200
+    client = triton_http.InferenceServerClient(server.http_address)
+    assert client.is_model_ready("resnet") is False
+    assert client.is_model_ready("softmax") is True
 
 
 # ----------------------------------------------------------------- compute

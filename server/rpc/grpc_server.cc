@@ -96,6 +96,15 @@ absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kMaxConnectionIdleMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  if (options.max_connection_age_ms > 0) {
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_AGE_MS,
+        static_cast<int>(std::min<int64_t>(INT_MAX, options.max_connection_age_ms)));
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+        static_cast<int>(std::min<int64_t>(
+            INT_MAX, options.max_connection_age_ms + kMaxConnectionAgeGraceMs)));
+  }
   // Compression off: gRPC 1.51 inflates a whole message before it checks the
   // receive limit, so 254 KiB of gzip would become a 256 MiB allocation. A
   // compressed call is refused (UNIMPLEMENTED) before its message is read.

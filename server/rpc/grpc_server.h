@@ -51,6 +51,11 @@ struct GrpcServerOptions {
   std::string tls_client_ca_file;
   // Server reflection (grpcurl and friends can list and describe services).
   bool reflection = true;
+  // A connection older than this (gRPC adds +-10% jitter) is sent a GOAWAY:
+  // its open calls finish, new ones go to a new connection, which a client
+  // or proxy balancing over several replicas may open to another replica
+  // (one added since, say). 0: connections live forever.
+  int64_t max_connection_age_ms = 0;
 };
 
 // Transport timeouts (no flags: the same for every deployment).
@@ -67,6 +72,14 @@ inline constexpr int kMaxConnectionIdleMs = 5 * 60 * 1000;
 // its socket and calls until TCP gives up, hours later).
 inline constexpr int kKeepaliveTimeMs = 60 * 1000;
 inline constexpr int kKeepaliveTimeoutMs = 20 * 1000;
+
+// After a connection's max age (GrpcServerOptions::max_connection_age_ms),
+// the calls still open on it get the age again plus this long before the
+// connection is closed under them. A stream ends itself once it is as old as
+// the age (SoftmaxServiceImpl::max_stream_age), which a stream opened just
+// before the connection's GOAWAY reaches within that; a unary call gets 60 s,
+// the KServe HTTP front's own bound on a request.
+inline constexpr int kMaxConnectionAgeGraceMs = 60 * 1000;
 
 struct RunningServer {
   std::unique_ptr<grpc::Server> server;

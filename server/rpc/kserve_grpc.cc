@@ -397,6 +397,7 @@ class StreamInferHandler {
   }
   bool NextOutgoing(Entry&) { return false; }
   void ReadsDone() {}  // nothing is held between messages
+  bool AtMessageBoundary() const { return true; }
 
  private:
   KServeGrpcService* const service_;
@@ -449,9 +450,11 @@ grpc::ServerUnaryReactor* KServeGrpcService::ServerReady(
 grpc::ServerUnaryReactor* KServeGrpcService::ModelReady(
     grpc::CallbackServerContext* context, const inference::ModelReadyRequest* request,
     inference::ModelReadyResponse* response) {
+  // A model (or version) not served is not ready, and that is the answer,
+  // not an error: Triton's, which tritonclient's is_model_ready expects.
   absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
-  if (model.ok()) response->set_ready(!softmax_->draining());
-  return FinishWith(context, model.status());
+  response->set_ready(model.ok() && !softmax_->draining());
+  return FinishWith(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeGrpcService::ServerMetadata(

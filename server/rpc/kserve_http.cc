@@ -675,8 +675,12 @@ int KServeHttpServer::Handle(mg_connection* connection) {
                                             {"extensions", extensions}}));
   }
   if (segments[1] == "health" && segments.size() == 3 && require("GET")) {
-    if (segments[2] == "live") return reply_and_return(EmptyReply(200));
-    if (segments[2] == "ready") return reply_and_return(EmptyReply(draining ? 503 : 200));
+    // The status is the answer (tritonclient reads only it); the body is
+    // KServe's own, which its Python SDK parses.
+    if (segments[2] == "live") return reply_and_return(JsonReply(200, {{"live", true}}));
+    if (segments[2] == "ready") {
+      return reply_and_return(JsonReply(draining ? 503 : 200, {{"ready", !draining}}));
+    }
     return not_found();
   }
   if (segments[1] == "systemsharedmemory" || segments[1] == "cudasharedmemory") {
@@ -707,6 +711,11 @@ int KServeHttpServer::Handle(mg_connection* connection) {
   }
   if (!require("GET")) return not_found();
   absl::StatusOr<kserve::Model> model = kserve::FindModel(name, version);
+  // Readiness of a model not served: "not ready", Triton's 400 and words for
+  // any model that is not ready (to r26.06), not "no such endpoint".
+  if (!model.ok() && action == "ready") {
+    return reply_and_return(JsonReply(400, {{"error", "Model version not ready"}}));
+  }
   if (!model.ok()) return reply_and_return(ErrorReply(model.status()));
   if (action.empty()) return reply_and_return(JsonReply(200, MetadataJson(*model)));
   if (action == "ready") return reply_and_return(EmptyReply(draining ? 503 : 200));

@@ -205,6 +205,7 @@ class SoftmaxStreamHandler {
   void ReadsDone() {
     for (ChunkAssembler<Started>::Step& step : assembler_->End()) step.owner->done(step.error);
   }
+  bool AtMessageBoundary() const { return assembler_->assembling() == 0; }
 
   // Serialises the finished response of `entry`; false for a chunk that
   // has no response of its own. Any thread.

@@ -79,6 +79,12 @@ struct ServiceOptions {
   // Responses a stream may have unwritten (queued, computing or waiting to be
   // written) before it stops reading more requests.
   int max_stream_pending = 1024;
+  // A stream open longer than this stops reading, answers what it has read
+  // and ends with UNAVAILABLE ("reopen"), so that a long-lived stream moves
+  // to a new connection (and perhaps a new replica) like a unary caller
+  // does after the connection's max age. Messages the client sent that were
+  // not read are not computed and may be sent again. 0: streams live on.
+  std::chrono::milliseconds max_stream_age{0};
   // When set (--auth_tokens_file), every call must carry one of its tokens,
   // else it fails UNAUTHENTICATED. Must outlive the service.
   const TokenAuthenticator* authenticator = nullptr;
@@ -165,6 +171,7 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
 
   Metrics* metrics() const { return metrics_; }
   const RequestLimits& limits() const { return options_.limits; }
+  std::chrono::milliseconds max_stream_age() const { return options_.max_stream_age; }
   // May be null (no --max_held_bytes).
   MemoryBudget* budget() const { return options_.budget; }
   // Where the calls' large tensor buffers come from and go back to.

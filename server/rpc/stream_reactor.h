@@ -25,6 +25,12 @@
 // UNAVAILABLE once nothing of it is in flight, whether or not the client
 // has finished writing; a message read after that is dropped unanswered.
 //
+// Age (SoftmaxServiceImpl::max_stream_age): the first message read once the
+// stream is that old, at a message boundary (no chunked request half read),
+// is its last; once it is answered the stream finishes with UNAVAILABLE,
+// telling the client to reopen it (on a new connection: the server has sent
+// this one a GOAWAY at the same age). Messages never read were not computed.
+//
 // A Handler provides:
 //   using Entry = ...;  // one message; has grpc::ByteBuffer incoming, outgoing
 //   std::unique_ptr<Entry> NewEntry();
@@ -44,11 +50,15 @@
 //   // handler holds unanswered (chunked requests being assembled). Called
 //   // once, on the read path, before the stream may finish.
 //   void ReadsDone();
+//   // True when no message is held half assembled (the stream may stop
+//   // reading here without failing a request).
+//   bool AtMessageBoundary() const;
 #ifndef SOFTMAX_SERVER_RPC_STREAM_REACTOR_H_
 #define SOFTMAX_SERVER_RPC_STREAM_REACTOR_H_
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -78,7 +88,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       : service_(service),
         context_(context),
         max_pending_(std::max(1, max_pending)),
-        handler_(std::move(handler)) {
+        handler_(std::move(handler)),
+        end_of_life_(service->max_stream_age().count() > 0
+                         ? std::chrono::steady_clock::now() + service->max_stream_age()
+                         : std::chrono::steady_clock::time_point::max()) {
     if (!refusal.ok()) {
       {
         absl::MutexLock lock(&mu_);
@@ -129,12 +142,17 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
     bool read_more = false;
     bool end_reads = false;
+    const bool aged = std::chrono::steady_clock::now() >= end_of_life_ &&
+                      handler_.AtMessageBoundary();
     {
       absl::MutexLock lock(&mu_);
       if (write_failed_ || cancelled_.load(std::memory_order_relaxed)) {
         // The client is gone. OnCancel / a failed OnWriteDone may have run
         // while Start did, before a pause existed for them to see: stop
         // reading here, or nothing would ever mark the reads done.
+        end_reads = true;
+      } else if (aged) {
+        aged_out_ = true;
         end_reads = true;
       } else if (pending_ >= max_pending_) {
         read_paused_ = true;
@@ -277,12 +295,18 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   // REQUIRES: ShouldFinishLocked returned true (once per stream).
   void FinishStream() {
     bool by_drain = false;
+    bool aged_out = false;
     {
       absl::MutexLock lock(&mu_);
       by_drain = ended_by_drain_ || !reads_done_;
+      aged_out = aged_out_;
     }
     if (cancelled_.load()) {
       Finish(grpc::Status::CANCELLED);
+    } else if (aged_out) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "stream reached the server's maximum age; reopen it (messages "
+                          "without an answer were not read, nor computed)"));
     } else if (by_drain) {
       Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           "server is shutting down; retry on another replica"));
@@ -296,6 +320,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   const int max_pending_;
   Handler handler_;
   bool registered_ = false;  // with the service, for draining
+  // From then on the stream reads no more (see "Age" above); max(): never.
+  const std::chrono::steady_clock::time_point end_of_life_;
   std::atomic<bool> cancelled_{false};
   std::unique_ptr<Entry> reading_;  // touched only by whoever owns the next read
 
@@ -310,6 +336,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_by_drain_ ABSL_GUARDED_BY(mu_) = false;
+  bool aged_out_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace softmax::server
