@@ -1,0 +1,385 @@
+"""The autoscalers' decisions on the real signal. Two softmax-server replicas
+(CPU backend, the Deployment's own arguments with loopback addresses; started
+with e2e_util on loopback ports, each standing for one pod) and Debian's real
+Prometheus running deploy/prometheus/kubernetes.yml, its pod discovery
+replaced by static targets that carry the __meta_kubernetes_* labels the
+discovery gives (each replica appears once as a pod of deploy/k8s/ and once
+as a KServe predictor pod), with its rule files (the recording rule of the
+signal among them) and 1 s scrape and evaluation intervals.
+
+The queries are the manifests' own, read from the YAML and sent to
+Prometheus' HTTP API unchanged: prometheus-adapter's metricsQuery with its
+<<.Series>>, <<.LabelMatchers>> and <<.GroupBy>> filled in as the adapter
+fills them for the HPA's pods (deploy/k8s/autoscaling/hpa.yaml), the KEDA
+ScaledObject's trigger query (deploy/k8s/autoscaling/keda.yaml) and the
+KServe InferenceService's External metric query
+(deploy/kserve/softmax-serve.yaml). From each answer the test computes what
+the HorizontalPodAutoscaler would decide, as the Kubernetes documentation and
+the HPA controller compute it: desiredReplicas = ceil(currentReplicas x
+value / target), none when the ratio is within the 0.1 tolerance, then held
+within the manifest's min and max replicas (a Pods metric averages the
+pods' values; KEDA's External AverageValue divides the query's sum by the
+target).
+
+Idle, every decision is at most the 2 replicas there are. Then the callers
+offer OVERLOAD times what the two replicas sustain (measured first, closed
+loop, both at once), open loop; within DECISION_TIMEOUT_S every decision
+must be above 2.
+"""
+
+import json
+import re
+import math
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+import e2e_util
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOYMENT = REPO / "deploy" / "k8s" / "softmax-serve.yaml"
+HPA = REPO / "deploy" / "k8s" / "autoscaling" / "hpa.yaml"
+KEDA = REPO / "deploy" / "k8s" / "autoscaling" / "keda.yaml"
+KSERVE = REPO / "deploy" / "kserve" / "softmax-serve.yaml"
+PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "kubernetes.yml"
+
+REPLICAS = 2
+# Each replica as the pod it stands for, in each scrape job of kubernetes.yml.
+PODS = {
+    "softmax-serve": [f"softmax-serve-6f9c8d7b5-r{i}" for i in range(REPLICAS)],
+    "softmax-kserve": [f"softmax-predictor-5d8b9c6f4-r{i}" for i in range(REPLICAS)],
+}
+POD_LABELS = {
+    "softmax-serve": {"__meta_kubernetes_pod_label_app_kubernetes_io_name": "softmax-serve"},
+    "softmax-kserve": {"__meta_kubernetes_pod_label_serving_kserve_io_inferenceservice": "softmax",
+                       "__meta_kubernetes_pod_label_component": "predictor"},
+}
+NAMESPACE = {"softmax-serve": "softmax-serve", "softmax-kserve": "softmax-kserve"}
+
+# The payload: compute-heavy enough that the replicas, not the callers, run out first.
+SHAPE = "4x16384:float32"
+OVERLOAD = 3.0
+CAPACITY_S = 3
+# From the start of the overload to every decision above the replica count:
+# Prometheus needs two scrapes of the loaded counters (1 s apart) and one rule
+# evaluation; the rest is slack for a 2-core host running other tests.
+DECISION_TIMEOUT_S = 20.0
+HPA_TOLERANCE = 0.1  # the controller's default --horizontal-pod-autoscaler-tolerance
+
+
+def documents(path):
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def one(path, kind):
+    (document,) = [d for d in documents(path) if d["kind"] == kind]
+    return document
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loopback_cpu_args(args):
+    """The Deployment's server arguments with loopback addresses and the CPU."""
+    moved = []
+    for arg in args:
+        name, value = arg.split("=", 1)
+        if name.endswith("_address"):
+            value = "127.0.0.1:0"
+        elif name == "--device":
+            value = "cpu"
+        moved.append(f"{name}={value}")
+    return moved
+
+
+# ------------------------------------------------------------------ Prometheus
+
+def prometheus_config(replicas, folder):
+    """kubernetes.yml with each job's pod discovery replaced by the replicas,
+    labelled as pod discovery labels them; rule files made absolute."""
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    config["rule_files"] = [str(PROMETHEUS_CONFIG.parent / f) for f in config["rule_files"]]
+    for job in config["scrape_configs"]:
+        name = job["job_name"]
+        (discovery,) = job.pop("kubernetes_sd_configs")
+        assert discovery["role"] == "pod"
+        (namespace,) = discovery["namespaces"]["names"]
+        assert namespace == NAMESPACE[name]
+        job["static_configs"] = [
+            {"targets": [replica.metrics_address],
+             "labels": {"__meta_kubernetes_namespace": namespace,
+                        "__meta_kubernetes_pod_name": pod,
+                        "__meta_kubernetes_pod_container_port_name": "metrics",
+                        **POD_LABELS[name]}}
+            for replica, pod in zip(replicas, PODS[name])]
+        # The grpc port of the same pods: the relabelling must drop it.
+        job["static_configs"].append(
+            {"targets": [replicas[0].grpc_address],
+             "labels": {"__meta_kubernetes_namespace": namespace,
+                        "__meta_kubernetes_pod_name": PODS[name][0],
+                        "__meta_kubernetes_pod_container_port_name": "grpc",
+                        **POD_LABELS[name]}})
+    path = Path(folder) / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class Prometheus:
+    def __init__(self, config, folder):
+        check = subprocess.run(["/usr/bin/promtool", "check", "config", str(config)],
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+        self.log = open(Path(folder) / "prometheus.log", "w+")
+        self.address = f"127.0.0.1:{free_port()}"
+        self.process = subprocess.Popen(
+            ["/usr/bin/prometheus", f"--config.file={config}",
+             f"--storage.tsdb.path={Path(folder) / 'data'}",
+             f"--web.listen-address={self.address}"],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.output()
+            try:
+                with urllib.request.urlopen(f"http://{self.address}/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"prometheus not ready:\n{self.output()}")
+
+    def output(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def api(self, path, **params):
+        url = f"http://{self.address}/api/v1/{path}?{urllib.parse.urlencode(params, True)}"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr):
+        """Instant vector -> [(labels, value)]."""
+        data = self.api("query", query=expr)
+        assert data["resultType"] == "vector", data
+        return [(s["metric"], float(s["value"][1])) for s in data["result"]]
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.log.close()
+
+
+# --------------------------------------------------- the autoscalers' arithmetic
+
+def quantity(text):
+    """A Kubernetes quantity ("500m", "2", "0.5") as a float."""
+    text = str(text)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def held(desired, minimum, maximum):
+    return max(minimum, min(maximum, desired))
+
+
+def pods_metric_decision(current, values, target, minimum, maximum):
+    """The HPA on a Pods metric of type AverageValue: the pods' mean over the
+    target; no change within the tolerance."""
+    ratio = (sum(values) / len(values)) / target
+    if abs(ratio - 1.0) <= HPA_TOLERANCE:
+        return current
+    return held(math.ceil(ratio * current), minimum, maximum)
+
+
+def external_average_decision(current, value, target, minimum, maximum):
+    """The HPA on an External metric of type AverageValue (what KEDA makes):
+    the metric's value per replica over the target."""
+    ratio = value / (target * current)
+    if abs(ratio - 1.0) <= HPA_TOLERANCE:
+        return current
+    return held(math.ceil(value / target), minimum, maximum)
+
+
+class Autoscalers:
+    """The three manifests' queries and targets, and their decisions now."""
+
+    def __init__(self, prometheus):
+        self.prometheus = prometheus
+        hpa = one(HPA, "HorizontalPodAutoscaler")
+        (metric,) = hpa["spec"]["metrics"]
+        assert metric["type"] == "Pods" and metric["pods"]["target"]["type"] == "AverageValue"
+        self.hpa_target = quantity(metric["pods"]["target"]["averageValue"])
+        self.hpa_bounds = (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"])
+        adapter = yaml.safe_load(one(HPA, "ConfigMap")["data"]["config.yaml"])
+        (self.rule,) = [r for r in adapter["rules"]
+                        if r["name"]["as"] == metric["pods"]["metric"]["name"]]
+        assert set(self.rule["resources"]["overrides"]) == {"namespace", "pod"}
+        self.hpa_namespace = hpa["metadata"]["namespace"]
+
+        scaled = one(KEDA, "ScaledObject")
+        (trigger,) = scaled["spec"]["triggers"]
+        assert trigger["type"] == "prometheus"
+        assert trigger.get("metricType", "AverageValue") == "AverageValue"
+        self.keda_query = trigger["metadata"]["query"]
+        self.keda_threshold = float(trigger["metadata"]["threshold"])
+        self.keda_bounds = (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"])
+
+        predictor = one(KSERVE, "InferenceService")["spec"]["predictor"]
+        (external,) = predictor["autoScaling"]["metrics"]
+        assert external["type"] == "External"
+        assert external["external"]["metric"]["backend"] == "prometheus"
+        # KServe hands target.value to KEDA as the threshold (metricType left
+        # at KEDA's default, AverageValue).
+        self.kserve_query = external["external"]["metric"]["query"]
+        self.kserve_threshold = float(external["external"]["target"]["value"])
+        self.kserve_bounds = (predictor["minReplicas"], predictor["maxReplicas"])
+
+    def adapter_query(self):
+        """The adapter's metricsQuery for the HPA's pods, filled in as the
+        adapter does: its series found by seriesQuery, the pods' namespace
+        and names as matchers, grouped by pod. None before the series exists."""
+        series = {s["__name__"] for s in self.prometheus.api(
+            "series", **{"match[]": self.rule["seriesQuery"]})}
+        names = [s for s in series if re.fullmatch(self.rule["name"]["matches"], s)]
+        if not names:
+            return None
+        assert len(names) == 1, series
+        pods = "|".join(PODS["softmax-serve"])
+        return (self.rule["metricsQuery"]
+                .replace("<<.Series>>", names[0])
+                .replace("<<.LabelMatchers>>", f'namespace="{self.hpa_namespace}",pod=~"{pods}"')
+                .replace("<<.GroupBy>>", "pod"))
+
+    def decisions(self, current=REPLICAS):
+        """{autoscaler: (desired replicas, value read)}; None when a query has
+        no answer for every pod yet."""
+        result = {}
+        query = self.adapter_query()
+        if query is None:
+            return None
+        per_pod = self.prometheus.query(query)
+        if sorted(labels["pod"] for labels, _ in per_pod) != sorted(PODS["softmax-serve"]):
+            return None
+        values = [value for _, value in per_pod]
+        result["hpa"] = (pods_metric_decision(current, values, self.hpa_target,
+                                              *self.hpa_bounds), values)
+        for name, query, threshold, bounds in (
+                ("keda", self.keda_query, self.keda_threshold, self.keda_bounds),
+                ("kserve", self.kserve_query, self.kserve_threshold, self.kserve_bounds)):
+            answer = self.prometheus.query(query)
+            if len(answer) != 1:
+                return None
+            value = answer[0][1]
+            result[name] = (external_average_decision(current, value, threshold, *bounds), value)
+        return result
+
+
+# ------------------------------------------------------------------ fixtures
+
+def load(replica, json_path, duration_s, rate=None, concurrency=None):
+    args = [e2e_util.CLIENT_BIN, "load", f"--target={replica.grpc_address}", f"--mix={SHAPE}",
+            f"--duration={duration_s}s", "--warmup=0s", "--quiet", f"--json={json_path}"]
+    args += [f"--rate={rate:.0f}", "--arrival=poisson"] if rate else [f"--concurrency={concurrency}"]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def sustained_rates(replicas, folder):
+    """What each replica sustains with the other loaded too: closed loop, 32
+    callers each, both at once, for CAPACITY_S."""
+    paths = [Path(folder) / f"capacity{i}.json" for i in range(len(replicas))]
+    probes = [load(r, p, CAPACITY_S, concurrency=32) for r, p in zip(replicas, paths)]
+    for probe in probes:
+        assert probe.wait(timeout=60) == 0, probe.stderr.read()
+    rates = [json.loads(p.read_text())["requests_per_s"] for p in paths]
+    assert all(r > 0 for r in rates), rates
+    return rates
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    """(replicas, what each sustains, Prometheus). The capacity is measured
+    before Prometheus starts, so that none of it is in the signal's window."""
+    container = one(DEPLOYMENT, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    args = loopback_cpu_args(container["args"])
+    replicas = []
+    folder = tempfile.TemporaryDirectory(prefix="softmax-autoscale-")
+    prometheus = None
+    try:
+        for _ in range(REPLICAS):
+            # A short queue: under overload the callers are turned away
+            # (UNAVAILABLE) within seconds instead of piling up memory.
+            replicas.append(e2e_util.Server(*args, "--max_queued_requests=256"))
+        rates = sustained_rates(replicas, folder.name)
+        prometheus = Prometheus(prometheus_config(replicas, folder.name), folder.name)
+        yield replicas, rates, prometheus
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        for replica in replicas:
+            replica.kill()
+        folder.cleanup()
+
+
+def wait_for_decisions(autoscalers, predicate, timeout):
+    """Polls every 0.5 s until predicate(decisions); returns (decisions,
+    seconds waited); raises with the last decisions on timeout."""
+    started = time.monotonic()
+    last = None
+    while time.monotonic() - started < timeout:
+        last = autoscalers.decisions()
+        if last is not None and predicate(last):
+            return last, time.monotonic() - started
+        time.sleep(0.5)
+    raise AssertionError(f"no such decisions within {timeout} s; last: {last}")
+
+
+def test_signal_exists_for_every_pod_and_no_other_port(fleet):
+    replicas, _, prometheus = fleet
+    e2e_util.wait_for(lambda: len(prometheus.query("up")) >= 2 * REPLICAS, 20,
+                      "Prometheus to scrape every target", interval=0.2)
+    up = {(l["job"], l["pod"]): v for l, v in prometheus.query("up")}
+    # The relabelling kept the metrics port of each pod and nothing else.
+    assert set(up) == {(job, pod) for job, pods in PODS.items() for pod in pods}, up
+    assert all(v == 1 for v in up.values()), up
+
+
+def test_idle_fleet_is_not_scaled_up(fleet):
+    _, _, prometheus = fleet
+    autoscalers = Autoscalers(prometheus)
+    decisions, _ = wait_for_decisions(autoscalers, lambda d: True, 20)
+    for name, (desired, value) in decisions.items():
+        # No request since the first scrape: the signal reads 0 (not NaN).
+        assert value in (0, [0] * REPLICAS), (name, value)
+        assert desired <= REPLICAS, (name, desired, value)
+
+
+def test_overload_scales_up_within_the_bound(fleet, tmp_path):
+    replicas, rates, prometheus = fleet
+    autoscalers = Autoscalers(prometheus)
+    callers = [load(r, tmp_path / f"overload{i}.json", DECISION_TIMEOUT_S + 5,
+                    rate=OVERLOAD * rate) for i, (r, rate) in enumerate(zip(replicas, rates))]
+    try:
+        decisions, waited = wait_for_decisions(
+            autoscalers, lambda d: all(desired > REPLICAS for desired, _ in d.values()),
+            DECISION_TIMEOUT_S)
+    finally:
+        for caller in callers:
+            caller.kill()
+            caller.wait(timeout=10)
+    print(f"\nsustained {rates} requests/s; offered {OVERLOAD}x: decisions "
+          f"{decisions} after {waited:.1f} s")
