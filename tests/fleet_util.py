@@ -23,7 +23,7 @@ by `ip netns exec` from /etc/netns/<ns>/hosts) the fleet rewrites in place.
 Where namespaces cannot be made (not root, no `ip`, a sandbox that refuses
 them), the fleet falls back to loopback: replica i listens on 127.A.B.(10+i)
 (every 127/8 address is the loopback's) on ports picked once and kept across
-restarts, and the resolving caller gets its hosts file through a private
+restarts (the same ones at every address), and the resolving caller gets its hosts file through a private
 mount namespace (`unshare --mount`) when it can. `fleet.mode` says which
 ("namespaces" or "loopback"), and `fleet.mode_note` why.
 
@@ -222,6 +222,7 @@ class Network:
         self.hosts_file = None  # the resolving caller's /etc/hosts
         self._hosts_dir = None
         self.mode_note = ""
+        self._loopback_ports = None
         if use_namespaces is None:
             use_namespaces = os.environ.get("SOFTMAX_FLEET_LOOPBACK") != "1"
         self.mode = "loopback"
@@ -301,6 +302,17 @@ class Network:
             self._attach(namespace, f"r{index}", self.replica_address(index))
         return namespace
 
+    def ports(self):
+        """(gRPC, HTTP, metrics) ports of every replica: the server's own in
+        namespace mode; on loopback, free ones picked once, the same at
+        every replica's address (so that one name:port reaches them all)."""
+        if self.mode == "namespaces":
+            return (GRPC_PORT, HTTP_PORT, METRICS_PORT)
+        if self._loopback_ports is None:
+            self._loopback_ports = tuple(
+                _free_port(self.replica_address(0)) for _ in range(3))
+        return self._loopback_ports
+
     def exec_prefix(self, namespace):
         return ["ip", "netns", "exec", namespace] if namespace else []
 
@@ -378,11 +390,7 @@ class Replica:
         self.network = network
         self.address = network.replica_address(index)
         self.namespace = network.replica_namespace(index)
-        if self.namespace:
-            ports = (GRPC_PORT, HTTP_PORT, METRICS_PORT)
-        else:
-            ports = tuple(_free_port(self.address) for _ in range(3))
-        self.grpc_port, self.http_port, self.metrics_port = ports
+        self.grpc_port, self.http_port, self.metrics_port = network.ports()
         self.server_args = list(server_args)
         self.workdir = workdir
         self.process = None
