@@ -23,8 +23,9 @@ by `ip netns exec` from /etc/netns/<ns>/hosts) the fleet rewrites in place.
 Where namespaces cannot be made (not root, no `ip`, a sandbox that refuses
 them), the fleet falls back to loopback: replica i listens on 127.A.B.(10+i)
 (every 127/8 address is the loopback's) on ports picked once and kept across
-restarts (the same ones at every address), and the resolving caller gets its hosts file through a private
-mount namespace (`unshare --mount`) when it can. `fleet.mode` says which
+restarts (the same ones at every address), and the resolving caller gets
+its hosts file through a private mount namespace (`unshare --mount`) when
+it can. `fleet.mode` says which
 ("namespaces" or "loopback"), and `fleet.mode_note` why.
 
 Fleet(replica_cpus=...) holds each replica to a share of a core through a
@@ -743,6 +744,102 @@ class Fleet:
         if self.network is not None:
             self.network.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+# ------------------------------------------------- callers that balance themselves
+
+# A caller of softmax.v1 through the Python client (clients/python), which
+# balances over every address of its target with gRPC's round_robin; run by
+# start_round_robin_caller. Prints {"ok": N, "failed": [...]} as JSON.
+ROUND_ROBIN_CALLER = r"""
+import json, sys, time, threading
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import softmax_client
+target, seconds, threads = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+client = softmax_client.Client(target, timeout=20, options=[
+    ("grpc.dns_min_time_between_resolutions_ms", 200)])
+x = np.random.default_rng(1).normal(size=(1, 256)).astype(np.float32)
+ok, failed = [0], []
+def run():
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            y = client.softmax(x)
+            if abs(float(y.sum()) - 1.0) < 1e-4:
+                ok[0] += 1
+            else:
+                failed.append(f"sum {float(y.sum())}")
+        except Exception as error:
+            failed.append(repr(error)[:300])
+workers = [threading.Thread(target=run) for _ in range(threads)]
+[w.start() for w in workers]
+[w.join() for w in workers]
+print(json.dumps({"ok": ok[0], "failed": failed}))
+"""
+
+
+def install_python_client(folder):
+    """clients/python built and installed into `folder` (offline, from the
+    source, as tests/test_python_client.py does); returns the folder to put
+    on sys.path."""
+    source = Path(folder) / "source"
+    shutil.copytree(REPO / "clients" / "python", source,
+                    ignore=shutil.ignore_patterns("build", "dist", "*.egg-info"))
+    target = Path(folder) / "site"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+         "--no-index", "--target", str(target), str(source)],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, SOFTMAX_PROTO_ROOT=str(REPO / "proto")))
+    if result.returncode != 0:
+        raise RuntimeError(f"installing clients/python: {result.stdout}{result.stderr}")
+    return target
+
+
+def start_round_robin_caller(fleet, client_dir, seconds, threads=4):
+    """The Python client calling dns:///replicas.fleet:PORT with round_robin
+    for `seconds`, under the fleet's resolving-caller prefix; returns the
+    Popen (its stdout ends in the JSON line), or None when no resolving
+    caller can be had here."""
+    prefix = fleet.resolving_caller_prefix()
+    if prefix is None:
+        return None
+    return subprocess.Popen(
+        [*prefix, sys.executable, "-c", ROUND_ROBIN_CALLER, str(client_dir),
+         f"dns:///{REPLICAS_NAME}:{fleet.replicas[0].grpc_port}", str(seconds), str(threads)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, GRPC_DNS_RESOLVER="native"))
+
+
+def sample_counts(fleet, methods, seconds, interval=0.25):
+    """{method: [(t, [softmax_requests_total of each replica])]} sampled
+    for `seconds` from now (t in seconds from the first sample)."""
+    timeline = {method: [] for method in methods}
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        now = time.monotonic() - started
+        for method in methods:
+            timeline[method].append((now, [r.requests_total(method=method)
+                                           for r in fleet.replicas]))
+        time.sleep(interval)
+    return timeline
+
+
+def time_to_share(timeline, new, window_s=1.0, fraction=0.8):
+    """Seconds from the timeline's start to the end of the first window of
+    `window_s` in which every replica in `new` (indices) took at least
+    `fraction` of an even share, and that window's per-replica counts;
+    (None, None) if none did."""
+    for i, (t0, counts0) in enumerate(timeline):
+        for t1, counts1 in timeline[i + 1:]:
+            if t1 - t0 >= window_s:
+                delta = [b - a for a, b in zip(counts0, counts1)]
+                total = sum(delta)
+                if total > 0 and all(delta[j] >= fraction * total / len(delta) for j in new):
+                    return t1 - timeline[0][0], delta
+                break
+    return None, None
 
 
 def cluster(config, name):

@@ -289,71 +289,14 @@ def test_replica_death_is_retried_and_ejected(fleet3):
 
 # ----------------------------------------------------------------- scale-up
 
-ROUND_ROBIN_CALLER = r"""
-import json, sys, time, threading
-import numpy as np
-sys.path.insert(0, sys.argv[1])
-import softmax_client
-target, seconds, threads = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-client = softmax_client.Client(target, timeout=20, options=[
-    ("grpc.dns_min_time_between_resolutions_ms", 200)])
-x = np.random.default_rng(1).normal(size=(1, 256)).astype(np.float32)
-ok, failed = [0], []
-def run():
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        try:
-            y = client.softmax(x)
-            ok[0] += int(abs(float(y.sum()) - 1.0) < 1e-4)
-        except Exception as error:
-            failed.append(repr(error)[:300])
-workers = [threading.Thread(target=run) for _ in range(threads)]
-[w.start() for w in workers]
-[w.join() for w in workers]
-print(json.dumps({"ok": ok[0], "failed": failed}))
-"""
-
-
 @pytest.fixture(scope="module")
 def python_client_dir():
-    """clients/python installed into a temporary folder (as
-    test_python_client.py does: offline, from the source)."""
+    """clients/python installed into a temporary folder."""
     folder = tempfile.mkdtemp(prefix="softmax-fleet-client-")
     try:
-        source = Path(folder) / "source"
-        shutil.copytree(REPO / "clients" / "python", source,
-                        ignore=shutil.ignore_patterns("build", "dist", "*.egg-info"))
-        target = Path(folder) / "site"
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
-             "--no-index", "--target", str(target), str(source)],
-            capture_output=True, text=True, timeout=300,
-            env=dict(os.environ, SOFTMAX_PROTO_ROOT=str(REPO / "proto")))
-        assert result.returncode == 0, result.stdout + result.stderr
-        yield target
+        yield fleet_util.install_python_client(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def share_timeline(fleet, replicas, method, samples):
-    """Per-sample counts of `method` on each of `replicas`."""
-    return [(t, [fleet_util.Replica.requests_total(r, method=method) for r in replicas])
-            for t in samples]
-
-
-def time_to_share(timeline, new, window_s=1.0, fraction=0.8):
-    """Seconds from the timeline's start to the end of the first window of
-    `window_s` in which every replica in `new` (indices) took at least
-    `fraction` of an even share; None if none did."""
-    for i, (t0, counts0) in enumerate(timeline):
-        for t1, counts1 in timeline[i + 1:]:
-            if t1 - t0 >= window_s:
-                delta = [b - a for a, b in zip(counts0, counts1)]
-                total = sum(delta)
-                if total > 0 and all(delta[j] >= fraction * total / len(delta) for j in new):
-                    return t1 - timeline[0][0], delta
-                break
-    return None, None
 
 
 SPREAD_WITHIN_S = 10.0
@@ -364,37 +307,21 @@ def test_scale_up_spreads_within_10_s(python_client_dir):
         pytest.skip("softmax-server has no --max_connection_age_s: callers that balance "
                     "themselves would never reach new replicas")
     with fleet_util.start_fleet(2, server_args=REPLICA_ARGS) as fleet:
-        prefix = fleet.resolving_caller_prefix()
         duration = 18
         # Through Envoy on one long-lived connection: KServe gRPC, so that
         # each replica's ModelInfer count is this caller's.
         envoy_load = Load(fleet.envoy.kserve_grpc_address, protocol="kserve",
                           duration_s=duration, concurrency=8, connections=1)
-        direct = None
-        if prefix is None:
+        direct = fleet_util.start_round_robin_caller(fleet, python_client_dir, duration)
+        if direct is None:
             print("scale-up: no namespace or mount namespace for a resolving caller here; "
                   "only the Envoy caller is checked")
-        else:
-            env = dict(os.environ, GRPC_DNS_RESOLVER="native")
-            direct = subprocess.Popen(
-                [*prefix, sys.executable, "-c", ROUND_ROBIN_CALLER, str(python_client_dir),
-                 f"dns:///{fleet_util.REPLICAS_NAME}:{fleet.replicas[0].grpc_port}",
-                 str(duration), "4"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
             time.sleep(3)
             fleet.add_replica(publish=False)
             fleet.add_replica(publish=False)
-            published = time.monotonic()
             fleet.publish(fleet.replicas)
-            samples, timeline = [], {"ModelInfer": [], "Softmax": []}
-            while time.monotonic() - published < 14:
-                now = time.monotonic() - published
-                for method in timeline:
-                    timeline[method].append(
-                        (now, [fleet_util.Replica.requests_total(r, method=method)
-                               for r in fleet.replicas]))
-                time.sleep(0.25)
+            timeline = fleet_util.sample_counts(fleet, ("ModelInfer", "Softmax"), 14)
         finally:
             report = envoy_load.result()
             direct_result = None
@@ -409,7 +336,7 @@ def test_scale_up_spreads_within_10_s(python_client_dir):
             assert direct_result["ok"] > 0
             callers["Softmax"] = "gRPC round_robin straight to the replicas"
         for method, caller in callers.items():
-            when, delta = time_to_share(timeline[method], new=[2, 3])
+            when, delta = fleet_util.time_to_share(timeline[method], new=[2, 3])
             print(f"scale-up 2 -> 4, {caller}: the new replicas took their share "
                   f"{when if when is None else round(when, 2)} s after the endpoint files "
                   f"were rewritten (calls per replica in that 1 s window: {delta})")
