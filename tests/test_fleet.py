@@ -382,7 +382,10 @@ def test_overload_ends_excess_fast():
     with fleet_util.start_fleet(3, server_args=REPLICA_ARGS + ["--max_queued_requests=64"],
                                 replica_cpus=OVERLOAD_REPLICA_CPUS,
                                 envoy_patch=_size_for_small_replicas) as fleet:
-        bounded = all(r.cpu_limit for r in fleet.replicas)
+        if not all(r.cpu_limit for r in fleet.replicas):
+            pytest.skip("no cgroup can hold the replicas to a share of a core here: the load "
+                        "client on the same cores could not offer three times what they "
+                        "sustain")
         target = fleet.envoy.softmax_address
         sustained = Load(target, duration_s=3, concurrency=64, connections=2,
                          shape=OVERLOAD_SHAPE).result()
@@ -394,7 +397,7 @@ def test_overload_ends_excess_fast():
         refused_ms = sorted(int(line.rsplit("ms=", 1)[1]) for line in failed_calls(fleet)
                             if "/softmax.v1.SoftmaxService/Softmax " in line)
     codes = over["errors_by_code"]
-    print(f"overload ({'replicas at ' + str(OVERLOAD_REPLICA_CPUS) + ' core each' if bounded else 'replicas without a CPU bound: no cgroup here'}): "
+    print(f"overload (replicas at {OVERLOAD_REPLICA_CPUS} core each): "
           f"sustained {sustained['requests_per_s']:.0f}/s (p99 "
           f"{sustained['latency_us']['p99'] / 1000:.1f} ms); offered {rate:.0f}/s for 4 s: "
           f"{over['ok']} answered ({over['requests_per_s']:.0f}/s offered as sent), refused "
