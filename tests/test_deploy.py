@@ -1,8 +1,11 @@
 """The deploy files as a platform team's checks see them: the Kubernetes
-manifest against the restricted Pod Security Standard and the API schemas
-(kubernetes-validate --strict) and checkov's policies; the KServe manifest
-against KServe's CRD schemas, and its runtime's arguments against the real
-server; the Dockerfile against hadolint and checkov; the alert rules against
+manifests (the replicas, Envoy in front of them, the HPA with its
+prometheus-adapter rule) against the restricted Pod Security Standard and the
+Kubernetes 1.37 API schemas (kubernetes-validate --strict) and checkov's
+policies, the KEDA ScaledObject against KEDA's CRD schema; the KServe
+manifest against KServe's CRD schemas, and its runtime's arguments against the
+real server; the drain, probe, spread and autoscaling settings against each
+other; the Dockerfile against hadolint and checkov; the alert rules against
 their unit tests. The validators come from
 PyPI into the venv `make venv` creates at $SOFTMAX_DEPLOY_VENV; nothing here
 needs the network."""
@@ -11,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +23,20 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "deploy" / "k8s" / "softmax-serve.yaml"
+ENVOY_MANIFEST = REPO / "deploy" / "k8s" / "envoy.yaml"
+ENVOY_CONFIG_MANIFEST = REPO / "deploy" / "k8s" / "envoy-config.yaml"
+MAKE_ENVOY_CONFIG = REPO / "deploy" / "k8s" / "make_envoy_config.py"
+HPA_MANIFEST = REPO / "deploy" / "k8s" / "autoscaling" / "hpa.yaml"
+KEDA_MANIFEST = REPO / "deploy" / "k8s" / "autoscaling" / "keda.yaml"
+K8S_SCHEMAS = REPO / "deploy" / "k8s" / "crd-schemas"
+# Built-in kinds only (kubernetes-validate knows them), with their resource counts.
+K8S_BUILT_IN = {MANIFEST: 6, ENVOY_MANIFEST: 5, ENVOY_CONFIG_MANIFEST: 1, HPA_MANIFEST: 2}
+AUTOSCALING_RULES = REPO / "deploy" / "prometheus" / "autoscaling.yml"
+SIGNAL = "softmax:queue_to_compute:ratio_rate1m"
+# kLameDuck in server/main.cc, and the most an idle HTTP keep-alive connection
+# adds to the exit (README: Shutdown).
+LAME_DUCK_S = 0.5
+EXIT_AFTER_DRAIN_S = 2
 KSERVE_MANIFEST = REPO / "deploy" / "kserve" / "softmax-serve.yaml"
 KSERVE_SCHEMAS = REPO / "deploy" / "kserve" / "crd-schemas"
 VALIDATE_CRD = REPO / "tests" / "validate_crd.py"
@@ -40,6 +58,19 @@ def deploy_tool(name):
 def resources():
     documents = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
     return {(d["kind"], d["metadata"]["name"]): d for d in documents}
+
+
+@pytest.fixture(scope="module")
+def k8s():
+    """Every resource of deploy/k8s/ (autoscaling/ included) by (kind, name)."""
+    found = {}
+    for path in (*K8S_BUILT_IN, KEDA_MANIFEST):
+        for d in yaml.safe_load_all(path.read_text()):
+            if d:
+                key = (d["kind"], d["metadata"]["name"])
+                assert key not in found, key
+                found[key] = d
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +136,6 @@ def test_probes_resources_and_disruption_budget(resources):
     budget = resources[("PodDisruptionBudget", "softmax-serve")]
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert budget["spec"]["selector"]["matchLabels"] == selector
-    assert budget["spec"]["maxUnavailable"] < deployment["spec"]["replicas"]
 
 
 def test_network_policy_covers_the_pods(resources):
@@ -121,20 +151,203 @@ def test_network_policy_covers_the_pods(resources):
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
-def test_kubernetes_validate_strict():
-    result = subprocess.run([deploy_tool("kubernetes-validate"), "--strict", str(MANIFEST)],
+@pytest.mark.parametrize("manifest", K8S_BUILT_IN, ids=lambda p: p.name)
+def test_kubernetes_validate_strict(manifest):
+    result = subprocess.run([deploy_tool("kubernetes-validate"), "--strict", str(manifest)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("passed for resource") == 6, result.stdout
+    assert "against version 1.37" in result.stdout, result.stdout
+    assert result.stdout.count("passed for resource") == K8S_BUILT_IN[manifest], result.stdout
 
 
-def test_checkov_finds_nothing():
+@pytest.mark.parametrize("manifest", K8S_BUILT_IN, ids=lambda p: p.name)
+def test_checkov_finds_nothing(manifest):
     result = subprocess.run(
-        [deploy_tool("checkov"), "--file", str(MANIFEST), "--framework", "kubernetes",
+        [deploy_tool("checkov"), "--file", str(manifest), "--framework", "kubernetes",
          "--compact", "--quiet", "--skip-download"],
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Failed checks: 0" in result.stdout, result.stdout
+
+
+def test_envoy_pod_meets_the_restricted_profile(k8s):
+    assert_restricted(k8s[("Deployment", "softmax-envoy")]["spec"]["template"]["spec"])
+
+
+# ------------------------------------------------ drain, spread, balancing
+
+def test_termination_grace_covers_lame_duck_and_drain(k8s):
+    """SIGTERM -> NOT_SERVING -> lame duck -> drain bounded by
+    --shutdown_grace_s -> exit: the kubelet's SIGKILL must come after all of it."""
+    pod = k8s[("Deployment", "softmax-serve")]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = dict(a.lstrip("-").split("=", 1) for a in container["args"])
+    drain_bound = LAME_DUCK_S + int(args["shutdown_grace_s"]) + EXIT_AFTER_DRAIN_S
+    assert pod["terminationGracePeriodSeconds"] > drain_bound
+    # No preStop: the server's own drain covers the endpoint change
+    # (deploy/k8s/softmax-serve.yaml says why).
+    assert "lifecycle" not in container
+    # Readiness is the health service that goes NOT_SERVING at SIGTERM.
+    assert container["readinessProbe"]["grpc"]["service"] == "softmax.v1.SoftmaxService"
+
+
+def test_envoy_stays_up_while_its_endpoint_change_spreads(k8s):
+    pod = k8s[("Deployment", "softmax-envoy")]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    sleep = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert 0 < sleep < pod["terminationGracePeriodSeconds"]
+
+
+@pytest.mark.parametrize("name", ["softmax-serve", "softmax-envoy"])
+def test_pods_spread_across_nodes(k8s, name):
+    template = k8s[("Deployment", name)]["spec"]["template"]
+    constraints = template["spec"]["topologySpreadConstraints"]
+    by_key = {c["topologyKey"]: c for c in constraints}
+    node = by_key["kubernetes.io/hostname"]
+    assert node["maxSkew"] == 1
+    assert node["labelSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert "pod-template-hash" in node.get("matchLabelKeys", [])
+
+
+def test_services_headless_for_clients_and_through_envoy(k8s):
+    replicas = k8s[("Deployment", "softmax-serve")]
+    headless = k8s[("Service", "softmax-serve")]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == replicas["spec"]["selector"]["matchLabels"]
+    front = k8s[("Service", "softmax-front")]
+    envoy = k8s[("Deployment", "softmax-envoy")]
+    assert front["spec"]["selector"] == envoy["spec"]["selector"]["matchLabels"]
+    assert front["spec"].get("clusterIP") != "None"
+    # The front Service's ports are Envoy's listeners.
+    config = yaml.safe_load(k8s[("ConfigMap", "softmax-envoy")]["data"]["envoy.yaml"])
+    listeners = {l["address"]["socket_address"]["port_value"]
+                 for l in config["static_resources"]["listeners"]}
+    (container,) = envoy["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert {ports[p["targetPort"]] for p in front["spec"]["ports"]} == listeners
+    # Envoy resolves the headless Service, at the replicas' own ports.
+    service_name = f"{headless['metadata']['name']}.{headless['metadata']['namespace']}.svc"
+    server_ports = {p["containerPort"] for p in
+                    replicas["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    for cluster in config["static_resources"]["clusters"]:
+        assert cluster["type"] == "STRICT_DNS", cluster["name"]
+        (locality,) = cluster["load_assignment"]["endpoints"]
+        (endpoint,) = locality["lb_endpoints"]
+        address = endpoint["endpoint"]["address"]["socket_address"]
+        assert address["address"].startswith(service_name + "."), address
+        assert address["port_value"] in server_ports, address
+    volume = envoy["spec"]["template"]["spec"]["volumes"][0]
+    assert volume["configMap"]["name"] == "softmax-envoy"
+
+
+def test_envoy_config_map_is_up_to_date():
+    result = subprocess.run([sys.executable, str(MAKE_ENVOY_CONFIG), "--check"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_envoy_accepts_the_kubernetes_config(k8s, tmp_path):
+    import fleet_util
+
+    binary = fleet_util.envoy_binary()
+    reason = fleet_util.envoy_unusable_reason(binary)
+    assert reason is None, reason
+    config = tmp_path / "envoy.yaml"
+    config.write_text(k8s[("ConfigMap", "softmax-envoy")]["data"]["envoy.yaml"])
+    result = subprocess.run([binary, "--mode", "validate", "-c", str(config)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+
+
+# ------------------------------------------------------------- autoscaling
+
+def test_keda_scaled_object_matches_keda_crd_schema():
+    result = subprocess.run([deploy_tool("python"), str(VALIDATE_CRD), str(K8S_SCHEMAS),
+                             str(KEDA_MANIFEST)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ScaledObject/softmax-serve: passed" in result.stdout, result.stdout
+    source = json.loads(K8S_SCHEMAS.joinpath("ScaledObject.json").read_text())["source"]
+    assert source.startswith("kedacore/keda v"), source
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    (lambda so: so["spec"].update(minReplicas=2), "minReplicas"),
+    (lambda so: so["spec"].update(pollingInterval="15"), "spec.pollingInterval"),
+    (lambda so: so["spec"]["triggers"][0].pop("type"), "'type' is a required property"),
+    (lambda so: so["spec"].pop("scaleTargetRef"), "'scaleTargetRef' is a required property"),
+])
+def test_keda_schema_check_catches_mistakes(tmp_path, mistake, expected):
+    scaled = yaml.safe_load(KEDA_MANIFEST.read_text())
+    mistake(scaled)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(scaled))
+    result = subprocess.run([deploy_tool("python"), str(VALIDATE_CRD), str(K8S_SCHEMAS),
+                             str(broken)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED" in result.stdout and expected in result.stdout, result.stdout
+
+
+def quantity(text):
+    text = str(text)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def test_autoscalers_read_the_recorded_signal_with_one_target(k8s, kserve):
+    """The HPA (through prometheus-adapter), KEDA and KServe scale the
+    Deployment on the recording rule's series, with the same target, bounds
+    and stabilization windows; the rule exists."""
+    rules = [r for g in yaml.safe_load(AUTOSCALING_RULES.read_text())["groups"]
+             for r in g["rules"]]
+    assert [r["record"] for r in rules] == [SIGNAL]
+
+    hpa = k8s[("HorizontalPodAutoscaler", "softmax-serve")]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": "softmax-serve"}
+    (metric,) = hpa["spec"]["metrics"]
+    adapter = yaml.safe_load(k8s[("ConfigMap", "prometheus-adapter")]["data"]["config.yaml"])
+    (rule,) = adapter["rules"]
+    assert rule["name"]["as"] == metric["pods"]["metric"]["name"]
+    assert SIGNAL in rule["seriesQuery"] and re.fullmatch(rule["name"]["matches"], SIGNAL)
+    for template in ("<<.Series>>", "<<.LabelMatchers>>", "<<.GroupBy>>"):
+        assert template in rule["metricsQuery"], template
+    target = quantity(metric["pods"]["target"]["averageValue"])
+
+    scaled = k8s[("ScaledObject", "softmax-serve")]
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "softmax-serve"
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    # The metadata a prometheus trigger reads (the CRD leaves it free-form).
+    assert set(trigger["metadata"]) <= {"serverAddress", "query", "threshold",
+                                        "activationThreshold", "ignoreNullValues",
+                                        "namespace", "unsafeSsl", "queryParameters"}
+    assert f'{SIGNAL}{{namespace="softmax-serve"}}' in trigger["metadata"]["query"]
+    assert float(trigger["metadata"]["threshold"]) == target
+
+    predictor = kserve[("InferenceService", "softmax")]["spec"]["predictor"]
+    annotations = kserve[("InferenceService", "softmax")]["metadata"]["annotations"]
+    assert annotations["serving.kserve.io/autoscalerClass"] == "keda"
+    (external,) = predictor["autoScaling"]["metrics"]
+    assert f'{SIGNAL}{{namespace="softmax-kserve"}}' in external["external"]["metric"]["query"]
+    assert float(external["external"]["target"]["value"]) == target
+
+    behaviors = [hpa["spec"]["behavior"],
+                 scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]]
+    assert behaviors[0] == behaviors[1]
+    for direction in ("scaleUp", "scaleDown"):
+        assert (predictor["autoScaling"]["behavior"][direction]["stabilizationWindowSeconds"] ==
+                behaviors[0][direction]["stabilizationWindowSeconds"])
+    assert behaviors[0]["scaleUp"]["stabilizationWindowSeconds"] == 0
+    assert behaviors[0]["scaleDown"]["stabilizationWindowSeconds"] >= 60
+    bounds = {(hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]),
+              (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]),
+              (predictor["minReplicas"], predictor["maxReplicas"])}
+    assert len(bounds) == 1, bounds
+    # A voluntary disruption never takes the last replicas.
+    (minimum, _), = bounds
+    budget = k8s[("PodDisruptionBudget", "softmax-serve")]
+    assert budget["spec"]["maxUnavailable"] < minimum
+    # The Deployment leaves its replica count to the autoscaler.
+    assert "replicas" not in k8s[("Deployment", "softmax-serve")]["spec"]
 
 
 def test_hadolint_finds_nothing():
@@ -191,7 +404,8 @@ def test_every_alert_has_firing_and_quiet_unit_tests():
 
 def test_promtool_rule_unit_tests_pass():
     promtool = "/usr/bin/promtool"
-    result = subprocess.run([promtool, "test", "rules", str(ALERT_TESTS)],
+    result = subprocess.run([promtool, "test", "rules", str(ALERT_TESTS),
+                             str(AUTOSCALING_RULES.with_name("autoscaling_test.yml"))],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
