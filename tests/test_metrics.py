@@ -28,6 +28,7 @@ from e2e_util import request, scrape_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 ALERT_RULES = REPO / "deploy" / "prometheus" / "alerts.yml"
+AUTOSCALING_RULES = REPO / "deploy" / "prometheus" / "autoscaling.yml"
 
 # What the test sends; the server is fresh, so the counts are exact.
 UNARY_OK, UNARY_BAD = 25, 7
@@ -62,6 +63,7 @@ class Prometheus:
             "  evaluation_interval: 1s\n"
             "rule_files:\n"
             f"  - {json.dumps(str(ALERT_RULES))}\n"
+            f"  - {json.dumps(str(AUTOSCALING_RULES))}\n"
             "scrape_configs:\n"
             "  - job_name: softmax-serve\n"
             "    static_configs:\n"
@@ -268,8 +270,11 @@ def test_alert_rules_load_and_evaluate(prometheus, traffic):
         return groups if rules and all(rule["health"] == "ok" for rule in rules) else None
 
     groups = wait_until(groups_evaluated, 30, "every alert rule to be evaluated")
-    assert [group["name"] for group in groups] == ["softmax-serve"]
+    assert [group["name"] for group in groups] == ["softmax-serve", "softmax-serve-autoscaling"]
     rules = groups[0]["rules"]
+    # The autoscaling signal's recording rule reads this replica's traffic.
+    (recording,) = groups[1]["rules"]
+    assert recording["type"] == "recording" and not recording.get("lastError"), recording
     assert sorted(rule["name"] for rule in rules) == [
         "SoftmaxGpuClocksThrottled", "SoftmaxGpuUnusable", "SoftmaxLatencyP99High",
         "SoftmaxNotServing", "SoftmaxQueueNearFull", "SoftmaxServerErrorRateHigh"]
@@ -347,14 +352,14 @@ def test_dashboard_variables_pick_datasource_and_replicas(prometheus, server, tr
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
             # Every metric selector of the query carries the instance matcher.
-            selectors = re.findall(r"\b(softmax_\w+)(\{[^}]*\})?", target["expr"])
+            selectors = re.findall(r"\b(softmax[_:][\w:]+)(\{[^}]*\})?", target["expr"])
             assert selectors, target["expr"]
             for name, labels in selectors:
                 assert 'instance=~"$instance"' in labels, (panel["title"], name, target["expr"])
     # Per-replica panels break their series out by instance.
     titles = {panel["title"]: panel for panel in dashboard["panels"]}
     for title in ("Throughput per replica", "Request latency p99 per replica",
-                  "Queue depth per replica"):
+                  "Queue depth per replica", "Autoscaling signal per replica"):
         assert all("by (instance" in t["expr"] for t in titles[title]["targets"]), title
     for name in ("softmax_gpu_utilization_ratio", "softmax_gpu_memory_used_bytes",
                  "softmax_gpu_memory_total_bytes", "softmax_gpu_power_watts",
