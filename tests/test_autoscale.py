@@ -1,6 +1,8 @@
 """The autoscalers' decisions on the real signal. Two softmax-server replicas
 (CPU backend, the Deployment's own arguments with loopback addresses; started
-with e2e_util on loopback ports, each standing for one pod) and Debian's real
+with e2e_util on loopback ports, each standing for one pod: the signal is per
+replica and Prometheus scrapes each directly, so neither Envoy nor the
+network namespaces of tests/fleet_util.py are needed) and Debian's real
 Prometheus running deploy/prometheus/kubernetes.yml, its pod discovery
 replaced by static targets that carry the __meta_kubernetes_* labels the
 discovery gives (each replica appears once as a pod of deploy/k8s/ and once
