@@ -189,7 +189,7 @@ class StreamCaller:
 # ------------------------------------------------------------------- spread
 
 def replica_counts(fleet, method):
-    return [fleet_util.Replica.requests_total(r, method=method) for r in fleet.replicas]
+    return [r.requests_total(method=method) for r in fleet.replicas]
 
 
 def test_spread_is_even_over_three_replicas(fleet3):
@@ -455,7 +455,7 @@ def test_rapid_reset_is_cut_off_by_envoy(fleet3):
     print(f"rapid reset: {len(closed_after)} connections, each closed by Envoy after at most "
           f"{max(closed_after)} pairs sent ({closed_after[:10]}); Envoy's premature-reset "
           f"closes: {count}; the other caller: {report['ok']} calls, {report['errors']} failed")
-    cancelled = sum(fleet_util.Replica.requests_total(r, code="CANCELLED")
+    cancelled = sum(r.requests_total(code="CANCELLED")
                     for r in fleet3.replicas)
     print(f"  calls the replicas saw cancelled: {cancelled}; Envoy's heap pressure: {pressure}")
     assert pressure and max(pressure.values()) < 85, pressure
