@@ -368,6 +368,7 @@ int Run(const ServerOptions& options) {
   grpc_options.additional_services.push_back(&kserve_service);
   grpc_options.max_concurrent_streams = options.max_concurrent_streams;
   grpc_options.max_connection_age_ms = options.max_connection_age_s * 1000;
+  grpc_options.reset_guard = &service.reset_guard();
   grpc_options.tls_cert_file = options.tls_cert_file;
   grpc_options.tls_key_file = options.tls_key_file;
   grpc_options.tls_client_ca_file = options.tls_client_ca_file;

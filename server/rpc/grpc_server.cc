@@ -115,6 +115,15 @@ absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
     quota.Resize(static_cast<size_t>(options.transport_memory_bytes));
     builder.SetResourceQuota(quota);
   }
+  if (options.reset_guard != nullptr) {
+    // softmax.v1's Softmax and KServe's ModelInfer count their own
+    // (SoftmaxServiceImpl::reset_guard) and pay for no interceptor per call.
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(MakePrematureResetInterceptorFactory(
+        options.reset_guard,
+        {"/softmax.v1.SoftmaxService/Softmax", "/inference.GRPCInferenceService/ModelInfer"}));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   builder.RegisterService(service);
   for (grpc::Service* additional : options.additional_services) builder.RegisterService(additional);
   if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());

@@ -15,6 +15,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "server/rpc/reset_guard.h"
 
 namespace softmax::server {
 
@@ -56,6 +57,9 @@ struct GrpcServerOptions {
   // or proxy balancing over several replicas may open to another replica
   // (one added since, say). 0: connections live forever.
   int64_t max_connection_age_ms = 0;
+  // Counts premature resets of every method whose handler does not (the
+  // services' own methods count theirs); may be null. Must outlive the server.
+  PrematureResetGuard* reset_guard = nullptr;
 };
 
 // Transport timeouts (no flags: the same for every deployment).

@@ -331,6 +331,12 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
   call->context = context;
   call->buffers = service->softmax()->buffers();
   absl::Status status = service->softmax()->Authenticate(*context);
+  // As softmax.v1's Softmax: a call that ended before its message arrived
+  // is CANCELLED, and counted against its connection (reset_guard.h).
+  if (!buffer->Valid()) {
+    service->softmax()->reset_guard().RecordPrematureReset(context->peer());
+    if (status.ok()) status = absl::CancelledError("the call ended before its request message arrived");
+  }
   if (status.ok()) status = ParseInferRequest(buffer, call->buffers.get(), request);
   if (status.ok()) status = PrepareInfer(request, service->shared_memory(), call);
   if (status.ok()) {

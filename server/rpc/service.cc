@@ -496,6 +496,7 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
   absl::Status status =
       options_.authenticator != nullptr ? options_.authenticator->Check(*context)
                                         : absl::OkStatus();
+  if (!request->Valid()) reset_guard_.RecordPrematureReset(context->peer());
   if (status.ok()) {
     status = !request->Valid()
           ? absl::CancelledError("the call ended before its request message arrived")

@@ -36,6 +36,7 @@
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/memory_budget.h"
+#include "server/rpc/reset_guard.h"
 #include "server/rpc/tensor_buffer_pool.h"
 #include "server/rpc/validation.h"
 #include "softmax/v1/softmax.grpc.pb.h"
@@ -209,6 +210,9 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   // `release` will be called with the refusal by ReleaseHeldCalls.
   bool HoldRefusal(std::function<void()> release);
   bool draining() const { return draining_.load(std::memory_order_relaxed); }
+  // Calls reset before their message arrived, counted per connection; a
+  // rapid-reset connection is shut down (reset_guard.h). Any thread.
+  PrematureResetGuard& reset_guard() { return reset_guard_; }
 
  private:
   const ServiceOptions options_;
@@ -216,6 +220,7 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
   Metrics* const metrics_;
   const std::shared_ptr<TensorBufferPool> buffers_;
   std::atomic<bool> draining_{false};
+  PrematureResetGuard reset_guard_;
   // Changed twice per request by every gRPC thread, so an atomic: as a
   // mutex it took 40% of the gRPC threads' lock time, streamed on 2 cores.
   std::atomic<int> requests_in_flight_{0};
