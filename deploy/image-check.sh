@@ -20,7 +20,12 @@
 # image is kept there between runs, the built image and its containers are
 # removed at the end. Installs buildah, podman and debootstrap when missing.
 # Environment: CUDA_ARCHITECTURES (default 90-real), CUDA_SOURCE (pypi),
-# DEBIAN_MIRROR (http://deb.debian.org/debian).
+# DEBIAN_MIRROR (http://deb.debian.org/debian), IMAGE_EXPORT_DIR (unset: the
+# image is only checked; set: the runtime image's root file system is also
+# written there as softmax-serve-rootfs.tar, with its config in
+# softmax-serve-image.json, before the image is removed; for running the
+# image's own binaries where no container engine runs:
+# deploy/gpu-image/run-image-rootfs.sh).
 set -euo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -32,6 +37,7 @@ work=$(mkdir -p "$1" && cd "$1" && pwd)
 architectures=${CUDA_ARCHITECTURES:-90-real}
 cuda_source=${CUDA_SOURCE:-pypi}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+export_dir=${IMAGE_EXPORT_DIR:-}
 base=localhost/softmax-serve-base:bookworm
 image=localhost/softmax-serve:image-check
 
@@ -64,9 +70,11 @@ if ! podman "${storage[@]}" image exists "$base"; then
 fi
 
 server_container=""
+export_container=""
 cleanup() {
   [[ -n "${server_pid:-}" ]] && kill "$server_pid" 2> /dev/null || true
   [[ -n "$server_container" ]] && buildah "${storage[@]}" rm "$server_container" > /dev/null 2>&1 || true
+  [[ -n "$export_container" ]] && buildah "${storage[@]}" rm "$export_container" > /dev/null 2>&1 || true
   buildah "${storage[@]}" rmi -f "$image" > /dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -85,6 +93,19 @@ buildah "${storage[@]}" bud --isolation chroot --format docker --layers=false "$
   -f "$source_dir/Dockerfile" -t "$image" "$source_dir" > "$work/build.log" 2>&1 \
   || { tail -40 "$work/build.log"; fail "buildah bud (log: $work/build.log)"; }
 step "built in $((SECONDS - started)) s"
+
+# The runtime image's file system as built (from a container nothing has run
+# in), for running its binaries where no container engine runs.
+if [[ -n "$export_dir" ]]; then
+  mkdir -p "$export_dir"
+  export_container=$(buildah "${storage[@]}" from "$image")
+  root=$(buildah "${storage[@]}" mount "$export_container")
+  tar -C "$root" --numeric-owner -cf "$export_dir/softmax-serve-rootfs.tar" .
+  buildah "${storage[@]}" umount "$export_container" > /dev/null
+  buildah "${storage[@]}" inspect --type image "$image" > "$export_dir/softmax-serve-image.json"
+  step "exported the runtime image's root file system: $export_dir/softmax-serve-rootfs.tar" \
+    "($(du -m "$export_dir/softmax-serve-rootfs.tar" | cut -f1) MiB)"
+fi
 
 # What the runtime image holds and runs as.
 config() { buildah "${storage[@]}" inspect --type image --format "$1" "$image"; }
