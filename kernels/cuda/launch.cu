@@ -89,6 +89,10 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
     probes->push_back(flat);
   }
   {
+    SOFTMAX_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(reinterpret_cast<const void*>(&FlatTableKernel<T>),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kTableMaxSharedBytes)));
     KernelProbe table;
     SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(reinterpret_cast<const void*>(&FlatTableKernel<T>),
                                              "flat_table", "flat_table", dtype, multiprocessors,
@@ -207,39 +211,65 @@ cudaError_t LaunchOnChip(const LaunchPlan& plan, DType dtype, const std::vector<
   return cudaGetLastError();
 }
 
-// Whether every table entry has rows of at most kTableMaxVectors vectors and
-// the table's units fit the flat table kernel's int indices.
-bool FlatTableFits(const std::vector<RowSegment>& rows, int v) {
-  long long units = 0;
-  for (const RowSegment& r : rows) {
-    const long long vectors = TableGranules(r.n, v, (r.config & kVecBit) != 0);
-    if (vectors > kTableMaxVectors) return false;
-    units += CeilDiv(r.rows, kTableThreads >> TableGroupLog2(vectors));
+// The flat table entries of a segment (RowKernel kFlat or kFlatTable): its
+// rows' geometry (TableShapeOf) in the config word, in pieces of at most
+// kMaxPieceRows rows.
+template <typename T>
+void AppendFlatTable(const SoftmaxSegment& s, DType dtype, std::vector<RowSegment>* rows) {
+  constexpr int V = VecWidth<T>();
+  const TableShape shape = TableShapeOf(CeilDiv(s.n, V));
+  const int config = (s.log ? kLogBit : 0) | (VectorAligned(dtype, s) ? kVecBit : 0) |
+                     (shape.group_log2 << kShapeShift) | (shape.slots << kSlotsShift);
+  const size_t item = sizeof(typename Traits<T>::Bits);
+  for (long long first = 0; first < s.outer; first += kMaxPieceRows) {
+    const long long piece_rows = std::min<long long>(kMaxPieceRows, s.outer - first);
+    const size_t offset = static_cast<size_t>(first) * s.n * item;
+    RowSegment r = {};
+    r.input = static_cast<const char*>(s.input) + offset;
+    r.output = static_cast<char*>(s.output) + offset;
+    r.rows = static_cast<int>(piece_rows);
+    r.n = static_cast<int>(s.n);
+    r.scale = Log2Scale(s);
+    r.config = config;
+    r.units = static_cast<int>(CeilDiv(piece_rows, kTableThreads >> shape.group_log2));
+    rows->push_back(r);
   }
-  return units <= 0x7fffffffLL;
 }
 
-// Rewrites an on-chip table for the flat table kernel (group shape, first
-// unit) and launches it with a one-pass grid; each unit prefetches the unit
-// `resident_blocks` ahead, the one that starts as this wave of blocks ends.
+// Launches the flat table kernel over `rows` (AppendFlatTable), in as few
+// launches as keep its unit indices in int, each with a one-pass grid; each
+// unit prefetches the unit `resident_blocks` ahead, the one that starts as
+// this wave of blocks ends. Dynamic shared memory only where a segment's
+// rows are not 16-byte aligned.
 template <typename T>
 cudaError_t LaunchFlatTable(std::vector<RowSegment>* rows, int resident_blocks,
                             void* table_scratch, cudaStream_t stream) {
-  constexpr int V = VecWidth<T>();
-  long long units = 0;
-  for (RowSegment& r : *rows) {
-    const int group_log2 = TableGroupLog2(TableGranules(r.n, V, (r.config & kVecBit) != 0));
-    r.config = (r.config & (kLogBit | kVecBit)) | (group_log2 << kShapeShift);
-    r.units = static_cast<int>(CeilDiv(r.rows, kTableThreads >> group_log2));
-    r.first_worker = static_cast<int>(units);
-    units += r.units;
+  size_t begin = 0;
+  while (begin < rows->size()) {
+    std::vector<RowSegment> part;
+    long long units = 0;
+    size_t shared = 0;
+    for (; begin < rows->size(); ++begin) {
+      RowSegment r = (*rows)[begin];
+      if (!part.empty() && units + r.units > 0x7fffffffLL) break;
+      r.first_worker = static_cast<int>(units);
+      units += r.units;
+      if ((r.config & kVecBit) == 0) {
+        const int group_log2 = (r.config >> kShapeShift) & 0xf;
+        const int slots = (r.config >> kSlotsShift) & 0xf;
+        shared = std::max(shared, (static_cast<size_t>(slots) * kTableThreads +
+                                   (kTableThreads >> group_log2)) * 16);
+      }
+      part.push_back(r);
+    }
+    TableArgs args;
+    SOFTMAX_CUDA_RETURN_IF_ERROR(FillTable(part, table_scratch, stream, &args));
+    args.launch_cluster = static_cast<int>(units);
+    args.prefetch_units = resident_blocks;
+    FlatTableKernel<T><<<static_cast<unsigned>(units), kTableThreads, shared, stream>>>(args);
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  TableArgs args;
-  SOFTMAX_CUDA_RETURN_IF_ERROR(FillTable(*rows, table_scratch, stream, &args));
-  args.launch_cluster = static_cast<int>(units);
-  args.prefetch_units = resident_blocks;
-  FlatTableKernel<T><<<static_cast<unsigned>(units), kTableThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+  return cudaSuccess;
 }
 
 template <typename T>
@@ -451,66 +481,86 @@ void AppendOnChip(const SoftmaxSegment& s, SoftmaxPath path, DType dtype, int gr
   }
 }
 
-bool OnChipPath(SoftmaxPath path) {
-  return path == SoftmaxPath::kWarpRows || path == SoftmaxPath::kBlockRows ||
-         path == SoftmaxPath::kClusterRows;
-}
-
 template <typename T>
 cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                         int count, char* scratch, size_t scratch_bytes, cudaStream_t stream,
                         bool allow_flat) {
   constexpr int V = VecWidth<T>();
+  // A launch of one segment of flat rows: the flat kernel, the flat table
+  // kernel's order (RowKernelOf).
   if (const SoftmaxSegment* flat = FlatSegment(dtype, segments, count, allow_flat)) {
     return LaunchFlat<T>(dtype, *flat, stream);
   }
-  if (const SoftmaxSegment* staged = StagedSegment(plan, dtype, segments, count, allow_flat)) {
-    return LaunchStaged<T>(plan, dtype, *staged, stream);
-  }
-  // Pass 1: the cluster size of the on-chip launch (largest any segment needs).
+  // Pass 1: which kernel takes each segment (the rule, per segment), and the
+  // cluster size of the on-chip launch (largest any of its segments needs).
+  std::vector<RowKernel> kernels(count, RowKernel::kFlat);
   int launch_cluster = 1;
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
-    if (ChoosePath(plan, dtype, s) == SoftmaxPath::kClusterRows) {
+    kernels[i] = RowKernelOf(plan, dtype, s);
+    const bool on_chip = kernels[i] == RowKernel::kOnChipCluster ||
+                         (!allow_flat && (kernels[i] == RowKernel::kFlat ||
+                                          kernels[i] == RowKernel::kFlatTable));
+    if (on_chip && ChoosePath(plan, dtype, s) == SoftmaxPath::kClusterRows) {
       launch_cluster = std::max(launch_cluster, 1 << ClusterLog2(CeilDiv(s.n, V)));
     }
   }
   const int grid = GridOf(plan, "on_chip", dtype, launch_cluster);
-  // Pass 2: the on-chip table. Units are numbered in one rotation across segments.
-  std::vector<RowSegment> rows;
+  // Pass 2: the flat table and on-chip tables; on-chip units are numbered in
+  // one rotation across segments.
+  std::vector<RowSegment> flat_rows;
+  std::vector<RowSegment> on_chip_rows;
   long long unit_counter = 0;
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
-    const SoftmaxPath path = ChoosePath(plan, dtype, s);
-    if (OnChipPath(path)) AppendOnChip<T>(s, path, dtype, grid, launch_cluster, &unit_counter, &rows);
+    const RowKernel kernel = kernels[i];
+    if (kernel == RowKernel::kFlat || kernel == RowKernel::kFlatTable) {
+      if (allow_flat) {
+        AppendFlatTable<T>(s, dtype, &flat_rows);
+      } else {
+        AppendOnChip<T>(s, ChoosePath(plan, dtype, s), dtype, grid, launch_cluster,
+                        &unit_counter, &on_chip_rows);
+      }
+    } else if (kernel == RowKernel::kOnChipCluster) {
+      AppendOnChip<T>(s, SoftmaxPath::kClusterRows, dtype, grid, launch_cluster, &unit_counter,
+                      &on_chip_rows);
+    }
   }
+  // Both tables use the one table area of the scratch, one after the other
+  // (stream order: the second copy lands after the first kernel ran).
   size_t offset = 0;
   char* table_scratch = nullptr;
-  if (rows.size() > static_cast<size_t>(kInlineSegments)) {
+  const size_t table_entries = flat_rows.size() + on_chip_rows.size();
+  if (table_entries > static_cast<size_t>(kInlineSegments)) {
     table_scratch = scratch;
-    offset += Align256(rows.size() * sizeof(RowSegment));
+    offset += Align256(table_entries * sizeof(RowSegment));
+    if (offset > scratch_bytes) return cudaErrorInvalidValue;
   }
-  if (!rows.empty() && allow_flat && FlatTableFits(rows, V)) {
-    SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchFlatTable<T>(&rows, GridOf(plan, "flat_table", dtype), table_scratch, stream));
-  } else if (!rows.empty()) {
+  if (!flat_rows.empty()) {
     SOFTMAX_CUDA_RETURN_IF_ERROR(
-        LaunchOnChip<T>(plan, dtype, rows, launch_cluster, table_scratch, stream));
+        LaunchFlatTable<T>(&flat_rows, GridOf(plan, "flat_table", dtype), table_scratch, stream));
+  }
+  if (!on_chip_rows.empty()) {
+    SOFTMAX_CUDA_RETURN_IF_ERROR(
+        LaunchOnChip<T>(plan, dtype, on_chip_rows, launch_cluster, table_scratch, stream));
   }
   // Pass 3: one launch (two for rows read twice) per other segment.
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
-    switch (ChoosePath(plan, dtype, s)) {
-      case SoftmaxPath::kStagedRows:
+    switch (kernels[i]) {
+      case RowKernel::kStaged:
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStaged<T>(plan, dtype, s, stream));
         break;
-      case SoftmaxPath::kSplitRows:
+      case RowKernel::kSplitStaged:
+      case RowKernel::kSplitFused:
+      case RowKernel::kSplitTwoPass:
         SOFTMAX_CUDA_RETURN_IF_ERROR(
             LaunchSplit<T>(plan, dtype, s, scratch, scratch_bytes, &offset, stream));
         break;
-      case SoftmaxPath::kStrided:
+      case RowKernel::kStrided:
         SOFTMAX_CUDA_RETURN_IF_ERROR(
             LaunchStrided<T>(plan, dtype, s, scratch, scratch_bytes, &offset, stream));
         break;
