@@ -436,6 +436,22 @@ __device__ __forceinline__ int FirstUnit(int worker, int workers, int first_work
   return r < 0 ? r + workers : r;
 }
 
+// The table entry holding unit u (entries are sorted by first unit; the
+// flat table and staged kernels).
+__device__ __forceinline__ int TableSegmentOf(const RowSegment* table, int count, int u) {
+  int lo = 0;
+  int hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (table[mid].first_worker <= u) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 }  // namespace detail
 }  // namespace gpu
 }  // namespace softmax

@@ -155,7 +155,8 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
 // Blocks have 1024 threads; a segment's rows get the geometry TableShapeOf
 // gives (rows of <= 1024 vectors: the flat kernel's, R threads of 2 vectors;
 // longer ones: R = 256..1024 threads of up to 8 vectors); a unit is one
-// block's worth of a segment's rows (1024 / R rows). Table entries are
+// block's worth of a segment's rows (1024 / R groups of 2 rows for the
+// flat geometry, of 1 row for the other; kTableFlatRows). Table entries are
 // RowSegment with `first_worker` holding the segment's first unit, the shape
 // bits log2 R and the slots bits the vectors per thread. Blocks find their
 // segment by binary search.
@@ -166,21 +167,6 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
 // aligned 16-byte granules that cover them (MaskLanes), staged in dynamic
 // shared memory (S * R + 1 granules per group), and each thread reads its
 // vectors from there at the row's offset; their outputs go back the same way.
-
-// The table entry holding unit u (entries are sorted by first unit).
-__device__ __forceinline__ int TableSegmentOf(const RowSegment* table, int count, int u) {
-  int lo = 0;
-  int hi = count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (table[mid].first_worker <= u) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
 
 // Vector `vi` of a row staged in `region` starting `lead` elements in.
 template <typename T>
@@ -217,14 +203,216 @@ __device__ __forceinline__ void WriteStagedVector(uint4* region, int lead, int v
   halves[2 * (w + 4)] = static_cast<unsigned short>(v.w >> 16);
 }
 
+// GroupReduce over kRows values at once (one barrier for all of them): each
+// row's value goes through exactly GroupReduce's steps. `slots` holds kRows
+// x 32 floats.
+template <bool kMax, int kRows>
+__device__ __forceinline__ void GroupReduceRows(float (&v)[kRows], int r_threads, int group,
+                                                float (*slots)[32]) {
+  const int width = r_threads < 32 ? r_threads : 32;
+  for (int offset = width >> 1; offset > 0; offset >>= 1) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float o = __shfl_xor_sync(0xffffffffu, v[r], offset);
+      v[r] = kMax ? fmaxf(v[r], o) : __fadd_rn(v[r], o);
+    }
+  }
+  if (r_threads <= 32) return;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) slots[r][warp] = v[r];
+  }
+  __syncthreads();
+  const int warps = r_threads >> 5;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    v[r] = lane < warps ? slots[r][group * warps + lane] : (kMax ? -INFINITY : 0.0f);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float o = __shfl_xor_sync(0xffffffffu, v[r], offset);
+      v[r] = kMax ? fmaxf(v[r], o) : __fadd_rn(v[r], o);
+    }
+  }
+}
+
+// One unit of the flat table kernel: kRows rows per group of R threads,
+// kSlots vectors per thread and row (rows j*R + t). Row r of group g is row
+// (unit's first) + r * groups + g, so that one load instruction of a warp
+// covers neighbouring rows.
+template <typename T, int kRows, int kSlots>
+__device__ __forceinline__ void FlatTableUnit(const RowSegment& seg, int u, uint4* regions,
+                                              float (*max_slots)[32], float (*sum_slots)[32]) {
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  const int group_log2 = (seg.config >> kShapeShift) & 0xf;
+  const int r_threads = 1 << group_log2;
+  const int groups = kTableThreads >> group_log2;
+  const int group = threadIdx.x >> group_log2;
+  const int t = threadIdx.x & (r_threads - 1);
+  const int first_row = (u - seg.first_worker) * groups * kRows + group;
+  const bool log = seg.config & kLogBit;
+  const bool direct = seg.config & kVecBit;  // every row 16-byte aligned, whole vectors
+  const int vectors = (seg.n + V - 1) / V;
+  const int used = min(kSlots, (vectors - t + r_threads - 1) >> group_log2);
+  const int region_granules = kSlots * r_threads + 1;
+  uint4 raw[kRows][kSlots];
+  if (direct) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = first_row + r * groups;
+      const uint4* in = reinterpret_cast<const uint4*>(static_cast<const Bits*>(seg.input) +
+                                                        static_cast<long long>(row) * seg.n);
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const int vi = j * r_threads + t;
+        raw[r][j] = row < seg.rows && vi < vectors ? LoadGlobal16(in + vi) : NegInfVector<T>();
+      }
+    }
+  } else {
+    // Granule g of a row holds its elements g*V - lead .. g*V - lead + V-1;
+    // a row's S * R + 1 granules in the region cover every vector of it.
+    // Thread t loads granules j * R + t (thread 0 also the last), masks the
+    // lanes outside the row, and stages them.
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = first_row + r * groups;
+      const Bits* in = static_cast<const Bits*>(seg.input) + static_cast<long long>(row) * seg.n;
+      const int lead = LeadElements<T>(in);
+      const uint4* granules = reinterpret_cast<const uint4*>(in - lead);
+      const int covered = row < seg.rows ? (lead + seg.n + V - 1) / V : 0;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const int g = j * r_threads + t;
+        raw[r][j] = g < covered ? LoadGlobal16(granules + g) : NegInfVector<T>();
+      }
+    }
+    // Masked only once every load is issued: a mask between two loads made
+    // the warps holding a row's ends wait for each load in turn.
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = first_row + r * groups;
+      const Bits* in = static_cast<const Bits*>(seg.input) + static_cast<long long>(row) * seg.n;
+      const int lead = LeadElements<T>(in);
+      uint4* region = regions + (r * groups + group) * region_granules;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const int e0 = (j * r_threads + t) * V - lead;
+        region[j * r_threads + t] =
+            e0 < 0 || e0 + V > seg.n ? MaskLanes<T>(raw[r][j], -e0, seg.n - e0) : raw[r][j];
+      }
+      if (t == 0) {
+        const int extra = kSlots * r_threads;
+        const int e0 = extra * V - lead;
+        const uint4 last = row < seg.rows && e0 < seg.n
+                               ? LoadGlobal16(reinterpret_cast<const uint4*>(in - lead) + extra)
+                               : NegInfVector<T>();
+        region[extra] = MaskLanes<T>(last, -e0, seg.n - e0);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = first_row + r * groups;
+      const int lead = LeadElements<T>(static_cast<const Bits*>(seg.input) +
+                                       static_cast<long long>(row) * seg.n);
+      const uint4* region = regions + (r * groups + group) * region_granules;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        raw[r][j] = ReadStagedVector<T>(region, lead, j * r_threads + t);
+      }
+    }
+  }
+  float m[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    m[r] = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      if (j < used) m[r] = fmaxf(m[r], VectorMax<T>(raw[r][j]));
+    }
+  }
+  GroupReduceRows<true, kRows>(m, r_threads, group, max_slots);
+  float d[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    // With m == -inf every value is -inf (-> 0) or NaN: shift by 0.
+    if (m[r] == -INFINITY) m[r] = 0.0f;
+    d[r] = ThreadExpSum<T>(raw[r], used, m[r], seg.scale);
+  }
+  GroupReduceRows<false, kRows>(d, r_threads, group, sum_slots);
+  if (direct) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = first_row + r * groups;
+      if (row >= seg.rows) continue;
+      uint4* out = reinterpret_cast<uint4*>(static_cast<Bits*>(seg.output) +
+                                            static_cast<long long>(row) * seg.n);
+      const float factor = OutputFactor(log, d[r]);
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        if (j < used) {
+          StoreGlobal16(out + j * r_threads + t,
+                        NormalizeVector<T>(raw[r][j], m[r], seg.scale, log, factor));
+        }
+      }
+    }
+    return;
+  }
+  // Outputs go back through the region at the output's own offset, then out
+  // as whole granules (16-byte stores) and masked edges.
+  __syncthreads();  // every group has read its region
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int row = first_row + r * groups;
+    const int lead = LeadElements<T>(static_cast<Bits*>(seg.output) +
+                                     static_cast<long long>(row) * seg.n);
+    uint4* region = regions + (r * groups + group) * region_granules;
+    const float factor = OutputFactor(log, d[r]);
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      if (j < used) {
+        WriteStagedVector<T>(region, lead, j * r_threads + t,
+                             NormalizeVector<T>(raw[r][j], m[r], seg.scale, log, factor));
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int row = first_row + r * groups;
+    if (row >= seg.rows) continue;
+    Bits* out = static_cast<Bits*>(seg.output) + static_cast<long long>(row) * seg.n;
+    const int lead = LeadElements<T>(out);
+    uint4* granules = reinterpret_cast<uint4*>(out - lead);
+    const uint4* region = regions + (r * groups + group) * region_granules;
+    const int covered = (lead + seg.n + V - 1) / V;
+#pragma unroll
+    for (int j = 0; j <= kSlots; ++j) {
+      const int g = j < kSlots ? j * r_threads + t : (t == 0 ? kSlots * r_threads : covered);
+      if (g < covered) {
+        const int e0 = g * V - lead;
+        if (e0 >= 0 && e0 + V <= seg.n) {
+          StoreGlobal16(granules + g, region[g]);
+        } else {
+          StoreLanes<T>(out, e0, seg.n, region[g]);
+        }
+      }
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
     const __grid_constant__ TableArgs args) {
-  constexpr int V = VecWidth<T>();
   using Bits = typename Traits<T>::Bits;
-  extern __shared__ uint4 regions[];  // unaligned segments: S * R + 1 granules per group
-  __shared__ float max_slots[32];
-  __shared__ float sum_slots[32];
+  extern __shared__ uint4 regions[];  // unaligned segments: S * R + 1 granules per row
+  __shared__ float max_slots[kTableFlatRows][32];
+  __shared__ float sum_slots[kTableFlatRows][32];
   const RowSegment* table = args.table != nullptr ? args.table : args.inline_segments;
   const int total_units = args.launch_cluster;  // total units of the table
   for (int u = blockIdx.x; u < total_units; u += gridDim.x) {
@@ -234,121 +422,17 @@ __global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
     const int ahead = u + args.prefetch_units;
     if (threadIdx.x == 0 && args.prefetch_units > 0 && ahead < total_units) {
       const RowSegment& next = table[TableSegmentOf(table, args.count, ahead)];
-      const int next_rows = kTableThreads >> ((next.config >> kShapeShift) & 0xf);
+      const int next_rows = (kTableThreads >> ((next.config >> kShapeShift) & 0xf)) *
+                            (((next.config >> kSlotsShift) & 0xf) == kFlatSlots ? kTableFlatRows : 1);
       const int first = (ahead - next.first_worker) * next_rows;
       PrefetchL2(static_cast<const Bits*>(next.input) + static_cast<long long>(first) * next.n,
                  static_cast<size_t>(min(next_rows, next.rows - first)) * next.n * sizeof(Bits));
     }
     const RowSegment seg = table[TableSegmentOf(table, args.count, u)];
-    const int group_log2 = (seg.config >> kShapeShift) & 0xf;
-    const int slots = (seg.config >> kSlotsShift) & 0xf;
-    const int r_threads = 1 << group_log2;
-    const int group = threadIdx.x >> group_log2;
-    const int t = threadIdx.x & (r_threads - 1);
-    const int row = (u - seg.first_worker) * (kTableThreads >> group_log2) + group;
-    const bool valid = row < seg.rows;
-    const bool log = seg.config & kLogBit;
-    const bool direct = seg.config & kVecBit;  // every row 16-byte aligned, whole vectors
-    const int vectors = (seg.n + V - 1) / V;
-    const Bits* in = static_cast<const Bits*>(seg.input) + static_cast<long long>(row) * seg.n;
-    Bits* out = static_cast<Bits*>(seg.output) + static_cast<long long>(row) * seg.n;
-    uint4* region = regions + group * (slots * r_threads + 1);
-    uint4 raw[kTableSlots];
-    if (direct) {
-#pragma unroll
-      for (int j = 0; j < kTableSlots; ++j) {
-        const int vi = j * r_threads + t;
-        raw[j] = valid && j < slots && vi < vectors
-                     ? LoadGlobal16(reinterpret_cast<const uint4*>(in) + vi)
-                     : NegInfVector<T>();
-      }
+    if (((seg.config >> kSlotsShift) & 0xf) == kFlatSlots) {
+      FlatTableUnit<T, kTableFlatRows, kFlatSlots>(seg, u, regions, max_slots, sum_slots);
     } else {
-      // Granule g holds the row's elements g*V - lead .. g*V - lead + V-1;
-      // the group's S * R + 1 granules cover every vector of the row. Thread
-      // t loads granules j * R + t (thread 0 also the last), masks the
-      // lanes outside the row, and stages them.
-      const int lead = LeadElements<T>(in);
-      const uint4* granules = reinterpret_cast<const uint4*>(in - lead);
-      const int covered = (lead + seg.n + V - 1) / V;
-      const int extra = slots * r_threads;
-#pragma unroll
-      for (int j = 0; j < kTableSlots; ++j) {
-        const int g = j * r_threads + t;
-        raw[j] = valid && j < slots && g < covered ? LoadGlobal16(granules + g) : NegInfVector<T>();
-      }
-      // Masked only once every load is issued: a mask between two loads made
-      // the warps holding a row's ends wait for each load in turn.
-#pragma unroll
-      for (int j = 0; j < kTableSlots; ++j) {
-        const int g = j * r_threads + t;
-        const int e0 = g * V - lead;
-        if (j < slots) {
-          region[g] = e0 < 0 || e0 + V > seg.n ? MaskLanes<T>(raw[j], -e0, seg.n - e0) : raw[j];
-        }
-      }
-      if (t == 0) {
-        const uint4 last = valid && extra < covered ? LoadGlobal16(granules + extra) : NegInfVector<T>();
-        region[extra] = MaskLanes<T>(last, lead - extra * V, seg.n + lead - extra * V);
-      }
-      __syncthreads();
-#pragma unroll
-      for (int j = 0; j < kTableSlots; ++j) {
-        raw[j] = j < slots ? ReadStagedVector<T>(region, lead, j * r_threads + t)
-                           : NegInfVector<T>();
-      }
-    }
-    const int used = min(slots, (vectors - t + r_threads - 1) >> group_log2);
-    float m = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kTableSlots; ++j) {
-      if (j < used) m = fmaxf(m, VectorMax<T>(raw[j]));
-    }
-    m = GroupReduce<true>(m, r_threads, group, max_slots);
-    const float shift = m == -INFINITY ? 0.0f : m;
-    float d = ThreadExpSum<T>(raw, used, shift, seg.scale);
-    d = GroupReduce<false>(d, r_threads, group, sum_slots);
-    const float factor = OutputFactor(log, d);
-    if (direct) {
-      if (valid) {
-#pragma unroll
-        for (int j = 0; j < kTableSlots; ++j) {
-          if (j < used) {
-            StoreGlobal16(reinterpret_cast<uint4*>(out) + j * r_threads + t,
-                          NormalizeVector<T>(raw[j], shift, seg.scale, log, factor));
-          }
-        }
-      }
-    } else {
-      // Outputs go back through the region at the output's own offset, then
-      // out as whole granules (16-byte stores) and masked edges.
-      const int lead = LeadElements<T>(out);
-      __syncthreads();  // every group has read its region
-#pragma unroll
-      for (int j = 0; j < kTableSlots; ++j) {
-        if (j < used) {
-          WriteStagedVector<T>(region, lead, j * r_threads + t,
-                               NormalizeVector<T>(raw[j], shift, seg.scale, log, factor));
-        }
-      }
-      __syncthreads();
-      if (valid) {
-        uint4* granules = reinterpret_cast<uint4*>(out - lead);
-        const int covered = (lead + seg.n + V - 1) / V;
-#pragma unroll
-        for (int j = 0; j <= kTableSlots; ++j) {
-          const int g = j < kTableSlots && j < slots ? j * r_threads + t
-                                                     : (j == slots && t == 0 ? slots * r_threads
-                                                                             : covered);
-          if (g < covered) {
-            const int e0 = g * V - lead;
-            if (e0 >= 0 && e0 + V <= seg.n) {
-              StoreGlobal16(granules + g, region[g]);
-            } else {
-              StoreLanes<T>(out, e0, seg.n, region[g]);
-            }
-          }
-        }
-      }
+      FlatTableUnit<T, 1, kTableSlots>(seg, u, regions, max_slots, sum_slots);
     }
     // Group shapes may change with the next unit's segment: no warp may
     // write a slot or a region that another group of this unit still reads.

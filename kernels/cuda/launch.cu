@@ -231,7 +231,8 @@ void AppendFlatTable(const SoftmaxSegment& s, DType dtype, std::vector<RowSegmen
     r.n = static_cast<int>(s.n);
     r.scale = Log2Scale(s);
     r.config = config;
-    r.units = static_cast<int>(CeilDiv(piece_rows, kTableThreads >> shape.group_log2));
+    r.units = static_cast<int>(CeilDiv(
+        piece_rows, (kTableThreads >> shape.group_log2) * TableRowsPerGroup(shape.slots)));
     rows->push_back(r);
   }
 }
@@ -257,8 +258,9 @@ cudaError_t LaunchFlatTable(std::vector<RowSegment>* rows, int resident_blocks,
       if ((r.config & kVecBit) == 0) {
         const int group_log2 = (r.config >> kShapeShift) & 0xf;
         const int slots = (r.config >> kSlotsShift) & 0xf;
-        shared = std::max(shared, (static_cast<size_t>(slots) * kTableThreads +
-                                   (kTableThreads >> group_log2)) * 16);
+        shared = std::max(shared, static_cast<size_t>(TableRowsPerGroup(slots)) *
+                                      (static_cast<size_t>(slots) * kTableThreads +
+                                       (kTableThreads >> group_log2)) * 16);
       }
       part.push_back(r);
     }
@@ -293,41 +295,70 @@ cudaError_t LaunchFlat(DType dtype, const SoftmaxSegment& s, cudaStream_t stream
   return cudaGetLastError();
 }
 
+// The staged kernel over every staged segment of a launch: one launch per
+// cluster size (a row per cluster; the segments of one size share it, found
+// by binary search), with the largest share among them as dynamic shared
+// memory; grids beyond 2^31 - 1 blocks go in pieces.
 template <typename T>
-cudaError_t LaunchStaged(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
-                         cudaStream_t stream) {
-  StagedShape shape;
-  if (!StagedShapeOf(plan, dtype, CeilDiv(s.n, VecWidth<T>()), &shape)) {
-    return cudaErrorInvalidValue;
-  }
-  StagedArgs a = {};
-  a.input = s.input;
-  a.output = s.output;
-  a.n = s.n;
-  a.chunk_vectors = shape.chunk_vectors;
-  a.scale = Log2Scale(s);
-  a.log = s.log ? 1 : 0;
-  cudaLaunchConfig_t config = {};
-  config.blockDim = dim3(kStagedThreads, 1, 1);
-  config.dynamicSmemBytes = shape.shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = shape.cluster;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  // One row per cluster; grids beyond 2^31 - 1 blocks go in pieces.
-  const long long max_rows = 0x7fffffffLL / shape.cluster;
-  const size_t pitch = static_cast<size_t>(s.n) * sizeof(typename Traits<T>::Bits);
-  for (long long first = 0; first < s.outer; first += max_rows) {
-    const long long rows = std::min(max_rows, s.outer - first);
-    a.input = static_cast<const char*>(s.input) + first * pitch;
-    a.output = static_cast<char*>(s.output) + first * pitch;
-    config.gridDim = dim3(static_cast<unsigned>(rows * shape.cluster), 1, 1);
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, StagedKernel<T>, a));
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+cudaError_t LaunchStagedTable(const LaunchPlan& plan, DType dtype,
+                              const std::vector<const SoftmaxSegment*>& segments,
+                              void* table_scratch, cudaStream_t stream) {
+  const size_t item = sizeof(typename Traits<T>::Bits);
+  for (int cluster = 1; cluster <= kMaxClusterSize; cluster *= 2) {
+    const long long max_rows = 0x7fffffffLL / cluster;
+    std::vector<RowSegment> rows;
+    size_t shared = 0;
+    long long clusters = 0;
+    auto flush = [&]() -> cudaError_t {
+      if (rows.empty()) return cudaSuccess;
+      TableArgs args;
+      SOFTMAX_CUDA_RETURN_IF_ERROR(FillTable(rows, table_scratch, stream, &args));
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(static_cast<unsigned>(clusters * cluster), 1, 1);
+      config.blockDim = dim3(kStagedThreads, 1, 1);
+      config.dynamicSmemBytes = shared;
+      config.stream = stream;
+      cudaLaunchAttribute attribute;
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = cluster;
+      attribute.val.clusterDim.y = 1;
+      attribute.val.clusterDim.z = 1;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, StagedKernel<T>, args));
+      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      rows.clear();
+      shared = 0;
+      clusters = 0;
+      return cudaSuccess;
+    };
+    for (const SoftmaxSegment* s : segments) {
+      StagedShape shape;
+      if (!StagedShapeOf(plan, dtype, CeilDiv(s->n, VecWidth<T>()), &shape)) {
+        return cudaErrorInvalidValue;
+      }
+      if (shape.cluster != cluster) continue;
+      const size_t pitch = static_cast<size_t>(s->n) * item;
+      for (long long first = 0; first < s->outer;) {
+        if (clusters == max_rows) SOFTMAX_CUDA_RETURN_IF_ERROR(flush());
+        const long long take = std::min(s->outer - first, max_rows - clusters);
+        RowSegment r = {};
+        r.input = static_cast<const char*>(s->input) + first * pitch;
+        r.output = static_cast<char*>(s->output) + first * pitch;
+        r.rows = static_cast<int>(take);
+        r.units = r.rows;
+        r.n = static_cast<int>(s->n);
+        r.first_worker = static_cast<int>(clusters);
+        r.scale = Log2Scale(*s);
+        r.config = s->log ? kLogBit : 0;
+        r.unused[kStagedChunkSlot] = shape.chunk_vectors;
+        rows.push_back(r);
+        clusters += take;
+        shared = std::max(shared, shape.shared_bytes);
+        first += take;
+      }
+    }
+    SOFTMAX_CUDA_RETURN_IF_ERROR(flush());
   }
   return cudaSuccess;
 }
@@ -528,11 +559,17 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
                       &on_chip_rows);
     }
   }
-  // Both tables use the one table area of the scratch, one after the other
-  // (stream order: the second copy lands after the first kernel ran).
+  // Every table launch uses the one table area of the scratch, one after
+  // the other (stream order: a copy lands after the kernel before it ran).
   size_t offset = 0;
   char* table_scratch = nullptr;
-  const size_t table_entries = flat_rows.size() + on_chip_rows.size();
+  size_t table_entries = 0;
+  std::vector<const SoftmaxSegment*> staged;
+  for (int i = 0; i < count; ++i) {
+    if (Empty(segments[i])) continue;
+    table_entries += TableEntries(plan, dtype, segments[i]);
+    if (kernels[i] == RowKernel::kStaged) staged.push_back(&segments[i]);
+  }
   if (table_entries > static_cast<size_t>(kInlineSegments)) {
     table_scratch = scratch;
     offset += Align256(table_entries * sizeof(RowSegment));
@@ -546,14 +583,14 @@ cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
     SOFTMAX_CUDA_RETURN_IF_ERROR(
         LaunchOnChip<T>(plan, dtype, on_chip_rows, launch_cluster, table_scratch, stream));
   }
-  // Pass 3: one launch (two for rows read twice) per other segment.
+  if (!staged.empty()) {
+    SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStagedTable<T>(plan, dtype, staged, table_scratch, stream));
+  }
+  // Pass 3: one launch (two for rows read twice) per split or strided segment.
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
     switch (kernels[i]) {
-      case RowKernel::kStaged:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStaged<T>(plan, dtype, s, stream));
-        break;
       case RowKernel::kSplitStaged:
       case RowKernel::kSplitFused:
       case RowKernel::kSplitTwoPass:

@@ -45,11 +45,19 @@ constexpr long long kMaxPieceRows = 1LL << 30;  // on-chip segments are cut into
 constexpr int kTableThreads = 1024;
 constexpr int kTableSlots = 8;
 constexpr long long kTableMaxVectors = static_cast<long long>(kTableThreads) * kTableSlots;
+// Rows of <= 1024 vectors (2 per thread, the flat kernel's geometry): each
+// group holds this many rows at once, 4 vectors per thread in flight (4 rows
+// spilled 60-84 bytes per thread at the 64-register cap of 1024-thread blocks).
+constexpr int kTableFlatRows = 2;
+inline int TableRowsPerGroup(int slots) { return slots == 2 ? kTableFlatRows : 1; }
 // Its dynamic shared memory for segments whose rows are not 16-byte aligned:
-// per group of R threads holding S vectors each, S * R + 1 granules (the row
-// may span one granule more than its vectors).
+// per row, S * R + 1 granules (a row may span one granule more than its
+// vectors): rows of 1..2 vectors (R = 1) 2 x (2 + 1) granules per thread,
+// rows of 8 vectors per thread (R >= 256) 8 per thread and 4 more.
 constexpr size_t kTableMaxSharedBytes =
-    (static_cast<size_t>(kTableMaxVectors) + kTableThreads / 256) * 16;
+    16 * (static_cast<size_t>(kTableFlatRows) * 3 * kTableThreads > kTableMaxVectors + 4
+              ? static_cast<size_t>(kTableFlatRows) * 3 * kTableThreads
+              : static_cast<size_t>(kTableMaxVectors) + 4);
 
 // Flat kernel: one-segment launches of rows of up to 1024 vectors, 2 per
 // thread. Longer aligned rows of such launches go to the staged kernel: H200,
@@ -228,6 +236,15 @@ struct StridedShape {
   int parts;
 };
 StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s);
+
+// Rows of a staged table entry: whole launches of 16-block clusters stay
+// within 2^31 - 1 blocks.
+constexpr long long kStagedPieceRows = 0x7fffffffLL / kMaxClusterSize;
+
+// Entries a segment may take in the tables of the flat table, on-chip and
+// staged kernels (at most; 0 for split and strided segments). The launch's
+// table area in the scratch holds them all when they exceed kInlineSegments.
+size_t TableEntries(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s);
 
 // Scratch bytes of one split or strided segment: partials, finals, counters.
 size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
