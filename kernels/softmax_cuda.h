@@ -10,25 +10,32 @@
 // / element size: 4 for float32, 8 for float16/bfloat16). Each path reads and
 // writes each element once, except the two-pass split and strided forms.
 //
-//   SoftmaxPath::kWarpRows     N <= 256 V. Several short rows per warp (a group
-//                              of 1..32 lanes per row), shuffle reductions, no
-//                              barriers. (on_chip.cuh)
-//   SoftmaxPath::kBlockRows    N <= 2048 V. A row per group of 1..8 warps, one
-//                              named barrier per row. (on_chip.cuh)
-//   SoftmaxPath::kClusterRows  N <= 16384 V, rows the staged path does not
-//                              take (not 16-byte aligned, or a table's rows
-//                              of up to 8192 V). A row per cluster of 2..8
-//                              blocks holding it in registers; (max, sum)
-//                              pairs cross blocks through distributed shared
-//                              memory. (on_chip.cuh)
-//   SoftmaxPath::kStagedRows   16-byte aligned rows of more than 8192 V, up to
+//   SoftmaxPath::kWarpRows     N <= 256 V, and
+//   SoftmaxPath::kBlockRows    N <= 2048 V (names by length): rows of up to
+//                              1024 V run in the flat order (a group of R
+//                              threads, 2 vectors each, max first: the flat
+//                              kernel for a launch of one segment, the flat
+//                              table kernel in tables; flat.cuh); longer
+//                              rows that the staged path does not take run
+//                              the flat table kernel (up to 8 vectors per
+//                              thread). With allow_flat false the on-chip
+//                              kernel takes them (several short rows per
+//                              warp, or a row per group of 1..8 warps;
+//                              on_chip.cuh).
+//   SoftmaxPath::kClusterRows  2048 V < N <= 16384 V, rows the staged path
+//                              does not take (not 16-byte aligned): up to
+//                              8192 V the flat table kernel, beyond a row
+//                              per cluster of 2..8 blocks holding it in
+//                              registers, (max, sum) pairs crossing blocks
+//                              through distributed shared memory. (on_chip.cuh)
+//   SoftmaxPath::kStagedRows   16-byte aligned rows of more than 1024 V, up to
 //                              512 KiB (without split_staged: up to what 16
 //                              blocks hold in shared memory, 224 KiB each).
 //                              A row per cluster of 1..16 blocks, each
 //                              staging its share in shared memory with
 //                              cp.async copies (several stages in flight),
 //                              (max, sum) exchanged through distributed shared
-//                              memory. (staged.cuh)
+//                              memory; one launch per cluster size. (staged.cuh)
 //   SoftmaxPath::kSplitRows    Longer rows, split across the blocks of a
 //                              persistent cooperative grid, one pass each:
 //                              aligned rows staged in the grid's shared
@@ -36,17 +43,21 @@
 //                              SplitStagedMaxLength; staged.cuh), other rows
 //                              held in its registers (split_fused,
 //                              SplitSinglePassMaxLength). Longer rows:
-//                              (max, sum) partials then a re-read, two reads
-//                              and one write. (split.cuh)
+//                              (max, sum) partials of 64 KiB parts then a
+//                              re-read, two reads and one write. (split.cuh)
 //   SoftmaxPath::kStrided      Softmax over a non-last axis ([outer, N, inner],
 //                              inner > 1): coalesced over inner, N split
 //                              across blocks; two reads and one write.
 //                              (strided.cuh)
 //
-// Launches of ONE last-axis segment override the choice: rows of up to 1024 V
-// run the flat kernel (a group of threads per row, 2 vectors per thread, full
-// occupancy; flat.cuh), and aligned rows of 1025..8192 V the staged kernel. Ragged tables whose warp/block/cluster rows all hold at most 8192 V
-// run the flat table kernel (flat.cuh) instead of the on-chip one.
+// Batch invariance: the kernel and geometry of a row, and so its output
+// bits, follow from the plan (the GPU model), the dtype, N, inner,
+// temperature, op and whether the segment is 16-byte aligned (pointers and
+// row pitch), never from the other segments of a launch, the number of rows
+// that share it, the stream or the scratch (kernels/cuda/plan.cu,
+// RowKernelOf, holds the rule). Rows that are not 16-byte aligned give the
+// same bits at any address. Bits differ across GPU models, between the CPU
+// reference and the GPU, and with allow_flat false.
 //
 // Every path vectorises with 16-byte accesses when the segment's pointers and
 // row pitch are 16-byte aligned, and falls back to element accesses otherwise.
@@ -189,19 +200,21 @@ SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment
 size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                            int count);
 
-// Enqueues softmax for `count` segments of `dtype` on `stream`. Segments of the
-// warp, block and cluster paths (any mix of n, temperature and op) share ONE
-// kernel launch; each staged segment adds one launch, each split-row or
-// strided segment a memset and one launch (two where its rows are read
-// twice). A launch whose only non-empty segment has last-axis rows of up to
-// 1024 vectors (4096 float32, 8192 float16) runs the flat kernel instead of
-// the on-chip one when `allow_flat` (FlatKernelTakes), and one of aligned
-// rows of 1025..8192 vectors the staged kernel; `allow_flat` false keeps such
-// launches on the paths ChoosePath names. `scratch` must hold
-// SoftmaxScratchBytes(...) bytes (may be null when that is 0). Returns
-// cudaSuccess, cudaErrorInvalidValue for a bad argument (n out of range, null
-// pointer, scratch too small), or the launch error. Asynchronous: errors
-// during execution surface at a later sync.
+// Enqueues softmax for `count` segments of `dtype` on `stream`. The rows of
+// the warp, block and cluster paths (any mix of n, temperature and op) share
+// one flat table launch, and one on-chip launch where rows of more than 8192
+// vectors are not 16-byte aligned; the staged segments one launch per
+// cluster size; each split-row or strided segment adds a memset and one
+// launch (two where its rows are read twice). A launch whose only non-empty
+// segment has last-axis rows of up to 1024 vectors (4096 float32, 8192
+// float16) runs the flat kernel (FlatKernelTakes), which computes them in
+// the flat table kernel's order. Every row's bits are those of the same row
+// launched alone (see Batch invariance above). `allow_flat` false gives the
+// rows of the flat kernels to the on-chip kernel (other bits; for its tests).
+// `scratch` must hold SoftmaxScratchBytes(...) bytes (may be null when that
+// is 0). Returns cudaSuccess, cudaErrorInvalidValue for a bad argument (n
+// out of range, null pointer, scratch too small), or the launch error.
+// Asynchronous: errors during execution surface at a later sync.
 cudaError_t LaunchSoftmax(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, void* scratch, size_t scratch_bytes, cudaStream_t stream,
                           bool allow_flat = true);

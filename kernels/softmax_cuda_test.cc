@@ -234,9 +234,9 @@ std::string SoftmaxCudaTest::skip_reason_;
 bool SoftmaxCudaTest::create_failed_ = false;
 
 // Row lengths that land in each path, for a dtype: a few inside each class.
-// Lengths meant for the register cluster path and the split path are odd
-// (not a whole number of 16-byte vectors), so that the staged path, which
-// needs 16-byte rows, does not take them.
+// Lengths meant for the register paths beyond 1024 vectors and the split
+// path are odd (not a whole number of 16-byte vectors), so that the staged
+// path, which takes 16-byte rows from 1025 vectors, does not take them.
 std::vector<std::pair<SoftmaxPath, int64_t>> LengthsPerPath(const LaunchPlan& plan, DType dtype) {
   const int64_t v = VecWidth(dtype);
   const int64_t warp = PathMaxLength(plan, dtype, SoftmaxPath::kWarpRows);
@@ -248,7 +248,7 @@ std::vector<std::pair<SoftmaxPath, int64_t>> LengthsPerPath(const LaunchPlan& pl
       {SoftmaxPath::kWarpRows, v},          {SoftmaxPath::kWarpRows, 32},
       {SoftmaxPath::kWarpRows, 100},        {SoftmaxPath::kWarpRows, 1000},
       {SoftmaxPath::kWarpRows, warp},       {SoftmaxPath::kBlockRows, warp + 1},
-      {SoftmaxPath::kBlockRows, 700 * v},   {SoftmaxPath::kBlockRows, block},
+      {SoftmaxPath::kBlockRows, 700 * v},   {SoftmaxPath::kBlockRows, block - 1},
   };
   if (cluster > block) {
     out.push_back({SoftmaxPath::kClusterRows, block + 1});
@@ -594,10 +594,9 @@ TEST_F(SoftmaxCudaTest, StagedRows) {
         if (n > staged) continue;
         SoftmaxSegment s;
         s.n = n;
-        // Rows of up to 8192 vectors take a register path in tables, the
-        // staged kernel in launches of one segment.
-        EXPECT_EQ(ChoosePath(*plan_, dtype, s) == SoftmaxPath::kStagedRows, n > 8192 * v)
-            << "n=" << n;
+        // Whole-vector rows of more than 1024 vectors: the staged kernel,
+        // alone or in a table (the rule in plan.cu, RowKernelOf).
+        EXPECT_EQ(ChoosePath(*plan_, dtype, s), SoftmaxPath::kStagedRows) << "n=" << n;
         s.outer = 3;
         EXPECT_EQ(LaunchKernels(*plan_, dtype, &s, 1), "staged") << "n=" << n;
         problems.push_back(MakeProblem(dtype, RowsFor(n, 1 << 21), n, 1, rng, 0.9f, log));
@@ -651,8 +650,10 @@ TEST_F(SoftmaxCudaTest, RaggedSegmentTables) {
 
 // Ragged tables whose rows all fit the flat table kernel (<= 8192 vectors),
 // run by it and, with allow_flat false, by the on-chip kernel: every group
-// shape (1..32 threads, 128..1024), mixed ops and temperatures, inline and
-// scratch tables, unaligned segments.
+// shape (1..512 threads of 2 vectors, 256..1024 of 8), mixed ops and
+// temperatures, inline and scratch tables, unaligned segments (inputs and
+// outputs at different offsets), whole-vector rows of more than 1024 vectors
+// (the staged kernel's) among them.
 TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
   std::mt19937_64 rng(10);
   for (DType dtype : kDTypes) {
@@ -668,12 +669,14 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
         problems.push_back(MakeProblem(dtype, outer, n, 1, rng, temperature(rng), i % 2 == 0));
         if (i % 4 == 1) problems.back().input_offset_elements = 3;
       }
-      // The table's limits: 8192 vectors for aligned rows, 8191 for rows that
-      // start inside a 16-byte granule (they may span one granule more).
+      // The table's limit, 8192 vectors, aligned (the staged kernel takes
+      // those) and not (granules one more than vectors).
       problems.push_back(MakeProblem(dtype, 2, 8192 * v, 1, rng));
       problems.push_back(MakeProblem(dtype, 3, 8191 * v, 1, rng));
       problems.back().input_offset_elements = 1;  // misaligned: the staged path does not take it
       problems.back().output_offset_elements = 2;  // and the output at another offset
+      problems.push_back(MakeProblem(dtype, 2, 8192 * v - 1, 1, rng));
+      problems.back().input_offset_elements = 3;
       std::vector<SoftmaxSegment> described(problems.size());
       for (size_t i = 0; i < problems.size(); ++i) {
         described[i].outer = problems[i].shape.outer;
@@ -683,10 +686,13 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
         }
       }
       const int described_count = static_cast<int>(described.size());
-      EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count), "flat_table");
-      EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count, false), "on_chip");
-      described.back().n = 8191 * v + 1;  // one row too long: the on-chip kernel takes the table
-      EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count), "on_chip");
+      EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count),
+                "flat_table,staged");
+      EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count, false),
+                "on_chip,staged");
+      described.back().n = 8192 * v + 1;  // beyond the flat table kernel: the cluster path
+      EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count),
+                "flat_table,on_chip,staged");
       for (bool allow_flat : {true, false}) {
         RunAndCheck(dtype, problems,
                     std::string(allow_flat ? "flat table " : "on-chip table ") +

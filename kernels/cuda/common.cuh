@@ -300,18 +300,33 @@ __device__ __forceinline__ float FastExp2(float x) {
   return y;
 }
 
+// The arithmetic of every kernel, with each rounding spelled out (_rn: no
+// contraction into FMA, which the compiler would otherwise choose per
+// instantiation): two kernels that reduce a row in the same order then give
+// the same bits (batch invariance, plan.cu RowKernelOf).
+__device__ __forceinline__ float ScaledDiff(float x, float m, float scale) {
+  return __fmul_rn(__fsub_rn(x, m), scale);
+}
+// Softmax output from e = exp2((x - max) * scale); log-softmax from
+// t = (x - max) * scale. `factor` is 1/sum, or log2(sum) for log-softmax.
+__device__ __forceinline__ float SoftmaxOut(float e, float factor) { return __fmul_rn(e, factor); }
+__device__ __forceinline__ float LogSoftmaxOut(float t, float factor) {
+  return __fmul_rn(__fsub_rn(t, factor), kLn2);
+}
+
 struct MaxSum {
   float m;
   float d;
 };
 
 __device__ __forceinline__ float Rescale(float m_part, float m, float scale) {
-  return m_part == -INFINITY ? 0.0f : FastExp2((m_part - m) * scale);
+  return m_part == -INFINITY ? 0.0f : FastExp2(ScaledDiff(m_part, m, scale));
 }
 
 __device__ __forceinline__ MaxSum Merge(MaxSum a, MaxSum b, float scale) {
   const float m = fmaxf(a.m, b.m);
-  return {m, a.d * Rescale(a.m, m, scale) + b.d * Rescale(b.m, m, scale)};
+  return {m, __fadd_rn(__fmul_rn(a.d, Rescale(a.m, m, scale)),
+                      __fmul_rn(b.d, Rescale(b.m, m, scale)))};
 }
 
 __device__ __forceinline__ MaxSum WarpMerge(MaxSum v, float scale) {
@@ -339,7 +354,7 @@ __device__ __forceinline__ MaxSum LocalMaxSum(const uint4 (&raw)[kN], float scal
     float x[V];
     Unpack<T>(raw[j], x);
 #pragma unroll
-    for (int k = 0; k < V; ++k) d += FastExp2((x[k] - shift) * scale);
+    for (int k = 0; k < V; ++k) d = __fadd_rn(d, FastExp2(ScaledDiff(x[k], shift, scale)));
   }
   return {m, d};
 }
@@ -357,7 +372,8 @@ __device__ __forceinline__ uint4 NormalizeVector(uint4 raw, float m, float scale
     Traits<T>::WordToFloats(Word(raw, i), x);
 #pragma unroll
     for (int k = 0; k < P; ++k) {
-      x[k] = log ? ((x[k] - m) * scale - factor) * kLn2 : FastExp2((x[k] - m) * scale) * factor;
+      const float t = ScaledDiff(x[k], m, scale);
+      x[k] = log ? LogSoftmaxOut(t, factor) : SoftmaxOut(FastExp2(t), factor);
     }
     w[i] = Traits<T>::FloatsToWord(x);
   }
@@ -418,6 +434,22 @@ __device__ __forceinline__ MaxSum MergePartials(const float2* partials, int part
 __device__ __forceinline__ int FirstUnit(int worker, int workers, int first_worker) {
   const int r = worker - first_worker;
   return r < 0 ? r + workers : r;
+}
+
+// The table entry holding unit u (entries are sorted by first unit; the
+// flat table and staged kernels).
+__device__ __forceinline__ int TableSegmentOf(const RowSegment* table, int count, int u) {
+  int lo = 0;
+  int hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (table[mid].first_worker <= u) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
 }
 
 }  // namespace detail

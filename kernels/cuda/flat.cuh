@@ -36,30 +36,51 @@ struct FlatArgs {
   int group_log2;
 };
 
-// Reduces v over the group (op: max or sum). Groups of <= 32 lanes use
-// shuffles; a group spanning the block goes through `slots` (one barrier).
-// GroupReduce below does the same for several groups per block, but its
-// named barrier with a run-time id makes ptxas reserve all 16 barriers, and
-// in this kernel it added spills to the 4-vector forms; the measured build
-// uses this one.
+// Reduces v over a group of r_threads (op: max or sum): a butterfly of
+// shuffles within the warp (width min(R, 32)), and for groups of whole warps
+// the warps' values through `slots` after a block barrier (every group of a
+// block has the same R), then a butterfly over 32 lanes with the identity
+// (-inf or 0) beyond the group's warps. The flat and flat table kernels both
+// reduce through this one function: the same tree for the same R.
 template <bool kMax>
-__device__ __forceinline__ float FlatReduce(float v, int r_threads, float* slots) {
+__device__ __forceinline__ float GroupReduce(float v, int r_threads, int group, float* slots) {
   const int width = r_threads < 32 ? r_threads : 32;
   for (int offset = width >> 1; offset > 0; offset >>= 1) {
     const float o = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = kMax ? fmaxf(v, o) : v + o;
+    v = kMax ? fmaxf(v, o) : __fadd_rn(v, o);
   }
   if (r_threads <= 32) return v;
-  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = v;
-  __syncthreads();
+  const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-  v = lane < (r_threads >> 5) ? slots[lane] : (kMax ? -INFINITY : 0.0f);
+  if (lane == 0) slots[warp] = v;
+  __syncthreads();
+  const int warps = r_threads >> 5;
+  v = lane < warps ? slots[group * warps + lane] : (kMax ? -INFINITY : 0.0f);
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float o = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = kMax ? fmaxf(v, o) : v + o;
+    v = kMax ? fmaxf(v, o) : __fadd_rn(v, o);
   }
   return v;
+}
+
+// Sum over the vectors j < used of a thread of exp2((x - shift) * scale),
+// vector by vector, element by element: the flat order's per-thread sum.
+template <typename T, int kN>
+__device__ __forceinline__ float ThreadExpSum(const uint4 (&raw)[kN], int used, float shift,
+                                              float scale) {
+  constexpr int V = VecWidth<T>();
+  float d = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    if (j < used) {
+      float x[V];
+      Unpack<T>(raw[j], x);
+#pragma unroll
+      for (int k = 0; k < V; ++k) d = __fadd_rn(d, FastExp2(ScaledDiff(x[k], shift, scale)));
+    }
+  }
+  return d;
 }
 
 template <typename T, bool kVec, bool kLog>
@@ -67,16 +88,17 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
   constexpr int kS = kFlatSlots;
   constexpr int V = VecWidth<T>();
   using Bits = typename Traits<T>::Bits;
-  // [parity][max, sum][warp]: double-buffered, so rows need no barrier of
-  // their own beyond the two reductions'.
-  __shared__ float slots[2][2][32];
+  // The max and the sum reductions use separate slots: the sum's barrier
+  // separates a row's max reads from the next row's max writes, and the next
+  // row's max barrier the sum reads from the next sum writes.
+  __shared__ float max_slots[32];
+  __shared__ float sum_slots[32];
   const int group_log2 = a.group_log2;
   const int r_threads = 1 << group_log2;
   const int t = threadIdx.x & (r_threads - 1);
   const int groups = blockDim.x >> group_log2;
   const int group = threadIdx.x >> group_log2;
   const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
-  int parity = 0;
   const long long stride = static_cast<long long>(gridDim.x) * groups;
   for (long long base = static_cast<long long>(blockIdx.x) * groups; base < a.rows;
        base += stride) {
@@ -91,10 +113,12 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
     float m = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kS; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
-    m = FlatReduce<true>(m, r_threads, slots[parity][0]);
+    m = GroupReduce<true>(m, r_threads, group, max_slots);
     // With m == -inf every value is -inf (-> 0) or NaN: shift by 0 (the sum
     // is then 0 or NaN and the row comes out NaN, as in the reference).
     const float shift = m == -INFINITY ? 0.0f : m;
+    // The flat table kernel's order and arithmetic (ThreadExpSum,
+    // NormalizeVector), with each exp2 kept instead of taken twice.
     float e[kS][V];
     float d = 0.0f;
 #pragma unroll
@@ -103,20 +127,22 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
       Unpack<T>(raw[j], x);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        e[j][k] = kLog ? (x[k] - shift) * a.scale : FastExp2((x[k] - shift) * a.scale);
-        d += kLog ? FastExp2(e[j][k]) : e[j][k];
+        e[j][k] = kLog ? ScaledDiff(x[k], shift, a.scale)
+                       : FastExp2(ScaledDiff(x[k], shift, a.scale));
+        d = __fadd_rn(d, kLog ? FastExp2(e[j][k]) : e[j][k]);
       }
     }
-    d = FlatReduce<false>(d, r_threads, slots[parity][1]);
-    parity ^= 1;
+    d = GroupReduce<false>(d, r_threads, group, sum_slots);
     if (valid) {
       char* out = static_cast<char*>(a.output) + row * pitch;
-      const float factor = kLog ? log2f(d) : 1.0f / d;
+      const float factor = OutputFactor(kLog, d);
 #pragma unroll
       for (int j = 0; j < kS; ++j) {
         float y[V];
 #pragma unroll
-        for (int k = 0; k < V; ++k) y[k] = kLog ? (e[j][k] - factor) * kLn2 : e[j][k] * factor;
+        for (int k = 0; k < V; ++k) {
+          y[k] = kLog ? LogSoftmaxOut(e[j][k], factor) : SoftmaxOut(e[j][k], factor);
+        }
         StoreVector<T, kVec>(out, j * r_threads + t, a.n, Pack<T>(y));
       }
     }
@@ -126,59 +152,267 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
 // Flat table kernel: the flat kernel's way (a group of threads per row, max
 // first, few vectors per thread, one pass of the grid) for a ragged table of
 // last-axis segments whose rows hold at most 8192 vectors, in one launch.
-// Blocks have 1024 threads; a segment's rows get groups of R = 2^k threads
-// (R <= 32, or 128..1024) so that each thread holds at most 8 vectors; a unit
-// is one block's worth of a segment's rows (1024 / R rows). Table entries are
-// RowSegment with `first_worker` holding the segment's first unit and the
-// shape bits holding log2 R. Blocks find their segment by binary search.
+// Blocks have 1024 threads; a segment's rows get the geometry TableShapeOf
+// gives (rows of <= 1024 vectors: the flat kernel's, R threads of 2 vectors;
+// longer ones: R = 256..1024 threads of up to 8 vectors); a unit is one
+// block's worth of a segment's rows (1024 / R groups of 2 rows for the
+// flat geometry, of 1 row for the other; kTableFlatRows). Table entries are
+// RowSegment with `first_worker` holding the segment's first unit, the shape
+// bits log2 R and the slots bits the vectors per thread. Blocks find their
+// segment by binary search.
+//
+// Every row is reduced in the order of its elements' indices (thread t
+// holds vectors j * R + t of the row), whatever its address: rows of a
+// 16-byte aligned segment are read as vectors; the others are read as the
+// aligned 16-byte granules that cover them (MaskLanes), staged in dynamic
+// shared memory (S * R + 1 granules per group), and each thread reads its
+// vectors from there at the row's offset; their outputs go back the same way.
 
-// Reduces v over a group of r_threads (max or sum): shuffles within a warp,
-// and for groups of whole warps the warps' values through `slots` after a
-// named barrier of the group (id 1 + group).
-template <bool kMax>
-__device__ __forceinline__ float GroupReduce(float v, int r_threads, int group, float* slots) {
-  const int width = r_threads < 32 ? r_threads : 32;
-  for (int offset = width >> 1; offset > 0; offset >>= 1) {
-    const float o = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = kMax ? fmaxf(v, o) : v + o;
-  }
-  if (r_threads <= 32) return v;
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  if (lane == 0) slots[warp] = v;
-  NamedBarrier(1 + group, r_threads);
-  const int warps = r_threads >> 5;
-  v = lane < warps ? slots[group * warps + lane] : (kMax ? -INFINITY : 0.0f);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float o = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = kMax ? fmaxf(v, o) : v + o;
-  }
-  return v;
+// Vector `vi` of a row staged in `region` starting `lead` elements in.
+template <typename T>
+__device__ __forceinline__ uint4 ReadStagedVector(const uint4* region, int lead, int vi) {
+  const unsigned* words = reinterpret_cast<const unsigned*>(region);
+  const int byte = lead * static_cast<int>(sizeof(typename Traits<T>::Bits)) + vi * 16;
+  const int w = byte >> 2;
+  if ((byte & 3) == 0) return MakeVector(words[w], words[w + 1], words[w + 2], words[w + 3]);
+  // Half types at an odd element: each word from two neighbours.
+  const unsigned w4 = words[w + 4];
+  const unsigned w0 = words[w], w1 = words[w + 1], w2 = words[w + 2], w3 = words[w + 3];
+  return MakeVector(__byte_perm(w0, w1, 0x5432), __byte_perm(w1, w2, 0x5432),
+                    __byte_perm(w2, w3, 0x5432), __byte_perm(w3, w4, 0x5432));
 }
 
-// The table entry holding unit u (entries are sorted by first unit).
-__device__ __forceinline__ int TableSegmentOf(const RowSegment* table, int count, int u) {
-  int lo = 0;
-  int hi = count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (table[mid].first_worker <= u) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
+// Writes vector `vi` of a row into `region` starting `lead` elements in.
+template <typename T>
+__device__ __forceinline__ void WriteStagedVector(uint4* region, int lead, int vi, uint4 v) {
+  unsigned* words = reinterpret_cast<unsigned*>(region);
+  const int byte = lead * static_cast<int>(sizeof(typename Traits<T>::Bits)) + vi * 16;
+  const int w = byte >> 2;
+  if ((byte & 3) == 0) {
+    words[w] = v.x;
+    words[w + 1] = v.y;
+    words[w + 2] = v.z;
+    words[w + 3] = v.w;
+    return;
+  }
+  unsigned short* halves = reinterpret_cast<unsigned short*>(region);
+  halves[2 * w + 1] = static_cast<unsigned short>(v.x & 0xffffu);
+  words[w + 1] = __byte_perm(v.x, v.y, 0x5432);
+  words[w + 2] = __byte_perm(v.y, v.z, 0x5432);
+  words[w + 3] = __byte_perm(v.z, v.w, 0x5432);
+  halves[2 * (w + 4)] = static_cast<unsigned short>(v.w >> 16);
+}
+
+// GroupReduce over kRows values at once (one barrier for all of them): each
+// row's value goes through exactly GroupReduce's steps. `slots` holds kRows
+// x 32 floats.
+template <bool kMax, int kRows>
+__device__ __forceinline__ void GroupReduceRows(float (&v)[kRows], int r_threads, int group,
+                                                float (*slots)[32]) {
+  const int width = r_threads < 32 ? r_threads : 32;
+  for (int offset = width >> 1; offset > 0; offset >>= 1) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float o = __shfl_xor_sync(0xffffffffu, v[r], offset);
+      v[r] = kMax ? fmaxf(v[r], o) : __fadd_rn(v[r], o);
     }
   }
-  return lo;
+  if (r_threads <= 32) return;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) slots[r][warp] = v[r];
+  }
+  __syncthreads();
+  const int warps = r_threads >> 5;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    v[r] = lane < warps ? slots[r][group * warps + lane] : (kMax ? -INFINITY : 0.0f);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float o = __shfl_xor_sync(0xffffffffu, v[r], offset);
+      v[r] = kMax ? fmaxf(v[r], o) : __fadd_rn(v[r], o);
+    }
+  }
+}
+
+// One unit of the flat table kernel: kRows rows per group of R threads,
+// kSlots vectors per thread and row (rows j*R + t). Row r of group g is row
+// (unit's first) + r * groups + g, so that one load instruction of a warp
+// covers neighbouring rows.
+template <typename T, int kRows, int kSlots>
+__device__ __forceinline__ void FlatTableUnit(const RowSegment& seg, int u, uint4* regions,
+                                              float (*max_slots)[32], float (*sum_slots)[32]) {
+  constexpr int V = VecWidth<T>();
+  using Bits = typename Traits<T>::Bits;
+  const int group_log2 = (seg.config >> kShapeShift) & 0xf;
+  const int r_threads = 1 << group_log2;
+  const int groups = kTableThreads >> group_log2;
+  const int group = threadIdx.x >> group_log2;
+  const int t = threadIdx.x & (r_threads - 1);
+  const int first_row = (u - seg.first_worker) * groups * kRows + group;
+  const bool log = seg.config & kLogBit;
+  const bool direct = seg.config & kVecBit;  // every row 16-byte aligned, whole vectors
+  const int vectors = (seg.n + V - 1) / V;
+  const int used = min(kSlots, (vectors - t + r_threads - 1) >> group_log2);
+  const int region_granules = kSlots * r_threads + 1;
+  uint4 raw[kRows][kSlots];
+  if (direct) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = first_row + r * groups;
+      const uint4* in = reinterpret_cast<const uint4*>(static_cast<const Bits*>(seg.input) +
+                                                        static_cast<long long>(row) * seg.n);
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const int vi = j * r_threads + t;
+        raw[r][j] = row < seg.rows && vi < vectors ? LoadGlobal16(in + vi) : NegInfVector<T>();
+      }
+    }
+  } else {
+    // Granule g of a row holds its elements g*V - lead .. g*V - lead + V-1;
+    // a row's S * R + 1 granules in the region cover every vector of it.
+    // Thread t loads granules j * R + t (thread 0 also the last), masks the
+    // lanes outside the row, and stages them.
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = first_row + r * groups;
+      const Bits* in = static_cast<const Bits*>(seg.input) + static_cast<long long>(row) * seg.n;
+      const int lead = LeadElements<T>(in);
+      const uint4* granules = reinterpret_cast<const uint4*>(in - lead);
+      const int covered = row < seg.rows ? (lead + seg.n + V - 1) / V : 0;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const int g = j * r_threads + t;
+        raw[r][j] = g < covered ? LoadGlobal16(granules + g) : NegInfVector<T>();
+      }
+    }
+    // Masked only once every load is issued: a mask between two loads made
+    // the warps holding a row's ends wait for each load in turn.
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = first_row + r * groups;
+      const Bits* in = static_cast<const Bits*>(seg.input) + static_cast<long long>(row) * seg.n;
+      const int lead = LeadElements<T>(in);
+      uint4* region = regions + (r * groups + group) * region_granules;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const int e0 = (j * r_threads + t) * V - lead;
+        region[j * r_threads + t] =
+            e0 < 0 || e0 + V > seg.n ? MaskLanes<T>(raw[r][j], -e0, seg.n - e0) : raw[r][j];
+      }
+      if (t == 0) {
+        const int extra = kSlots * r_threads;
+        const int e0 = extra * V - lead;
+        const uint4 last = row < seg.rows && e0 < seg.n
+                               ? LoadGlobal16(reinterpret_cast<const uint4*>(in - lead) + extra)
+                               : NegInfVector<T>();
+        region[extra] = MaskLanes<T>(last, -e0, seg.n - e0);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = first_row + r * groups;
+      const int lead = LeadElements<T>(static_cast<const Bits*>(seg.input) +
+                                       static_cast<long long>(row) * seg.n);
+      const uint4* region = regions + (r * groups + group) * region_granules;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        raw[r][j] = ReadStagedVector<T>(region, lead, j * r_threads + t);
+      }
+    }
+  }
+  float m[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    m[r] = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      if (j < used) m[r] = fmaxf(m[r], VectorMax<T>(raw[r][j]));
+    }
+  }
+  GroupReduceRows<true, kRows>(m, r_threads, group, max_slots);
+  float d[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    // With m == -inf every value is -inf (-> 0) or NaN: shift by 0.
+    if (m[r] == -INFINITY) m[r] = 0.0f;
+    d[r] = ThreadExpSum<T>(raw[r], used, m[r], seg.scale);
+  }
+  GroupReduceRows<false, kRows>(d, r_threads, group, sum_slots);
+  if (direct) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = first_row + r * groups;
+      if (row >= seg.rows) continue;
+      uint4* out = reinterpret_cast<uint4*>(static_cast<Bits*>(seg.output) +
+                                            static_cast<long long>(row) * seg.n);
+      const float factor = OutputFactor(log, d[r]);
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        if (j < used) {
+          StoreGlobal16(out + j * r_threads + t,
+                        NormalizeVector<T>(raw[r][j], m[r], seg.scale, log, factor));
+        }
+      }
+    }
+    return;
+  }
+  // Outputs go back through the region at the output's own offset, then out
+  // as whole granules (16-byte stores) and masked edges.
+  __syncthreads();  // every group has read its region
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int row = first_row + r * groups;
+    const int lead = LeadElements<T>(static_cast<Bits*>(seg.output) +
+                                     static_cast<long long>(row) * seg.n);
+    uint4* region = regions + (r * groups + group) * region_granules;
+    const float factor = OutputFactor(log, d[r]);
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      if (j < used) {
+        WriteStagedVector<T>(region, lead, j * r_threads + t,
+                             NormalizeVector<T>(raw[r][j], m[r], seg.scale, log, factor));
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int row = first_row + r * groups;
+    if (row >= seg.rows) continue;
+    Bits* out = static_cast<Bits*>(seg.output) + static_cast<long long>(row) * seg.n;
+    const int lead = LeadElements<T>(out);
+    uint4* granules = reinterpret_cast<uint4*>(out - lead);
+    const uint4* region = regions + (r * groups + group) * region_granules;
+    const int covered = (lead + seg.n + V - 1) / V;
+#pragma unroll
+    for (int j = 0; j <= kSlots; ++j) {
+      const int g = j < kSlots ? j * r_threads + t : (t == 0 ? kSlots * r_threads : covered);
+      if (g < covered) {
+        const int e0 = g * V - lead;
+        if (e0 >= 0 && e0 + V <= seg.n) {
+          StoreGlobal16(granules + g, region[g]);
+        } else {
+          StoreLanes<T>(out, e0, seg.n, region[g]);
+        }
+      }
+    }
+  }
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
     const __grid_constant__ TableArgs args) {
-  constexpr int V = VecWidth<T>();
   using Bits = typename Traits<T>::Bits;
-  __shared__ float max_slots[32];
-  __shared__ float sum_slots[32];
+  extern __shared__ uint4 regions[];  // unaligned segments: S * R + 1 granules per row
+  __shared__ float max_slots[kTableFlatRows][32];
+  __shared__ float sum_slots[kTableFlatRows][32];
   const RowSegment* table = args.table != nullptr ? args.table : args.inline_segments;
   const int total_units = args.launch_cluster;  // total units of the table
   for (int u = blockIdx.x; u < total_units; u += gridDim.x) {
@@ -188,84 +422,20 @@ __global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
     const int ahead = u + args.prefetch_units;
     if (threadIdx.x == 0 && args.prefetch_units > 0 && ahead < total_units) {
       const RowSegment& next = table[TableSegmentOf(table, args.count, ahead)];
-      const int next_rows = kTableThreads >> ((next.config >> kShapeShift) & 0xf);
+      const int next_rows = (kTableThreads >> ((next.config >> kShapeShift) & 0xf)) *
+                            (((next.config >> kSlotsShift) & 0xf) == kFlatSlots ? kTableFlatRows : 1);
       const int first = (ahead - next.first_worker) * next_rows;
       PrefetchL2(static_cast<const Bits*>(next.input) + static_cast<long long>(first) * next.n,
                  static_cast<size_t>(min(next_rows, next.rows - first)) * next.n * sizeof(Bits));
     }
     const RowSegment seg = table[TableSegmentOf(table, args.count, u)];
-    const int group_log2 = (seg.config >> kShapeShift) & 0xf;
-    const int r_threads = 1 << group_log2;
-    const int group = threadIdx.x >> group_log2;
-    const int t = threadIdx.x & (r_threads - 1);
-    const int row = (u - seg.first_worker) * (kTableThreads >> group_log2) + group;
-    const bool valid = row < seg.rows;
-    const bool log = seg.config & kLogBit;
-    // The row as aligned granules (MaskLanes): `lead` elements of its first
-    // granule belong to the row before, so every access is 16 bytes wide
-    // whatever the row's length. H200, the 64-tensor ragged mix (random
-    // lengths, most rows unaligned): fp16 776 -> 1,794 GB/s, fp32 1,806 -> 1,777.
-    const Bits* in = static_cast<const Bits*>(seg.input) + static_cast<long long>(row) * seg.n;
-    const int lead = LeadElements<T>(in);
-    const int slots_used = (seg.n + lead + V * r_threads - 1) / (V * r_threads);  // <= kTableSlots
-    uint4 raw[kTableSlots];
-#pragma unroll
-    for (int j = 0; j < kTableSlots; ++j) {
-      // Element index (in the row) of the granule's first lane; -lead < e0.
-      const int e0 = (j * r_threads + t) * V - lead;
-      raw[j] = NegInfVector<T>();
-      if (valid && j < slots_used && e0 < seg.n) {
-        raw[j] = LoadGlobal16(reinterpret_cast<const uint4*>(in + e0));
-      }
-    }
-    // Masked only once every load is issued: a mask between two loads made
-    // the warps holding a row's ends wait for each load in turn.
-#pragma unroll
-    for (int j = 0; j < kTableSlots; ++j) {
-      const int e0 = (j * r_threads + t) * V - lead;
-      if (j < slots_used && (e0 < 0 || e0 + V > seg.n)) {
-        raw[j] = MaskLanes<T>(raw[j], -e0, seg.n - e0);
-      }
-    }
-    float m = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kTableSlots; ++j) {
-      if (j < slots_used) m = fmaxf(m, VectorMax<T>(raw[j]));
-    }
-    m = GroupReduce<true>(m, r_threads, group, max_slots);
-    const float shift = m == -INFINITY ? 0.0f : m;
-    float d = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kTableSlots; ++j) {
-      if (j < slots_used) {
-        float x[V];
-        Unpack<T>(raw[j], x);
-#pragma unroll
-        for (int k = 0; k < V; ++k) d += FastExp2((x[k] - shift) * seg.scale);
-      }
-    }
-    d = GroupReduce<false>(d, r_threads, group, sum_slots);
-    if (valid) {
-      const float factor = OutputFactor(log, d);
-      Bits* out = static_cast<Bits*>(seg.output) + static_cast<long long>(row) * seg.n;
-      // Whole granules go out as 16-byte stores where the output shares the
-      // input's offset in its granule (the usual case); the rest element-wise.
-      const bool same_lead = LeadElements<T>(out) == lead;
-#pragma unroll
-      for (int j = 0; j < kTableSlots; ++j) {
-        const int e0 = (j * r_threads + t) * V - lead;
-        if (j < slots_used && e0 < seg.n) {
-          const uint4 y = NormalizeVector<T>(raw[j], shift, seg.scale, log, factor);
-          if (same_lead && e0 >= 0 && e0 + V <= seg.n) {
-            StoreGlobal16(reinterpret_cast<uint4*>(out + e0), y);
-          } else {
-            StoreLanes<T>(out, e0, seg.n, y);
-          }
-        }
-      }
+    if (((seg.config >> kSlotsShift) & 0xf) == kFlatSlots) {
+      FlatTableUnit<T, kTableFlatRows, kFlatSlots>(seg, u, regions, max_slots, sum_slots);
+    } else {
+      FlatTableUnit<T, 1, kTableSlots>(seg, u, regions, max_slots, sum_slots);
     }
     // Group shapes may change with the next unit's segment: no warp may
-    // write a slot that another group of this unit still reads.
+    // write a slot or a region that another group of this unit still reads.
     __syncthreads();
   }
 }

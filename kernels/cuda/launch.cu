@@ -89,6 +89,10 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
     probes->push_back(flat);
   }
   {
+    SOFTMAX_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(reinterpret_cast<const void*>(&FlatTableKernel<T>),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kTableMaxSharedBytes)));
     KernelProbe table;
     SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(reinterpret_cast<const void*>(&FlatTableKernel<T>),
                                              "flat_table", "flat_table", dtype, multiprocessors,
@@ -207,39 +211,67 @@ cudaError_t LaunchOnChip(const LaunchPlan& plan, DType dtype, const std::vector<
   return cudaGetLastError();
 }
 
-// Whether every table entry has rows of at most kTableMaxVectors vectors and
-// the table's units fit the flat table kernel's int indices.
-bool FlatTableFits(const std::vector<RowSegment>& rows, int v) {
-  long long units = 0;
-  for (const RowSegment& r : rows) {
-    const long long vectors = TableGranules(r.n, v, (r.config & kVecBit) != 0);
-    if (vectors > kTableMaxVectors) return false;
-    units += CeilDiv(r.rows, kTableThreads >> TableGroupLog2(vectors));
+// The flat table entries of a segment (RowKernel kFlat or kFlatTable): its
+// rows' geometry (TableShapeOf) in the config word, in pieces of at most
+// kMaxPieceRows rows.
+template <typename T>
+void AppendFlatTable(const SoftmaxSegment& s, DType dtype, std::vector<RowSegment>* rows) {
+  constexpr int V = VecWidth<T>();
+  const TableShape shape = TableShapeOf(CeilDiv(s.n, V));
+  const int config = (s.log ? kLogBit : 0) | (VectorAligned(dtype, s) ? kVecBit : 0) |
+                     (shape.group_log2 << kShapeShift) | (shape.slots << kSlotsShift);
+  const size_t item = sizeof(typename Traits<T>::Bits);
+  for (long long first = 0; first < s.outer; first += kMaxPieceRows) {
+    const long long piece_rows = std::min<long long>(kMaxPieceRows, s.outer - first);
+    const size_t offset = static_cast<size_t>(first) * s.n * item;
+    RowSegment r = {};
+    r.input = static_cast<const char*>(s.input) + offset;
+    r.output = static_cast<char*>(s.output) + offset;
+    r.rows = static_cast<int>(piece_rows);
+    r.n = static_cast<int>(s.n);
+    r.scale = Log2Scale(s);
+    r.config = config;
+    r.units = static_cast<int>(CeilDiv(
+        piece_rows, (kTableThreads >> shape.group_log2) * TableRowsPerGroup(shape.slots)));
+    rows->push_back(r);
   }
-  return units <= 0x7fffffffLL;
 }
 
-// Rewrites an on-chip table for the flat table kernel (group shape, first
-// unit) and launches it with a one-pass grid; each unit prefetches the unit
-// `resident_blocks` ahead, the one that starts as this wave of blocks ends.
+// Launches the flat table kernel over `rows` (AppendFlatTable), in as few
+// launches as keep its unit indices in int, each with a one-pass grid; each
+// unit prefetches the unit `resident_blocks` ahead, the one that starts as
+// this wave of blocks ends. Dynamic shared memory only where a segment's
+// rows are not 16-byte aligned.
 template <typename T>
 cudaError_t LaunchFlatTable(std::vector<RowSegment>* rows, int resident_blocks,
                             void* table_scratch, cudaStream_t stream) {
-  constexpr int V = VecWidth<T>();
-  long long units = 0;
-  for (RowSegment& r : *rows) {
-    const int group_log2 = TableGroupLog2(TableGranules(r.n, V, (r.config & kVecBit) != 0));
-    r.config = (r.config & (kLogBit | kVecBit)) | (group_log2 << kShapeShift);
-    r.units = static_cast<int>(CeilDiv(r.rows, kTableThreads >> group_log2));
-    r.first_worker = static_cast<int>(units);
-    units += r.units;
+  size_t begin = 0;
+  while (begin < rows->size()) {
+    std::vector<RowSegment> part;
+    long long units = 0;
+    size_t shared = 0;
+    for (; begin < rows->size(); ++begin) {
+      RowSegment r = (*rows)[begin];
+      if (!part.empty() && units + r.units > 0x7fffffffLL) break;
+      r.first_worker = static_cast<int>(units);
+      units += r.units;
+      if ((r.config & kVecBit) == 0) {
+        const int group_log2 = (r.config >> kShapeShift) & 0xf;
+        const int slots = (r.config >> kSlotsShift) & 0xf;
+        shared = std::max(shared, static_cast<size_t>(TableRowsPerGroup(slots)) *
+                                      (static_cast<size_t>(slots) * kTableThreads +
+                                       (kTableThreads >> group_log2)) * 16);
+      }
+      part.push_back(r);
+    }
+    TableArgs args;
+    SOFTMAX_CUDA_RETURN_IF_ERROR(FillTable(part, table_scratch, stream, &args));
+    args.launch_cluster = static_cast<int>(units);
+    args.prefetch_units = resident_blocks;
+    FlatTableKernel<T><<<static_cast<unsigned>(units), kTableThreads, shared, stream>>>(args);
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  TableArgs args;
-  SOFTMAX_CUDA_RETURN_IF_ERROR(FillTable(*rows, table_scratch, stream, &args));
-  args.launch_cluster = static_cast<int>(units);
-  args.prefetch_units = resident_blocks;
-  FlatTableKernel<T><<<static_cast<unsigned>(units), kTableThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+  return cudaSuccess;
 }
 
 template <typename T>
@@ -263,41 +295,70 @@ cudaError_t LaunchFlat(DType dtype, const SoftmaxSegment& s, cudaStream_t stream
   return cudaGetLastError();
 }
 
+// The staged kernel over every staged segment of a launch: one launch per
+// cluster size (a row per cluster; the segments of one size share it, found
+// by binary search), with the largest share among them as dynamic shared
+// memory; grids beyond 2^31 - 1 blocks go in pieces.
 template <typename T>
-cudaError_t LaunchStaged(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
-                         cudaStream_t stream) {
-  StagedShape shape;
-  if (!StagedShapeOf(plan, dtype, CeilDiv(s.n, VecWidth<T>()), &shape)) {
-    return cudaErrorInvalidValue;
-  }
-  StagedArgs a = {};
-  a.input = s.input;
-  a.output = s.output;
-  a.n = s.n;
-  a.chunk_vectors = shape.chunk_vectors;
-  a.scale = Log2Scale(s);
-  a.log = s.log ? 1 : 0;
-  cudaLaunchConfig_t config = {};
-  config.blockDim = dim3(kStagedThreads, 1, 1);
-  config.dynamicSmemBytes = shape.shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = shape.cluster;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  // One row per cluster; grids beyond 2^31 - 1 blocks go in pieces.
-  const long long max_rows = 0x7fffffffLL / shape.cluster;
-  const size_t pitch = static_cast<size_t>(s.n) * sizeof(typename Traits<T>::Bits);
-  for (long long first = 0; first < s.outer; first += max_rows) {
-    const long long rows = std::min(max_rows, s.outer - first);
-    a.input = static_cast<const char*>(s.input) + first * pitch;
-    a.output = static_cast<char*>(s.output) + first * pitch;
-    config.gridDim = dim3(static_cast<unsigned>(rows * shape.cluster), 1, 1);
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, StagedKernel<T>, a));
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+cudaError_t LaunchStagedTable(const LaunchPlan& plan, DType dtype,
+                              const std::vector<const SoftmaxSegment*>& segments,
+                              void* table_scratch, cudaStream_t stream) {
+  const size_t item = sizeof(typename Traits<T>::Bits);
+  for (int cluster = 1; cluster <= kMaxClusterSize; cluster *= 2) {
+    const long long max_rows = 0x7fffffffLL / cluster;
+    std::vector<RowSegment> rows;
+    size_t shared = 0;
+    long long clusters = 0;
+    auto flush = [&]() -> cudaError_t {
+      if (rows.empty()) return cudaSuccess;
+      TableArgs args;
+      SOFTMAX_CUDA_RETURN_IF_ERROR(FillTable(rows, table_scratch, stream, &args));
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(static_cast<unsigned>(clusters * cluster), 1, 1);
+      config.blockDim = dim3(kStagedThreads, 1, 1);
+      config.dynamicSmemBytes = shared;
+      config.stream = stream;
+      cudaLaunchAttribute attribute;
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = cluster;
+      attribute.val.clusterDim.y = 1;
+      attribute.val.clusterDim.z = 1;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, StagedKernel<T>, args));
+      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      rows.clear();
+      shared = 0;
+      clusters = 0;
+      return cudaSuccess;
+    };
+    for (const SoftmaxSegment* s : segments) {
+      StagedShape shape;
+      if (!StagedShapeOf(plan, dtype, CeilDiv(s->n, VecWidth<T>()), &shape)) {
+        return cudaErrorInvalidValue;
+      }
+      if (shape.cluster != cluster) continue;
+      const size_t pitch = static_cast<size_t>(s->n) * item;
+      for (long long first = 0; first < s->outer;) {
+        if (clusters == max_rows) SOFTMAX_CUDA_RETURN_IF_ERROR(flush());
+        const long long take = std::min(s->outer - first, max_rows - clusters);
+        RowSegment r = {};
+        r.input = static_cast<const char*>(s->input) + first * pitch;
+        r.output = static_cast<char*>(s->output) + first * pitch;
+        r.rows = static_cast<int>(take);
+        r.units = r.rows;
+        r.n = static_cast<int>(s->n);
+        r.first_worker = static_cast<int>(clusters);
+        r.scale = Log2Scale(*s);
+        r.config = s->log ? kLogBit : 0;
+        r.unused[kStagedChunkSlot] = shape.chunk_vectors;
+        rows.push_back(r);
+        clusters += take;
+        shared = std::max(shared, shape.shared_bytes);
+        first += take;
+      }
+    }
+    SOFTMAX_CUDA_RETURN_IF_ERROR(flush());
   }
   return cudaSuccess;
 }
@@ -451,66 +512,92 @@ void AppendOnChip(const SoftmaxSegment& s, SoftmaxPath path, DType dtype, int gr
   }
 }
 
-bool OnChipPath(SoftmaxPath path) {
-  return path == SoftmaxPath::kWarpRows || path == SoftmaxPath::kBlockRows ||
-         path == SoftmaxPath::kClusterRows;
-}
-
 template <typename T>
 cudaError_t LaunchTyped(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                         int count, char* scratch, size_t scratch_bytes, cudaStream_t stream,
                         bool allow_flat) {
   constexpr int V = VecWidth<T>();
+  // A launch of one segment of flat rows: the flat kernel, the flat table
+  // kernel's order (RowKernelOf).
   if (const SoftmaxSegment* flat = FlatSegment(dtype, segments, count, allow_flat)) {
     return LaunchFlat<T>(dtype, *flat, stream);
   }
-  if (const SoftmaxSegment* staged = StagedSegment(plan, dtype, segments, count, allow_flat)) {
-    return LaunchStaged<T>(plan, dtype, *staged, stream);
-  }
-  // Pass 1: the cluster size of the on-chip launch (largest any segment needs).
+  // Pass 1: which kernel takes each segment (the rule, per segment), and the
+  // cluster size of the on-chip launch (largest any of its segments needs).
+  std::vector<RowKernel> kernels(count, RowKernel::kFlat);
   int launch_cluster = 1;
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
-    if (ChoosePath(plan, dtype, s) == SoftmaxPath::kClusterRows) {
+    kernels[i] = RowKernelOf(plan, dtype, s);
+    const bool on_chip = kernels[i] == RowKernel::kOnChipCluster ||
+                         (!allow_flat && (kernels[i] == RowKernel::kFlat ||
+                                          kernels[i] == RowKernel::kFlatTable));
+    if (on_chip && ChoosePath(plan, dtype, s) == SoftmaxPath::kClusterRows) {
       launch_cluster = std::max(launch_cluster, 1 << ClusterLog2(CeilDiv(s.n, V)));
     }
   }
   const int grid = GridOf(plan, "on_chip", dtype, launch_cluster);
-  // Pass 2: the on-chip table. Units are numbered in one rotation across segments.
-  std::vector<RowSegment> rows;
+  // Pass 2: the flat table and on-chip tables; on-chip units are numbered in
+  // one rotation across segments.
+  std::vector<RowSegment> flat_rows;
+  std::vector<RowSegment> on_chip_rows;
   long long unit_counter = 0;
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
-    const SoftmaxPath path = ChoosePath(plan, dtype, s);
-    if (OnChipPath(path)) AppendOnChip<T>(s, path, dtype, grid, launch_cluster, &unit_counter, &rows);
+    const RowKernel kernel = kernels[i];
+    if (kernel == RowKernel::kFlat || kernel == RowKernel::kFlatTable) {
+      if (allow_flat) {
+        AppendFlatTable<T>(s, dtype, &flat_rows);
+      } else {
+        AppendOnChip<T>(s, ChoosePath(plan, dtype, s), dtype, grid, launch_cluster,
+                        &unit_counter, &on_chip_rows);
+      }
+    } else if (kernel == RowKernel::kOnChipCluster) {
+      AppendOnChip<T>(s, SoftmaxPath::kClusterRows, dtype, grid, launch_cluster, &unit_counter,
+                      &on_chip_rows);
+    }
   }
+  // Every table launch uses the one table area of the scratch, one after
+  // the other (stream order: a copy lands after the kernel before it ran).
   size_t offset = 0;
   char* table_scratch = nullptr;
-  if (rows.size() > static_cast<size_t>(kInlineSegments)) {
+  size_t table_entries = 0;
+  std::vector<const SoftmaxSegment*> staged;
+  for (int i = 0; i < count; ++i) {
+    if (Empty(segments[i])) continue;
+    table_entries += TableEntries(plan, dtype, segments[i]);
+    if (kernels[i] == RowKernel::kStaged) staged.push_back(&segments[i]);
+  }
+  if (table_entries > static_cast<size_t>(kInlineSegments)) {
     table_scratch = scratch;
-    offset += Align256(rows.size() * sizeof(RowSegment));
+    offset += Align256(table_entries * sizeof(RowSegment));
+    if (offset > scratch_bytes) return cudaErrorInvalidValue;
   }
-  if (!rows.empty() && allow_flat && FlatTableFits(rows, V)) {
-    SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchFlatTable<T>(&rows, GridOf(plan, "flat_table", dtype), table_scratch, stream));
-  } else if (!rows.empty()) {
+  if (!flat_rows.empty()) {
     SOFTMAX_CUDA_RETURN_IF_ERROR(
-        LaunchOnChip<T>(plan, dtype, rows, launch_cluster, table_scratch, stream));
+        LaunchFlatTable<T>(&flat_rows, GridOf(plan, "flat_table", dtype), table_scratch, stream));
   }
-  // Pass 3: one launch (two for rows read twice) per other segment.
+  if (!on_chip_rows.empty()) {
+    SOFTMAX_CUDA_RETURN_IF_ERROR(
+        LaunchOnChip<T>(plan, dtype, on_chip_rows, launch_cluster, table_scratch, stream));
+  }
+  if (!staged.empty()) {
+    SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStagedTable<T>(plan, dtype, staged, table_scratch, stream));
+  }
+  // Pass 3: one launch (two for rows read twice) per split or strided segment.
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
-    switch (ChoosePath(plan, dtype, s)) {
-      case SoftmaxPath::kStagedRows:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStaged<T>(plan, dtype, s, stream));
-        break;
-      case SoftmaxPath::kSplitRows:
+    switch (kernels[i]) {
+      case RowKernel::kSplitStaged:
+      case RowKernel::kSplitFused:
+      case RowKernel::kSplitTwoPass:
         SOFTMAX_CUDA_RETURN_IF_ERROR(
             LaunchSplit<T>(plan, dtype, s, scratch, scratch_bytes, &offset, stream));
         break;
-      case SoftmaxPath::kStrided:
+      case RowKernel::kStrided:
         SOFTMAX_CUDA_RETURN_IF_ERROR(
             LaunchStrided<T>(plan, dtype, s, scratch, scratch_bytes, &offset, stream));
         break;

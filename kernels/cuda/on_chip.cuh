@@ -7,8 +7,9 @@
 //   block_rows   N <= 2048 V: a row per group of 1..8 warps, one named barrier.
 //   cluster_rows N <= 32768 V: a row per cluster of 2..8 blocks, (max, sum)
 //                pairs exchanged through distributed shared memory.
-// Launches of one segment and tables of rows up to 8192 V run flat.cuh's
-// kernels instead; aligned rows beyond 8192 V run staged.cuh's.
+// With allow_flat (the default) it takes only the cluster path's rows of
+// more than 8192 V that are not 16-byte aligned: flat.cuh's kernels take
+// the shorter ones, staged.cuh's the aligned ones beyond 1024 V.
 #ifndef SOFTMAX_KERNELS_CUDA_ON_CHIP_CUH_
 #define SOFTMAX_KERNELS_CUDA_ON_CHIP_CUH_
 

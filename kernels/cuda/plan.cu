@@ -39,30 +39,11 @@ const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, i
   return only;
 }
 
-const SoftmaxSegment* StagedSegment(const LaunchPlan& plan, DType dtype,
-                                    const SoftmaxSegment* segments, int count, bool allow_flat) {
-  if (!allow_flat) return nullptr;
-  const SoftmaxSegment* only = nullptr;
-  for (int i = 0; i < count; ++i) {
-    if (Empty(segments[i])) continue;
-    if (only != nullptr) return nullptr;
-    only = &segments[i];
-  }
-  if (only == nullptr || only->inner != 1 || !VectorAligned(dtype, *only)) return nullptr;
-  const long long vectors = CeilDiv(only->n, Vectors(dtype));
-  StagedShape shape;
-  if (vectors <= kFlatMaxVectors || vectors > kTableMaxVectors ||
-      !StagedShapeOf(plan, dtype, vectors, &shape)) {
-    return nullptr;
-  }
-  return only;
-}
-
-int TableGroupLog2(long long vectors) {
-  // At most kTableSlots vectors per thread, no 64-thread groups (at most 8
-  // groups of whole warps per block, one named barrier each).
+TableShape TableShapeOf(long long vectors) {
+  if (vectors <= kFlatMaxVectors) return {FlatShapeOf(vectors).group_log2, kFlatSlots};
+  // At most kTableSlots vectors per thread, no 64-thread groups.
   const int group_log2 = CeilLog2(CeilDiv(vectors, kTableSlots));
-  return group_log2 > 5 && group_log2 < 7 ? 7 : group_log2;
+  return {group_log2 > 5 && group_log2 < 7 ? 7 : group_log2, kTableSlots};
 }
 
 int ClusterLog2(long long vectors) { return CeilLog2(CeilDiv(vectors, kBlockVectors)); }
@@ -103,12 +84,10 @@ SplitShape SplitShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
   if (chunks <= GridOf(plan, "split_fused", dtype)) {
     return {kBlockVectors, static_cast<int>(chunks), true, false, 0};
   }
-  const long long rows = s.outer;
-  const long long grid = GridOf(plan, "split_stats", dtype);
-  long long parts = std::min(chunks, std::max(1LL, CeilDiv(grid, rows)));
-  const long long part_vectors = CeilDiv(chunks, parts) * kBlockVectors;
-  parts = CeilDiv(vectors, part_vectors);
-  return {part_vectors, static_cast<int>(parts), false, false, 0};
+  // Parts of a fixed size: a row's partials, and the order they merge in,
+  // never depend on how many rows share the launch.
+  const long long part_vectors = kSplitPartChunks * kBlockVectors;
+  return {part_vectors, static_cast<int>(CeilDiv(vectors, part_vectors)), false, false, 0};
 }
 
 StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
@@ -118,12 +97,27 @@ StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSe
   const long long strip_columns = (1LL << shape.lanes_log2) * v;
   shape.strips = CeilDiv(s.inner, strip_columns);
   const long long rows_per_pass = kWarps * (32 >> shape.lanes_log2);
-  const long long base_units = s.outer * shape.strips;
+  // Parts of n from the plan, n and inner only (as if outer were 1): a
+  // column's partials never depend on how many outer slices share the launch.
   const long long grid = GridOf(plan, "strided_stats", dtype);
-  long long parts = std::min(CeilDiv(s.n, rows_per_pass), std::max(1LL, CeilDiv(grid, base_units)));
+  long long parts =
+      std::min(CeilDiv(s.n, rows_per_pass), std::max(1LL, CeilDiv(grid, shape.strips)));
   shape.part_rows = CeilDiv(CeilDiv(s.n, parts), rows_per_pass) * rows_per_pass;
   shape.parts = static_cast<int>(CeilDiv(s.n, shape.part_rows));
   return shape;
+}
+
+size_t TableEntries(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  switch (RowKernelOf(plan, dtype, s)) {
+    case RowKernel::kFlat:
+    case RowKernel::kFlatTable:
+    case RowKernel::kOnChipCluster:
+      return static_cast<size_t>(CeilDiv(s.outer, kMaxPieceRows));
+    case RowKernel::kStaged:  // pieces, and one more where a launch fills up
+      return static_cast<size_t>(CeilDiv(s.outer, kStagedPieceRows)) + 1;
+    default:
+      return 0;
+  }
 }
 
 size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
@@ -170,6 +164,64 @@ long long StagedMaxVectors(const LaunchPlan& plan, DType dtype) {
 }
 
 }  // namespace
+
+// Batch invariance: THE rule that decides how a row is computed.
+//
+// A row's kernel and geometry, and so the order of every reduction over it,
+// follow from the plan (the GPU model: its SM count and what its occupancy
+// probe found), the dtype, the row length n, inner (strided or not) and
+// whether the segment allows 16-byte accesses (pointers and row pitch
+// 16-byte aligned) -- never from the other segments of the launch, from how
+// many rows of its own tensor share it, from the launch's grid or cluster
+// size, or from the stream. Every geometry below is a function of those
+// alone (FlatShapeOf, TableShapeOf, StagedShapeOf, ClusterLog2, SplitShapeOf
+// and StridedShapeOf take no row count), and a row that a launch-level
+// shortcut takes (the flat kernel for launches of one segment) is computed
+// there in the same order, with the same arithmetic (common.cuh), as in the
+// kernel this rule names. Rows that are not 16-byte aligned are computed in
+// the order of their elements' indices, whatever their address; rows of more
+// than 1024 vectors take the staged kernel when aligned (its copies need
+// 16-byte rows), so alignment is part of a row's identity there. The server's
+// staging keeps every segment 256-byte aligned, so for it that is a function
+// of n and the dtype. softmax_invariance_test checks the rule: on the H200,
+// 0 of 1467 probe pieces in random launches differ from the same rows alone
+// (303 before).
+//
+// Before this rule (H200, 2026-12-02) a probe tensor asked idle and then
+// ~570 times under a 48-caller flood came back with other bits in 1-7
+// answers for 14 of 90 shapes: launches of one segment ran the flat or the
+// staged kernel and tables the flat table or on-chip kernel, a table holding
+// one unaligned row of more than 8192 vectors moved every row to the on-chip
+// kernel, the flat table kernel's order followed each row's address, and the
+// split and strided paths cut rows by the launch's row count.
+RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {
+  if (segment.inner != 1) return RowKernel::kStrided;
+  const long long vectors = CeilDiv(segment.n, Vectors(dtype));
+  if (vectors <= kFlatMaxVectors) return RowKernel::kFlat;
+  StagedShape staged;
+  if (VectorAligned(dtype, segment) && StagedShapeOf(plan, dtype, vectors, &staged)) {
+    return RowKernel::kStaged;
+  }
+  if (vectors <= kTableMaxVectors) return RowKernel::kFlatTable;
+  if (vectors <= ClusterMaxVectors(plan)) return RowKernel::kOnChipCluster;
+  const SplitShape split = SplitShapeOf(plan, dtype, segment);
+  if (split.staged) return RowKernel::kSplitStaged;
+  return split.fused ? RowKernel::kSplitFused : RowKernel::kSplitTwoPass;
+}
+
+const char* RowKernelName(RowKernel kernel) {
+  switch (kernel) {
+    case RowKernel::kFlat: return "flat";
+    case RowKernel::kFlatTable: return "flat_table";
+    case RowKernel::kStaged: return "staged";
+    case RowKernel::kOnChipCluster: return "on_chip";
+    case RowKernel::kSplitStaged: return "split_staged";
+    case RowKernel::kSplitFused: return "split_fused";
+    case RowKernel::kSplitTwoPass: return "split_stats,split_normalize";
+    case RowKernel::kStrided: return "strided_stats,strided_normalize";
+  }
+  return "unknown";
+}
 
 }  // namespace detail
 
@@ -241,56 +293,50 @@ std::string LaunchPlan::ToString() const {
 }
 
 SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {
-  if (segment.inner != 1) return SoftmaxPath::kStrided;
   const long long vectors = CeilDiv(segment.n, Vectors(dtype));
+  switch (RowKernelOf(plan, dtype, segment)) {
+    case RowKernel::kStrided: return SoftmaxPath::kStrided;
+    case RowKernel::kStaged: return SoftmaxPath::kStagedRows;
+    case RowKernel::kSplitStaged:
+    case RowKernel::kSplitFused:
+    case RowKernel::kSplitTwoPass: return SoftmaxPath::kSplitRows;
+    default: break;
+  }
+  // Register rows, named by length: the path the on-chip kernel takes them
+  // by (allow_flat false, or the cluster path beyond the flat table kernel).
   if (vectors <= kWarpVectors) return SoftmaxPath::kWarpRows;
   if (vectors <= kBlockVectors) return SoftmaxPath::kBlockRows;
-  StagedShape staged;
-  if (vectors > kTableMaxVectors && VectorAligned(dtype, segment) &&
-      StagedShapeOf(plan, dtype, vectors, &staged)) {
-    return SoftmaxPath::kStagedRows;
-  }
-  if (vectors <= ClusterMaxVectors(plan)) return SoftmaxPath::kClusterRows;
-  return SoftmaxPath::kSplitRows;
+  return SoftmaxPath::kClusterRows;
 }
 
 std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, bool allow_flat) {
   if (FlatSegment(dtype, segments, count, allow_flat) != nullptr) return "flat";
-  if (StagedSegment(plan, dtype, segments, count, allow_flat) != nullptr) return "staged";
-  const int v = Vectors(dtype);
   std::vector<std::string> kernels;
+  bool flat_table = false;
   bool on_chip = false;
-  bool table_fits = true;
   auto add = [&kernels](const std::string& k) {
     if (std::find(kernels.begin(), kernels.end(), k) == kernels.end()) kernels.push_back(k);
   };
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
-    const SoftmaxPath path = ChoosePath(plan, dtype, s);
-    if (path == SoftmaxPath::kSplitRows) {
-      const SplitShape shape = SplitShapeOf(plan, dtype, s);
-      if (shape.staged) {
-        add("split_staged");
-      } else if (shape.fused) {
-        add("split_fused");
-      } else {
-        add("split_stats");
-        add("split_normalize");
-      }
-    } else if (path == SoftmaxPath::kStrided) {
-      add("strided_stats");
-      add("strided_normalize");
-    } else if (path == SoftmaxPath::kStagedRows) {
-      add("staged");
-    } else {
-      on_chip = true;
-      table_fits = table_fits && TableGranules(s.n, v, VectorAligned(dtype, s)) <= kTableMaxVectors;
+    const RowKernel kernel = RowKernelOf(plan, dtype, s);
+    switch (kernel) {
+      case RowKernel::kFlat:
+      case RowKernel::kFlatTable:
+        (allow_flat ? flat_table : on_chip) = true;
+        break;
+      case RowKernel::kOnChipCluster:
+        on_chip = true;
+        break;
+      default:
+        add(RowKernelName(kernel));
     }
   }
-  if (on_chip) kernels.insert(kernels.begin(), allow_flat && table_fits ? "flat_table" : "on_chip");
   std::string out;
+  if (flat_table) out = "flat_table";
+  if (on_chip) out += std::string(out.empty() ? "" : ",") + "on_chip";
   for (const std::string& k : kernels) out += (out.empty() ? "" : ",") + k;
   return out;
 }
@@ -326,18 +372,17 @@ int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path) {
 
 size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                            int count) {
-  size_t on_chip = 0;
+  size_t entries = 0;
   size_t total = 0;
   for (int i = 0; i < count; ++i) {
     if (Empty(segments[i])) continue;
     const SoftmaxPath path = ChoosePath(plan, dtype, segments[i]);
     if (path == SoftmaxPath::kSplitRows || path == SoftmaxPath::kStrided) {
       total += SegmentScratch(plan, dtype, segments[i], path);
-    } else if (path != SoftmaxPath::kStagedRows) {
-      on_chip += static_cast<size_t>(CeilDiv(segments[i].outer, kMaxPieceRows));
     }
+    entries += TableEntries(plan, dtype, segments[i]);
   }
-  if (on_chip > static_cast<size_t>(kInlineSegments)) total += Align256(on_chip * sizeof(RowSegment));
+  if (entries > static_cast<size_t>(kInlineSegments)) total += Align256(entries * sizeof(RowSegment));
   return total;
 }
 

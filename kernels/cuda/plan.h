@@ -45,6 +45,19 @@ constexpr long long kMaxPieceRows = 1LL << 30;  // on-chip segments are cut into
 constexpr int kTableThreads = 1024;
 constexpr int kTableSlots = 8;
 constexpr long long kTableMaxVectors = static_cast<long long>(kTableThreads) * kTableSlots;
+// Rows of <= 1024 vectors (2 per thread, the flat kernel's geometry): each
+// group holds this many rows at once, 4 vectors per thread in flight (4 rows
+// spilled 60-84 bytes per thread at the 64-register cap of 1024-thread blocks).
+constexpr int kTableFlatRows = 2;
+inline int TableRowsPerGroup(int slots) { return slots == 2 ? kTableFlatRows : 1; }
+// Its dynamic shared memory for segments whose rows are not 16-byte aligned:
+// per row, S * R + 1 granules (a row may span one granule more than its
+// vectors): rows of 1..2 vectors (R = 1) 2 x (2 + 1) granules per thread,
+// rows of 8 vectors per thread (R >= 256) 8 per thread and 4 more.
+constexpr size_t kTableMaxSharedBytes =
+    16 * (static_cast<size_t>(kTableFlatRows) * 3 * kTableThreads > kTableMaxVectors + 4
+              ? static_cast<size_t>(kTableFlatRows) * 3 * kTableThreads
+              : static_cast<size_t>(kTableMaxVectors) + 4);
 
 // Flat kernel: one-segment launches of rows of up to 1024 vectors, 2 per
 // thread. Longer aligned rows of such launches go to the staged kernel: H200,
@@ -82,6 +95,10 @@ constexpr long long kStagedMaxRowBytes = 512 * 1024;
 constexpr int kSplitStagedStages = 4;
 constexpr long long kSplitStagedPartBytes = kSplitStagedStages * kStagedStageVectors * 16LL;
 constexpr int kSplitStagedBlocks = 3;
+// split_stats + split_normalize: parts of this many blocks' worth of vectors
+// (64 KiB), whatever the number of rows, so that a row's partials do not
+// depend on the rest of its launch.
+constexpr long long kSplitPartChunks = 2;
 static_assert(kStagedMaxStages * kStagedStageVectors * 16LL >= kStagedMaxBytes &&
                   kStagedStageVectors % kStagedThreads == 0,
               "stages cover the largest share, whole vectors per thread");
@@ -97,6 +114,7 @@ enum Config : int {
                        // (block path), blocks per row (cluster path), threads
                        // per row (flat table kernel)
   kColumnsShift = 12,  // log2 of vectors per lane per row (warp path)
+  kSlotsShift = 12,    // flat table kernel: vectors per thread (2 or 8)
 };
 
 // One segment of the on-chip and flat table kernels' table (48 bytes). The
@@ -157,24 +175,36 @@ FlatShape FlatShapeOf(long long vectors);
 std::string FlatProbeName(int threads);  // "flat" + block size, e.g. "flat.t256"
 
 // The one non-empty segment of a launch that the flat kernel takes, or null.
+// The flat kernel computes each row in the order the flat table kernel gives
+// rows of <= 1024 vectors (RowKernelOf): which of the two runs is a matter of
+// speed, never of bits.
 const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, int count,
                                   bool allow_flat);
 
-// The one non-empty segment of a launch that the staged kernel takes although
-// ChoosePath names a register path (aligned rows of 1025..8192 vectors,
-// which tables give the flat table kernel), or null.
-const SoftmaxSegment* StagedSegment(const LaunchPlan& plan, DType dtype,
-                                    const SoftmaxSegment* segments, int count, bool allow_flat);
+// The kernel that computes the rows of a segment, and so the order of every
+// reduction over a row (RowKernelOf in plan.cu holds the rule).
+enum class RowKernel : int {
+  kFlat,          // <= 1024 vectors: a group of R threads, 2 vectors each (FlatShapeOf);
+                  // the flat kernel (launches of one segment) or the flat table kernel
+  kFlatTable,     // 1025..8192 vectors that the staged kernel does not take: a group
+                  // of R threads, up to 8 vectors each (TableShapeOf); flat table kernel
+  kStaged,        // 16-byte aligned rows of 1025 vectors .. 512 KiB: staged kernel
+  kOnChipCluster, // other rows of 8193..16384 vectors: on-chip kernel, cluster path
+  kSplitStaged,   // aligned rows up to what the grid stages at once: split_staged
+  kSplitFused,    // rows up to what the grid holds in registers: split_fused
+  kSplitTwoPass,  // longer rows: split_stats + split_normalize
+  kStrided,       // inner > 1: strided_stats + strided_normalize
+};
+const char* RowKernelName(RowKernel kernel);
+RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
 
-// log2 of the group size the flat table kernel gives rows of `vectors`.
-int TableGroupLog2(long long vectors);
-
-// Granules (16-byte vectors) a flat table row of n elements may span: one
-// more than its vectors when its start may fall inside a granule
-// (flat.cuh, MaskLanes).
-inline long long TableGranules(long long n, int v, bool vector_aligned) {
-  return CeilDiv(n, v) + (vector_aligned ? 0 : 1);
-}
+// The flat table kernel's row geometry: a group of 2^group_log2 threads
+// holds a row, thread t holding vectors j * 2^group_log2 + t for j < slots.
+struct TableShape {
+  int group_log2;
+  int slots;  // 2 (the flat kernel's geometry) or kTableSlots
+};
+TableShape TableShapeOf(long long vectors);
 
 // Cluster path (registers): log2 of the blocks per row.
 int ClusterLog2(long long vectors);
@@ -206,6 +236,15 @@ struct StridedShape {
   int parts;
 };
 StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s);
+
+// Rows of a staged table entry: whole launches of 16-block clusters stay
+// within 2^31 - 1 blocks.
+constexpr long long kStagedPieceRows = 0x7fffffffLL / kMaxClusterSize;
+
+// Entries a segment may take in the tables of the flat table, on-chip and
+// staged kernels (at most; 0 for split and strided segments). The launch's
+// table area in the scratch holds them all when they exceed kInlineSegments.
+size_t TableEntries(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s);
 
 // Scratch bytes of one split or strided segment: partials, finals, counters.
 size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,

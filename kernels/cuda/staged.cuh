@@ -1,9 +1,9 @@
 // Rows staged in shared memory, each element read once and written once.
 //
-// staged (staged_rows path): a last-axis row of more than 8192 vectors and
-// up to 512 KiB (1025..8192 vectors in launches of one segment) is split
-// evenly over a thread-block cluster of C = 1..16 blocks (one row per
-// cluster, grid = rows x C). Each block stages its share of the row in
+// staged (staged_rows path): a 16-byte aligned last-axis row of more than
+// 1024 vectors and up to 512 KiB is split evenly over a thread-block cluster
+// of C = 1..16 blocks (one row per cluster, grid = rows x C; the segments of
+// one cluster size share a launch, a table like the flat table kernel's). Each block stages its share of the row in
 // shared memory with per-thread asynchronous copies (cp.async, 16 bytes each,
 // one commit group per 16 KiB stage, all in flight at once), takes each
 // stage's max and exp2 as soon as it lands, pushes the block's (max, sum)
@@ -39,14 +39,12 @@ namespace softmax {
 namespace gpu {
 namespace detail {
 
-struct StagedArgs {
-  const void* input;
-  void* output;
-  long long n;          // elements per row, a multiple of V
-  int chunk_vectors;    // vectors per block (the last block of a row may hold fewer)
-  float scale;
-  int log;
-};
+// The staged kernel's table (TableArgs): one RowSegment per segment (or
+// piece of one), `first_worker` its first row in the launch (a row per
+// cluster), `units` its rows, kStagedChunkSlot of `unused` its vectors per
+// block (the last block of a row may hold fewer), config kLogBit. Every
+// segment of a launch has the same cluster size.
+constexpr int kStagedChunkSlot = 0;
 
 __device__ __forceinline__ unsigned SharedAddress(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -211,7 +209,7 @@ __device__ __forceinline__ void WriteStages(const uint4* share, uint4* out, int 
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_constant__ StagedArgs a) {
+__global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_constant__ TableArgs args) {
 #if !SOFTMAX_SM90_DEVICE_CODE
   __trap();  // never planned below sm_90 (its probe finds no cluster)
 #else
@@ -225,22 +223,27 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
   const int blocks = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
   // Blocks of a 1-D cluster have consecutive x indices: cluster = row.
-  const long long row = blockIdx.x / blocks;
-  const long long vectors = a.n / V;
-  const long long first = static_cast<long long>(rank) * a.chunk_vectors;
+  const int launch_row = static_cast<int>(blockIdx.x / blocks);
+  const RowSegment* table = args.table != nullptr ? args.table : args.inline_segments;
+  const RowSegment& seg = table[TableSegmentOf(table, args.count, launch_row)];
+  const long long row = launch_row - seg.first_worker;
+  const int chunk_vectors = seg.unused[kStagedChunkSlot];
+  const float scale = seg.scale;
+  const long long vectors = seg.n / V;
+  const long long first = static_cast<long long>(rank) * chunk_vectors;
   const long long left = vectors - first;
-  const int count = left <= 0 ? 0 : static_cast<int>(left < a.chunk_vectors ? left : a.chunk_vectors);
-  const size_t pitch = static_cast<size_t>(a.n) * sizeof(Bits);
-  const uint4* in = reinterpret_cast<const uint4*>(static_cast<const char*>(a.input) + row * pitch) + first;
-  uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(a.output) + row * pitch) + first;
-  const bool log = a.log != 0;
+  const int count = left <= 0 ? 0 : static_cast<int>(left < chunk_vectors ? left : chunk_vectors);
+  const size_t pitch = static_cast<size_t>(seg.n) * sizeof(Bits);
+  const uint4* in = reinterpret_cast<const uint4*>(static_cast<const char*>(seg.input) + row * pitch) + first;
+  uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(seg.output) + row * pitch) + first;
+  const bool log = (seg.config & kLogBit) != 0;
   IssueCopies<kStagedMaxStages>(share, in, count);
   __syncthreads();
   // A block may write into a peer's shared memory only once every block of
   // the cluster has started: arrive now, wait before the first remote store.
   if (blocks > 1) ClusterArriveRelaxed();
   float stage_max[kStagedMaxStages];
-  MaxSum total = ReduceStages<T>(share, warp_slots, count, a.scale, log, stage_max);
+  MaxSum total = ReduceStages<T>(share, warp_slots, count, scale, log, stage_max);
   if (blocks > 1) {
     ClusterWait();
     // Lane k pushes this block's pair into peer k's shared memory; after the
@@ -253,10 +256,10 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
     cluster.sync();
     total = MaxSum{-INFINITY, 0.0f};
     for (int k = 0; k < blocks; ++k) {
-      total = Merge(total, MaxSum{cluster_slots[k].x, cluster_slots[k].y}, a.scale);
+      total = Merge(total, MaxSum{cluster_slots[k].x, cluster_slots[k].y}, scale);
     }
   }
-  WriteStages<T>(share, out, count, a.scale, log, stage_max, total);
+  WriteStages<T>(share, out, count, scale, log, stage_max, total);
 #endif  // SOFTMAX_SM90_DEVICE_CODE
 }
 
