@@ -32,8 +32,6 @@ must be above 2.
 import json
 import re
 import math
-import os
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -140,27 +138,36 @@ def prometheus_config(replicas, folder):
 
 
 class Prometheus:
+    """/usr/bin/prometheus on `config` (checked by promtool first), its TSDB in
+    `folder`, on a free loopback port."""
+
     def __init__(self, config, folder):
         check = subprocess.run(["/usr/bin/promtool", "check", "config", str(config)],
                                capture_output=True, text=True, timeout=60)
         assert check.returncode == 0, check.stdout + check.stderr
         self.log = open(Path(folder) / "prometheus.log", "w+")
-        self.address = f"127.0.0.1:{free_port()}"
-        self.process = subprocess.Popen(
-            ["/usr/bin/prometheus", f"--config.file={config}",
-             f"--storage.tsdb.path={Path(folder) / 'data'}",
-             f"--web.listen-address={self.address}"],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.output()
-            try:
-                with urllib.request.urlopen(f"http://{self.address}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError(f"prometheus not ready:\n{self.output()}")
+        # A port picked free may be taken before Prometheus binds it: retry.
+        for _ in range(3):
+            self.address = f"127.0.0.1:{free_port()}"
+            self.process = subprocess.Popen(
+                ["/usr/bin/prometheus", f"--config.file={config}",
+                 f"--storage.tsdb.path={Path(folder) / 'data'}",
+                 f"--web.listen-address={self.address}"],
+                stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and self.process.poll() is None:
+                try:
+                    with urllib.request.urlopen(f"http://{self.address}/-/ready",
+                                                timeout=2) as r:
+                        if r.status == 200:
+                            return
+                except OSError:
+                    time.sleep(0.2)
+            if self.process.poll() is None:
+                break  # running but never ready: do not retry
+        output = self.output()
+        self.stop()
+        raise AssertionError(f"prometheus not ready:\n{output}")
 
     def output(self):
         self.log.flush()
@@ -296,7 +303,10 @@ class Autoscalers:
 def load(replica, json_path, duration_s, rate=None, concurrency=None):
     args = [e2e_util.CLIENT_BIN, "load", f"--target={replica.grpc_address}", f"--mix={SHAPE}",
             f"--duration={duration_s}s", "--warmup=0s", "--quiet", f"--json={json_path}"]
-    args += [f"--rate={rate:.0f}", "--arrival=poisson"] if rate else [f"--concurrency={concurrency}"]
+    if rate:
+        args += [f"--rate={max(rate, 1.0):.0f}", "--arrival=poisson"]
+    else:
+        args += [f"--concurrency={concurrency}"]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
