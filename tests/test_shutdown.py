@@ -292,3 +292,31 @@ def test_closed_loop_callers_never_see_cancelled(start_server):
             thread.join(timeout=30)
     assert "CANCELLED" not in outcomes, outcomes
     assert outcomes.get("UNAVAILABLE", 0) > 0, outcomes
+
+
+def test_restart_on_the_same_addresses_listens_at_once(start_server):
+    """A rolling update restarts a replica on its own address: with
+    connections that the server closed itself (its sockets then wait in
+    TIME_WAIT on those ports), the new process binds gRPC, HTTP and metrics
+    again at once instead of failing on a lingering bind."""
+    import socket
+    import urllib.request
+    first = start_server()
+    addresses = (first.grpc_address, first.http_address, first.metrics_address)
+    stub = first.stub()
+    stub.Softmax(request(np.zeros((1, 4))), timeout=10)
+    for path in (f"http://{first.http_address}/v2/health/ready",
+                 f"http://{first.metrics_address}/metrics"):
+        urllib.request.urlopen(path, timeout=10).read()
+    host, port = first.http_address.rsplit(":", 1)
+    kept = socket.create_connection((host, int(port)), timeout=10)
+    kept.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    kept.recv(65536)
+    assert first.stop() == 0, first.output()
+    kept.close()
+    started = time.monotonic()
+    second = start_server(f"--grpc_address={addresses[0]}", f"--http_address={addresses[1]}",
+                          f"--metrics_address={addresses[2]}")
+    assert (second.grpc_address, second.http_address, second.metrics_address) == addresses
+    assert time.monotonic() - started < 5.0
+    second.stub().Softmax(request(np.zeros((1, 4))), timeout=10)
