@@ -14,6 +14,8 @@
 # each round times the GPU server and the echo back to back, in alternating
 # order, and the table shows the median of the per-round ratios (see
 # bench/service/README.md), so the step takes SERVICE_ROUNDS times as long.
+# INVARIANCE_ROUNDS (default 110) sets how many times the e2e step's batch
+# invariance test sends each probe through each protocol.
 # TEST_TIMEOUT (seconds, default 300) bounds each test step, so that a hang
 # ends its step (with pytest's stack dump of every thread after 4/5 of it)
 # and the later steps and the logs still come back.
@@ -68,6 +70,19 @@ if step e2e; then
     pytest_bounded tests/test_gpu_serving.py tests/test_numerics.py tests/test_stream.py \
       tests/test_chunked_stream.py \
       2>&1 | tee "$work/e2e.log" | tail -15 | tee -a "$work/summary.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  snapshot
+  # Batch invariance: every probe's bits under a 48-caller flood, on every
+  # protocol, 1,000 answers or so per probe (about 100,000 in all), stopped
+  # after 3/5 of TEST_TIMEOUT if slower; its summary line goes to summary.txt.
+  note "batch invariance on the GPU backend under a flood"
+  SOFTMAX_SERVER_BIN="$bundle/softmax-server" SOFTMAX_CLIENT_BIN="$bundle/softmax-client" \
+  SOFTMAX_PYTHON_DIR="$bundle/python" PYTHONDONTWRITEBYTECODE=1 \
+  SOFTMAX_INVARIANCE_ROUNDS="${INVARIANCE_ROUNDS:-110}" \
+  SOFTMAX_INVARIANCE_SECONDS=$((limit * 3 / 5)) \
+    pytest_bounded tests/test_batch_invariance.py -k cuda 2>&1 | tee "$work/invariance.log" \
+      | grep -E "^batch invariance|^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|skipped)" \
+      | tail -8 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   snapshot
 fi
