@@ -13,7 +13,8 @@ callers that balance themselves (gRPC round_robin, moved by the servers'
 connection age); under three times the load it sustains, end the excess
 fast with a retryable code and keep the accepted calls' latency bounded;
 cut off a rapid-reset (CVE-2023-44487) connection at Envoy while the
-replicas keep answering others.
+replicas keep answering others; hand each try the caller's deadline or the
+per-try timeout, whichever is shorter.
 
 Bounds are generous for a busy 2-core host (CI): each one is stated with the
 figure measured on such a host beside it.
@@ -498,3 +499,48 @@ def _closed(sock):
         return True
     finally:
         sock.setblocking(True)
+
+
+# ------------------------------------------------------------ per-try timeout
+
+def test_each_try_gets_the_callers_deadline_or_the_per_try_timeout():
+    """Envoy passes the caller's grpc-timeout on to the replica, cut to the
+    route's per-try timeout (5 s): a stand-in replica (in-process gRPC, healthy
+    by its health service) records the deadline each try arrives with."""
+    from concurrent import futures
+
+    import grpc
+
+    seen = []
+
+    def softmax(request, context):
+        seen.append(context.time_remaining())
+        return request
+
+    def health(request, context):
+        return b"\x08\x01"  # HealthCheckResponse{status: SERVING}
+
+    stand_in = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    stand_in.add_generic_rpc_handlers([
+        grpc.method_handlers_generic_handler("softmax.v1.SoftmaxService", {
+            "Softmax": grpc.unary_unary_rpc_method_handler(softmax)}),
+        grpc.method_handlers_generic_handler("grpc.health.v1.Health", {
+            "Check": grpc.unary_unary_rpc_method_handler(health)})])
+    port = stand_in.add_insecure_port("127.0.0.1:0")
+    stand_in.start()
+    try:
+        with fleet_util.start_fleet(0) as fleet:
+            fleet_util.envoy_endpoints.write(fleet.endpoints_dir, [("127.0.0.1", port, port)])
+            e2e_util.wait_for(
+                lambda: fleet.envoy.hosts(fleet_util.GRPC_CLUSTER).get(f"127.0.0.1:{port}")
+                == "healthy", 20, "the stand-in healthy in Envoy", interval=0.05)
+            call = grpc.insecure_channel(fleet.envoy.softmax_address).unary_unary(
+                "/softmax.v1.SoftmaxService/Softmax")
+            for deadline in (3.0, 20.0):
+                assert call(b"", timeout=deadline) == b""
+    finally:
+        stand_in.stop(0)
+    print(f"per-try timeout: a 3 s caller deadline reached the replica as {seen[0]:.2f} s, "
+          f"a 20 s one as {seen[1]:.2f} s")
+    assert 2.0 < seen[0] <= 3.0, seen
+    assert 4.0 < seen[1] <= 5.0, seen
