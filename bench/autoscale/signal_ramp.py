@@ -27,6 +27,11 @@ then open-loop Poisson steps offer fractions of C, lowest first, each for
 
     bench/autoscale/signal_ramp.py [--shape=16x16384:float32] [--step_s=6]
 
+--closed_loop=SHAPE,SHAPE,... instead prints, per payload, the queue/compute
+and queue/rest ratios with one caller (nearly idle) and with 64 (saturated).
+--device=cuda runs the GPU backend (give the server and the client a few CPUs
+each, e.g. --server_cpu=0-3 --client_cpu=4-11).
+
 Binaries: SOFTMAX_SERVER_BIN / SOFTMAX_CLIENT_BIN, else build/bin/. Needs two
 CPUs and only the Python standard library.
 """
@@ -60,11 +65,11 @@ def scrape(address):
     return values
 
 
-def start_server(server_cpu, extra):
+def start_server(server_cpu, device, extra):
     log = tempfile.NamedTemporaryFile(mode="w+", prefix="signal-ramp-", suffix=".log")
     process = subprocess.Popen(
         ["taskset", "-c", server_cpu, binary("SOFTMAX_SERVER_BIN", "softmax-server"),
-         "--device=cpu", "--grpc_address=127.0.0.1:0", "--http_address=",
+         f"--device={device}", "--grpc_address=127.0.0.1:0", "--http_address=",
          "--metrics_address=127.0.0.1:0", *extra],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
@@ -79,10 +84,14 @@ def start_server(server_cpu, extra):
     sys.exit("server did not start:\n" + log.read())
 
 
+CONNECTIONS = 1  # --connections, set from the command line
+
+
 def load(client_cpu, target, shape, duration, rate=None, concurrency=None):
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
         args = ["taskset", "-c", client_cpu, binary("SOFTMAX_CLIENT_BIN", "softmax-client"),
                 "load", f"--target={target}", f"--mix={shape}", f"--duration={duration}s",
+                f"--connections={CONNECTIONS}",
                 "--warmup=0s", "--quiet", f"--json={report.name}", "--timeout_ms=60000"]
         if rate:
             args += [f"--rate={rate:.1f}", "--arrival=poisson"]
@@ -108,6 +117,26 @@ class Sampler(threading.Thread):
             time.sleep(0.05)
 
 
+def closed_loop_table(options, target, metrics):
+    print("| payload | callers | req/s | p50 ms | queue/compute | queue/rest |")
+    print("|---|---|---|---|---|---|")
+    for shape in options.closed_loop.split(","):
+        load(options.client_cpu, target, shape, 1, concurrency=8)  # warm-up
+        for callers in (1, 64):
+            before = scrape(metrics)
+            report = load(options.client_cpu, target, shape, 3, concurrency=callers)
+            after = scrape(metrics)
+            queue = (after["softmax_queue_duration_seconds_sum"] -
+                     before["softmax_queue_duration_seconds_sum"])
+            compute = (after["softmax_compute_duration_seconds_sum"] -
+                       before["softmax_compute_duration_seconds_sum"])
+            rest = (after["softmax_request_duration_seconds_sum"] -
+                    before["softmax_request_duration_seconds_sum"]) - queue
+            print(f"| {shape} | {callers} | {report['requests_per_s']:.0f} | "
+                  f"{report['latency_us']['p50'] / 1e3:.3f} | {queue / compute:.3f} | "
+                  f"{queue / rest:.3f} |", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="16x16384:float32", help="load --mix entry")
@@ -116,10 +145,20 @@ def main():
     parser.add_argument("--server_cpu", default="0")
     parser.add_argument("--client_cpu", default="1")
     parser.add_argument("--server_args", default="", help="extra server flags, space-separated")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--connections", type=int, default=1,
+                        help="the client's connections (one carries about 1-2.6 GB/s)")
+    parser.add_argument("--closed_loop", default="", help="payloads: the one/64-caller table")
     options = parser.parse_args()
+    global CONNECTIONS
+    CONNECTIONS = options.connections
 
-    server, target, metrics = start_server(options.server_cpu, options.server_args.split())
+    server, target, metrics = start_server(options.server_cpu, options.device,
+                                           options.server_args.split())
     try:
+        if options.closed_loop:
+            closed_loop_table(options, target, metrics)
+            return
         load(options.client_cpu, target, options.shape, 2, concurrency=64)  # warm-up
         capacity = load(options.client_cpu, target, options.shape, 5,
                         concurrency=64)["requests_per_s"]
