@@ -10,18 +10,18 @@ as a KServe predictor pod), with its rule files (the recording rule of the
 signal among them) and 1 s scrape and evaluation intervals.
 
 The queries are the manifests' own, read from the YAML and sent to
-Prometheus' HTTP API unchanged: prometheus-adapter's metricsQuery with its
-<<.Series>>, <<.LabelMatchers>> and <<.GroupBy>> filled in as the adapter
+Prometheus' HTTP API unchanged: prometheus-adapter's metricsQuery of each rule with
+its <<.Series>>, <<.LabelMatchers>> and <<.GroupBy>> filled in as the adapter
 fills them for the HPA's pods (deploy/k8s/autoscaling/hpa.yaml), the KEDA
-ScaledObject's trigger query (deploy/k8s/autoscaling/keda.yaml) and the
-KServe InferenceService's External metric query
-(deploy/kserve/softmax-serve.yaml). From each answer the test computes what
-the HorizontalPodAutoscaler would decide, as the Kubernetes documentation and
-the HPA controller compute it: desiredReplicas = ceil(currentReplicas x
-value / target), none when the ratio is within the 0.1 tolerance, then held
-within the manifest's min and max replicas (a Pods metric averages the
-pods' values; KEDA's External AverageValue divides the query's sum by the
-target).
+ScaledObject's trigger queries (deploy/k8s/autoscaling/keda.yaml) and the
+KServe InferenceService's External metric queries
+(deploy/kserve/softmax-serve.yaml), one per signal. From each answer the test
+computes what the HorizontalPodAutoscaler would decide, as the Kubernetes
+documentation and the HPA controller compute it: desiredReplicas =
+ceil(currentReplicas x value / target), none when the ratio is within the 0.1
+tolerance, held within the manifest's min and max replicas, the largest over
+the signals (a Pods metric averages the pods' values; KEDA's External
+AverageValue divides the query's sum by the target).
 
 Idle, every decision is at most the 2 replicas there are. Then the callers
 offer OVERLOAD times what the two replicas sustain (measured first, closed
@@ -225,76 +225,88 @@ def external_average_decision(current, value, target, minimum, maximum):
 
 
 class Autoscalers:
-    """The three manifests' queries and targets, and their decisions now."""
+    """The three manifests' queries and targets, and their decisions now.
+    Each autoscaler has one query per signal and takes the largest proposal,
+    as the HPA does over its metrics (and so over KEDA's triggers)."""
 
     def __init__(self, prometheus):
         self.prometheus = prometheus
         hpa = one(HPA, "HorizontalPodAutoscaler")
-        (metric,) = hpa["spec"]["metrics"]
-        assert metric["type"] == "Pods" and metric["pods"]["target"]["type"] == "AverageValue"
-        self.hpa_target = quantity(metric["pods"]["target"]["averageValue"])
-        self.hpa_bounds = (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"])
         adapter = yaml.safe_load(one(HPA, "ConfigMap")["data"]["config.yaml"])
-        (self.rule,) = [r for r in adapter["rules"]
-                        if r["name"]["as"] == metric["pods"]["metric"]["name"]]
-        assert set(self.rule["resources"]["overrides"]) == {"namespace", "pod"}
+        rules = {r["name"]["as"]: r for r in adapter["rules"]}
+        self.hpa_metrics = []  # (adapter rule, target)
+        for metric in hpa["spec"]["metrics"]:
+            assert metric["type"] == "Pods", metric
+            assert metric["pods"]["target"]["type"] == "AverageValue", metric
+            rule = rules[metric["pods"]["metric"]["name"]]
+            assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+            self.hpa_metrics.append((rule, quantity(metric["pods"]["target"]["averageValue"])))
+        self.hpa_bounds = (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"])
         self.hpa_namespace = hpa["metadata"]["namespace"]
 
         scaled = one(KEDA, "ScaledObject")
-        (trigger,) = scaled["spec"]["triggers"]
-        assert trigger["type"] == "prometheus"
-        assert trigger.get("metricType", "AverageValue") == "AverageValue"
-        self.keda_query = trigger["metadata"]["query"]
-        self.keda_threshold = float(trigger["metadata"]["threshold"])
+        self.keda_triggers = []  # (query, threshold)
+        for trigger in scaled["spec"]["triggers"]:
+            assert trigger["type"] == "prometheus"
+            assert trigger.get("metricType", "AverageValue") == "AverageValue"
+            self.keda_triggers.append((trigger["metadata"]["query"],
+                                       float(trigger["metadata"]["threshold"])))
         self.keda_bounds = (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"])
 
         predictor = one(KSERVE, "InferenceService")["spec"]["predictor"]
-        (external,) = predictor["autoScaling"]["metrics"]
-        assert external["type"] == "External"
-        assert external["external"]["metric"]["backend"] == "prometheus"
-        # KServe hands target.value to KEDA as the threshold (metricType left
-        # at KEDA's default, AverageValue).
-        self.kserve_query = external["external"]["metric"]["query"]
-        self.kserve_threshold = float(external["external"]["target"]["value"])
+        # KServe hands each External metric's target.value to KEDA as the
+        # threshold (metricType left at KEDA's default, AverageValue).
+        self.kserve_triggers = []
+        for external in predictor["autoScaling"]["metrics"]:
+            assert external["type"] == "External"
+            assert external["external"]["metric"]["backend"] == "prometheus"
+            self.kserve_triggers.append((external["external"]["metric"]["query"],
+                                         float(external["external"]["target"]["value"])))
         self.kserve_bounds = (predictor["minReplicas"], predictor["maxReplicas"])
+        assert len(self.hpa_metrics) == len(self.keda_triggers) == len(self.kserve_triggers)
 
-    def adapter_query(self):
+    def adapter_query(self, rule):
         """The adapter's metricsQuery for the HPA's pods, filled in as the
         adapter does: its series found by seriesQuery, the pods' namespace
         and names as matchers, grouped by pod. None before the series exists."""
         series = {s["__name__"] for s in self.prometheus.api(
-            "series", **{"match[]": self.rule["seriesQuery"]})}
-        names = [s for s in series if re.fullmatch(self.rule["name"]["matches"], s)]
+            "series", **{"match[]": rule["seriesQuery"]})}
+        names = [s for s in series if re.fullmatch(rule["name"]["matches"], s)]
         if not names:
             return None
         assert len(names) == 1, series
         pods = "|".join(PODS["softmax-serve"])
-        return (self.rule["metricsQuery"]
+        return (rule["metricsQuery"]
                 .replace("<<.Series>>", names[0])
                 .replace("<<.LabelMatchers>>", f'namespace="{self.hpa_namespace}",pod=~"{pods}"')
                 .replace("<<.GroupBy>>", "pod"))
 
     def decisions(self, current=REPLICAS):
-        """{autoscaler: (desired replicas, value read)}; None when a query has
-        no answer for every pod yet."""
-        result = {}
-        query = self.adapter_query()
-        if query is None:
-            return None
-        per_pod = self.prometheus.query(query)
-        if sorted(labels["pod"] for labels, _ in per_pod) != sorted(PODS["softmax-serve"]):
-            return None
-        values = [value for _, value in per_pod]
-        result["hpa"] = (pods_metric_decision(current, values, self.hpa_target,
-                                              *self.hpa_bounds), values)
-        for name, query, threshold, bounds in (
-                ("keda", self.keda_query, self.keda_threshold, self.keda_bounds),
-                ("kserve", self.kserve_query, self.kserve_threshold, self.kserve_bounds)):
-            answer = self.prometheus.query(query)
-            if len(answer) != 1:
+        """{autoscaler: (desired replicas, [value read per signal])}; None
+        while a query has no answer for every pod yet."""
+        proposals, values = [], []
+        for rule, target in self.hpa_metrics:
+            query = self.adapter_query(rule)
+            if query is None:
                 return None
-            value = answer[0][1]
-            result[name] = (external_average_decision(current, value, threshold, *bounds), value)
+            per_pod = self.prometheus.query(query)
+            if sorted(labels["pod"] for labels, _ in per_pod) != sorted(PODS["softmax-serve"]):
+                return None
+            pod_values = [value for _, value in per_pod]
+            proposals.append(pods_metric_decision(current, pod_values, target, *self.hpa_bounds))
+            values.append(pod_values)
+        result = {"hpa": (max(proposals), values)}
+        for name, triggers, bounds in (("keda", self.keda_triggers, self.keda_bounds),
+                                       ("kserve", self.kserve_triggers, self.kserve_bounds)):
+            proposals, values = [], []
+            for query, threshold in triggers:
+                answer = self.prometheus.query(query)
+                if len(answer) != 1:
+                    return None
+                value = answer[0][1]
+                proposals.append(external_average_decision(current, value, threshold, *bounds))
+                values.append(value)
+            result[name] = (max(proposals), values)
         return result
 
 
@@ -374,10 +386,10 @@ def test_idle_fleet_is_not_scaled_up(fleet):
     _, _, prometheus = fleet
     autoscalers = Autoscalers(prometheus)
     decisions, _ = wait_for_decisions(autoscalers, lambda d: True, 20)
-    for name, (desired, value) in decisions.items():
-        # No request since the first scrape: the signal reads 0 (not NaN).
-        assert value in (0, [0] * REPLICAS), (name, value)
-        assert desired <= REPLICAS, (name, desired, value)
+    for name, (desired, values) in decisions.items():
+        # No request since the first scrape: every signal reads 0 (not NaN).
+        assert all(v in (0, [0] * REPLICAS) for v in values), (name, values)
+        assert desired <= REPLICAS, (name, desired, values)
 
 
 def test_overload_scales_up_within_the_bound(fleet, tmp_path):

@@ -32,7 +32,7 @@ K8S_SCHEMAS = REPO / "deploy" / "k8s" / "crd-schemas"
 # Built-in kinds only (kubernetes-validate knows them), with their resource counts.
 K8S_BUILT_IN = {MANIFEST: 6, ENVOY_MANIFEST: 5, ENVOY_CONFIG_MANIFEST: 1, HPA_MANIFEST: 2}
 AUTOSCALING_RULES = REPO / "deploy" / "prometheus" / "autoscaling.yml"
-SIGNAL = "softmax:queue_to_compute:ratio_rate1m"
+SIGNALS = ["softmax:queue_to_compute:ratio_rate1m", "softmax:held_bytes:ratio_avg1m"]
 # kLameDuck in server/main.cc, and the most an idle HTTP keep-alive connection
 # adds to the exit (README: Shutdown).
 LAME_DUCK_S = 0.5
@@ -292,43 +292,47 @@ def quantity(text):
     return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
-def test_autoscalers_read_the_recorded_signal_with_one_target(k8s, kserve):
+def test_autoscalers_read_the_recorded_signals_with_one_target_each(k8s, kserve):
     """The HPA (through prometheus-adapter), KEDA and KServe scale the
-    Deployment on the recording rule's series, with the same target, bounds
-    and stabilization windows; the rule exists."""
+    Deployment on the recording rules' series, in the same order, with the
+    same targets, bounds and stabilization windows; the rules exist."""
     rules = [r for g in yaml.safe_load(AUTOSCALING_RULES.read_text())["groups"]
              for r in g["rules"]]
-    assert [r["record"] for r in rules] == [SIGNAL]
+    assert [r["record"] for r in rules] == SIGNALS
 
     hpa = k8s[("HorizontalPodAutoscaler", "softmax-serve")]
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": "softmax-serve"}
-    (metric,) = hpa["spec"]["metrics"]
     adapter = yaml.safe_load(k8s[("ConfigMap", "prometheus-adapter")]["data"]["config.yaml"])
-    (rule,) = adapter["rules"]
-    assert rule["name"]["as"] == metric["pods"]["metric"]["name"]
-    assert SIGNAL in rule["seriesQuery"] and re.fullmatch(rule["name"]["matches"], SIGNAL)
-    for template in ("<<.Series>>", "<<.LabelMatchers>>", "<<.GroupBy>>"):
-        assert template in rule["metricsQuery"], template
-    target = quantity(metric["pods"]["target"]["averageValue"])
+    adapter_rules = {r["name"]["as"]: r for r in adapter["rules"]}
+    targets = []
+    for signal, metric in zip(SIGNALS, hpa["spec"]["metrics"], strict=True):
+        rule = adapter_rules[metric["pods"]["metric"]["name"]]
+        assert signal in rule["seriesQuery"] and re.fullmatch(rule["name"]["matches"], signal)
+        for template in ("<<.Series>>", "<<.LabelMatchers>>", "<<.GroupBy>>"):
+            assert template in rule["metricsQuery"], template
+        targets.append(quantity(metric["pods"]["target"]["averageValue"]))
 
     scaled = k8s[("ScaledObject", "softmax-serve")]
     assert scaled["spec"]["scaleTargetRef"]["name"] == "softmax-serve"
-    (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
-    # The metadata a prometheus trigger reads (the CRD leaves it free-form).
-    assert set(trigger["metadata"]) <= {"serverAddress", "query", "threshold",
-                                        "activationThreshold", "ignoreNullValues",
-                                        "namespace", "unsafeSsl", "queryParameters"}
-    assert f'{SIGNAL}{{namespace="softmax-serve"}}' in trigger["metadata"]["query"]
-    assert float(trigger["metadata"]["threshold"]) == target
+    for signal, target, trigger in zip(SIGNALS, targets, scaled["spec"]["triggers"],
+                                       strict=True):
+        assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+        # The metadata a prometheus trigger reads (the CRD leaves it free-form).
+        assert set(trigger["metadata"]) <= {"serverAddress", "query", "threshold",
+                                            "activationThreshold", "ignoreNullValues",
+                                            "namespace", "unsafeSsl", "queryParameters"}
+        assert f'{signal}{{namespace="softmax-serve"}}' in trigger["metadata"]["query"]
+        assert float(trigger["metadata"]["threshold"]) == target
 
-    predictor = kserve[("InferenceService", "softmax")]["spec"]["predictor"]
-    annotations = kserve[("InferenceService", "softmax")]["metadata"]["annotations"]
-    assert annotations["serving.kserve.io/autoscalerClass"] == "keda"
-    (external,) = predictor["autoScaling"]["metrics"]
-    assert f'{SIGNAL}{{namespace="softmax-kserve"}}' in external["external"]["metric"]["query"]
-    assert float(external["external"]["target"]["value"]) == target
+    service = kserve[("InferenceService", "softmax")]
+    predictor = service["spec"]["predictor"]
+    assert service["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "keda"
+    for signal, target, external in zip(SIGNALS, targets, predictor["autoScaling"]["metrics"],
+                                        strict=True):
+        assert f'{signal}{{namespace="softmax-kserve"}}' in external["external"]["metric"][
+            "query"]
+        assert float(external["external"]["target"]["value"]) == target
 
     behaviors = [hpa["spec"]["behavior"],
                  scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]]

@@ -272,9 +272,9 @@ def test_alert_rules_load_and_evaluate(prometheus, traffic):
     groups = wait_until(groups_evaluated, 30, "every alert rule to be evaluated")
     assert [group["name"] for group in groups] == ["softmax-serve", "softmax-serve-autoscaling"]
     rules = groups[0]["rules"]
-    # The autoscaling signal's recording rule reads this replica's traffic.
-    (recording,) = groups[1]["rules"]
-    assert recording["type"] == "recording" and not recording.get("lastError"), recording
+    # The autoscaling signals' recording rules evaluate on this replica's series.
+    for recording in groups[1]["rules"]:
+        assert recording["type"] == "recording" and not recording.get("lastError"), recording
     assert sorted(rule["name"] for rule in rules) == [
         "SoftmaxGpuClocksThrottled", "SoftmaxGpuUnusable", "SoftmaxLatencyP99High",
         "SoftmaxNotServing", "SoftmaxQueueNearFull", "SoftmaxServerErrorRateHigh"]
@@ -359,7 +359,7 @@ def test_dashboard_variables_pick_datasource_and_replicas(prometheus, server, tr
     # Per-replica panels break their series out by instance.
     titles = {panel["title"]: panel for panel in dashboard["panels"]}
     for title in ("Throughput per replica", "Request latency p99 per replica",
-                  "Queue depth per replica", "Autoscaling signal per replica"):
+                  "Queue depth per replica", "Autoscaling signals per replica"):
         assert all("by (instance" in t["expr"] for t in titles[title]["targets"]), title
     for name in ("softmax_gpu_utilization_ratio", "softmax_gpu_memory_used_bytes",
                  "softmax_gpu_memory_total_bytes", "softmax_gpu_power_watts",
