@@ -25,8 +25,14 @@ AverageValue divides the query's sum by the target).
 
 Idle, every decision is at most the 2 replicas there are. Then the callers
 offer OVERLOAD times what the two replicas sustain (measured first, closed
-loop, both at once), open loop; within DECISION_TIMEOUT_S every decision
-must be above 2.
+loop, both at once, before Prometheus starts), open loop; within
+DECISION_TIMEOUT_S every decision must be above 2, and the held-bytes signal
+alone within HELD_DECISION_TIMEOUT_S (the replicas run with a 64 MiB budget
+for it to fill). Measured on the 2-core host: 1.8-2.8 s and 2.5-3.1 s, 14-15 s
+for the file. The held-bytes signal is a mean over its window, so it is quick
+here, where the window holds only the few idle seconds since Prometheus
+started; after a full idle minute it needs about 60 s x 0.275 / (the share
+of the budget held) of overload.
 """
 
 import json
@@ -73,6 +79,12 @@ CAPACITY_S = 3
 # Prometheus needs two scrapes of the loaded counters (1 s apart) and one rule
 # evaluation; the rest is slack for a 2-core host running other tests.
 DECISION_TIMEOUT_S = 20.0
+# The held-bytes signal averages a gauge over its 1-minute window, idle
+# seconds included, so it needs more of the overload to pass its target.
+HELD_DECISION_TIMEOUT_S = 45.0
+# --max_held_bytes of the replicas: 64 MiB, 128 requests of SHAPE (input and
+# output), half of them queued at most.
+HELD_BUDGET = 64 << 20
 HPA_TOLERANCE = 0.1  # the controller's default --horizontal-pod-autoscaler-tolerance
 
 
@@ -282,8 +294,9 @@ class Autoscalers:
                 .replace("<<.GroupBy>>", "pod"))
 
     def decisions(self, current=REPLICAS):
-        """{autoscaler: (desired replicas, [value read per signal])}; None
-        while a query has no answer for every pod yet."""
+        """{autoscaler: (desired replicas, [value read per signal], [replicas
+        each signal proposes])}; None while a query has no answer for every
+        pod yet."""
         proposals, values = [], []
         for rule, target in self.hpa_metrics:
             query = self.adapter_query(rule)
@@ -295,7 +308,7 @@ class Autoscalers:
             pod_values = [value for _, value in per_pod]
             proposals.append(pods_metric_decision(current, pod_values, target, *self.hpa_bounds))
             values.append(pod_values)
-        result = {"hpa": (max(proposals), values)}
+        result = {"hpa": (max(proposals), values, proposals)}
         for name, triggers, bounds in (("keda", self.keda_triggers, self.keda_bounds),
                                        ("kserve", self.kserve_triggers, self.kserve_bounds)):
             proposals, values = [], []
@@ -306,7 +319,7 @@ class Autoscalers:
                 value = answer[0][1]
                 proposals.append(external_average_decision(current, value, threshold, *bounds))
                 values.append(value)
-            result[name] = (max(proposals), values)
+            result[name] = (max(proposals), values, proposals)
         return result
 
 
@@ -345,9 +358,10 @@ def fleet():
     prometheus = None
     try:
         for _ in range(REPLICAS):
-            # A short queue: under overload the callers are turned away
-            # (UNAVAILABLE) within seconds instead of piling up memory.
-            replicas.append(e2e_util.Server(*args, "--max_queued_requests=256"))
+            # A small memory budget: under overload the callers are turned
+            # away (UNAVAILABLE) within seconds instead of piling up memory,
+            # and the held-bytes signal has a budget to fill.
+            replicas.append(e2e_util.Server(*args, f"--max_held_bytes={HELD_BUDGET}"))
         rates = sustained_rates(replicas, folder.name)
         prometheus = Prometheus(prometheus_config(replicas, folder.name), folder.name)
         yield replicas, rates, prometheus
@@ -386,24 +400,31 @@ def test_idle_fleet_is_not_scaled_up(fleet):
     _, _, prometheus = fleet
     autoscalers = Autoscalers(prometheus)
     decisions, _ = wait_for_decisions(autoscalers, lambda d: True, 20)
-    for name, (desired, values) in decisions.items():
+    for name, (desired, values, _) in decisions.items():
         # No request since the first scrape: every signal reads 0 (not NaN).
         assert all(v in (0, [0] * REPLICAS) for v in values), (name, values)
         assert desired <= REPLICAS, (name, desired, values)
 
 
 def test_overload_scales_up_within_the_bound(fleet, tmp_path):
+    """Every autoscaler decides above 2 replicas within DECISION_TIMEOUT_S of
+    the overload starting, and the held-bytes signal alone within
+    HELD_DECISION_TIMEOUT_S."""
     replicas, rates, prometheus = fleet
     autoscalers = Autoscalers(prometheus)
-    callers = [load(r, tmp_path / f"overload{i}.json", DECISION_TIMEOUT_S + 5,
+    callers = [load(r, tmp_path / f"overload{i}.json", HELD_DECISION_TIMEOUT_S + 5,
                     rate=OVERLOAD * rate) for i, (r, rate) in enumerate(zip(replicas, rates))]
     try:
         decisions, waited = wait_for_decisions(
-            autoscalers, lambda d: all(desired > REPLICAS for desired, _ in d.values()),
+            autoscalers, lambda d: all(desired > REPLICAS for desired, _, _ in d.values()),
             DECISION_TIMEOUT_S)
+        print(f"\nsustained {rates} requests/s; offered {OVERLOAD}x: decisions "
+              f"{decisions} after {waited:.1f} s")
+        held, held_waited = wait_for_decisions(
+            autoscalers, lambda d: all(proposals[1] > REPLICAS for _, _, proposals in d.values()),
+            HELD_DECISION_TIMEOUT_S - waited)
+        print(f"held bytes alone: {held} after {waited + held_waited:.1f} s")
     finally:
         for caller in callers:
             caller.kill()
             caller.wait(timeout=10)
-    print(f"\nsustained {rates} requests/s; offered {OVERLOAD}x: decisions "
-          f"{decisions} after {waited:.1f} s")
