@@ -197,6 +197,20 @@ def start_on_device(device, *extra_args):
         raise
 
 
+def loopback_cpu_args(args):
+    """A manifest's server arguments ("--name=value") with the addresses moved
+    to free loopback ports and the CPU for the GPU."""
+    moved = []
+    for arg in args:
+        name, value = arg.split("=", 1)
+        if name.endswith("_address"):
+            value = "127.0.0.1:0"
+        elif name == "--device":
+            value = "cpu"
+        moved.append(f"{name}={value}")
+    return moved
+
+
 # ---------------------------------------------------------------- tensors
 
 def float_to_bfloat16_bits(values):
@@ -292,6 +306,23 @@ def request(values=None, dtype="float32", tensor=None, request_id="", **fields):
     if tensor is None:
         tensor = encode(values, dtype)
     return softmax_pb2.SoftmaxRequest(request_id=request_id, input=tensor, **fields)
+
+
+def chunks_of(req, chunk_bytes):
+    """`req` as the messages of a chunked request (softmax.proto's
+    chunk_offset and more_chunks), chunk_bytes of its input data each."""
+    data = req.input.data
+    first = softmax_pb2.SoftmaxRequest()
+    first.CopyFrom(req)
+    first.input.data = data[:chunk_bytes]
+    first.more_chunks = len(data) > chunk_bytes
+    messages = [first]
+    for offset in range(chunk_bytes, len(data), chunk_bytes):
+        messages.append(softmax_pb2.SoftmaxRequest(
+            request_id=req.request_id, chunk_offset=offset,
+            input=softmax_pb2.Tensor(data=data[offset:offset + chunk_bytes]),
+            more_chunks=offset + chunk_bytes < len(data)))
+    return messages
 
 
 # ------------------------------------------------------- hand-encoded protos

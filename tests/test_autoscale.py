@@ -38,18 +38,17 @@ of the budget held) of overload.
 import json
 import re
 import math
-import socket
 import subprocess
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 import e2e_util
+import prometheus_util
+from prometheus_util import tool
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOYMENT = REPO / "deploy" / "k8s" / "softmax-serve.yaml"
@@ -97,25 +96,6 @@ def one(path, kind):
     return document
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def loopback_cpu_args(args):
-    """The Deployment's server arguments with loopback addresses and the CPU."""
-    moved = []
-    for arg in args:
-        name, value = arg.split("=", 1)
-        if name.endswith("_address"):
-            value = "127.0.0.1:0"
-        elif name == "--device":
-            value = "cpu"
-        moved.append(f"{name}={value}")
-    return moved
-
-
 # ------------------------------------------------------------------ Prometheus
 
 def prometheus_config(replicas, folder):
@@ -149,61 +129,21 @@ def prometheus_config(replicas, folder):
     return path
 
 
-class Prometheus:
+class Prometheus(prometheus_util.Prometheus):
     """/usr/bin/prometheus on `config` (checked by promtool first), its TSDB in
     `folder`, on a free loopback port."""
 
     def __init__(self, config, folder):
-        check = subprocess.run(["/usr/bin/promtool", "check", "config", str(config)],
+        check = subprocess.run([tool("promtool"), "check", "config", str(config)],
                                capture_output=True, text=True, timeout=60)
         assert check.returncode == 0, check.stdout + check.stderr
-        self.log = open(Path(folder) / "prometheus.log", "w+")
-        # A port picked free may be taken before Prometheus binds it: retry.
-        for _ in range(3):
-            self.address = f"127.0.0.1:{free_port()}"
-            self.process = subprocess.Popen(
-                ["/usr/bin/prometheus", f"--config.file={config}",
-                 f"--storage.tsdb.path={Path(folder) / 'data'}",
-                 f"--web.listen-address={self.address}"],
-                stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and self.process.poll() is None:
-                try:
-                    with urllib.request.urlopen(f"http://{self.address}/-/ready",
-                                                timeout=2) as r:
-                        if r.status == 200:
-                            return
-                except OSError:
-                    time.sleep(0.2)
-            if self.process.poll() is None:
-                break  # running but never ready: do not retry
-        output = self.output()
-        self.stop()
-        raise AssertionError(f"prometheus not ready:\n{output}")
-
-    def output(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def api(self, path, **params):
-        url = f"http://{self.address}/api/v1/{path}?{urllib.parse.urlencode(params, True)}"
-        with urllib.request.urlopen(url, timeout=10) as r:
-            body = json.load(r)
-        assert body["status"] == "success", body
-        return body["data"]
+        super().__init__(config, folder)
 
     def query(self, expr):
         """Instant vector -> [(labels, value)]."""
         data = self.api("query", query=expr)
         assert data["resultType"] == "vector", data
         return [(s["metric"], float(s["value"][1])) for s in data["result"]]
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.log.close()
 
 
 # --------------------------------------------------- the autoscalers' arithmetic
@@ -352,7 +292,7 @@ def fleet():
     """(replicas, what each sustains, Prometheus). The capacity is measured
     before Prometheus starts, so that none of it is in the signal's window."""
     container = one(DEPLOYMENT, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    args = loopback_cpu_args(container["args"])
+    args = e2e_util.loopback_cpu_args(container["args"])
     replicas = []
     folder = tempfile.TemporaryDirectory(prefix="softmax-autoscale-")
     prometheus = None

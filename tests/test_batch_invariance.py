@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 import e2e_util
-from e2e_util import decode, encode, reference_softmax, softmax_pb2, softmax_pb2_grpc
+from e2e_util import chunks_of, decode, encode, reference_softmax, softmax_pb2, softmax_pb2_grpc
 
 try:
     import tritonclient.grpc as triton_grpc
@@ -197,22 +197,6 @@ def _stream_data(probe, stub, chunked, tag):
             answers[rid][0] += response.output.data
     assert sorted(answers) == sorted(r.request_id for r in requests), answers.keys()
     return [(bytes(answers[r.request_id][0]), answers[r.request_id][1]) for r in requests]
-
-
-def chunks_of(req, chunk_bytes):
-    """`req` as the messages of a chunked request."""
-    data = req.input.data
-    first = softmax_pb2.SoftmaxRequest()
-    first.CopyFrom(req)
-    first.input.data = data[:chunk_bytes]
-    first.more_chunks = len(data) > chunk_bytes
-    messages = [first]
-    for offset in range(chunk_bytes, len(data), chunk_bytes):
-        messages.append(softmax_pb2.SoftmaxRequest(
-            request_id=req.request_id, chunk_offset=offset,
-            input=softmax_pb2.Tensor(data=data[offset:offset + chunk_bytes]),
-            more_chunks=offset + chunk_bytes < len(data)))
-    return messages
 
 
 def kserve_input(module, probe):

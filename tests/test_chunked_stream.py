@@ -7,8 +7,8 @@ import grpc
 import numpy as np
 import pytest
 
-from e2e_util import (assert_close, decode, encode, reference_softmax, request, softmax_pb2,
-                      softmax_pb2_grpc)
+from e2e_util import (assert_close, chunks_of, decode, encode, reference_softmax, request,
+                      softmax_pb2, softmax_pb2_grpc)
 
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 # The server's floor on a response chunk (kMinResponseChunkBytes).
@@ -18,22 +18,6 @@ MIN_RESPONSE_CHUNK = 64 << 10
 @pytest.fixture(scope="module")
 def server(device_server):
     return device_server
-
-
-def chunks_of(req, chunk_bytes):
-    """`req` as the messages of a chunked request."""
-    data = req.input.data
-    first = softmax_pb2.SoftmaxRequest()
-    first.CopyFrom(req)
-    first.input.data = data[:chunk_bytes]
-    first.more_chunks = len(data) > chunk_bytes
-    messages = [first]
-    for offset in range(chunk_bytes, len(data), chunk_bytes):
-        messages.append(softmax_pb2.SoftmaxRequest(
-            request_id=req.request_id, chunk_offset=offset,
-            input=softmax_pb2.Tensor(data=data[offset:offset + chunk_bytes]),
-            more_chunks=offset + chunk_bytes < len(data)))
-    return messages
 
 
 def chunk(request_id, offset, data, more):

@@ -541,26 +541,12 @@ def test_kserve_runtime_serves_the_inference_service(kserve):
     assert budget["spec"]["maxUnavailable"] < service["spec"]["predictor"]["minReplicas"]
 
 
-def loopback_cpu_args(args):
-    """A manifest's server arguments with the addresses moved to free
-    loopback ports and the CPU for the GPU."""
-    moved = []
-    for arg in args:
-        name, value = arg.split("=", 1)
-        if name.endswith("_address"):
-            value = "127.0.0.1:0"
-        elif name == "--device":
-            value = "cpu"
-        moved.append(f"{name}={value}")
-    return moved
-
-
 def test_deployment_arguments_start_the_server(resources):
     import e2e_util
 
     container = resources[("Deployment", "softmax-serve")]["spec"]["template"]["spec"][
         "containers"][0]
-    server = e2e_util.Server(*loopback_cpu_args(container["args"]))
+    server = e2e_util.Server(*e2e_util.loopback_cpu_args(container["args"]))
     try:
         channel = server.channel()
         service = container["readinessProbe"]["grpc"]["service"]
@@ -579,7 +565,7 @@ def test_kserve_runtime_arguments_start_the_server(kserve):
 
     service = kserve[("InferenceService", "softmax")]
     (container,) = kserve_pod(kserve)["containers"]
-    server = e2e_util.Server(*loopback_cpu_args(container["args"]))
+    server = e2e_util.Server(*e2e_util.loopback_cpu_args(container["args"]))
     try:
         base = f"http://{server.http_address}"
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):

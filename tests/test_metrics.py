@@ -7,16 +7,11 @@ exactly those counts, and promtool must accept the scraped text and the alert
 rules."""
 
 import json
-import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -25,6 +20,8 @@ import pytest
 
 import e2e_util
 from e2e_util import request, scrape_metrics
+import prometheus_util
+from prometheus_util import tool
 
 REPO = Path(__file__).resolve().parent.parent
 ALERT_RULES = REPO / "deploy" / "prometheus" / "alerts.yml"
@@ -36,21 +33,7 @@ STREAM_OK, STREAM_BAD = 15, 5
 UNARY_SHAPE, STREAM_SHAPE = (3, 64), (2, 32)
 
 
-def tool(name):
-    path = shutil.which(name) or f"/usr/bin/{name}"
-    if not os.access(path, os.X_OK):
-        raise RuntimeError(f"{name} not found; install Debian's prometheus package "
-                           "(scripts/install-deps.sh installs it)")
-    return path
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Prometheus:
+class Prometheus(prometheus_util.Prometheus):
     """/usr/bin/prometheus scraping one target every second, with the alert
     rules loaded; its config and TSDB live in a temporary folder."""
 
@@ -68,45 +51,7 @@ class Prometheus:
             "  - job_name: softmax-serve\n"
             "    static_configs:\n"
             f"      - targets: [{json.dumps(target)}]\n")
-        self.log = open(Path(self.folder.name) / "prometheus.log", "w+")
-        self.process = None
-        # A port picked free may be taken before Prometheus binds it: retry.
-        for _ in range(3):
-            self.address = f"127.0.0.1:{free_port()}"
-            self.process = subprocess.Popen(
-                [tool("prometheus"), f"--config.file={config}",
-                 f"--storage.tsdb.path={Path(self.folder.name) / 'data'}",
-                 f"--web.listen-address={self.address}"],
-                stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            deadline = time.monotonic() + startup_timeout
-            while time.monotonic() < deadline and self.process.poll() is None:
-                try:
-                    with urllib.request.urlopen(f"http://{self.address}/-/ready",
-                                                timeout=2) as r:
-                        if r.status == 200:
-                            return
-                except OSError:
-                    pass
-                time.sleep(0.2)
-            if self.process.poll() is None:
-                break  # running but never ready: do not retry
-        output = self.output()
-        self.kill()
-        raise RuntimeError(f"prometheus did not become ready; output:\n{output}")
-
-    def output(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def api(self, path, **params):
-        url = f"http://{self.address}/api/v1/{path}"
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as r:
-            body = json.load(r)
-        assert body["status"] == "success", body
-        return body["data"]
+        super().__init__(config, self.folder.name, startup_timeout)
 
     def query(self, expr):
         """Instant query -> {frozenset(label items): value} (labels without
@@ -123,11 +68,8 @@ class Prometheus:
         assert len(result) <= 1, f"{expr}: several series {result}"
         return next(iter(result.values())) if result else None
 
-    def kill(self):
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.log.close()
+    def stop(self):
+        super().stop()
         self.folder.cleanup()
 
 
@@ -150,7 +92,7 @@ def prometheus(server):
     try:
         yield process
     finally:
-        process.kill()
+        process.stop()
 
 
 @pytest.fixture(scope="module")

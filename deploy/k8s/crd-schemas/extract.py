@@ -10,42 +10,23 @@ file at TAG, commit COMMIT) and writes ScaledObject.json here:
 manifest never sets, is pruned (marked "x-softmax-pruned").
 """
 
-import json
+import importlib.util
 import sys
 from pathlib import Path
-
-import yaml
 
 HERE = Path(__file__).resolve().parent
 CRDS = {"ScaledObject": ("keda.sh_scaledobjects.yaml", [["status"]])}
 
-
-def prune(schema, path):
-    node = schema
-    for key in path[:-1]:
-        node = node["properties"][key]
-    pruned = node["properties"][path[-1]]
-    node["properties"][path[-1]] = {
-        "type": pruned.get("type", "object"),
-        "x-softmax-pruned": ".".join(path),
-    }
+# KServe's extractor does the work: the same reading, pruning and format.
+_spec = importlib.util.spec_from_file_location(
+    "kserve_crd_extract", HERE.parent.parent / "kserve" / "crd-schemas" / "extract.py")
+kserve_extract = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(kserve_extract)
 
 
 def main(checkout, tag, commit):
-    for kind, (file_name, pruned_paths) in CRDS.items():
-        crd = yaml.safe_load((Path(checkout) / "config" / "crd" / "bases" / file_name).read_text())
-        (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
-        schema = version["schema"]["openAPIV3Schema"]
-        for path in pruned_paths:
-            prune(schema, path)
-        out = {
-            "source": f"kedacore/keda {tag} ({commit}) config/crd/bases/{file_name}",
-            "apiVersion": f"{crd['spec']['group']}/{version['name']}",
-            "schema": schema,
-        }
-        target = HERE / f"{kind}.json"
-        target.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-        print(f"{target}: {target.stat().st_size} bytes")
+    kserve_extract.extract(CRDS, "kedacore/keda", "config/crd/bases", checkout, tag, commit,
+                           HERE)
 
 
 if __name__ == "__main__":

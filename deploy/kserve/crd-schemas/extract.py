@@ -47,21 +47,28 @@ def prune(schema, path):
     }
 
 
-def main(checkout, tag, commit):
-    for kind, (file_name, pruned_paths) in CRDS.items():
-        crd = yaml.safe_load((Path(checkout) / "config" / "crd" / "full" / file_name).read_text())
+def extract(crds, source, crd_folder, checkout, tag, commit, target_folder=HERE):
+    """Writes <kind>.json in target_folder for each kind -> (CRD file, pruned
+    paths) of `crds`, the CRD read from checkout/crd_folder/ (the `source`
+    repository at TAG, commit COMMIT). Shared with deploy/k8s/crd-schemas/."""
+    for kind, (file_name, pruned_paths) in crds.items():
+        crd = yaml.safe_load((Path(checkout) / crd_folder / file_name).read_text())
         (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
         schema = version["schema"]["openAPIV3Schema"]
         for path in pruned_paths:
             prune(schema, path)
         out = {
-            "source": f"kserve/kserve {tag} ({commit}) config/crd/full/{file_name}",
+            "source": f"{source} {tag} ({commit}) {crd_folder}/{file_name}",
             "apiVersion": f"{crd['spec']['group']}/{version['name']}",
             "schema": schema,
         }
-        target = HERE / f"{kind}.json"
+        target = Path(target_folder) / f"{kind}.json"
         target.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
         print(f"{target}: {target.stat().st_size} bytes")
+
+
+def main(checkout, tag, commit):
+    extract(CRDS, "kserve/kserve", "config/crd/full", checkout, tag, commit)
 
 
 if __name__ == "__main__":
