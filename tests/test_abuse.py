@@ -237,7 +237,8 @@ def test_rapid_reset_connection_is_cut_memory_bounded_and_given_back(server, pat
     1,000 calls before their message (reset_guard.h): the client's writes
     fail long before 100,000 pairs, RSS stays within 256 MiB of where it was
     (a sanitizer build's calls are larger), returns within 64 MiB of it once
-    the connection is gone, and other callers are answered throughout."""
+    the connection is gone (but under AddressSanitizer, whose quarantine
+    keeps freed memory), and other callers are answered throughout."""
     stub = server.stub()
     stub.Softmax(request(np.zeros((1, 4))), timeout=10)
     before = _rss_bytes(server.process.pid)
@@ -262,9 +263,11 @@ def test_rapid_reset_connection_is_cut_memory_bounded_and_given_back(server, pat
     assert sent < RAPID_RESET_PAIRS // 2, f"cut only after {sent} pairs"
     assert peak - before < (256 << 20), f"RSS grew {(peak - before) >> 20} MiB"
     stub.Softmax(request(np.zeros((1, 4))), timeout=10)
-    # The backlog's memory goes back (the memory trimmer runs every 10 s).
-    wait_for(lambda: _rss_bytes(server.process.pid) - before < (64 << 20), 30,
-             "RSS to come back within 64 MiB of where it was")
+    # The backlog's memory goes back (the memory trimmer runs every 10 s);
+    # AddressSanitizer's allocator keeps freed memory in its quarantine.
+    if not e2e_util.SANITIZED:
+        wait_for(lambda: _rss_bytes(server.process.pid) - before < (64 << 20), 30,
+                 "RSS to come back within 64 MiB of where it was")
     assert requests_counted(server, "INVALID_ARGUMENT") == invalid
     assert "rapid reset" in server.output()
 
