@@ -450,6 +450,9 @@ int Run(const ServerOptions& options) {
   // delay; Stop() returns once the backend has answered all of it.
   if (batcher != nullptr) batcher->Stop();
   std::this_thread::sleep_for(kLameDuck);
+  // Logged, so that the lame duck's length can be read off the server's own
+  // clock (tests/test_shutdown.py), whatever the rest of the drain takes.
+  logging::LogInfo("lame duck over; closing the listeners");
   // The lame duck is over: /metrics and the HTTP endpoint go too (each stop
   // takes about a second, spent beside the rest of the shutdown; the batcher
   // has answered every HTTP request it admitted).

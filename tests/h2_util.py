@@ -66,6 +66,15 @@ class Connection:
     def reset(self, stream_id, code=CANCEL):
         self.sock.sendall(frame(RST_STREAM, 0, stream_id, struct.pack(">I", code)))
 
+    def ping(self, opaque=b"softmax!"):
+        """Sends a PING and reads frames up to its ACK: once it returns, the
+        server has read every frame sent before the PING."""
+        self.sock.sendall(frame(PING, 0, 0, opaque))
+        while True:
+            kind, flags, _, payload = self.read_frame()
+            if kind == PING and flags & ACK and payload == opaque:
+                return
+
     def read_frame(self):
         """(type, flags, stream id, payload); raises ConnectionError on EOF."""
         while len(self.buffer) < 9:

@@ -220,6 +220,13 @@ def test_metrics_answer_with_50_half_open_connections_held(server):
 
 
 RAPID_RESET_PAIRS = 100_000
+# The attacker sends a PING after every this many pairs and reads up to its
+# ACK, so that at most this many pairs wait unread in the sockets; it never
+# waits for a call. Without it, a server starved of CPU (a busy 2-core host)
+# let the kernel's loopback buffers (megabytes) take 60,000-100,000 pairs of
+# about 70 bytes before it had read them: the count below then measured the
+# socket buffers, not the guard, and failed.
+RAPID_RESET_PING_EVERY = 500
 
 
 @pytest.mark.parametrize("path", [
@@ -251,10 +258,14 @@ def test_rapid_reset_connection_is_cut_memory_bounded_and_given_back(server, pat
             stream_id = 2 * sent + 1
             connection.headers(stream_id, path)
             connection.reset(stream_id)
+            if sent % RAPID_RESET_PING_EVERY == RAPID_RESET_PING_EVERY - 1:
+                connection.ping()
             if sent % 5000 == 0:
                 peak = max(peak, _rss_bytes(server.process.pid))
         cut = False
-    except OSError:  # broken pipe, reset: the server ended the connection
+    except TimeoutError:
+        raise
+    except OSError:  # broken pipe, reset, EOF: the server ended the connection
         cut = True
     finally:
         connection.close()
@@ -344,7 +355,13 @@ def test_memory_budget_bounds_what_slow_readers_make_the_server_hold(start_serve
     process = start_server(f"--max_held_bytes={limit}")
     values = np.random.default_rng(2).normal(size=(64, 1024)).astype(np.float32)  # 256 KiB
     count = 96
-    channel = process.channel()
+    # A caller that reads nothing takes in only its initial flow-control
+    # window. gRPC's BDP probe would grow that window by megabytes, by how
+    # much depending on timing, until the client's transport had read every
+    # answer for it and the server held nothing (held == 0 on a busy 2-core
+    # host): a fast reader, not the slow one this test is about.
+    channel = grpc.insecure_channel(
+        process.grpc_address, options=[*e2e_util.CHANNEL_OPTIONS, ("grpc.http2.bdp_probe", 0)])
     stub = e2e_util.softmax_pb2_grpc.SoftmaxServiceStub(channel)
     rss_before = _rss_bytes(process.process.pid)
     responses = stub.SoftmaxStream(

@@ -203,6 +203,19 @@ BAD_JSON = [
 ]
 
 
+@pytest.mark.parametrize("sent", [20, 12], ids=["more bytes follow", "fewer bytes follow"])
+def test_binary_data_size_other_than_the_bytes_that_follow_is_400(server, sent):
+    """binary_data_size 16 (a [2, 2] FP32 tensor) with 20 or 12 bytes after
+    the JSON header: refused naming the field and both sizes, whether the
+    surplus would make a well-sized tensor (20: its first 16 bytes) or not."""
+    header = {"inputs": [tensor(data=None, parameters={"binary_data_size": 16})]}
+    body, headers = binary_body(header, np.arange(sent // 4, dtype=np.float32).tobytes())
+    status, _, reply = http(server, "POST", "/v2/models/softmax/infer", body, headers)
+    assert status == 400, reply
+    error = json.loads(reply)["error"]
+    assert f"inputs[0].parameters.binary_data_size: 16 bytes, but the body holds {sent}" in error
+
+
 @pytest.mark.parametrize("name,body,status,field", BAD_JSON, ids=[c[0] for c in BAD_JSON])
 def test_bad_json_requests(server, name, body, status, field):
     got, headers, reply = post_json(server, "/v2/models/softmax/infer", body)

@@ -255,6 +255,86 @@ def test_empty_metrics_address_turns_metrics_off(start_server):
     assert len(response.output.data) == 8 * 4
 
 
+def test_request_bandwidth_counts_input_plus_output_bytes(start_server):
+    """softmax_request_bandwidth_bytes_per_second observes, per OK request,
+    (input + output bytes) / latency, where the latency is the very value
+    softmax_request_duration_seconds observes for that request. So on a
+    server that answers one request at a time, the bandwidth observed times
+    the duration observed is the bytes counted: 2 x the tensor (input and
+    an output of the same size) on every method, whatever the machine's
+    speed. Counting the bytes once (the input alone) gives 1 x."""
+    triton_grpc = pytest.importorskip("tritonclient.grpc")
+    server = start_server()
+    values = np.random.default_rng(7).normal(size=(64, 1000)).astype(np.float32)
+    tensor_bytes = values.nbytes  # 256,000
+
+    def softmax():
+        server.stub().Softmax(request(values), timeout=30)
+
+    def softmax_stream():
+        assert len(list(server.stub().SoftmaxStream(iter([request(values)]), timeout=30))) == 1
+
+    def model_infer_request():
+        message = triton_grpc.service_pb2.ModelInferRequest(model_name="softmax")
+        message.inputs.add(name="INPUT", datatype="FP32", shape=list(values.shape))
+        message.raw_input_contents.append(values.tobytes())
+        return message
+
+    def model_infer():
+        stub = triton_grpc.service_pb2_grpc.GRPCInferenceServiceStub(server.channel())
+        stub.ModelInfer(model_infer_request(), timeout=30)
+
+    def model_stream_infer():
+        stub = triton_grpc.service_pb2_grpc.GRPCInferenceServiceStub(server.channel())
+        responses = list(stub.ModelStreamInfer(iter([model_infer_request()]), timeout=30))
+        assert len(responses) == 1 and not responses[0].error_message, responses
+
+    def http_infer():
+        header = json.dumps({"inputs": [{
+            "name": "INPUT", "datatype": "FP32", "shape": list(values.shape),
+            "parameters": {"binary_data_size": tensor_bytes}}]}).encode()
+        body = header + values.tobytes()
+        call = urllib.request.Request(
+            f"http://{server.http_address}/v2/models/softmax/infer", data=body, method="POST",
+            headers={"Inference-Header-Content-Length": str(len(header)),
+                     "Content-Type": "application/octet-stream"})
+        with urllib.request.urlopen(call, timeout=30) as response:
+            assert response.status == 200
+
+    def observed(method):
+        text = scrape_metrics(server.metrics_address)
+        name = "softmax_request_bandwidth_bytes_per_second"
+        return (e2e_util.metric_value(text, f"{name}_count") or 0,
+                e2e_util.metric_value(text, f"{name}_sum") or 0,
+                e2e_util.metric_value(text, "softmax_request_duration_seconds_count",
+                                      {"method": method}) or 0,
+                e2e_util.metric_value(text, "softmax_request_duration_seconds_sum",
+                                      {"method": method}) or 0)
+
+    for method, call in (("Softmax", softmax), ("SoftmaxStream", softmax_stream),
+                         ("ModelInfer", model_infer), ("ModelStreamInfer", model_stream_infer),
+                         ("http_infer", http_infer)):
+        before = observed(method)
+        # Called once each, so a method's duration sum is that one latency
+        # (the text format gives it 6 significant digits).
+        assert before[2] == 0, (method, before)
+        call()
+
+        def recorded():
+            now = observed(method)
+            return now if now[2] == before[2] + 1 else None
+
+        # The answer can reach the caller just before the server records it.
+        after = wait_until(recorded, 10, f"{method}'s latency recorded")
+        assert after[0] == before[0] + 1, (method, before, after)
+        bandwidth = after[1] - before[1]
+        seconds = after[3] - before[3]
+        assert seconds > 0, (method, before, after)
+        assert bandwidth * seconds == pytest.approx(2 * tensor_bytes, rel=1e-3), (
+            f"{method}: {bandwidth:.4g} B/s over {seconds:.4g} s is "
+            f"{bandwidth * seconds:.6g} B; sent {tensor_bytes} B, answered as many")
+
+
 def load_dashboard():
     return json.loads(
         (REPO / "deploy" / "grafana" / "dashboards" / "softmax-serve.json").read_text())

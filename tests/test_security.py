@@ -116,7 +116,11 @@ def test_bearer_tokens_wrong_missing_right_and_reloaded(start_server, tmp_path):
     _softmax(channel, metadata=[("authorization", "Bearer second-token")])
     for metadata in (None, [("authorization", "Bearer wrong")],
                      [("authorization", "first-token")],
-                     [("authorization", "Bearer first-toke")]):
+                     [("authorization", "Bearer first-toke")],
+                     # A known token with more after it is not that token.
+                     [("authorization", "Bearer first-tokenX")],
+                     [("authorization", "Bearer second-token-and-more")],
+                     [("authorization", "Bearer FIRST-TOKEN")]):
         with pytest.raises(grpc.RpcError) as caught:
             _softmax(channel, metadata=metadata)
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED, metadata
@@ -266,7 +270,7 @@ def test_http_bearer_tokens_wrong_missing_right(start_server, tmp_path):
     tokens.write_text("http-token\n")
     server = start_server(f"--auth_tokens_file={tokens}")
     url = f"http://{server.http_address}"
-    for token in (None, "wrong", "http-toke"):
+    for token in (None, "wrong", "http-toke", "http-tokenX", "http-token-and-more"):
         for path, body in (("/v2/models/softmax/infer", _INFER_BODY), ("/v2", None),
                            ("/v2/models/softmax", None), ("/v2/models/softmax/config", None),
                            ("/v2/models/stats", None)):
@@ -283,7 +287,7 @@ def test_http_bearer_tokens_wrong_missing_right(start_server, tmp_path):
     # Refused inference is counted with its code.
     text = e2e_util.scrape_metrics(server.metrics_address)
     assert e2e_util.metric_value(text, "softmax_requests_total",
-                                 {"method": "http_infer", "code": "UNAUTHENTICATED"}) == 3
+                                 {"method": "http_infer", "code": "UNAUTHENTICATED"}) == 5
 
 
 def test_kserve_grpc_needs_a_token_but_for_health(start_server, tmp_path):
@@ -299,7 +303,8 @@ def test_kserve_grpc_needs_a_token_but_for_health(start_server, tmp_path):
         tensor.set_data_from_numpy(x)
         return client.infer("softmax", [tensor], headers=headers).as_numpy("OUTPUT")
 
-    for headers in (None, {"authorization": "Bearer wrong"}):
+    for headers in (None, {"authorization": "Bearer wrong"},
+                    {"authorization": "Bearer kserve-tokenX"}):
         for call in (lambda h: infer(h), lambda h: client.get_server_metadata(headers=h),
                      lambda h: client.get_model_metadata("softmax", headers=h),
                      lambda h: client.get_model_config("softmax", headers=h),

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -110,6 +111,31 @@ TEST(KServeHttpTest, RefusesMalformedBodiesNamingTheField) {
                            std::string(5000, '[') + "1" + std::string(5000, ']') + "}]}";
   const absl::Status status = Parse(deep, &parts, &options);
   EXPECT_NE(status.message().find("nested deeper"), absl::string_view::npos) << status;
+}
+
+// binary_data_size must equal the bytes after the JSON header exactly: a
+// smaller size would leave bytes of the body unread (or read as the tensor),
+// a larger one would read past the body.
+TEST(KServeHttpTest, BinaryDataSizeOtherThanTheBytesAfterTheHeaderIsRefused) {
+  const std::string header =
+      R"({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1],
+                      "parameters": {"binary_data_size": 4}}]})";
+  for (const std::string& binary : std::vector<std::string>{"abcdefgh", "ab"}) {
+    kserve::InferRequestParts parts;
+    HttpInferOptions options;
+    const absl::Status status =
+        Parse(header + binary, &parts, &options, static_cast<int64_t>(header.size()));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << binary.size();
+    EXPECT_NE(status.message().find("inputs[0].parameters.binary_data_size: 4 bytes, but the "
+                                    "body holds " + std::to_string(binary.size()) + " bytes"),
+              absl::string_view::npos)
+        << status;
+    EXPECT_TRUE(parts.input_data.empty()) << binary.size();
+  }
+  kserve::InferRequestParts parts;
+  HttpInferOptions options;
+  ASSERT_TRUE(Parse(header + "abcd", &parts, &options, static_cast<int64_t>(header.size())).ok());
+  EXPECT_EQ(parts.input_data, "abcd");
 }
 
 }  // namespace
