@@ -4,7 +4,6 @@ replicas added later. A connection is sent a GOAWAY at its age (gRPC adds
 UNAVAILABLE once the messages it read are answered; a unary caller on one
 channel never sees a failure across the reconnections."""
 
-import queue
 import threading
 import time
 
@@ -75,7 +74,6 @@ def test_a_long_stream_ends_retryably_at_its_age_with_every_read_message_answere
     values = np.random.default_rng(2).normal(size=(1, 32)).astype(np.float32)
     expected = reference_softmax(values, -1, 1.0, False)
     before = requests_counted(server, "OK", method="SoftmaxStream")
-    outgoing = queue.Queue()
     stop = threading.Event()
 
     def requests():
