@@ -2,8 +2,8 @@
 // each of the server's threads is for.
 //
 // Thread-safety: affects only the calling thread.
-#ifndef SOFTMAX_SERVER_THREAD_NAME_H_
-#define SOFTMAX_SERVER_THREAD_NAME_H_
+#ifndef SOFTMAX_COMMON_THREAD_NAME_H_
+#define SOFTMAX_COMMON_THREAD_NAME_H_
 
 #include <pthread.h>
 
@@ -18,4 +18,4 @@ inline void NameThisThread(const std::string& name) {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_THREAD_NAME_H_
+#endif  // SOFTMAX_COMMON_THREAD_NAME_H_

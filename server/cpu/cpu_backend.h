@@ -5,8 +5,8 @@
 //
 // Thread-safety: Execute is called by the scheduler's one slot thread;
 // Describe and Device from any thread.
-#ifndef SOFTMAX_SERVER_CPU_BACKEND_H_
-#define SOFTMAX_SERVER_CPU_BACKEND_H_
+#ifndef SOFTMAX_SERVER_CPU_CPU_BACKEND_H_
+#define SOFTMAX_SERVER_CPU_CPU_BACKEND_H_
 
 #include <cstdint>
 #include <deque>
@@ -73,4 +73,4 @@ class CpuBackend final : public Backend {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_CPU_BACKEND_H_
+#endif  // SOFTMAX_SERVER_CPU_CPU_BACKEND_H_

@@ -18,8 +18,8 @@
 // but held), peak in use; allocation calls, cache hits, raw allocations.
 //
 // Thread-safety: all methods are thread-safe.
-#ifndef SOFTMAX_SERVER_CACHING_ALLOCATOR_H_
-#define SOFTMAX_SERVER_CACHING_ALLOCATOR_H_
+#ifndef SOFTMAX_SERVER_CUDA_CACHING_ALLOCATOR_H_
+#define SOFTMAX_SERVER_CUDA_CACHING_ALLOCATOR_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -170,4 +170,4 @@ class CachingAllocator {
 
 }  // namespace softmax
 
-#endif  // SOFTMAX_SERVER_CACHING_ALLOCATOR_H_
+#endif  // SOFTMAX_SERVER_CUDA_CACHING_ALLOCATOR_H_

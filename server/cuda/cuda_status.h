@@ -7,8 +7,8 @@
 // on (the process must restart).
 //
 // Thread-safety: pure functions (the CUDA runtime's last error is per thread).
-#ifndef SOFTMAX_SERVER_CUDA_STATUS_H_
-#define SOFTMAX_SERVER_CUDA_STATUS_H_
+#ifndef SOFTMAX_SERVER_CUDA_CUDA_STATUS_H_
+#define SOFTMAX_SERVER_CUDA_CUDA_STATUS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -38,4 +38,4 @@ cudaError_t CudaErrorOf(const absl::Status& status);
     if (!softmax_cuda_status_.ok()) return softmax_cuda_status_;       \
   } while (false)
 
-#endif  // SOFTMAX_SERVER_CUDA_STATUS_H_
+#endif  // SOFTMAX_SERVER_CUDA_CUDA_STATUS_H_

@@ -13,8 +13,8 @@
 //
 // Thread-safety: every method may be called from any thread. SetBackends,
 // SetQueueCapacity are meant for start-up.
-#ifndef SOFTMAX_SERVER_METRICS_H_
-#define SOFTMAX_SERVER_METRICS_H_
+#ifndef SOFTMAX_SERVER_METRICS_METRICS_H_
+#define SOFTMAX_SERVER_METRICS_METRICS_H_
 
 #include <array>
 #include <atomic>
@@ -198,4 +198,4 @@ class Metrics final : public BatcherObserver {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_METRICS_H_
+#endif  // SOFTMAX_SERVER_METRICS_METRICS_H_

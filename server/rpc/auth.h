@@ -5,8 +5,8 @@
 // compared in constant time. Health and reflection are not checked.
 //
 // Thread-safety: every method may be called from any thread.
-#ifndef SOFTMAX_SERVER_AUTH_H_
-#define SOFTMAX_SERVER_AUTH_H_
+#ifndef SOFTMAX_SERVER_RPC_AUTH_H_
+#define SOFTMAX_SERVER_RPC_AUTH_H_
 
 #include <memory>
 #include <string>
@@ -51,4 +51,4 @@ class TokenAuthenticator {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_AUTH_H_
+#endif  // SOFTMAX_SERVER_RPC_AUTH_H_

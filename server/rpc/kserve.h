@@ -15,8 +15,8 @@
 // KServe field), NOT_FOUND for an unknown model or version.
 //
 // Thread-safety: free functions are pure; ModelStatistics is thread-safe.
-#ifndef SOFTMAX_SERVER_KSERVE_H_
-#define SOFTMAX_SERVER_KSERVE_H_
+#ifndef SOFTMAX_SERVER_RPC_KSERVE_H_
+#define SOFTMAX_SERVER_RPC_KSERVE_H_
 
 #include <array>
 #include <atomic>
@@ -192,4 +192,4 @@ int HttpStatus(absl::StatusCode code);
 
 }  // namespace softmax::server::kserve
 
-#endif  // SOFTMAX_SERVER_KSERVE_H_
+#endif  // SOFTMAX_SERVER_RPC_KSERVE_H_

@@ -20,8 +20,8 @@
 // deadline in the batcher, which drops it after that), then 504.
 //
 // Thread-safety: Start/Stop from one thread; handlers run on civetweb's.
-#ifndef SOFTMAX_SERVER_KSERVE_HTTP_H_
-#define SOFTMAX_SERVER_KSERVE_HTTP_H_
+#ifndef SOFTMAX_SERVER_RPC_KSERVE_HTTP_H_
+#define SOFTMAX_SERVER_RPC_KSERVE_HTTP_H_
 
 #include <chrono>
 #include <cstdint>
@@ -128,4 +128,4 @@ class KServeHttpServer {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_KSERVE_HTTP_H_
+#endif  // SOFTMAX_SERVER_RPC_KSERVE_HTTP_H_

@@ -11,13 +11,13 @@
 // per request_id (server/rpc/chunk_assembler.h), computed whole, and
 // answered in chunks that reference the output instead of copying it.
 //
-// Both methods take and give raw byte buffers (server/wire.h): requests are
+// Both methods take and give raw byte buffers (server/rpc/wire.h): requests are
 // parsed here, and a response may reference its output where the backend
 // left it (OutputView) instead of a copy. On the wire nothing differs.
 //
 // Thread-safety: gRPC calls the service from its own threads.
-#ifndef SOFTMAX_SERVER_SERVICE_H_
-#define SOFTMAX_SERVER_SERVICE_H_
+#ifndef SOFTMAX_SERVER_RPC_SERVICE_H_
+#define SOFTMAX_SERVER_RPC_SERVICE_H_
 
 #include <atomic>
 #include <chrono>
@@ -233,4 +233,4 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_SERVICE_H_
+#endif  // SOFTMAX_SERVER_RPC_SERVICE_H_

@@ -2,8 +2,8 @@
 // grpc::Status (used only at the transport edge).
 //
 // Thread-safety: pure functions.
-#ifndef SOFTMAX_SERVER_STATUS_UTIL_H_
-#define SOFTMAX_SERVER_STATUS_UTIL_H_
+#ifndef SOFTMAX_SERVER_RPC_STATUS_UTIL_H_
+#define SOFTMAX_SERVER_RPC_STATUS_UTIL_H_
 
 #include <grpcpp/support/status.h>
 
@@ -26,4 +26,4 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
     if (!softmax_status_.ok()) return softmax_status_;  \
   } while (false)
 
-#endif  // SOFTMAX_SERVER_STATUS_UTIL_H_
+#endif  // SOFTMAX_SERVER_RPC_STATUS_UTIL_H_

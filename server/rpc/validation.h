@@ -7,8 +7,8 @@
 // `temperature`).
 //
 // Thread-safety: pure functions.
-#ifndef SOFTMAX_SERVER_VALIDATION_H_
-#define SOFTMAX_SERVER_VALIDATION_H_
+#ifndef SOFTMAX_SERVER_RPC_VALIDATION_H_
+#define SOFTMAX_SERVER_RPC_VALIDATION_H_
 
 #include <cstdint>
 #include <optional>
@@ -77,4 +77,4 @@ absl::StatusOr<ParsedRequest> ParseRequestHeader(const v1::SoftmaxRequest& reque
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_VALIDATION_H_
+#endif  // SOFTMAX_SERVER_RPC_VALIDATION_H_

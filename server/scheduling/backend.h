@@ -8,8 +8,8 @@
 //
 // Thread-safety: Execute runs concurrently on different slots; StageInput,
 // Device and Memory may be called from any thread.
-#ifndef SOFTMAX_SERVER_BACKEND_H_
-#define SOFTMAX_SERVER_BACKEND_H_
+#ifndef SOFTMAX_SERVER_SCHEDULING_BACKEND_H_
+#define SOFTMAX_SERVER_SCHEDULING_BACKEND_H_
 
 #include <chrono>
 #include <cstdint>
@@ -216,4 +216,4 @@ class Backend {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_BACKEND_H_
+#endif  // SOFTMAX_SERVER_SCHEDULING_BACKEND_H_

@@ -17,8 +17,8 @@
 // never blocks on compute. TakeBatch and Complete are called by the
 // scheduler's slot threads. With a max_queue_delay, one timer thread tells
 // the scheduler when the oldest request's delay has passed.
-#ifndef SOFTMAX_SERVER_BATCHER_H_
-#define SOFTMAX_SERVER_BATCHER_H_
+#ifndef SOFTMAX_SERVER_SCHEDULING_BATCHER_H_
+#define SOFTMAX_SERVER_SCHEDULING_BATCHER_H_
 
 #include <chrono>
 #include <cstdint>
@@ -246,4 +246,4 @@ class Batcher final : public BatchSource {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_BATCHER_H_
+#endif  // SOFTMAX_SERVER_SCHEDULING_BATCHER_H_
