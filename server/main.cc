@@ -311,6 +311,7 @@ int Run(const ServerOptions& options) {
   // softmax.
   for (Backend* backend : backends) {
     if (absl::Status warm = WarmUp(*backend); !warm.ok()) return Fail(warm);
+    logging::LogInfo("warm-up softmax checked", {{"backend", backend->Name()}});
   }
 
   // The scheduler runs the backends' slots; the batcher feeds it. Declared

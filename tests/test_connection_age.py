@@ -11,6 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
+import e2e_util
 import h2_util
 from e2e_util import assert_close, decode, reference_softmax, request, requests_counted
 
@@ -18,22 +19,11 @@ AGE_S = 1
 
 
 @pytest.fixture(scope="module")
-def server(start_server_module):
-    return start_server_module(f"--max_connection_age_s={AGE_S}")
-
-
-@pytest.fixture(scope="module")
-def start_server_module():
-    import e2e_util
-    started = []
-
-    def start(*args):
-        process = e2e_util.Server(*args)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
+def server():
+    process = e2e_util.Server(f"--max_connection_age_s={AGE_S}")
+    try:
+        yield process
+    finally:
         process.kill()
 
 
@@ -101,8 +91,8 @@ def test_a_long_stream_ends_retryably_at_its_age_with_every_read_message_answere
     assert requests_counted(server, "OK", method="SoftmaxStream") - before == len(answers)
 
 
-def test_no_maximum_age_when_zero(start_server_module):
-    server = start_server_module("--max_connection_age_s=0")
+def test_no_maximum_age_when_zero(start_server):
+    server = start_server("--max_connection_age_s=0")
     connection = h2_util.Connection(server.grpc_address, timeout=0.5)
     frames = []
     try:

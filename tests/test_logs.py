@@ -91,6 +91,14 @@ def test_access_log_writes_one_request_in_n(start_server):
                      r"peer=ipv4:127\.0\.0\.1:\d+$", access[0]), access[0]
 
 
+def test_every_device_computes_a_checked_softmax_before_the_server_listens(server):
+    """Readiness tells the truth: the warm-up's checked softmax comes before
+    the listener, so no probe passes before the device has computed."""
+    output = server.output()
+    warm = output.find("warm-up softmax checked backend=cpu")
+    assert 0 <= warm < output.find("listening"), output
+
+
 def test_no_access_log_by_default(server):
     server.stub().Softmax(request(np.ones((1, 4))), timeout=10)
     assert " access: " not in server.output()

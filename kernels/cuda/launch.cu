@@ -211,15 +211,12 @@ cudaError_t LaunchOnChip(const LaunchPlan& plan, DType dtype, const std::vector<
   return cudaGetLastError();
 }
 
-// The flat table entries of a segment (RowKernel kFlat or kFlatTable): its
-// rows' geometry (TableShapeOf) in the config word, in pieces of at most
-// kMaxPieceRows rows.
-template <typename T>
-void AppendFlatTable(const SoftmaxSegment& s, DType dtype, std::vector<RowSegment>* rows) {
-  constexpr int V = VecWidth<T>();
-  const TableShape shape = TableShapeOf(CeilDiv(s.n, V));
-  const int config = (s.log ? kLogBit : 0) | (VectorAligned(dtype, s) ? kVecBit : 0) |
-                     (shape.group_log2 << kShapeShift) | (shape.slots << kSlotsShift);
+// Calls `take` with a last-axis segment's table entries, one per piece of at
+// most kMaxPieceRows rows (which keeps the kernels' indices 32-bit): pointers,
+// rows, n and scale set; config and units are the caller's. No allocation:
+// it runs for every segment of every launch.
+template <typename T, typename Take>
+void ForEachPiece(const SoftmaxSegment& s, Take take) {
   const size_t item = sizeof(typename Traits<T>::Bits);
   for (long long first = 0; first < s.outer; first += kMaxPieceRows) {
     const long long piece_rows = std::min<long long>(kMaxPieceRows, s.outer - first);
@@ -230,11 +227,25 @@ void AppendFlatTable(const SoftmaxSegment& s, DType dtype, std::vector<RowSegmen
     r.rows = static_cast<int>(piece_rows);
     r.n = static_cast<int>(s.n);
     r.scale = Log2Scale(s);
-    r.config = config;
-    r.units = static_cast<int>(CeilDiv(
-        piece_rows, (kTableThreads >> shape.group_log2) * TableRowsPerGroup(shape.slots)));
-    rows->push_back(r);
+    take(r);
   }
+}
+
+// The flat table entries of a segment (RowKernel kFlat or kFlatTable): its
+// rows' geometry (TableShapeOf) in the config word, in pieces (ForEachPiece).
+template <typename T>
+void AppendFlatTable(const SoftmaxSegment& s, DType dtype, std::vector<RowSegment>* rows) {
+  constexpr int V = VecWidth<T>();
+  const TableShape shape = TableShapeOf(CeilDiv(s.n, V));
+  const int config = (s.log ? kLogBit : 0) | (VectorAligned(dtype, s) ? kVecBit : 0) |
+                     (shape.group_log2 << kShapeShift) | (shape.slots << kSlotsShift);
+  const long long rows_per_unit =
+      (kTableThreads >> shape.group_log2) * TableRowsPerGroup(shape.slots);
+  ForEachPiece<T>(s, [&](RowSegment r) {
+    r.config = config;
+    r.units = static_cast<int>(CeilDiv(r.rows, rows_per_unit));
+    rows->push_back(r);
+  });
 }
 
 // Launches the flat table kernel over `rows` (AppendFlatTable), in as few
@@ -493,23 +504,13 @@ void AppendOnChip(const SoftmaxSegment& s, SoftmaxPath path, DType dtype, int gr
     config |= cluster_log2 << kShapeShift;
     workers = static_cast<long long>(grid / launch_cluster) * (launch_cluster >> cluster_log2);
   }
-  const size_t item = sizeof(typename Traits<T>::Bits);
-  // Pieces of at most kMaxPieceRows rows keep the kernel's indices 32-bit.
-  for (long long first = 0; first < s.outer; first += kMaxPieceRows) {
-    const long long piece_rows = std::min<long long>(kMaxPieceRows, s.outer - first);
-    const size_t offset = static_cast<size_t>(first) * s.n * item;
-    RowSegment r = {};
-    r.input = static_cast<const char*>(s.input) + offset;
-    r.output = static_cast<char*>(s.output) + offset;
-    r.rows = static_cast<int>(piece_rows);
-    r.n = static_cast<int>(s.n);
-    r.scale = Log2Scale(s);
-    r.units = static_cast<int>(CeilDiv(piece_rows, rows_per_unit));
+  ForEachPiece<T>(s, [&](RowSegment r) {
+    r.units = static_cast<int>(CeilDiv(r.rows, rows_per_unit));
     r.config = config;
     r.first_worker = static_cast<int>(*unit_counter % workers);
     *unit_counter += r.units;
     rows->push_back(r);
-  }
+  });
 }
 
 template <typename T>

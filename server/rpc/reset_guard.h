@@ -2,8 +2,8 @@
 // reset (CVE-2023-44487), which gRPC 1.51 lacks: a client that opens calls
 // and resets them before their message arrives makes the server set up a
 // call for each (about 7 KiB here, more on a many-core host) faster than its
-// callback threads retire them, and the backlog grew to 742 MiB for 100,000
-// pairs on one loopback connection on a 2-core host (1.95 GiB on a 16-core one).
+// callback threads retire them: 100,000 pairs on one loopback connection
+// reached 1.8 GiB on a 2-core host (1.95 GB on a 16-core one).
 //
 // A front-end reports each call that ended before its request message
 // arrived (Record). A peer (one connection: gRPC names it by its address and
@@ -35,7 +35,7 @@ namespace softmax::server {
 
 // Envoy's overload.premature_reset_total_stream_count default is 500 per
 // connection; 1,000 within 10 s leaves room for a client whose deadlines all
-// expire at once, and bounded the backlog to tens of MiB in the abuse test.
+// expire at once; it kept the backlog within 128 MiB of the start (2-core host).
 inline constexpr int kMaxPrematureResets = 1000;
 inline constexpr std::chrono::seconds kPrematureResetWindow(10);
 // Peers remembered at once; past it the counts start over (an attacker with
