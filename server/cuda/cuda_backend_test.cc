@@ -692,7 +692,7 @@ TEST(CudaBackendTest, ServesManyCallersThroughTheSchedulerAndBatcher) {
     for (std::thread& caller : callers) caller.join();
     for (auto& request : requests) ASSERT_TRUE(request->Wait());
     batcher.Stop();
-    EXPECT_TRUE(testing::ThreadsNamed("sm-cuda0-s").empty());
+    EXPECT_TRUE(testing::AwaitNoThreadsNamed("sm-cuda0-s"));
   }
   int lent = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {

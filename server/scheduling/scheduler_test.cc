@@ -114,8 +114,8 @@ TEST(SchedulerTest, RunsOneNamedThreadPerSlotAndStopJoinsThemWhenIdle) {
   const auto start = std::chrono::steady_clock::now();
   batcher->Stop();  // stops the scheduler too
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
-  EXPECT_TRUE(ThreadsNamed("sm-cuda7-s").empty());
-  EXPECT_TRUE(ThreadsNamed("sm-cpu7-s").empty());
+  EXPECT_TRUE(testing::AwaitNoThreadsNamed("sm-cuda7-s"));
+  EXPECT_TRUE(testing::AwaitNoThreadsNamed("sm-cpu7-s"));
   scheduler->Stop();  // idempotent
   batcher.reset();
   scheduler.reset();
@@ -146,7 +146,7 @@ TEST(SchedulerTest, StopRightAfterStartJoinsCleanly) {
   const auto start = std::chrono::steady_clock::now();
   scheduler.Stop();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
-  EXPECT_TRUE(ThreadsNamed("sm-idle-").empty());
+  EXPECT_TRUE(testing::AwaitNoThreadsNamed("sm-idle-"));
   EXPECT_EQ(source.completed.load(), 0);
   EXPECT_EQ(a.batch_count() + b.batch_count(), 0u);
   scheduler.Stop();

@@ -442,6 +442,13 @@ inline std::vector<std::pair<std::string, char>> ThreadsNamed(const std::string&
   return threads;
 }
 
+// Waits until no thread whose name starts with `prefix` is left. A joined
+// thread can still show in /proc/self/task for a moment: the kernel wakes
+// pthread_join from the thread's exit before it removes the task.
+inline bool AwaitNoThreadsNamed(const std::string& prefix, absl::Duration timeout = kWait) {
+  return Await([&] { return ThreadsNamed(prefix).empty(); }, timeout);
+}
+
 // Waits until exactly `count` threads whose names start with `prefix`
 // exist and all of them sleep (none runs or polls): the scheduler's slot
 // threads are then parked, waiting for a Notify (or held in a backend's
