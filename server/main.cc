@@ -1,20 +1,13 @@
-// softmax-server: parses flags into ServerOptions and wires the backends,
-// metrics, scheduler, batcher, service and gRPC server together. SIGINT /
-// SIGTERM drain and exit 0; a GPU fault exits 2.
-#include <pthread.h>
+// softmax-server: parses flags into ServerOptions, checks them, and runs a
+// Server (server/server.h) until a signal: SIGINT / SIGTERM drain and exit 0;
+// a GPU fault exits 2; SIGHUP re-reads the tokens.
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
+#include <cstdint>
 #include <cstdlib>
-#include <limits>
-#include <memory>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -23,21 +16,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "common/malloc_tuning.h"
-#include "server/device.h"
 #include "server/logging/log.h"
 #include "server/memory_trim.h"
-#include "server/metrics/metrics.h"
-#include "server/rpc/auth.h"
-#include "server/rpc/civetweb_tls.h"
-#include "server/rpc/grpc_server.h"
-#include "server/rpc/kserve_grpc.h"
-#include "server/rpc/kserve_http.h"
-#include "server/rpc/service.h"
-#include "server/scheduling/batcher.h"
-#include "server/scheduling/scheduler.h"
+#include "server/server.h"
 #include "server/server_options.h"
 
 namespace {
@@ -49,28 +31,6 @@ constexpr int kFaultSignal = SIGUSR1;
 constexpr int64_t kMaxQueueDelayUs = int64_t{3600} * 1000 * 1000;
 // gRPC takes the connection age in int milliseconds: about 24 days at most.
 constexpr int64_t kMaxConnectionAgeS = int64_t{24} * 24 * 3600;
-// The lame duck: from SIGINT/SIGTERM, new requests are refused with a
-// retryable UNAVAILABLE (health NOT_SERVING) for this long before the
-// listener may close. No measurement chose 500 ms: it is the value the drain
-// was built and tested with (tests/test_shutdown.py); it needs only to
-// outlast a refusal's round trip, and every restart waits it out.
-constexpr std::chrono::milliseconds kLameDuck(500);
-// Pause between the last response and closing the connections, so callers
-// read their responses before the close (see WaitForRequestsInFlight).
-constexpr std::chrono::milliseconds kCloseLinger(200);
-// How long refusals are held once Shutdown has started (see
-// SoftmaxServiceImpl::HoldRefusals): Shutdown sends its GOAWAY at once, and
-// loopback clients read it well within this.
-constexpr std::chrono::milliseconds kHoldRefusalsAfterShutdown(100);
-// Once every request is answered, Shutdown waits this long for the idle
-// connections to go before it closes them: gRPC 1.51 otherwise waits until
-// each client closes its own after the GOAWAY (grpcio: about 4.5 s).
-constexpr std::chrono::milliseconds kCloseIdleConnectionsAfter(300);
-// How often the heaps' free pages go back to the system (server/memory_trim.h).
-// Returning 435 MiB free in 16 heaps took 281 ms on a busy 2-core host, 0.1 ms
-// when nothing had been freed since; pages used again fault back in once per
-// period, against the many messages that reuse them within it.
-const absl::Duration kMemoryTrimPeriod = absl::Seconds(10);
 }  // namespace
 
 ABSL_FLAG(std::string, grpc_address, kDefaults.grpc_address,
@@ -163,6 +123,7 @@ ServerOptions OptionsFromFlags() {
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   options.log_format = absl::GetFlag(FLAGS_log_format);
   options.access_log_one_in = absl::GetFlag(FLAGS_access_log_one_in);
+  options.server_version = SOFTMAX_VERSION;
   // Testing hooks, not an operator's decisions: environment variables.
   if (const char* inject = std::getenv("SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES")) {
     options.inject_fault_after_batches = std::strtoll(inject, nullptr, 10);
@@ -186,16 +147,6 @@ void RaiseOpenFileLimit() {
     logging::LogWarning("cannot raise the open-file limit",
                         {{"soft_limit", static_cast<uint64_t>(soft)}});
   }
-}
-
-// The bound on the input bytes waiting in the batcher's queue: half of
-// --max_held_bytes (4 GiB by default). A queued request holds its input and
-// its output in that budget, so only requests with a tensor in shared memory,
-// which the budget does not count, can reach this bound first. No held bound
-// (0): none on the queue either.
-int64_t MaxQueuedBytes(int64_t max_held_bytes) {
-  if (max_held_bytes <= 0) return std::numeric_limits<int64_t>::max();
-  return std::max<int64_t>(1, max_held_bytes / 2);
 }
 
 int Fail(const absl::Status& status) {
@@ -239,11 +190,6 @@ int Run(const ServerOptions& options) {
         "--max_queue_delay_us: at most ", kMaxQueueDelayUs, " (an hour), got ",
         options.max_queue_delay_us)));
   }
-  absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options.device);
-  if (!spec.ok()) return Fail(spec.status());
-  absl::StatusOr<SharedMemoryMode> shared_memory_mode =
-      ParseSharedMemoryMode(options.shared_memory);
-  if (!shared_memory_mode.ok()) return Fail(shared_memory_mode.status());
   RaiseOpenFileLimit();
   // Before any other thread starts allocating (glibc's malloc only: tcmalloc
   // needs no settings).
@@ -260,168 +206,20 @@ int Run(const ServerOptions& options) {
   sigaddset(&signals, kFaultSignal);
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  MemoryTrimmer memory_trimmer(kMemoryTrimPeriod);
 
-  // The CPU backend takes every core the process may run on, and a GPU
-  // backend as much device memory as it needs (their options' defaults).
-  BackendOptions backend_options;
-  backend_options.cuda.max_staging_bytes = options.max_batch_bytes;
-  backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;
-  // A sticky GPU error: log it and wake the signal loop below, which takes
-  // the server down with a non-zero exit so its supervisor restarts it.
-  // Declared before the backend, so it outlives the handler that sets it.
-  static std::atomic<bool> device_faulted{false};
-  backend_options.on_fault = [](const absl::Status& status) {
-    device_faulted.store(true);
-    logging::LogError("fatal GPU error", {{"cause", status.message()}});
-    kill(getpid(), kFaultSignal);
-  };
-  absl::StatusOr<BackendChoice> choice = CreateBackends(*spec, backend_options);
-  if (!choice.ok()) return Fail(choice.status());
-  if (choice->unusable != GpuUnusableCause::kNone) {
-    logging::LogWarning("--device=auto serves on the CPU: a GPU is present but unusable",
-                        {{"cause", CauseName(choice->unusable)},
-                         {"detail", choice->unusable_detail}});
-  }
-  logging::LogInfo(absl::StrCat("device=", choice->device, " ", choice->description));
-  std::vector<Backend*> backends;
-  std::vector<const Backend*> observed;
-  for (const std::unique_ptr<Backend>& backend : choice->backends) {
-    backends.push_back(backend.get());
-    observed.push_back(backend.get());
-  }
-
-  // No --metrics_address: no Metrics object, so nothing is recorded at all.
-  // Declared after `choice`: destroyed before the backends its scrapes read.
-  std::unique_ptr<Metrics> metrics;
-  const int64_t max_queued_bytes = MaxQueuedBytes(options.max_held_bytes);
-  if (!options.metrics_address.empty()) {
-    absl::StatusOr<std::unique_ptr<Metrics>> created = Metrics::Create(options.metrics_address);
-    if (!created.ok()) return Fail(created.status());
-    metrics = std::move(*created);
-    metrics->SetBackends(observed);
-    metrics->SetQueueCapacity(options.max_queued_requests, max_queued_bytes);
-    if (choice->unusable != GpuUnusableCause::kNone) {
-      metrics->SetGpuUnusable(CauseName(choice->unusable));
-    }
-  }
-
-  // Readiness tells the truth: nothing listens (so no probe passes, and no
-  // health check reports SERVING) until every device has computed a checked
-  // softmax.
-  for (Backend* backend : backends) {
-    if (absl::Status warm = WarmUp(*backend); !warm.ok()) return Fail(warm);
-    logging::LogInfo("warm-up softmax checked", {{"backend", backend->Name()}});
-  }
-
-  // The scheduler runs the backends' slots; the batcher feeds it. Declared
-  // after the backends and the metrics, so both outlive their threads.
-  std::unique_ptr<Scheduler> scheduler;
-  std::unique_ptr<Batcher> batcher;
-  if (!backends.empty()) {
-    scheduler = std::make_unique<Scheduler>(backends);
-    BatcherOptions batcher_options;
-    batcher_options.max_batch_rows = options.max_batch_rows;
-    batcher_options.max_batch_bytes = options.max_batch_bytes;
-    batcher_options.max_queue_delay = std::chrono::microseconds(options.max_queue_delay_us);
-    batcher_options.dispatch_when_idle = !options.test_no_idle_dispatch;
-    batcher_options.max_queued_requests = options.max_queued_requests;
-    batcher_options.max_queued_bytes = max_queued_bytes;
-    batcher = std::make_unique<Batcher>(batcher_options, scheduler.get(), metrics.get());
-  }
-
-  std::unique_ptr<TokenAuthenticator> authenticator;
-  if (!options.auth_tokens_file.empty()) {
-    absl::StatusOr<std::unique_ptr<TokenAuthenticator>> created =
-        TokenAuthenticator::FromFile(options.auth_tokens_file);
-    if (!created.ok()) return Fail(created.status());
-    authenticator = std::move(*created);
-  }
-
-  MemoryBudget budget(options.max_held_bytes, [metrics = metrics.get()](int64_t held) {
-    if (metrics != nullptr) metrics->SetHeldBytes(held);
-  });
-  if (metrics != nullptr) metrics->SetHeldBytesLimit(options.max_held_bytes);
-  ServiceOptions service_options;
-  service_options.budget = &budget;
-  service_options.authenticator = authenticator.get();
-  service_options.limits.max_tensor_bytes = options.max_tensor_bytes;
-  service_options.echo = backends.empty();
-  service_options.max_stream_age = std::chrono::seconds(options.max_connection_age_s);
-  SoftmaxServiceImpl service(service_options, batcher.get(), metrics.get());
-
-  // The Open Inference Protocol (KServe v2): gRPC beside softmax.v1, HTTP on
-  // its own port; both dispatch through `service`, into the one batcher.
-  kserve::ModelStatistics kserve_statistics;
-  std::unique_ptr<DeviceMemoryMapper> memory_mapper =
-      CreateDeviceMemoryMapper(choice->cuda_devices);
-  SharedMemoryManager shared_memory(
-      *shared_memory_mode, memory_mapper.get(),
-      [metrics = metrics.get()](SharedMemoryKind kind, int64_t regions, int64_t bytes) {
-        if (metrics != nullptr) metrics->SetSharedMemory(SharedMemoryKindName(kind), regions, bytes);
-      });
-  KServeGrpcService kserve_service(&service, &kserve_statistics, SOFTMAX_VERSION,
-                                   ServiceOptions{}.max_stream_pending, &shared_memory);
-
-  GrpcServerOptions grpc_options;
-  grpc_options.address = options.grpc_address;
-  grpc_options.max_tensor_bytes = options.max_tensor_bytes;
-  grpc_options.additional_services.push_back(&kserve_service);
-  grpc_options.max_concurrent_streams = options.max_concurrent_streams;
-  grpc_options.max_connection_age_ms = options.max_connection_age_s * 1000;
-  grpc_options.reset_guard = &service.reset_guard();
-  grpc_options.tls_cert_file = options.tls_cert_file;
-  grpc_options.tls_key_file = options.tls_key_file;
-  grpc_options.tls_client_ca_file = options.tls_client_ca_file;
-  grpc_options.reflection = options.reflection;
-  // What the transport may buffer: the queue's bytes plus a few messages in
-  // reading at their largest (the queue bound is checked after a message is
-  // read, so this is the bound on reading, not on queueing). No memory bound,
-  // no quota.
-  if (options.max_held_bytes > 0) {
-    grpc_options.transport_memory_bytes =
-        max_queued_bytes + 4 * (options.max_tensor_bytes + kMessageHeadroomBytes);
-  }
-  // Both endpoints take the TLS files; a misfit (say, a key that is not the
-  // certificate's) is named here rather than as gRPC's bare bind failure.
-  if (!options.tls_cert_file.empty() && !options.tls_key_file.empty()) {
-    const absl::Status tls = CheckTlsFiles(
-        {options.tls_cert_file, options.tls_key_file, options.tls_client_ca_file});
-    if (!tls.ok()) return Fail(tls);
-  }
-  absl::StatusOr<RunningServer> server = StartGrpcServer(grpc_options, &service);
-  if (!server.ok()) return Fail(server.status());
-
-  std::unique_ptr<KServeHttpServer> http;
-  if (!options.http_address.empty()) {
-    HttpServerOptions http_options;
-    http_options.address = options.http_address;
-    http_options.max_tensor_bytes = options.max_tensor_bytes;
-    http_options.server_version = SOFTMAX_VERSION;
-    http_options.shared_memory = &shared_memory;
-    http_options.tls = {options.tls_cert_file, options.tls_key_file, options.tls_client_ca_file};
-    http_options.authenticator = authenticator.get();
-    absl::StatusOr<std::unique_ptr<KServeHttpServer>> started =
-        KServeHttpServer::Start(http_options, &service, &kserve_statistics);
-    if (!started.ok()) return Fail(started.status());
-    http = std::move(*started);
-  }
-
-  const size_t colon = options.grpc_address.rfind(':');
-  const std::string grpc_host =
-      colon == std::string::npos ? options.grpc_address : options.grpc_address.substr(0, colon);
-  if (metrics != nullptr) metrics->SetServing(true);
-  logging::LogInfo("listening",
-                   {{"grpc", absl::StrCat(grpc_host, ":", server->port)},
-                    {"http", http != nullptr ? http->BoundAddress() : "off"},
-                    {"metrics", metrics != nullptr ? metrics->BoundAddress() : "off"}});
+  ServerHooks hooks;
+  // A sticky GPU error (logged by the server) wakes the signal loop below,
+  // which takes the server down with exit status 2.
+  hooks.on_device_fault = [] { kill(getpid(), kFaultSignal); };
+  Server server(options, hooks);
+  if (absl::Status started = server.Start(); !started.ok()) return Fail(started);
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   // SIGHUP: re-read the tokens, keep serving.
   while (signal_number == SIGHUP) {
-    if (authenticator != nullptr) {
-      const absl::Status reloaded = authenticator->Reload();
+    if (!options.auth_tokens_file.empty()) {
+      const absl::Status reloaded = server.ReloadAuthTokens();
       if (reloaded.ok()) {
         logging::LogInfo("SIGHUP: tokens reloaded");
       } else {
@@ -440,61 +238,10 @@ int Run(const ServerOptions& options) {
                                   " received; draining"),
                      {{"grace_s", options.shutdown_grace_s}});
   }
-
-  // Health first, so balancers stop sending; refuse new requests with a
-  // retryable UNAVAILABLE for the lame-duck period; then stop accepting and
-  // let the RPCs in flight finish (the batcher keeps running for them).
-  SetServing(server->server.get(), false);
-  if (metrics != nullptr) metrics->SetServing(false);
-  service.StartDraining();
-  // What is already queued is computed now, without waiting out the batching
-  // delay; Stop() returns once the backend has answered all of it.
-  if (batcher != nullptr) batcher->Stop();
-  std::this_thread::sleep_for(kLameDuck);
-  // Logged, so that the lame duck's length can be read off the server's own
-  // clock (tests/test_shutdown.py), whatever the rest of the drain takes.
-  logging::LogInfo("lame duck over; closing the listeners");
-  // The lame duck is over: /metrics and the HTTP endpoint go too (each stop
-  // takes about a second, spent beside the rest of the shutdown; the batcher
-  // has answered every HTTP request it admitted).
-  std::thread stop_metrics([&metrics] {
-    if (metrics != nullptr) metrics->StopExposer();
-  });
-  std::thread stop_http([&http] {
-    if (http != nullptr) http->Stop();
-  });
-  // Let every accepted request be answered, then give the callers a moment
-  // to read their last responses before the connections close (see
-  // SoftmaxServiceImpl::WaitForRequestsInFlight).
-  const absl::Time grace_end = absl::Now() + absl::Seconds(fault ? 5 : options.shutdown_grace_s);
-  const bool all_answered = service.WaitForRequestsInFlight(grace_end);
-  if (!all_answered) {
-    logging::LogWarning("requests still in flight at the grace deadline",
-                        {{"requests", service.requests_in_flight()}});
-  }
-  // Streams ended when their last request was answered (StartDraining).
-  // Refusals are held from here across the start of Shutdown, so closed-loop
-  // callers have nothing on its way when gRPC would cancel it (HoldRefusals);
-  // anything still open gets what is left of the grace period, then gRPC
-  // cancels it.
-  service.HoldRefusals();
-  std::this_thread::sleep_for(kCloseLinger);
-  const absl::Time close_by = all_answered
-                                 ? std::min(grace_end, absl::Now() + absl::FromChrono(
-                                                                        kCloseIdleConnectionsAfter))
-                                 : grace_end;
-  std::thread shutdown([&server, close_by] {
-    server->server->Shutdown(absl::ToChronoTime(close_by));
-  });
-  std::this_thread::sleep_for(kHoldRefusalsAfterShutdown);
-  service.ReleaseHeldCalls();
-  shutdown.join();
-  server->server->Wait();
-  stop_metrics.join();
-  stop_http.join();
-  logging::LogInfo("stopped");
+  server.Drain();
+  server.Wait();
   // A fault during a graceful drain still ends in the fault's exit status.
-  return fault || device_faulted.load() ? 2 : 0;
+  return fault || server.device_faulted() ? 2 : 0;
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
 // Everything softmax-server is configured with, one field per flag. main.cc
-// fills it from the command line; nothing else reads flags. What each flag
-// means is written once, in its help text in main.cc (`softmax-server
-// --help`); the measured tuning values that are no flags are named
-// constants beside the code they tune (scheduler.cc, batcher.h,
-// cuda_backend.h, common/malloc_tuning.h; the shutdown's in main.cc), and
-// what follows from a flag (the queue's byte bound from --max_held_bytes) is
-// derived in main.cc.
+// fills it from the command line and hands it to Server (server/server.h);
+// nothing else reads flags. What each flag means is written once, in its
+// help text in main.cc (`softmax-server --help`); the measured tuning values
+// that are no flags are named constants beside the code they tune
+// (scheduler.cc, batcher.h, cuda_backend.h, common/malloc_tuning.h; the
+// drain's in server.cc), and what follows from a flag (the queue's byte
+// bound from --max_held_bytes) is derived in server.cc.
 #ifndef SOFTMAX_SERVER_SERVER_OPTIONS_H_
 #define SOFTMAX_SERVER_SERVER_OPTIONS_H_
 
@@ -43,6 +43,9 @@ struct ServerOptions {
   // --max_queue_delay_us for company like a busy one, so that end-to-end
   // tests can hold requests in the queue (BatcherOptions::dispatch_when_idle).
   bool test_no_idle_dispatch = false;
+  // Not a flag: the version the KServe endpoints report in their server
+  // metadata; softmax-server passes its own (SOFTMAX_VERSION).
+  std::string server_version = "unknown";
 };
 
 }  // namespace softmax::server

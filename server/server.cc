@@ -1,0 +1,334 @@
+#include "server/server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "server/logging/log.h"
+#include "server/rpc/civetweb_tls.h"
+
+namespace softmax::server {
+namespace {
+
+// The lame duck: from SIGINT/SIGTERM, new requests are refused with a
+// retryable UNAVAILABLE (health NOT_SERVING) for this long before the
+// listener may close. No measurement chose 500 ms: it is the value the drain
+// was built and tested with (tests/test_shutdown.py); it needs only to
+// outlast a refusal's round trip, and every restart waits it out.
+constexpr std::chrono::milliseconds kLameDuck(500);
+// Pause between the last response and closing the connections, so callers
+// read their responses before the close (see WaitForRequestsInFlight).
+constexpr std::chrono::milliseconds kCloseLinger(200);
+// How long refusals are held once Shutdown has started (see
+// SoftmaxServiceImpl::HoldRefusals): Shutdown sends its GOAWAY at once, and
+// loopback clients read it well within this.
+constexpr std::chrono::milliseconds kHoldRefusalsAfterShutdown(100);
+// Once every request is answered, Shutdown waits this long for the idle
+// connections to go before it closes them: gRPC 1.51 otherwise waits until
+// each client closes its own after the GOAWAY (grpcio: about 4.5 s).
+constexpr std::chrono::milliseconds kCloseIdleConnectionsAfter(300);
+// The grace after a device fault, instead of --shutdown_grace_s: requests in
+// flight then fail INTERNAL at once, and this lets those answers reach
+// their callers.
+constexpr absl::Duration kFaultGrace = absl::Seconds(5);
+// How often the heaps' free pages go back to the system (server/memory_trim.h).
+// Returning 435 MiB free in 16 heaps took 281 ms on a busy 2-core host, 0.1 ms
+// when nothing had been freed since; pages used again fault back in once per
+// period, against the many messages that reuse them within it.
+const absl::Duration kMemoryTrimPeriod = absl::Seconds(10);
+
+// The bound on the input bytes waiting in the batcher's queue: half of
+// --max_held_bytes (4 GiB by default). A queued request holds its input and
+// its output in that budget, so only requests with a tensor in shared memory,
+// which the budget does not count, can reach this bound first. No held bound
+// (0): none on the queue either.
+int64_t MaxQueuedBytes(int64_t max_held_bytes) {
+  if (max_held_bytes <= 0) return std::numeric_limits<int64_t>::max();
+  return std::max<int64_t>(1, max_held_bytes / 2);
+}
+
+}  // namespace
+
+Server::Server(ServerOptions options, ServerHooks hooks)
+    : options_(std::move(options)), hooks_(std::move(hooks)) {}
+
+Server::~Server() {
+  bool started = false;
+  bool waited = false;
+  {
+    absl::MutexLock lock(&mu_);
+    started = started_;
+    waited = waited_;
+  }
+  if (!started) return;  // the members stop what a failed Start brought up
+  Drain();
+  if (!waited) Wait();
+}
+
+absl::Status Server::Start() {
+  absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options_.device);
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<SharedMemoryMode> shared_memory_mode =
+      ParseSharedMemoryMode(options_.shared_memory);
+  if (!shared_memory_mode.ok()) return shared_memory_mode.status();
+  memory_trimmer_ = std::make_unique<MemoryTrimmer>(kMemoryTrimPeriod);
+
+  // The CPU backend takes every core the process may run on, and a GPU
+  // backend as much device memory as it needs (their options' defaults).
+  BackendOptions backend_options;
+  backend_options.cuda.max_staging_bytes = options_.max_batch_bytes;
+  backend_options.cuda.inject_fault_after_batches = options_.inject_fault_after_batches;
+  // A sticky GPU error: log it and tell the program (softmax-server's
+  // signal loop), which takes the server down with a non-zero exit so that
+  // its supervisor restarts it.
+  backend_options.on_fault = [this](const absl::Status& status) {
+    device_faulted_.store(true);
+    logging::LogError("fatal GPU error", {{"cause", status.message()}});
+    if (hooks_.on_device_fault) hooks_.on_device_fault();
+  };
+  absl::StatusOr<BackendChoice> choice = CreateBackends(*spec, backend_options);
+  if (!choice.ok()) return choice.status();
+  choice_ = std::move(*choice);
+  if (choice_.unusable != GpuUnusableCause::kNone) {
+    logging::LogWarning("--device=auto serves on the CPU: a GPU is present but unusable",
+                        {{"cause", CauseName(choice_.unusable)},
+                         {"detail", choice_.unusable_detail}});
+  }
+  logging::LogInfo(absl::StrCat("device=", choice_.device, " ", choice_.description));
+  std::vector<Backend*> backends;
+  std::vector<const Backend*> observed;
+  for (const std::unique_ptr<Backend>& backend : choice_.backends) {
+    backends.push_back(backend.get());
+    observed.push_back(backend.get());
+  }
+
+  // No --metrics_address: no Metrics object, so nothing is recorded at all.
+  const int64_t max_queued_bytes = MaxQueuedBytes(options_.max_held_bytes);
+  if (!options_.metrics_address.empty()) {
+    absl::StatusOr<std::unique_ptr<Metrics>> created = Metrics::Create(options_.metrics_address);
+    if (!created.ok()) return created.status();
+    metrics_ = std::move(*created);
+    metrics_->SetBackends(observed);
+    metrics_->SetQueueCapacity(options_.max_queued_requests, max_queued_bytes);
+    if (choice_.unusable != GpuUnusableCause::kNone) {
+      metrics_->SetGpuUnusable(CauseName(choice_.unusable));
+    }
+  }
+
+  // Readiness tells the truth: nothing listens (so no probe passes, and no
+  // health check reports SERVING) until every device has computed a checked
+  // softmax.
+  for (Backend* backend : backends) {
+    if (absl::Status warm = WarmUp(*backend); !warm.ok()) return warm;
+    logging::LogInfo("warm-up softmax checked", {{"backend", backend->Name()}});
+  }
+
+  if (!backends.empty()) {
+    scheduler_ = std::make_unique<Scheduler>(backends);
+    BatcherOptions batcher_options;
+    batcher_options.max_batch_rows = options_.max_batch_rows;
+    batcher_options.max_batch_bytes = options_.max_batch_bytes;
+    batcher_options.max_queue_delay = std::chrono::microseconds(options_.max_queue_delay_us);
+    batcher_options.dispatch_when_idle = !options_.test_no_idle_dispatch;
+    batcher_options.max_queued_requests = options_.max_queued_requests;
+    batcher_options.max_queued_bytes = max_queued_bytes;
+    batcher_ = std::make_unique<Batcher>(batcher_options, scheduler_.get(), metrics_.get());
+  }
+
+  if (!options_.auth_tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuthenticator>> created =
+        TokenAuthenticator::FromFile(options_.auth_tokens_file);
+    if (!created.ok()) return created.status();
+    authenticator_ = std::move(*created);
+  }
+
+  budget_ = std::make_unique<MemoryBudget>(
+      options_.max_held_bytes, [metrics = metrics_.get()](int64_t held) {
+        if (metrics != nullptr) metrics->SetHeldBytes(held);
+      });
+  if (metrics_ != nullptr) metrics_->SetHeldBytesLimit(options_.max_held_bytes);
+  ServiceOptions service_options;
+  service_options.budget = budget_.get();
+  service_options.authenticator = authenticator_.get();
+  service_options.limits.max_tensor_bytes = options_.max_tensor_bytes;
+  service_options.echo = backends.empty();
+  service_options.max_stream_age = std::chrono::seconds(options_.max_connection_age_s);
+  service_ = std::make_unique<SoftmaxServiceImpl>(service_options, batcher_.get(), metrics_.get());
+
+  // The Open Inference Protocol (KServe v2): gRPC beside softmax.v1, HTTP on
+  // its own port; both dispatch through `service_`, into the one batcher.
+  memory_mapper_ = CreateDeviceMemoryMapper(choice_.cuda_devices);
+  shared_memory_ = std::make_unique<SharedMemoryManager>(
+      *shared_memory_mode, memory_mapper_.get(),
+      [metrics = metrics_.get()](SharedMemoryKind kind, int64_t regions, int64_t bytes) {
+        if (metrics != nullptr) metrics->SetSharedMemory(SharedMemoryKindName(kind), regions, bytes);
+      });
+  kserve_service_ = std::make_unique<KServeGrpcService>(
+      service_.get(), &kserve_statistics_, options_.server_version,
+      ServiceOptions{}.max_stream_pending, shared_memory_.get());
+
+  GrpcServerOptions grpc_options;
+  grpc_options.address = options_.grpc_address;
+  grpc_options.max_tensor_bytes = options_.max_tensor_bytes;
+  grpc_options.additional_services.push_back(kserve_service_.get());
+  grpc_options.max_concurrent_streams = options_.max_concurrent_streams;
+  grpc_options.max_connection_age_ms = options_.max_connection_age_s * 1000;
+  grpc_options.reset_guard = &service_->reset_guard();
+  grpc_options.tls_cert_file = options_.tls_cert_file;
+  grpc_options.tls_key_file = options_.tls_key_file;
+  grpc_options.tls_client_ca_file = options_.tls_client_ca_file;
+  grpc_options.reflection = options_.reflection;
+  // What the transport may buffer: the queue's bytes plus a few messages in
+  // reading at their largest (the queue bound is checked after a message is
+  // read, so this is the bound on reading, not on queueing). No memory bound,
+  // no quota.
+  if (options_.max_held_bytes > 0) {
+    grpc_options.transport_memory_bytes =
+        max_queued_bytes + 4 * (options_.max_tensor_bytes + kMessageHeadroomBytes);
+  }
+  // Both endpoints take the TLS files; a misfit (say, a key that is not the
+  // certificate's) is named here rather than as gRPC's bare bind failure.
+  if (!options_.tls_cert_file.empty() && !options_.tls_key_file.empty()) {
+    const absl::Status tls = CheckTlsFiles(
+        {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file});
+    if (!tls.ok()) return tls;
+  }
+  absl::StatusOr<RunningServer> grpc = StartGrpcServer(grpc_options, service_.get());
+  if (!grpc.ok()) return grpc.status();
+  grpc_ = std::move(*grpc);
+
+  if (!options_.http_address.empty()) {
+    HttpServerOptions http_options;
+    http_options.address = options_.http_address;
+    http_options.max_tensor_bytes = options_.max_tensor_bytes;
+    http_options.server_version = options_.server_version;
+    http_options.shared_memory = shared_memory_.get();
+    http_options.tls = {options_.tls_cert_file, options_.tls_key_file,
+                        options_.tls_client_ca_file};
+    http_options.authenticator = authenticator_.get();
+    absl::StatusOr<std::unique_ptr<KServeHttpServer>> started =
+        KServeHttpServer::Start(http_options, service_.get(), &kserve_statistics_);
+    if (!started.ok()) return started.status();
+    http_ = std::move(*started);
+  }
+
+  const size_t colon = options_.grpc_address.rfind(':');
+  const std::string grpc_host = colon == std::string::npos
+                                    ? options_.grpc_address
+                                    : options_.grpc_address.substr(0, colon);
+  if (metrics_ != nullptr) metrics_->SetServing(true);
+  logging::LogInfo("listening", {{"grpc", absl::StrCat(grpc_host, ":", grpc_.port)},
+                                 {"http", http_address()},
+                                 {"metrics", metrics_address()}});
+  absl::MutexLock lock(&mu_);
+  started_ = true;
+  return absl::OkStatus();
+}
+
+void Server::Drain() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) return;
+    draining_ = true;
+  }
+  // After a device fault, requests in flight fail INTERNAL at once: the
+  // short grace is enough for those answers.
+  const bool fault = device_faulted_.load();
+
+  // Health first, so balancers stop sending; refuse new requests with a
+  // retryable UNAVAILABLE for the lame-duck period; then stop accepting and
+  // let the RPCs in flight finish (the batcher keeps running for them).
+  SetServing(grpc_.server.get(), false);
+  if (metrics_ != nullptr) metrics_->SetServing(false);
+  AfterStep(DrainStep::kNotServing);
+  service_->StartDraining();
+  AfterStep(DrainStep::kRefusing);
+  // What is already queued is computed now, without waiting out the batching
+  // delay; Stop() returns once the backend has answered all of it.
+  if (batcher_ != nullptr) batcher_->Stop();
+  AfterStep(DrainStep::kQueueFlushed);
+  std::this_thread::sleep_for(kLameDuck);
+  // Logged, so that the lame duck's length can be read off the server's own
+  // clock (tests/test_shutdown.py), whatever the rest of the drain takes.
+  logging::LogInfo("lame duck over; closing the listeners");
+  // The lame duck is over: /metrics and the HTTP endpoint go too (each stop
+  // takes about a second, spent beside the rest of the shutdown; the batcher
+  // has answered every HTTP request it admitted).
+  stop_metrics_ = std::thread([this] {
+    if (metrics_ != nullptr) metrics_->StopExposer();
+  });
+  stop_http_ = std::thread([this] {
+    if (http_ != nullptr) http_->Stop();
+  });
+  AfterStep(DrainStep::kLameDuckOver);
+  // Let every accepted request be answered, then give the callers a moment
+  // to read their last responses before the connections close (see
+  // SoftmaxServiceImpl::WaitForRequestsInFlight).
+  const absl::Time grace_end =
+      absl::Now() + (fault ? kFaultGrace : absl::Seconds(options_.shutdown_grace_s));
+  const bool all_answered = service_->WaitForRequestsInFlight(grace_end);
+  if (!all_answered) {
+    logging::LogWarning("requests still in flight at the grace deadline",
+                        {{"requests", service_->requests_in_flight()}});
+  }
+  AfterStep(DrainStep::kRequestsAnswered);
+  // Streams ended when their last request was answered (StartDraining).
+  // Refusals are held from here across the start of Shutdown, so closed-loop
+  // callers have nothing on its way when gRPC would cancel it (HoldRefusals);
+  // anything still open gets what is left of the grace period, then gRPC
+  // cancels it.
+  service_->HoldRefusals();
+  AfterStep(DrainStep::kRefusalsHeld);
+  std::this_thread::sleep_for(kCloseLinger);
+  const absl::Time close_by =
+      all_answered
+          ? std::min(grace_end, absl::Now() + absl::FromChrono(kCloseIdleConnectionsAfter))
+          : grace_end;
+  shutdown_ = std::thread([this, close_by] {
+    grpc_.server->Shutdown(absl::ToChronoTime(close_by));
+  });
+  std::this_thread::sleep_for(kHoldRefusalsAfterShutdown);
+  AfterStep(DrainStep::kShutdownStarted);
+  service_->ReleaseHeldCalls();
+  AfterStep(DrainStep::kHeldCallsReleased);
+  drained_.Notify();
+}
+
+void Server::Wait() {
+  {
+    absl::MutexLock lock(&mu_);
+    waited_ = true;
+  }
+  drained_.WaitForNotification();
+  shutdown_.join();
+  grpc_.server->Wait();
+  stop_metrics_.join();
+  stop_http_.join();
+  logging::LogInfo("stopped");
+}
+
+absl::Status Server::ReloadAuthTokens() {
+  if (authenticator_ == nullptr) {
+    return absl::FailedPreconditionError("no --auth_tokens_file to reload");
+  }
+  return authenticator_->Reload();
+}
+
+std::string Server::http_address() const {
+  return http_ != nullptr ? http_->BoundAddress() : "off";
+}
+
+std::string Server::metrics_address() const {
+  return metrics_ != nullptr ? metrics_->BoundAddress() : "off";
+}
+
+void Server::AfterStep(DrainStep step) {
+  if (hooks_.after_drain_step) hooks_.after_drain_step(step);
+}
+
+}  // namespace softmax::server

@@ -1,0 +1,407 @@
+// Server in process, on the CPU backend and loopback ports, through real
+// gRPC clients: Start's errors, and the drain's order (server.h) as callers
+// see it. The batcher holds requests in its queue (no dispatch when idle, a
+// ten-minute delay), so requests are in flight at Drain for as long as a
+// test needs; ServerHooks::after_drain_step stops the drain between steps
+// while the test calls in. Every wait is on a condition.
+#include "server/server.h"
+
+#include <grpc/grpc.h>
+#include <grpc/support/alloc.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "kernels/cpu_softmax.h"
+#include "server/testing/test_backends.h"
+#include "softmax/v1/softmax.grpc.pb.h"
+
+namespace softmax::server {
+namespace {
+
+using ::softmax::server::testing::Await;
+using ::softmax::server::testing::kWait;
+
+// What the service answers a request it refuses while draining.
+constexpr char kDrainingMessage[] = "server is shutting down; retry on another replica";
+
+// Every row of a test tensor.
+constexpr int64_t kRowLength = 16;
+
+// A server whose batcher keeps requests queued until Drain flushes them: a
+// batch forms only at max_batch_rows (8) rows, or when the oldest request
+// has waited ten minutes.
+ServerOptions QueueingOptions() {
+  ServerOptions options;
+  options.grpc_address = "127.0.0.1:0";
+  options.http_address = "";
+  options.metrics_address = "127.0.0.1:0";
+  options.device = "cpu";
+  options.shared_memory = "off";
+  options.max_batch_rows = 8;
+  options.max_queue_delay_us = int64_t{600} * 1000 * 1000;
+  options.test_no_idle_dispatch = true;
+  options.max_connection_age_s = 0;
+  options.server_version = "test";
+  return options;
+}
+
+v1::SoftmaxRequest Request(const std::string& id, int64_t rows, uint32_t seed) {
+  v1::SoftmaxRequest request;
+  request.set_request_id(id);
+  v1::Tensor* input = request.mutable_input();
+  input->set_dtype(v1::DTYPE_FLOAT32);
+  input->add_shape(rows);
+  input->add_shape(kRowLength);
+  std::vector<float> values(static_cast<size_t>(rows * kRowLength));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (float& v : values) v = normal(rng);
+  input->set_data(values.data(), values.size() * sizeof(float));
+  return request;
+}
+
+// Checks `response` against the float64 reference for `request`.
+void ExpectCorrect(const v1::SoftmaxRequest& request, const v1::SoftmaxResponse& response) {
+  ASSERT_EQ(response.request_id(), request.request_id());
+  ASSERT_EQ(response.output().data().size(), request.input().data().size());
+  const SoftmaxShape shape{request.input().shape(0), kRowLength, 1};
+  std::vector<double> expected(static_cast<size_t>(shape.elements()));
+  ReferenceSoftmax(request.input().data().data(), DType::kFloat32, shape, SoftmaxOptions(),
+                   expected.data());
+  for (int64_t i = 0; i < shape.elements(); ++i) {
+    const float got = LoadAsFloat(response.output().data().data(), DType::kFloat32, i);
+    ASSERT_NEAR(got, expected[i], 1e-6 + 2e-6 * std::fabs(expected[i])) << "element " << i;
+  }
+}
+
+// The value of the gauge `name` (no labels) in the server's metrics; -1
+// when absent.
+double Gauge(const Server& server, const std::string& name) {
+  for (const prometheus::MetricFamily& family : server.metrics()->Collect()) {
+    if (family.name == name && !family.metric.empty()) return family.metric[0].gauge.value;
+  }
+  return -1;
+}
+
+// Calls gRPC has started in this process's servers, from channelz: a call
+// counts once its headers have reached the server. -1 when channelz says
+// nothing.
+int64_t ServerCallsStarted() {
+  char* json = grpc_channelz_get_servers(0);
+  if (json == nullptr) return -1;
+  const std::string text(json);
+  gpr_free(json);
+  int64_t total = -1;
+  const std::string key = "\"callsStarted\":\"";
+  for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) {
+    const size_t begin = at + key.size();
+    int64_t calls = 0;
+    if (!absl::SimpleAtoi(text.substr(begin, text.find('"', begin) - begin), &calls)) return -1;
+    total = std::max<int64_t>(total, 0) + calls;
+  }
+  return total;
+}
+
+// One unary Softmax call on the callback API.
+struct UnaryCall {
+  v1::SoftmaxRequest request;
+  v1::SoftmaxResponse response;
+  grpc::ClientContext context;
+  grpc::Status status;
+  absl::Notification done;
+
+  UnaryCall(v1::SoftmaxService::Stub& stub, v1::SoftmaxRequest to_send)
+      : request(std::move(to_send)) {
+    stub.async()->Softmax(&context, &request, &response, [this](grpc::Status outcome) {
+      status = std::move(outcome);
+      done.Notify();
+    });
+  }
+  bool Wait() { return done.WaitForNotificationWithTimeout(kWait); }
+};
+
+class Client {
+ public:
+  explicit Client(int port)
+      : channel_(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                     grpc::InsecureChannelCredentials())),
+        stub_(v1::SoftmaxService::NewStub(channel_)) {}
+
+  v1::SoftmaxService::Stub& stub() { return *stub_; }
+
+  std::unique_ptr<UnaryCall> Call(const std::string& id, int64_t rows = 1) {
+    return std::make_unique<UnaryCall>(*stub_, Request(id, rows, next_seed_++));
+  }
+
+  // grpc.health.v1.Health/Check for the whole server (""): SERVING is 1,
+  // NOT_SERVING 2; -1 when the call fails.
+  int Health() {
+    grpc::GenericStub generic(channel_);
+    grpc::ClientContext context;
+    grpc::ByteBuffer request;  // an empty HealthCheckRequest: service ""
+    grpc::Slice empty("");
+    request = grpc::ByteBuffer(&empty, 1);
+    grpc::ByteBuffer reply;
+    grpc::Status status;
+    absl::Notification done;
+    generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                      &reply, [&](grpc::Status outcome) {
+                        status = std::move(outcome);
+                        done.Notify();
+                      });
+    if (!done.WaitForNotificationWithTimeout(kWait) || !status.ok()) return -1;
+    std::vector<grpc::Slice> slices;
+    if (!reply.Dump(&slices).ok()) return -1;
+    std::string bytes;
+    for (const grpc::Slice& slice : slices) {
+      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    // HealthCheckResponse: field 1 (status), a varint.
+    if (bytes.size() != 2 || bytes[0] != '\x08') return -1;
+    return bytes[1];
+  }
+
+ private:
+  uint32_t next_seed_ = 1;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::SoftmaxService::Stub> stub_;
+};
+
+constexpr int kServing = 1;
+constexpr int kNotServing = 2;
+
+const std::vector<DrainStep> kAllSteps = {
+    DrainStep::kNotServing,       DrainStep::kRefusing,         DrainStep::kQueueFlushed,
+    DrainStep::kLameDuckOver,     DrainStep::kRequestsAnswered, DrainStep::kRefusalsHeld,
+    DrainStep::kShutdownStarted,  DrainStep::kHeldCallsReleased,
+};
+
+// Records the steps as Drain reports them and runs the test's check, if
+// any, for each.
+class StepRecorder {
+ public:
+  std::function<void(DrainStep)> Hook() {
+    return [this](DrainStep step) {
+      {
+        absl::MutexLock lock(&mu_);
+        steps_.push_back(step);
+      }
+      auto check = checks_.find(step);
+      if (check != checks_.end()) check->second();
+    };
+  }
+  // Runs `check` on the draining thread when `step` is done. Before Drain.
+  void At(DrainStep step, std::function<void()> check) { checks_[step] = std::move(check); }
+  std::vector<DrainStep> steps() {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
+
+ private:
+  std::map<DrainStep, std::function<void()>> checks_;
+  absl::Mutex mu_;
+  std::vector<DrainStep> steps_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(ServerTest, StartReturnsErrorsInsteadOfExiting) {
+  {
+    ServerOptions options = QueueingOptions();
+    options.device = "tpu";
+    Server server(options);
+    const absl::Status started = server.Start();
+    EXPECT_EQ(started.code(), absl::StatusCode::kInvalidArgument) << started;
+  }
+  {
+    ServerOptions options = QueueingOptions();
+    options.auth_tokens_file = "/nonexistent/tokens";
+    Server server(options);
+    EXPECT_FALSE(server.Start().ok());
+  }
+  // The gRPC port of a running server: the second cannot bind it, and
+  // stops what it had started (its backend, its /metrics) on destruction.
+  Server first(QueueingOptions());
+  ASSERT_TRUE(first.Start().ok());
+  ServerOptions options = QueueingOptions();
+  options.grpc_address = absl::StrCat("127.0.0.1:", first.grpc_port());
+  {
+    Server second(options);
+    const absl::Status started = second.Start();
+    EXPECT_EQ(started.code(), absl::StatusCode::kUnavailable) << started;
+  }
+  // The first one serves on.
+  Client client(first.grpc_port());
+  EXPECT_EQ(client.Health(), kServing);
+}
+
+// SIGTERM's order as callers see it: health goes NOT_SERVING while calls are
+// still admitted; then new calls are refused UNAVAILABLE (the lame duck)
+// while the admitted ones are answered; the listeners stay open through the
+// lame duck.
+TEST(ServerTest, DrainGoesNotServingThenRefusesNewCallsAndAnswersAdmittedOnes) {
+  StepRecorder recorder;
+  ServerHooks hooks;
+  hooks.after_drain_step = recorder.Hook();
+  ServerOptions options = QueueingOptions();
+  options.http_address = "127.0.0.1:0";  // stopped by the drain too
+  Server server(options, hooks);
+  ASSERT_TRUE(server.Start().ok());
+  Client client(server.grpc_port());
+  ASSERT_EQ(client.Health(), kServing);
+  EXPECT_EQ(Gauge(server, "softmax_serving"), 1);
+
+  std::vector<std::unique_ptr<UnaryCall>> admitted;
+  for (int i = 0; i < 3; ++i) admitted.push_back(client.Call(absl::StrCat("admitted-", i)));
+  ASSERT_TRUE(Await([&] { return Gauge(server, "softmax_queued_requests") == 3; }));
+
+  recorder.At(DrainStep::kNotServing, [&] {
+    EXPECT_EQ(client.Health(), kNotServing);
+    EXPECT_EQ(Gauge(server, "softmax_serving"), 0);
+    // Not refused yet: balancers are told first.
+    admitted.push_back(client.Call("admitted-after-not-serving"));
+    EXPECT_TRUE(Await([&] { return Gauge(server, "softmax_queued_requests") == 4; }));
+  });
+  recorder.At(DrainStep::kRefusing, [&] {
+    std::unique_ptr<UnaryCall> refused = client.Call("refused-in-lame-duck");
+    ASSERT_TRUE(refused->Wait());
+    EXPECT_EQ(refused->status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(refused->status.error_message(), kDrainingMessage);
+    // The admitted calls are still queued, not refused.
+    for (const auto& call : admitted) EXPECT_FALSE(call->done.HasBeenNotified());
+  });
+  recorder.At(DrainStep::kQueueFlushed, [&] {
+    // Answered now, not after the ten-minute batching delay.
+    EXPECT_TRUE(Await([&] {
+      return std::all_of(admitted.begin(), admitted.end(),
+                         [](const auto& call) { return call->done.HasBeenNotified(); });
+    }));
+  });
+  recorder.At(DrainStep::kLameDuckOver, [&] {
+    EXPECT_EQ(client.Health(), kNotServing);
+    std::unique_ptr<UnaryCall> refused = client.Call("refused-after-lame-duck");
+    ASSERT_TRUE(refused->Wait());
+    EXPECT_EQ(refused->status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(refused->status.error_message(), kDrainingMessage);
+  });
+  std::thread drain([&] { server.Drain(); });
+  server.Wait();
+  drain.join();
+
+  ASSERT_EQ(admitted.size(), 4u);
+  for (const auto& call : admitted) {
+    ASSERT_TRUE(call->Wait());
+    EXPECT_TRUE(call->status.ok()) << call->status.error_message();
+    ExpectCorrect(call->request, call->response);
+  }
+  EXPECT_EQ(recorder.steps(), kAllSteps);
+  EXPECT_FALSE(server.device_faulted());
+}
+
+// A unary call refused once Shutdown is near is held, not answered, so that
+// a closed-loop caller sends nothing into the window where gRPC would cancel
+// it; the held calls are answered UNAVAILABLE after Shutdown has started.
+TEST(ServerTest, RefusalsAreHeldUntilShutdownHasStartedThenAnsweredUnavailable) {
+  StepRecorder recorder;
+  ServerHooks hooks;
+  hooks.after_drain_step = recorder.Hook();
+  Server server(QueueingOptions(), hooks);
+  ASSERT_TRUE(server.Start().ok());
+  Client client(server.grpc_port());
+  ASSERT_EQ(client.Health(), kServing);  // connected before the drain
+  ASSERT_GE(ServerCallsStarted(), 1) << "channelz counts no calls";
+
+  std::unique_ptr<UnaryCall> held;
+  recorder.At(DrainStep::kRefusalsHeld, [&] {
+    const int64_t calls_before = ServerCallsStarted();
+    held = client.Call("held");
+    // The call has reached the server...
+    ASSERT_TRUE(Await([&] { return ServerCallsStarted() > calls_before; }));
+    // ...and is not answered while refusals are held (a refusal not held
+    // comes back within a round trip).
+    EXPECT_FALSE(held->done.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  });
+  recorder.At(DrainStep::kShutdownStarted, [&] {
+    ASSERT_NE(held, nullptr);
+    EXPECT_FALSE(held->done.HasBeenNotified());
+  });
+  std::thread drain([&] { server.Drain(); });
+  drain.join();
+  ASSERT_NE(held, nullptr);
+  ASSERT_TRUE(held->Wait());
+  EXPECT_EQ(held->status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(held->status.error_message(), kDrainingMessage);
+  server.Wait();
+  EXPECT_EQ(recorder.steps(), kAllSteps);
+}
+
+// A stream with answers still to come at Drain: every request it had sent
+// is answered, each response written, and only then does it end, with a
+// retryable UNAVAILABLE.
+TEST(ServerTest, StreamMidAnswerAtDrainGetsEveryResponseThenUnavailable) {
+  StepRecorder recorder;
+  ServerHooks hooks;
+  hooks.after_drain_step = recorder.Hook();
+  Server server(QueueingOptions(), hooks);
+  ASSERT_TRUE(server.Start().ok());
+  Client client(server.grpc_port());
+
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SoftmaxRequest, v1::SoftmaxResponse>> stream =
+      client.stub().SoftmaxStream(&context);
+  // A full batch (8 rows) is computed at once: the stream is answering.
+  const v1::SoftmaxRequest first = Request("first", 8, 100);
+  ASSERT_TRUE(stream->Write(first));
+  v1::SoftmaxResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  ExpectCorrect(first, response);
+  // Three more wait in the queue.
+  std::vector<v1::SoftmaxRequest> pending;
+  for (int i = 0; i < 3; ++i) {
+    pending.push_back(Request(absl::StrCat("pending-", i), 1, 200 + i));
+    ASSERT_TRUE(stream->Write(pending.back()));
+  }
+  ASSERT_TRUE(Await([&] { return Gauge(server, "softmax_queued_requests") == 3; }));
+
+  absl::Notification refusing;
+  recorder.At(DrainStep::kRefusing, [&] { refusing.Notify(); });
+  std::thread drain([&] { server.Drain(); });
+  std::vector<v1::SoftmaxResponse> answers;
+  while (stream->Read(&response)) answers.push_back(response);
+  const grpc::Status status = stream->Finish();
+  EXPECT_TRUE(refusing.HasBeenNotified());
+  // One batch answers all three, in any order.
+  ASSERT_EQ(answers.size(), pending.size());
+  for (const v1::SoftmaxResponse& answer : answers) {
+    auto request = std::find_if(pending.begin(), pending.end(), [&](const auto& sent) {
+      return sent.request_id() == answer.request_id();
+    });
+    ASSERT_NE(request, pending.end()) << answer.request_id();
+    ExpectCorrect(*request, answer);
+    pending.erase(request);
+  }
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  drain.join();
+  server.Wait();
+  EXPECT_EQ(recorder.steps(), kAllSteps);
+}
+
+}  // namespace
+}  // namespace softmax::server
