@@ -89,7 +89,7 @@ ATOL = 1e-6
 # flight). Tests use it to have requests certainly queued: Server(env=...).
 HOLD_IN_QUEUE = {"SOFTMAX_TEST_NO_IDLE_DISPATCH": "1"}
 # The lame duck: from SIGTERM, new requests are refused UNAVAILABLE for this
-# long before the listener may close (kLameDuck in server/main.cc).
+# long before the listener may close (kLameDuck in server/server.cc).
 LAME_DUCK_S = 0.5
 
 # Unlimited client message sizes: gRPC's Python default receive limit is 4 MiB.

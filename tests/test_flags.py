@@ -69,7 +69,7 @@ def test_flagfile_is_read(tmp_path):
 # tuning knobs (constants in server/cuda/cuda_backend.h), the idle dispatch
 # (always on), the queue's byte bound (half of --max_held_bytes), the CPU
 # threads (every core the process may use), the device memory cap (none), the
-# lame duck (kLameDuck in server/main.cc).
+# lame duck (kLameDuck in server/server.cc).
 REMOVED = ["cuda_streams", "dispatch_when_idle", "max_queued_bytes", "cpu_threads",
            "cuda_memory_limit_bytes", "lame_duck_ms"]
 
