@@ -37,6 +37,11 @@
 //   Wait then joins the Shutdown, the gRPC server, /metrics and HTTP, and
 //   logs "stopped".
 //
+// Ownership: the Server owns everything it wires (backends, metrics,
+// batcher, services, listeners) and the threads of its drain; what its
+// accessors hand out lives as long as it does. Destroying it destroys them
+// in the reverse order of Start, so that each outlives what uses it.
+//
 // Thread-safety: Start, then Drain, from one thread (Drain may run on
 // another thread than Start did, once Start has returned); Wait from any
 // thread, once; the accessors from any thread once Start returned OK. The

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -129,8 +131,10 @@ struct UnaryCall {
   grpc::Status status;
   absl::Notification done;
 
-  UnaryCall(v1::SoftmaxService::Stub& stub, v1::SoftmaxRequest to_send)
+  UnaryCall(v1::SoftmaxService::Stub& stub, v1::SoftmaxRequest to_send,
+            const std::string& token = "")
       : request(std::move(to_send)) {
+    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
     stub.async()->Softmax(&context, &request, &response, [this](grpc::Status outcome) {
       status = std::move(outcome);
       done.Notify();
@@ -148,8 +152,9 @@ class Client {
 
   v1::SoftmaxService::Stub& stub() { return *stub_; }
 
-  std::unique_ptr<UnaryCall> Call(const std::string& id, int64_t rows = 1) {
-    return std::make_unique<UnaryCall>(*stub_, Request(id, rows, next_seed_++));
+  std::unique_ptr<UnaryCall> Call(const std::string& id, int64_t rows = 1,
+                                  const std::string& token = "") {
+    return std::make_unique<UnaryCall>(*stub_, Request(id, rows, next_seed_++), token);
   }
 
   // grpc.health.v1.Health/Check for the whole server (""): SERVING is 1,
@@ -250,6 +255,45 @@ TEST(ServerTest, StartReturnsErrorsInsteadOfExiting) {
   // The first one serves on.
   Client client(first.grpc_port());
   EXPECT_EQ(client.Health(), kServing);
+}
+
+// SIGHUP's work: the tokens file is read again, and the calls' tokens are
+// checked against the new ones from then on.
+TEST(ServerTest, ReloadAuthTokensSwapsTheTokensInUse) {
+  {
+    Server server(QueueingOptions());
+    ASSERT_TRUE(server.Start().ok());
+    EXPECT_EQ(server.ReloadAuthTokens().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  const std::string path = ::testing::TempDir() + "/server_test_tokens";
+  auto write_tokens = [&path](const std::string& tokens) {
+    std::ofstream file(path, std::ios::trunc);
+    file << tokens;
+  };
+  write_tokens("# the first\nfirst-token\n");
+  ServerOptions options = QueueingOptions();
+  options.auth_tokens_file = path;
+  Server server(options);
+  ASSERT_TRUE(server.Start().ok());
+  Client client(server.grpc_port());
+  // Eight rows: a batch at once, without the queue's delay.
+  auto call = [&client](const std::string& token) {
+    std::unique_ptr<UnaryCall> call = client.Call("tokens", 8, token);
+    EXPECT_TRUE(call->Wait());
+    return call->status.error_code();
+  };
+  EXPECT_EQ(call("first-token"), grpc::StatusCode::OK);
+  EXPECT_EQ(call("second-token"), grpc::StatusCode::UNAUTHENTICATED);
+
+  write_tokens("second-token\n");
+  ASSERT_TRUE(server.ReloadAuthTokens().ok());
+  EXPECT_EQ(call("first-token"), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call("second-token"), grpc::StatusCode::OK);
+
+  // A file that cannot be read keeps the tokens in use.
+  std::remove(path.c_str());
+  EXPECT_FALSE(server.ReloadAuthTokens().ok());
+  EXPECT_EQ(call("second-token"), grpc::StatusCode::OK);
 }
 
 // SIGTERM's order as callers see it: health goes NOT_SERVING while calls are
