@@ -35,7 +35,10 @@
 #include "server/rpc/grpc_server.h"
 #include "server/rpc/kserve_grpc.h"
 #include "server/rpc/kserve_http.h"
+#include "server/rpc/front_end.h"
+#include "server/rpc/reset_guard.h"
 #include "server/rpc/service.h"
+#include "server/scheduling/admission.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
 #include "server/server_options.h"
@@ -56,10 +59,10 @@ constexpr int64_t kMaxConnectionAgeS = int64_t{24} * 24 * 3600;
 // outlast a refusal's round trip, and every restart waits it out.
 constexpr std::chrono::milliseconds kLameDuck(500);
 // Pause between the last response and closing the connections, so callers
-// read their responses before the close (see WaitForRequestsInFlight).
+// read their responses before the close (see Admission::WaitForInFlight).
 constexpr std::chrono::milliseconds kCloseLinger(200);
 // How long refusals are held once Shutdown has started (see
-// SoftmaxServiceImpl::HoldRefusals): Shutdown sends its GOAWAY at once, and
+// Admission::HoldRefusals): Shutdown sends its GOAWAY at once, and
 // loopback clients read it well within this.
 constexpr std::chrono::milliseconds kHoldRefusalsAfterShutdown(100);
 // Once every request is answered, Shutdown waits this long for the idle
@@ -342,16 +345,23 @@ int Run(const ServerOptions& options) {
     if (metrics != nullptr) metrics->SetHeldBytes(held);
   });
   if (metrics != nullptr) metrics->SetHeldBytesLimit(options.max_held_bytes);
-  ServiceOptions service_options;
-  service_options.budget = &budget;
-  service_options.authenticator = authenticator.get();
-  service_options.limits.max_tensor_bytes = options.max_tensor_bytes;
-  service_options.echo = backends.empty();
-  service_options.max_stream_age = std::chrono::seconds(options.max_connection_age_s);
-  SoftmaxServiceImpl service(service_options, batcher.get(), metrics.get());
+  // The one door into the batcher for every protocol.
+  AdmissionOptions admission_options;
+  admission_options.echo = backends.empty();
+  admission_options.budget = &budget;
+  Admission admission(admission_options, batcher.get());
+  PrematureResetGuard reset_guard;
+  FrontEnd front_end;
+  front_end.admission = &admission;
+  front_end.metrics = metrics.get();
+  front_end.authenticator = authenticator.get();
+  front_end.reset_guard = &reset_guard;
+  front_end.limits.max_tensor_bytes = options.max_tensor_bytes;
+  front_end.max_stream_age = std::chrono::seconds(options.max_connection_age_s);
+  SoftmaxServiceImpl service(front_end);
 
   // The Open Inference Protocol (KServe v2): gRPC beside softmax.v1, HTTP on
-  // its own port; both dispatch through `service`, into the one batcher.
+  // its own port; both dispatch through `admission`, into the one batcher.
   kserve::ModelStatistics kserve_statistics;
   std::unique_ptr<DeviceMemoryMapper> memory_mapper =
       CreateDeviceMemoryMapper(choice->cuda_devices);
@@ -360,8 +370,8 @@ int Run(const ServerOptions& options) {
       [metrics = metrics.get()](SharedMemoryKind kind, int64_t regions, int64_t bytes) {
         if (metrics != nullptr) metrics->SetSharedMemory(SharedMemoryKindName(kind), regions, bytes);
       });
-  KServeGrpcService kserve_service(&service, &kserve_statistics, SOFTMAX_VERSION,
-                                   ServiceOptions{}.max_stream_pending, &shared_memory);
+  KServeGrpcService kserve_service(front_end, &kserve_statistics, SOFTMAX_VERSION,
+                                   &shared_memory);
 
   GrpcServerOptions grpc_options;
   grpc_options.address = options.grpc_address;
@@ -369,7 +379,7 @@ int Run(const ServerOptions& options) {
   grpc_options.additional_services.push_back(&kserve_service);
   grpc_options.max_concurrent_streams = options.max_concurrent_streams;
   grpc_options.max_connection_age_ms = options.max_connection_age_s * 1000;
-  grpc_options.reset_guard = &service.reset_guard();
+  grpc_options.reset_guard = &reset_guard;
   grpc_options.tls_cert_file = options.tls_cert_file;
   grpc_options.tls_key_file = options.tls_key_file;
   grpc_options.tls_client_ca_file = options.tls_client_ca_file;
@@ -396,13 +406,11 @@ int Run(const ServerOptions& options) {
   if (!options.http_address.empty()) {
     HttpServerOptions http_options;
     http_options.address = options.http_address;
-    http_options.max_tensor_bytes = options.max_tensor_bytes;
     http_options.server_version = SOFTMAX_VERSION;
     http_options.shared_memory = &shared_memory;
     http_options.tls = {options.tls_cert_file, options.tls_key_file, options.tls_client_ca_file};
-    http_options.authenticator = authenticator.get();
     absl::StatusOr<std::unique_ptr<KServeHttpServer>> started =
-        KServeHttpServer::Start(http_options, &service, &kserve_statistics);
+        KServeHttpServer::Start(http_options, front_end, &kserve_statistics);
     if (!started.ok()) return Fail(started.status());
     http = std::move(*started);
   }
@@ -446,7 +454,7 @@ int Run(const ServerOptions& options) {
   // let the RPCs in flight finish (the batcher keeps running for them).
   SetServing(server->server.get(), false);
   if (metrics != nullptr) metrics->SetServing(false);
-  service.StartDraining();
+  admission.StartDraining();
   // What is already queued is computed now, without waiting out the batching
   // delay; Stop() returns once the backend has answered all of it.
   if (batcher != nullptr) batcher->Stop();
@@ -465,19 +473,19 @@ int Run(const ServerOptions& options) {
   });
   // Let every accepted request be answered, then give the callers a moment
   // to read their last responses before the connections close (see
-  // SoftmaxServiceImpl::WaitForRequestsInFlight).
+  // Admission::WaitForInFlight).
   const absl::Time grace_end = absl::Now() + absl::Seconds(fault ? 5 : options.shutdown_grace_s);
-  const bool all_answered = service.WaitForRequestsInFlight(grace_end);
+  const bool all_answered = admission.WaitForInFlight(grace_end);
   if (!all_answered) {
     logging::LogWarning("requests still in flight at the grace deadline",
-                        {{"requests", service.requests_in_flight()}});
+                        {{"requests", admission.in_flight()}});
   }
   // Streams ended when their last request was answered (StartDraining).
   // Refusals are held from here across the start of Shutdown, so closed-loop
   // callers have nothing on its way when gRPC would cancel it (HoldRefusals);
   // anything still open gets what is left of the grace period, then gRPC
   // cancels it.
-  service.HoldRefusals();
+  admission.HoldRefusals();
   std::this_thread::sleep_for(kCloseLinger);
   const absl::Time close_by = all_answered
                                  ? std::min(grace_end, absl::Now() + absl::FromChrono(
@@ -487,7 +495,7 @@ int Run(const ServerOptions& options) {
     server->server->Shutdown(absl::ToChronoTime(close_by));
   });
   std::this_thread::sleep_for(kHoldRefusalsAfterShutdown);
-  service.ReleaseHeldCalls();
+  admission.ReleaseHeldCalls();
   shutdown.join();
   server->server->Wait();
   stop_metrics.join();

@@ -80,4 +80,9 @@ absl::Status TokenAuthenticator::Check(const grpc::ServerContextBase& context) c
   return CheckHeader(absl::string_view(found->second.data(), found->second.size()));
 }
 
+absl::Status Authenticate(const TokenAuthenticator* authenticator,
+                          const grpc::ServerContextBase& context) {
+  return authenticator != nullptr ? authenticator->Check(context) : absl::OkStatus();
+}
+
 }  // namespace softmax::server

@@ -26,6 +26,13 @@ namespace softmax::server {
 // of the same length, whatever their contents.
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
+class TokenAuthenticator;
+
+// OK when `authenticator` is null (tokens off) or `context` carries one of
+// its tokens; else UNAUTHENTICATED.
+absl::Status Authenticate(const TokenAuthenticator* authenticator,
+                          const grpc::ServerContextBase& context);
+
 class TokenAuthenticator {
  public:
   // Reads `path`. INVALID_ARGUMENT when it cannot be read or holds no token.

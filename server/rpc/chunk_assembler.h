@@ -36,7 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/chunk_wire.h"
-#include "server/rpc/memory_budget.h"
+#include "server/scheduling/memory_budget.h"
 #include "server/rpc/tensor_buffer_pool.h"
 #include "server/rpc/validation.h"
 #include "server/scheduling/backend.h"

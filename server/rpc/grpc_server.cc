@@ -117,7 +117,7 @@ absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
   }
   if (options.reset_guard != nullptr) {
     // softmax.v1's Softmax and KServe's ModelInfer count their own
-    // (SoftmaxServiceImpl::reset_guard) and pay for no interceptor per call.
+    // (FrontEnd::reset_guard) and pay for no interceptor per call.
     // Streams keep it (counted in the reactor they were cut after 78k pairs,
     // or never): 0.96x the streamed echo's req/s, 2-core host, 1x1024, 5 rounds.
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;

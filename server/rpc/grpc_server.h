@@ -80,7 +80,7 @@ inline constexpr int kKeepaliveTimeoutMs = 20 * 1000;
 // After a connection's max age (GrpcServerOptions::max_connection_age_ms),
 // the calls still open on it get the age again plus this long before the
 // connection is closed under them. A stream ends itself once it is as old as
-// the age (SoftmaxServiceImpl::max_stream_age), which a stream opened just
+// the age (FrontEnd::max_stream_age), which a stream opened just
 // before the connection's GOAWAY reaches within that; a unary call gets 60 s,
 // the KServe HTTP front's own bound on a request.
 inline constexpr int kMaxConnectionAgeGraceMs = 60 * 1000;

@@ -18,6 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/logging/log.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/dispatch.h"
+#include "server/rpc/reset_guard.h"
 #include "server/rpc/status_util.h"
 #include "server/rpc/stream_reactor.h"
 #include "server/rpc/wire.h"
@@ -296,27 +299,16 @@ absl::Status ParseInferRequest(grpc::ByteBuffer* buffer, TensorBufferPool* pool,
   return absl::OkStatus();
 }
 
-// Statistics and metrics of a finished request.
+// Statistics, metrics and access log of a finished request.
 void Record(KServeGrpcService* service, RpcMethod method, const InferCall& call,
             const absl::Status& status) {
-  const int64_t elapsed = NanosSince(call.start);
-  if (call.model_known) {
-    if (status.ok()) {
-      RequestTiming timing;
-      timing.queue_ns = call.response.timing().queue_ns();
-      timing.compute_ns = call.response.timing().compute_ns();
-      service->statistics()->RecordSuccess(call.model, elapsed, timing);
-    } else {
-      service->statistics()->RecordFailure(call.model, elapsed);
-    }
-  }
-  if (Metrics* metrics = service->softmax()->metrics(); metrics != nullptr) {
-    metrics->RecordRequest(method, status.code(), static_cast<double>(elapsed) * 1e-9,
-                           2 * call.data_bytes);
-  }
-  logging::LogAccess(method == RpcMethod::kModelInfer ? "ModelInfer" : "ModelStreamInfer",
-                     status.code(), 2 * call.data_bytes, static_cast<double>(elapsed) * 1e-9,
-                     [&call] { return call.context->peer(); });
+  RequestTiming timing;
+  timing.queue_ns = call.response.timing().queue_ns();
+  timing.compute_ns = call.response.timing().compute_ns();
+  kserve::RecordInference(
+      service->statistics(), service->front_end().metrics, method,
+      call.model_known ? std::optional<kserve::Model>(call.model) : std::nullopt, status,
+      NanosSince(call.start), call.data_bytes, timing, [&call] { return call.context->peer(); });
 }
 
 // Parses `buffer` into `request` and starts `call` (owned by the completion
@@ -329,25 +321,27 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
                 std::function<bool()> is_cancelled, Complete complete) {
   InferCall* call = owned.release();
   call->context = context;
-  call->buffers = service->softmax()->buffers();
-  absl::Status status = service->softmax()->Authenticate(*context);
+  const FrontEnd& front_end = service->front_end();
+  call->buffers = front_end.buffers;
+  absl::Status status = Authenticate(front_end.authenticator, *context);
   // As softmax.v1's Softmax: a call that ended before its message arrived
   // is CANCELLED, and counted against its connection (reset_guard.h).
   if (!buffer->Valid()) {
-    service->softmax()->reset_guard().RecordPrematureReset(context->peer());
+    if (front_end.reset_guard != nullptr) {
+      front_end.reset_guard->RecordPrematureReset(context->peer());
+    }
     if (status.ok()) status = absl::CancelledError("the call ended before its request message arrived");
   }
   if (status.ok()) status = ParseInferRequest(buffer, call->buffers.get(), request);
   if (status.ok()) status = PrepareInfer(request, service->shared_memory(), call);
   if (status.ok()) {
     status = kserve::RenameInputFields(
-        service->softmax()->Dispatch(&call->request, &call->response, &call->view,
-                                     context->deadline(), std::move(is_cancelled),
-                                     [call, complete](const absl::Status& outcome) {
-                                       complete(std::unique_ptr<InferCall>(call), outcome);
-                                     },
-                                     call->has_external ? &call->external : nullptr,
-                                     &call->held),
+        Dispatch(front_end, &call->request, &call->response, &call->view, context->deadline(),
+                 std::move(is_cancelled),
+                 [call, complete](const absl::Status& outcome) {
+                   complete(std::unique_ptr<InferCall>(call), outcome);
+                 },
+                 call->has_external ? &call->external : nullptr, &call->held),
         call->data_field);
   }
   if (!status.ok()) complete(std::unique_ptr<InferCall>(call), status);
@@ -362,6 +356,7 @@ class StreamInferHandler {
     inference::ModelInferRequest request;
     std::unique_ptr<InferCall> call;
     grpc::ByteBuffer outgoing;  // the response as written
+    Admission::Ticket ticket;   // in flight until answered (StreamReactor)
   };
 
   StreamInferHandler(KServeGrpcService* service, grpc::CallbackServerContext* context)
@@ -419,19 +414,18 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
 
 }  // namespace
 
-KServeGrpcService::KServeGrpcService(SoftmaxServiceImpl* softmax,
+KServeGrpcService::KServeGrpcService(const FrontEnd& front_end,
                                      kserve::ModelStatistics* statistics,
-                                     std::string server_version, int max_stream_pending,
+                                     std::string server_version,
                                      SharedMemoryManager* shared_memory)
-    : softmax_(softmax),
+    : front_end_(front_end),
       statistics_(statistics),
       server_version_(std::move(server_version)),
-      max_stream_pending_(max_stream_pending),
       shared_memory_(shared_memory) {}
 
 grpc::ServerUnaryReactor* KServeGrpcService::Unimplemented(grpc::CallbackServerContext* context,
                                                            const char* rpc) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
     return FinishWith(context, allowed);
   }
   return FinishWith(context, absl::UnimplementedError(absl::StrCat(
@@ -449,7 +443,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::ServerLive(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* KServeGrpcService::ServerReady(
     grpc::CallbackServerContext* context, const inference::ServerReadyRequest*,
     inference::ServerReadyResponse* response) {
-  response->set_ready(!softmax_->draining());
+  response->set_ready(!front_end_.admission->draining());
   return FinishWith(context, absl::OkStatus());
 }
 
@@ -459,14 +453,14 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelReady(
   // A model (or version) not served is not ready, and that is the answer,
   // not an error: Triton's, which tritonclient's is_model_ready expects.
   absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
-  response->set_ready(model.ok() && !softmax_->draining());
+  response->set_ready(model.ok() && !front_end_.admission->draining());
   return FinishWith(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeGrpcService::ServerMetadata(
     grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
     return FinishWith(context, allowed);
   }
   response->set_name(kserve::kServerName);
@@ -480,7 +474,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::ServerMetadata(
 grpc::ServerUnaryReactor* KServeGrpcService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
     return FinishWith(context, allowed);
   }
   absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
@@ -491,7 +485,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelMetadata(
 grpc::ServerUnaryReactor* KServeGrpcService::ModelConfig(
     grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
     inference::ModelConfigResponse* response) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
     return FinishWith(context, allowed);
   }
   absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
@@ -502,7 +496,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelConfig(
 grpc::ServerUnaryReactor* KServeGrpcService::ModelStatistics(
     grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
     return FinishWith(context, allowed);
   }
   if (request->name().empty()) {
@@ -520,9 +514,12 @@ namespace {
 
 // A unary ModelInfer: holds the request's share of the memory budget until
 // gRPC has sent the answer (OnDone), not only until it is serialised.
+// Counted as in flight (its ticket) until then too.
 class InferReactor final : public grpc::ServerUnaryReactor {
  public:
+  explicit InferReactor(Admission* admission) : ticket(admission->Enter()) {}
   void OnDone() override { delete this; }
+  Admission::Ticket ticket;
   std::shared_ptr<const void> held;
 };
 
@@ -531,8 +528,7 @@ class InferReactor final : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerContext* context,
                                                         const grpc::ByteBuffer* request,
                                                         grpc::ByteBuffer* response) {
-  auto* reactor = new InferReactor;
-  softmax_->RequestsStarted(1);
+  auto* reactor = new InferReactor(front_end_.admission);
   auto call = std::make_unique<InferCall>();
   inference::ModelInferRequest* message = &call->message;
   // gRPC hands the request as const, but the buffer is this call's and is
@@ -551,15 +547,14 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerCont
         reactor->held = std::move(done->held);
         done.reset();
         reactor->Finish(ToGrpcStatus(outcome));
-        softmax_->RequestsEnded(1);
       });
   return reactor;
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KServeGrpcService::ModelStreamInfer(
     grpc::CallbackServerContext* context) {
-  return new StreamReactor<StreamInferHandler>(softmax_, context, max_stream_pending_,
-                                               softmax_->Authenticate(*context),
+  return new StreamReactor<StreamInferHandler>(front_end_, context,
+                                               Authenticate(front_end_.authenticator, *context),
                                                StreamInferHandler(this, context));
 }
 
@@ -583,7 +578,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryStatus(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
     return FinishWith(context, allowed);
   }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
@@ -604,7 +599,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryRegister(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse*) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
     return FinishWith(context, allowed);
   }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
@@ -617,7 +612,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryUnregister(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryUnregisterRequest* request,
     inference::SystemSharedMemoryUnregisterResponse*) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
     return FinishWith(context, allowed);
   }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
@@ -628,7 +623,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryUnregister(
 grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryStatus(
     grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
     inference::CudaSharedMemoryStatusResponse* response) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
     return FinishWith(context, allowed);
   }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
@@ -648,7 +643,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryRegister(
     grpc::CallbackServerContext* context,
     const inference::CudaSharedMemoryRegisterRequest* request,
     inference::CudaSharedMemoryRegisterResponse*) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
     return FinishWith(context, allowed);
   }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
@@ -662,7 +657,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryUnregister(
     grpc::CallbackServerContext* context,
     const inference::CudaSharedMemoryUnregisterRequest* request,
     inference::CudaSharedMemoryUnregisterResponse*) {
-  if (absl::Status allowed = softmax_->Authenticate(*context); !allowed.ok()) {
+  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
     return FinishWith(context, allowed);
   }
   if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());

@@ -1,6 +1,6 @@
 // inference.GRPCInferenceService (the Open Inference Protocol over gRPC,
 // with Triton's extensions) on the gRPC callback API, served on the same
-// port as softmax.v1. Inference goes through SoftmaxServiceImpl::Dispatch:
+// port as softmax.v1. Inference goes through Dispatch (dispatch.h):
 // one validation, one drain and one Batcher for every protocol.
 //
 // Served: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
@@ -28,7 +28,7 @@
 
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/rpc/kserve.h"
-#include "server/rpc/service.h"
+#include "server/rpc/front_end.h"
 
 namespace softmax::server {
 
@@ -65,12 +65,11 @@ using KServeGrpcBase = kserve_grpc_internal::Base;
 
 class KServeGrpcService final : public KServeGrpcBase {
  public:
-  // `softmax` (dispatch, drain, in-flight accounting, metrics) and
-  // `statistics` must outlive the gRPC server this is registered with.
-  // `shared_memory` (may be null: the extensions answer UNIMPLEMENTED) too.
-  KServeGrpcService(SoftmaxServiceImpl* softmax, kserve::ModelStatistics* statistics,
-                    std::string server_version, int max_stream_pending = 1024,
-                    SharedMemoryManager* shared_memory = nullptr);
+  // `front_end`'s pointees (admission, metrics, tokens) and `statistics`
+  // must outlive the gRPC server this is registered with; `shared_memory`
+  // (may be null: the extensions answer UNIMPLEMENTED) too.
+  KServeGrpcService(const FrontEnd& front_end, kserve::ModelStatistics* statistics,
+                    std::string server_version, SharedMemoryManager* shared_memory = nullptr);
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -138,7 +137,7 @@ class KServeGrpcService final : public KServeGrpcBase {
       const inference::CudaSharedMemoryUnregisterRequest* request,
       inference::CudaSharedMemoryUnregisterResponse* response) override;
 
-  SoftmaxServiceImpl* softmax() const { return softmax_; }
+  const FrontEnd& front_end() const { return front_end_; }
   const SharedMemoryManager* shared_memory() const { return shared_memory_; }
   kserve::ModelStatistics* statistics() const { return statistics_; }
 
@@ -148,10 +147,9 @@ class KServeGrpcService final : public KServeGrpcBase {
   grpc::ServerUnaryReactor* Unimplemented(grpc::CallbackServerContext* context,
                                           const char* rpc);
 
-  SoftmaxServiceImpl* const softmax_;
+  const FrontEnd front_end_;
   kserve::ModelStatistics* const statistics_;
   const std::string server_version_;
-  const int max_stream_pending_;
   SharedMemoryManager* const shared_memory_;
 };
 

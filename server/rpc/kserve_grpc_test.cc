@@ -20,6 +20,7 @@
 #include "kernels/cpu_softmax.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/grpc_server.h"
+#include "server/rpc/service.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
 #include "server/testing/test_backends.h"
@@ -69,14 +70,19 @@ struct Harness {
       scheduler = std::make_unique<Scheduler>(std::vector<Backend*>{backend});
       batcher = std::make_unique<Batcher>(BatcherOptions{}, scheduler.get(), metrics.get());
     }
-    ServiceOptions options;
-    options.echo = echo;
-    options.limits.max_tensor_bytes = max_tensor_bytes;
-    softmax = std::make_unique<SoftmaxServiceImpl>(options, batcher.get(), metrics.get());
-    kserve = std::make_unique<KServeGrpcService>(softmax.get(), &statistics, "test", 4);
+    AdmissionOptions admission_options;
+    admission_options.echo = echo;
+    admission = std::make_unique<Admission>(admission_options, batcher.get());
+    FrontEnd front_end;
+    front_end.admission = admission.get();
+    front_end.metrics = metrics.get();
+    front_end.limits.max_tensor_bytes = max_tensor_bytes;
+    front_end.max_stream_pending = 4;
+    softmax = std::make_unique<SoftmaxServiceImpl>(front_end);
+    kserve = std::make_unique<KServeGrpcService>(front_end, &statistics, "test");
     GrpcServerOptions grpc_options;
     grpc_options.address = "127.0.0.1:0";
-    grpc_options.max_tensor_bytes = options.limits.max_tensor_bytes;
+    grpc_options.max_tensor_bytes = max_tensor_bytes;
     grpc_options.additional_services.push_back(kserve.get());
     absl::StatusOr<RunningServer> started = StartGrpcServer(grpc_options, softmax.get());
     EXPECT_TRUE(started.ok()) << started.status();
@@ -98,6 +104,7 @@ struct Harness {
   LendingBackend* backend = nullptr;
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<Batcher> batcher;
+  std::unique_ptr<Admission> admission;
   std::unique_ptr<SoftmaxServiceImpl> softmax;
   kserve::ModelStatistics statistics;
   std::unique_ptr<KServeGrpcService> kserve;
@@ -206,7 +213,7 @@ TEST(KServeGrpcTest, LargeTensorsTravelThroughPooledBuffers) {
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(answered, 2);
   // gRPC releases the responses' buffers once they are on the wire.
-  TensorBufferPool& pool = *harness.softmax->buffers();
+  TensorBufferPool& pool = *harness.softmax->front_end().buffers;
   EXPECT_TRUE(testing::Await([&pool] { return pool.idle_buffers() >= 1; }));
   EXPECT_LE(pool.idle_buffers(), 2u);  // at most two calls were in flight at once
 }

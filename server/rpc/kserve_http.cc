@@ -405,9 +405,12 @@ namespace {
 
 // POST .../infer: reads the body, answers it; returns the HTTP status sent.
 int Infer(mg_connection* connection, const std::string& name, const std::string& version,
-          SoftmaxServiceImpl* softmax, kserve::ModelStatistics* statistics,
-          int64_t max_tensor_bytes, const SharedMemoryManager* shared_memory) {
+          const FrontEnd& front_end, kserve::ModelStatistics* statistics,
+          const SharedMemoryManager* shared_memory) {
+  const int64_t max_tensor_bytes = front_end.limits.max_tensor_bytes;
   const SteadyClock::time_point start = SteadyClock::now();
+  // In flight from here until the reply is sent.
+  const Admission::Ticket ticket = front_end.admission->Enter();
   int64_t data_bytes = 0;
   std::optional<kserve::Model> known_model;
   auto finish = [&](const Reply& reply, const absl::Status& status,
@@ -416,22 +419,12 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
     const int64_t elapsed =
         std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - start)
             .count();
-    if (known_model.has_value()) {
-      if (status.ok()) {
-        statistics->RecordSuccess(*known_model, elapsed, *timing);
-      } else {
-        statistics->RecordFailure(*known_model, elapsed);
-      }
-    }
-    if (Metrics* metrics = softmax->metrics(); metrics != nullptr) {
-      metrics->RecordRequest(RpcMethod::kHttpInfer, status.code(),
-                             static_cast<double>(elapsed) * 1e-9, 2 * data_bytes);
-    }
-    logging::LogAccess("http_infer", status.code(), 2 * data_bytes,
-                       static_cast<double>(elapsed) * 1e-9, [connection] {
-                         const mg_request_info* info = mg_get_request_info(connection);
-                         return absl::StrCat(info->remote_addr, ":", info->remote_port);
-                       });
+    kserve::RecordInference(statistics, front_end.metrics, RpcMethod::kHttpInfer, known_model,
+                            status, elapsed, data_bytes,
+                            timing != nullptr ? *timing : RequestTiming{}, [connection] {
+                              const mg_request_info* info = mg_get_request_info(connection);
+                              return absl::StrCat(info->remote_addr, ":", info->remote_port);
+                            });
     return reply.status;
   };
   auto fail = [&](const absl::Status& status) {
@@ -486,10 +479,9 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
   if (!status.ok()) return fail(status);
   const bool has_external = parts.input_region.has_value() || parts.output_region.has_value();
 
-  softmax->RequestsStarted(1);
   status = kserve::RenameInputFields(
-      softmax->Dispatch(
-          &call->request, &call->response, &call->view,
+      Dispatch(
+          front_end, &call->request, &call->response, &call->view,
           std::chrono::system_clock::now() + kHttpRequestTimeout,
           [raw = call.get()] { return raw->abandoned.load(std::memory_order_relaxed); },
           [call](const absl::Status& outcome) {
@@ -498,19 +490,14 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
           },
           has_external ? &external : nullptr, &call->held),
       parts.data_field);
-  if (!status.ok()) {
-    softmax->RequestsEnded(1);
-    return fail(status);
-  }
+  if (!status.ok()) return fail(status);
   // The batcher drops the request at its deadline; the margin covers a batch
   // already computing then.
   if (!call->done.WaitForNotificationWithTimeout(
           absl::FromChrono(kHttpRequestTimeout) + absl::Seconds(10))) {
     call->abandoned.store(true);
-    softmax->RequestsEnded(1);
     return fail(absl::DeadlineExceededError("the request was not answered in time"));
   }
-  softmax->RequestsEnded(1);
   if (!call->status.ok()) return fail(call->status);
 
   const auto dtype = static_cast<DType>(static_cast<int>(call->request.input().dtype()));
@@ -561,16 +548,16 @@ bool IsHealthCheck(const std::vector<std::string>& segments) {
 
 }  // namespace
 
-KServeHttpServer::KServeHttpServer(const HttpServerOptions& options, SoftmaxServiceImpl* softmax,
+KServeHttpServer::KServeHttpServer(const HttpServerOptions& options, const FrontEnd& front_end,
                                    kserve::ModelStatistics* statistics)
-    : options_(options), softmax_(softmax), statistics_(statistics) {}
+    : options_(options), front_end_(front_end), statistics_(statistics) {}
 
 KServeHttpServer::~KServeHttpServer() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<KServeHttpServer>> KServeHttpServer::Start(
-    const HttpServerOptions& options, SoftmaxServiceImpl* softmax,
+    const HttpServerOptions& options, const FrontEnd& front_end,
     kserve::ModelStatistics* statistics) {
-  std::unique_ptr<KServeHttpServer> server(new KServeHttpServer(options, softmax, statistics));
+  std::unique_ptr<KServeHttpServer> server(new KServeHttpServer(options, front_end, statistics));
   const bool tls = !options.tls.cert_file.empty() || !options.tls.key_file.empty();
   if (tls) {
     if (options.tls.cert_file.empty() || options.tls.key_file.empty()) {
@@ -650,13 +637,13 @@ int KServeHttpServer::Handle(mg_connection* connection) {
         absl::StrCat("no endpoint ", method, " ", path, " (see the KServe v2 HTTP API)"))));
   };
   auto require = [&](const char* wanted) { return method == wanted; };
-  const bool draining = softmax_->draining();
-  if (options_.authenticator != nullptr && !IsHealthCheck(segments)) {
+  const bool draining = front_end_.admission->draining();
+  if (front_end_.authenticator != nullptr && !IsHealthCheck(segments)) {
     const char* authorization = mg_get_header(connection, "Authorization");
     const absl::Status allowed =
-        options_.authenticator->CheckHeader(authorization != nullptr ? authorization : "");
+        front_end_.authenticator->CheckHeader(authorization != nullptr ? authorization : "");
     if (!allowed.ok()) {
-      if (Metrics* metrics = softmax_->metrics();
+      if (Metrics* metrics = front_end_.metrics;
           metrics != nullptr && segments.back() == "infer") {
         metrics->RecordRequest(RpcMethod::kHttpInfer, allowed.code(), 0.0, 0);
       }
@@ -706,8 +693,7 @@ int KServeHttpServer::Handle(mg_connection* connection) {
 
   if (action == "infer") {
     if (!require("POST")) return not_found();
-    return Infer(connection, name, version, softmax_, statistics_, options_.max_tensor_bytes,
-                 options_.shared_memory);
+    return Infer(connection, name, version, front_end_, statistics_, options_.shared_memory);
   }
   if (!require("GET")) return not_found();
   absl::StatusOr<kserve::Model> model = kserve::FindModel(name, version);

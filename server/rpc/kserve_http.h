@@ -33,7 +33,7 @@
 #include "server/rpc/auth.h"
 #include "server/rpc/civetweb_tls.h"
 #include "server/rpc/kserve.h"
-#include "server/rpc/service.h"
+#include "server/rpc/front_end.h"
 
 struct mg_context;
 struct mg_connection;
@@ -58,15 +58,9 @@ inline constexpr int kHttpKeepAliveMs = 5000;
 struct HttpServerOptions {
   // host:port; port 0 picks a free port.
   std::string address = "0.0.0.0:8000";
-  // Largest input tensor; bodies are limited accordingly (JSON text takes
-  // more bytes per element than binary data).
-  int64_t max_tensor_bytes = int64_t{1} << 30;
   std::string server_version;
   // TLS when tls.cert_file is set (with tls.key_file); plain HTTP otherwise.
   TlsFiles tls;
-  // When set, requests other than health checks need one of its tokens.
-  // Must outlive the server.
-  const TokenAuthenticator* authenticator = nullptr;
   // The shared-memory extensions (may be null: they answer 501). Must
   // outlive the server.
   SharedMemoryManager* shared_memory = nullptr;
@@ -89,11 +83,15 @@ absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_lengt
 
 class KServeHttpServer {
  public:
-  // Starts listening. `softmax` and `statistics` must outlive the server.
+  // Starts listening. `front_end`'s pointees and `statistics` must outlive
+  // the server. Bodies are limited by front_end.limits.max_tensor_bytes
+  // (JSON text takes more bytes per element than binary data); with
+  // front_end.authenticator, requests other than health checks need one of
+  // its tokens.
   // UNAVAILABLE when the address cannot be bound or TLS cannot be loaded;
   // INVALID_ARGUMENT for unreadable or inconsistent TLS files.
   static absl::StatusOr<std::unique_ptr<KServeHttpServer>> Start(
-      const HttpServerOptions& options, SoftmaxServiceImpl* softmax,
+      const HttpServerOptions& options, const FrontEnd& front_end,
       kserve::ModelStatistics* statistics);
   ~KServeHttpServer();  // Stop()
 
@@ -110,14 +108,14 @@ class KServeHttpServer {
   int Handle(mg_connection* connection);
 
  private:
-  KServeHttpServer(const HttpServerOptions& options, SoftmaxServiceImpl* softmax,
+  KServeHttpServer(const HttpServerOptions& options, const FrontEnd& front_end,
                    kserve::ModelStatistics* statistics);
   // /v2/systemsharedmemory/... and /v2/cudasharedmemory/...
   int SharedMemory(mg_connection* connection, const std::string& method,
                    const std::vector<std::string>& segments);
 
   const HttpServerOptions options_;
-  SoftmaxServiceImpl* const softmax_;
+  const FrontEnd front_end_;
   kserve::ModelStatistics* const statistics_;
   mg_context* context_ = nullptr;
   std::string bound_address_;

@@ -13,78 +13,35 @@
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_wire.h"
 #include "server/logging/log.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/auth.h"
 #include "server/rpc/chunk_assembler.h"
+#include "server/rpc/reset_guard.h"
 #include "server/rpc/status_util.h"
 #include "server/rpc/stream_reactor.h"
 #include "server/rpc/wire.h"
 
 namespace softmax::server {
 
-void RecycleBuffers(TensorBufferPool* pool, v1::SoftmaxRequest* request,
-                    v1::SoftmaxResponse* response) {
-  if (request->has_input()) pool->Give(std::move(*request->mutable_input()->mutable_data()));
-  if (response->has_output()) pool->Give(std::move(*response->mutable_output()->mutable_data()));
-}
-
-void LendLargeOutput(const std::shared_ptr<TensorBufferPool>& pool,
-                     v1::SoftmaxResponse* response, OutputView* view) {
-  if (view->data != nullptr || !response->has_output() ||
-      response->output().data().size() < TensorBufferPool::kMinPooledBytes) {
-    return;
-  }
-  *view = TensorBufferPool::LendAsView(pool, std::move(*response->mutable_output()->mutable_data()));
-  response->mutable_output()->clear_data();
-}
-
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
-
-// Idle capacity the service keeps for large tensors (TensorBufferPool): the
-// buffers of eight 64 MiB calls, twice what 4 callers of 64 MiB tensors hold
-// (one each on the echo and the CUDA backend). With the pool, H200, 4 such
-// callers: 6.5 GB/s of payload on the echo, 5.9 on CUDA; without, 1.3 / 1.6.
-constexpr size_t kIdleTensorBufferBytes = size_t{512} << 20;
 
 double SecondsSince(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
-void SetTiming(const RequestTiming& timing, v1::SoftmaxResponse* response) {
-  v1::Timing* out = response->mutable_timing();
-  out->set_queue_ns(timing.queue_ns);
-  out->set_compute_ns(timing.compute_ns);
-  out->set_batch_requests(timing.batch_requests);
-  out->set_batch_rows(timing.batch_rows);
-  out->set_kernel_ns(timing.kernel_ns);
-  out->set_dispatch_ns(timing.dispatch_ns);
-}
-
-// Unary call: finished from whichever thread completes the request.
-// Counts a unary call as a request in flight, from the reactor's
-// construction to its deletion in OnDone.
-class CallCounter {
- public:
-  explicit CallCounter(SoftmaxServiceImpl* service) : service_(service) {
-    service_->RequestsStarted(1);
-  }
-  ~CallCounter() { service_->RequestsEnded(1); }
-  CallCounter(const CallCounter&) = delete;
-  CallCounter& operator=(const CallCounter&) = delete;
-
- private:
-  SoftmaxServiceImpl* const service_;
-};
-
+// Unary call: finished from whichever thread completes the request, and
+// counted as in flight (its ticket) from its start until OnDone.
 // The call owns its request and response messages; `response_buffer` is
 // gRPC's, sent on an OK finish.
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
-  UnaryCall(SoftmaxServiceImpl* service, Metrics* metrics, grpc::ByteBuffer* response_buffer,
+  UnaryCall(const FrontEnd& front_end, grpc::ByteBuffer* response_buffer,
             grpc::CallbackServerContext* context)
-      : counter_(service),
-        buffers_(service->buffers()),
-        metrics_(metrics),
+      : ticket_(front_end.admission->Enter()),
+        buffers_(front_end.buffers),
+        metrics_(front_end.metrics),
         context_(context),
         response_buffer_(response_buffer),
         start_(SteadyClock::now()) {}
@@ -118,7 +75,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   }
 
  private:
-  CallCounter counter_;
+  Admission::Ticket ticket_;
   const std::shared_ptr<TensorBufferPool> buffers_;
   Metrics* const metrics_;
   grpc::CallbackServerContext* const context_;  // valid until OnDone
@@ -155,19 +112,22 @@ class SoftmaxStreamHandler {
     SteadyClock::time_point start;
     int64_t data_bytes = 0;  // the request's input bytes, as received
     std::shared_ptr<const void> held;  // its share of the memory budget
+    Admission::Ticket ticket;  // in flight until answered (StreamReactor)
     // A chunked request's: the output's chunk size; 0 for one message.
     int64_t response_chunk_bytes = 0;
     bool absorbed = false;  // a chunk taken into another entry: no answer
   };
 
-  SoftmaxStreamHandler(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context)
-      : service_(service),
+  SoftmaxStreamHandler(const FrontEnd& front_end, grpc::CallbackServerContext* context)
+      : front_end_(front_end),
         context_(context),
         assembler_(std::make_unique<ChunkAssembler<Started>>(
-            service->limits(), service->budget(), service->buffers().get(),
-            [service](int64_t bytes) { return service->AllocateStaging(bytes); })) {}
+            front_end.limits, front_end.admission->budget(), front_end.buffers.get(),
+            [admission = front_end.admission](int64_t bytes) {
+              return admission->AllocateStaging(bytes);
+            })) {}
 
-  std::unique_ptr<Entry> NewEntry() { return std::make_unique<Entry>(service_->buffers()); }
+  std::unique_ptr<Entry> NewEntry() { return std::make_unique<Entry>(front_end_.buffers); }
 
   void Start(Entry* entry, std::function<bool()> is_cancelled,
              std::function<void(const absl::Status&)> done) {
@@ -189,7 +149,7 @@ class SoftmaxStreamHandler {
       }
     }
     const absl::Status parsed =
-        ParseRequestMessage(&entry->incoming, service_->buffers().get(), &entry->request);
+        ParseRequestMessage(&entry->incoming, front_end_.buffers.get(), &entry->request);
     // Read before Dispatch, which may move the input bytes into the output.
     entry->data_bytes = static_cast<int64_t>(entry->request.input().data().size());
     if (!parsed.ok()) {
@@ -302,9 +262,9 @@ class SoftmaxStreamHandler {
   void Dispatch(Started started, const ExternalTensors* external = nullptr) {
     Entry* entry = started.entry;
     const absl::Status status =
-        service_->Dispatch(&entry->request, &entry->response, &entry->view,
-                           context_->deadline(), std::move(started.is_cancelled), started.done,
-                           external, &entry->held);
+        server::Dispatch(front_end_, &entry->request, &entry->response, &entry->view,
+                         context_->deadline(), std::move(started.is_cancelled), started.done,
+                         external, &entry->held);
     if (!status.ok()) started.done(status);
   }
 
@@ -346,8 +306,8 @@ class SoftmaxStreamHandler {
   }
 
   void Record(const Entry& entry, const absl::Status& status) {
-    if (service_->metrics() != nullptr) {
-      service_->metrics()->RecordRequest(RpcMethod::kSoftmaxStream, status.code(),
+    if (front_end_.metrics != nullptr) {
+      front_end_.metrics->RecordRequest(RpcMethod::kSoftmaxStream, status.code(),
                                          SecondsSince(entry.start), 2 * entry.data_bytes);
     }
     logging::LogAccess("SoftmaxStream", status.code(), 2 * entry.data_bytes,
@@ -372,7 +332,7 @@ class SoftmaxStreamHandler {
     response.mutable_error()->set_message(std::string(status.message()));
   }
 
-  SoftmaxServiceImpl* const service_;
+  const FrontEnd& front_end_;  // the service's, which outlives its streams
   grpc::CallbackServerContext* const context_;
   // Touched only by the stream's read path (Start, ReadsDone).
   std::unique_ptr<ChunkAssembler<Started>> assembler_;
@@ -380,112 +340,10 @@ class SoftmaxStreamHandler {
 
 }  // namespace
 
-SoftmaxServiceImpl::SoftmaxServiceImpl(const ServiceOptions& options, Batcher* batcher,
-                                       Metrics* metrics)
-    : options_(options),
-      batcher_(batcher),
-      metrics_(metrics),
-      buffers_(std::make_shared<TensorBufferPool>(kIdleTensorBufferBytes)) {}
-
-absl::Status SoftmaxServiceImpl::Dispatch(v1::SoftmaxRequest* request,
-                                          v1::SoftmaxResponse* response, OutputView* view,
-                                          std::chrono::system_clock::time_point deadline,
-                                          std::function<bool()> is_cancelled,
-                                          std::function<void(const absl::Status&)> done,
-                                          const ExternalTensors* external,
-                                          std::shared_ptr<const void>* held) {
-  if (draining_.load(std::memory_order_relaxed)) {
-    return absl::UnavailableError("server is shutting down; retry on another replica");
-  }
-  const ExternalTensors none;
-  const ExternalTensors& ext = external != nullptr ? *external : none;
-  std::optional<absl::string_view> external_input;
-  if (ext.input != nullptr) external_input = absl::string_view(ext.input, ext.input_bytes);
-  absl::StatusOr<ParsedRequest> parsed = ParseRequest(*request, options_.limits, external_input);
-  if (!parsed.ok()) return parsed.status();
-  if (ext.output != nullptr && ext.output_bytes < parsed->bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("output.region: ", ext.output_bytes,
-                                                   " bytes, smaller than the output's ",
-                                                   parsed->bytes, " bytes"));
-  }
-  // The input and the output, each unless it is in a caller's region.
-  std::shared_ptr<const void> lease;
-  if (options_.budget != nullptr && (held == nullptr || *held == nullptr)) {
-    const int64_t bytes =
-        (ext.input != nullptr ? 0 : parsed->bytes) + (ext.output != nullptr ? 0 : parsed->bytes);
-    lease = options_.budget->TryReserve(bytes);
-    if (lease == nullptr) {
-      return absl::UnavailableError(absl::StrCat(
-          "server memory budget spent: requests hold ", options_.budget->held(),
-          " bytes and this one needs ", bytes, " more (--max_held_bytes=",
-          options_.budget->limit(), "); retry with backoff"));
-    }
-    if (held != nullptr) {
-      *held = lease;
-      lease.reset();
-    }
-  }
-
-  response->set_request_id(request->request_id());
-  v1::Tensor* output = response->mutable_output();
-  output->set_dtype(request->input().dtype());
-  output->mutable_shape()->CopyFrom(request->input().shape());
-
-  if (options_.echo || batcher_ == nullptr) {
-    // (No GPU here, so no region is in device memory.)
-    if (ext.output != nullptr) {
-      std::memmove(ext.output, parsed->data.data(), static_cast<size_t>(parsed->bytes));
-    } else if (ext.input != nullptr) {
-      output->set_data(parsed->data.data(), parsed->data.size());
-    } else {
-      // Moved, not copied: the input is not read again (see the contract).
-      output->mutable_data()->swap(*request->mutable_input()->mutable_data());
-    }
-    SetTiming(RequestTiming{}, response);
-    done(absl::OkStatus());
-    return absl::OkStatus();
-  }
-
-  auto item = std::make_unique<WorkItem>();
-  item->segment.input = parsed->data.data();
-  item->segment.bytes = parsed->bytes;
-  item->segment.dtype = parsed->dtype;
-  item->segment.shape = parsed->shape;
-  item->segment.options = parsed->options;
-  item->output = output->mutable_data();
-  // A pooled input stays with the request until the call is done and goes
-  // back to the pool, instead of being freed by the batcher once staged.
-  std::string* input = request->mutable_input()->mutable_data();
-  item->input_buffer = input->capacity() >= TensorBufferPool::kMinPooledBytes ? nullptr : input;
-  item->output_view = view;
-  if (ext.input != nullptr) {
-    item->input_buffer = nullptr;
-    item->segment.input_memory = ext.input_memory;
-    item->segment.input_device = ext.input_device;
-    item->segment.staged = ext.input_staged;
-  }
-  if (ext.output != nullptr) {
-    item->fixed_output = ext.output;
-    item->output_view = nullptr;
-    item->segment.output_memory = ext.output_memory;
-    item->segment.output_device = ext.output_device;
-  }
-  item->deadline = deadline;
-  item->is_cancelled = std::move(is_cancelled);
-  item->done = [response, metrics = metrics_, done = std::move(done),
-                lease = std::move(lease)](const absl::Status& status,
-                                          const RequestTiming& timing) {
-    if (metrics != nullptr) metrics->RecordRequestTiming(timing);
-    if (status.ok()) SetTiming(timing, response);
-    done(status);
-  };
-  return batcher_->Enqueue(std::move(item));
-}
-
 grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
-  auto* call = new UnaryCall(this, metrics_, response, context);
+  auto* call = new UnaryCall(front_end_, response, context);
   // gRPC hands the request as const, but the buffer is the call's (its
   // message holder's, destroyed after OnDone) and gRPC does not read it
   // again once this handler has it: parsing consumes it.
@@ -493,15 +351,15 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
   // past its deadline) before its message fully arrived; it then hands an
   // invalid buffer. That is no fault of the request's content: CANCELLED,
   // not INVALID_ARGUMENT, so the error figures do not blame the caller.
-  absl::Status status =
-      options_.authenticator != nullptr ? options_.authenticator->Check(*context)
-                                        : absl::OkStatus();
-  if (!request->Valid()) reset_guard_.RecordPrematureReset(context->peer());
+  absl::Status status = Authenticate(front_end_.authenticator, *context);
+  if (!request->Valid() && front_end_.reset_guard != nullptr) {
+    front_end_.reset_guard->RecordPrematureReset(context->peer());
+  }
   if (status.ok()) {
     status = !request->Valid()
           ? absl::CancelledError("the call ended before its request message arrived")
-          : ParseRequestMessage(const_cast<grpc::ByteBuffer*>(request), buffers_.get(),
-                                &call->request());
+          : ParseRequestMessage(const_cast<grpc::ByteBuffer*>(request),
+                                front_end_.buffers.get(), &call->request());
   }
   call->set_data_bytes(static_cast<int64_t>(call->request().input().data().size()));
   if (status.ok() && IsChunk(call->request())) {
@@ -509,15 +367,15 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
         "chunk_offset, more_chunks: chunked requests are for SoftmaxStream only");
   }
   if (status.ok()) {
-    status = Dispatch(
-        &call->request(), &call->response(), &call->view(), context->deadline(),
+    status = server::Dispatch(
+        front_end_, &call->request(), &call->response(), &call->view(), context->deadline(),
         [context] { return context->IsCancelled(); },
         [call](const absl::Status& outcome) { call->Complete(outcome); }, nullptr,
         call->held());
   }
   if (!status.ok()) {
-    if (status.code() == absl::StatusCode::kUnavailable && draining() &&
-        HoldRefusal([call, status] { call->Complete(status); })) {
+    if (status.code() == absl::StatusCode::kUnavailable && front_end_.admission->draining() &&
+        front_end_.admission->HoldRefusal([call, status] { call->Complete(status); })) {
       return call;
     }
     call->Complete(status);
@@ -527,86 +385,9 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 SoftmaxServiceImpl::SoftmaxStream(grpc::CallbackServerContext* context) {
-  absl::Status refusal;
-  if (options_.authenticator != nullptr) refusal = options_.authenticator->Check(*context);
-  return new StreamReactor<SoftmaxStreamHandler>(this, context, options_.max_stream_pending,
-                                                 refusal, SoftmaxStreamHandler(this, context));
-}
-
-}  // namespace softmax::server
-
-namespace softmax::server {
-
-void SoftmaxServiceImpl::RequestsStarted(int count) {
-  requests_in_flight_.fetch_add(count, std::memory_order_relaxed);
-}
-
-void SoftmaxServiceImpl::RequestsEnded(int count) {
-  requests_in_flight_.fetch_sub(count, std::memory_order_acq_rel);
-}
-
-int SoftmaxServiceImpl::requests_in_flight() {
-  return requests_in_flight_.load(std::memory_order_acquire);
-}
-
-void SoftmaxServiceImpl::StartDraining() {
-  std::vector<Drainable*> idle;
-  {
-    absl::MutexLock lock(&streams_mu_);
-    draining_.store(true);
-    for (Drainable* stream : streams_) {
-      if (stream->BeginDrain()) idle.push_back(stream);
-    }
-  }
-  // Outside streams_mu_: a finished stream's OnDone takes it. The streams
-  // cannot be gone yet: only Finish leads to OnDone.
-  for (Drainable* stream : idle) stream->FinishDrained();
-}
-
-bool SoftmaxServiceImpl::RegisterStream(Drainable* stream) {
-  absl::MutexLock lock(&streams_mu_);
-  if (draining_.load()) return false;
-  streams_.insert(stream);
-  return true;
-}
-
-void SoftmaxServiceImpl::UnregisterStream(Drainable* stream) {
-  absl::MutexLock lock(&streams_mu_);
-  streams_.erase(stream);
-}
-
-void SoftmaxServiceImpl::HoldRefusals() {
-  absl::MutexLock lock(&streams_mu_);
-  holding_ = true;
-}
-
-bool SoftmaxServiceImpl::HoldRefusal(std::function<void()> release) {
-  absl::MutexLock lock(&streams_mu_);
-  if (!holding_) return false;
-  held_.push_back(std::move(release));
-  return true;
-}
-
-void SoftmaxServiceImpl::ReleaseHeldCalls() {
-  std::vector<std::function<void()>> held;
-  {
-    absl::MutexLock lock(&streams_mu_);
-    holding_ = false;
-    held.swap(held_);
-  }
-  for (std::function<void()>& release : held) release();
-}
-
-bool SoftmaxServiceImpl::WaitForRequestsInFlight(absl::Time deadline) {
-  // Polled: it runs once, at shutdown, and keeps the count a lone atomic
-  // that no request has to lock.
-  constexpr absl::Duration kPoll = absl::Milliseconds(1);
-  while (requests_in_flight() != 0) {
-    const absl::Time now = absl::Now();
-    if (now >= deadline) return false;
-    absl::SleepFor(std::min(kPoll, deadline - now));
-  }
-  return true;
+  return new StreamReactor<SoftmaxStreamHandler>(front_end_, context,
+                                                 Authenticate(front_end_.authenticator, *context),
+                                                 SoftmaxStreamHandler(front_end_, context));
 }
 
 }  // namespace softmax::server

@@ -117,14 +117,18 @@ struct Harness {
       scheduler = std::make_unique<Scheduler>(std::vector<Backend*>{backend.get()});
       batcher = std::make_unique<Batcher>(batcher_options, scheduler.get(), metrics.get());
     }
-    ServiceOptions options;
-    options.limits.max_tensor_bytes = max_tensor_bytes;
-    options.echo = echo;
-    options.max_stream_pending = 8;  // small, so tests exercise read pausing
-    service = std::make_unique<SoftmaxServiceImpl>(options, batcher.get(), metrics.get());
+    AdmissionOptions admission_options;
+    admission_options.echo = echo;
+    admission = std::make_unique<Admission>(admission_options, batcher.get());
+    FrontEnd front_end;
+    front_end.admission = admission.get();
+    front_end.metrics = metrics.get();
+    front_end.limits.max_tensor_bytes = max_tensor_bytes;
+    front_end.max_stream_pending = 8;  // small, so tests exercise read pausing
+    service = std::make_unique<SoftmaxServiceImpl>(front_end);
     GrpcServerOptions grpc_options;
     grpc_options.address = "127.0.0.1:0";
-    grpc_options.max_tensor_bytes = options.limits.max_tensor_bytes;
+    grpc_options.max_tensor_bytes = max_tensor_bytes;
     absl::StatusOr<RunningServer> started = StartGrpcServer(grpc_options, service.get());
     EXPECT_TRUE(started.ok()) << started.status();
     server = std::move(started->server);
@@ -145,6 +149,7 @@ struct Harness {
   StagingBackend* staging = nullptr;  // when in_place
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<Batcher> batcher;
+  std::unique_ptr<Admission> admission;
   std::unique_ptr<SoftmaxServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
   std::shared_ptr<grpc::Channel> channel;
@@ -408,11 +413,11 @@ TEST(ServiceTest, ShutdownFinishesRequestsInFlight) {
   // Wait until every call is in the service (they wait in the batcher for
   // the 300 ms delay), so Shutdown finds them in flight.
   const auto in_service = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (harness->service->requests_in_flight() < kCalls &&
+  while (harness->admission->in_flight() < kCalls &&
          std::chrono::steady_clock::now() < in_service) {
     std::this_thread::yield();
   }
-  ASSERT_EQ(harness->service->requests_in_flight(), kCalls);
+  ASSERT_EQ(harness->admission->in_flight(), kCalls);
   SetServing(harness->server.get(), false);
   harness->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   for (auto& caller : callers) caller.join();
@@ -425,7 +430,7 @@ TEST(ServiceTest, ShutdownFinishesRequestsInFlight) {
 
 TEST(ServiceTest, DrainingRefusesNewRequestsAndWaitsForThoseInFlight) {
   Harness harness(false, std::chrono::milliseconds(300));
-  EXPECT_EQ(harness.service->requests_in_flight(), 0);
+  EXPECT_EQ(harness.admission->in_flight(), 0);
   // Two requests wait in the batcher: one unary, one on a stream.
   const v1::SoftmaxRequest unary_request = RandomRequest("u", {2, 16}, -1, 1);
   v1::SoftmaxResponse unary_response;
@@ -439,13 +444,13 @@ TEST(ServiceTest, DrainingRefusesNewRequestsAndWaitsForThoseInFlight) {
   const v1::SoftmaxRequest stream_request = RandomRequest("s", {3, 8}, -1, 2);
   ASSERT_TRUE(stream->Write(stream_request));
   const auto start = std::chrono::steady_clock::now();
-  while (harness.service->requests_in_flight() < 2 &&
+  while (harness.admission->in_flight() < 2 &&
          std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  ASSERT_EQ(harness.service->requests_in_flight(), 2);
+  ASSERT_EQ(harness.admission->in_flight(), 2);
 
-  harness.service->StartDraining();
+  harness.admission->StartDraining();
   // New requests are refused with a retryable status, on both methods.
   v1::SoftmaxResponse refused;
   grpc::ClientContext refused_context;
@@ -454,7 +459,7 @@ TEST(ServiceTest, DrainingRefusesNewRequestsAndWaitsForThoseInFlight) {
   EXPECT_EQ(refused_status.error_code(), grpc::StatusCode::UNAVAILABLE);
   ASSERT_TRUE(stream->Write(RandomRequest("r2", {1, 4}, -1, 4)));
 
-  EXPECT_TRUE(harness.service->WaitForRequestsInFlight(absl::Now() + absl::Seconds(10)));
+  EXPECT_TRUE(harness.admission->WaitForInFlight(absl::Now() + absl::Seconds(10)));
   unary.join();
   ASSERT_TRUE(unary_status.ok()) << unary_status.error_message();
   ExpectCorrect(unary_request, unary_response);
@@ -470,7 +475,7 @@ TEST(ServiceTest, DrainingRefusesNewRequestsAndWaitsForThoseInFlight) {
   if (by_id.count("r2") != 0) {
     EXPECT_EQ(by_id["r2"].error().code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
   }
-  EXPECT_EQ(harness.service->requests_in_flight(), 0);
+  EXPECT_EQ(harness.admission->in_flight(), 0);
 }
 
 TEST(ServiceTest, InPlaceBackendComputesIntoTheRequestsOwnBuffers) {
@@ -718,7 +723,7 @@ TEST(ServiceTest, LargeTensorsTravelThroughPooledBuffers) {
       }
     }
     // gRPC releases the responses' buffers once they are on the wire.
-    TensorBufferPool& pool = *harness.service->buffers();
+    TensorBufferPool& pool = *harness.service->front_end().buffers;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (pool.idle_buffers() == 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -21,11 +21,11 @@
 // reach a deleted reactor. A client that goes away (cancel, failed write)
 // stops the reading; what is still in flight completes and is dropped.
 //
-// Draining (SoftmaxServiceImpl::StartDraining): the stream finishes with
+// Draining (Admission::StartDraining): the stream finishes with
 // UNAVAILABLE once nothing of it is in flight, whether or not the client
 // has finished writing; a message read after that is dropped unanswered.
 //
-// Age (SoftmaxServiceImpl::max_stream_age): the first message read once the
+// Age (FrontEnd::max_stream_age): the first message read once the
 // stream is that old, at a message boundary (no chunked request half read),
 // is its last; once it is answered the stream finishes with UNAVAILABLE,
 // telling the client to reopen it (on a new connection: the server has sent
@@ -33,6 +33,8 @@
 //
 // A Handler provides:
 //   using Entry = ...;  // one message; has grpc::ByteBuffer incoming, outgoing
+//                       // and Admission::Ticket ticket (in flight from its
+//                       // read until its answer is written or dropped)
 //   std::unique_ptr<Entry> NewEntry();
 //   // Starts `entry` (its message read into `incoming`): calls `done`
 //   // exactly once with the outcome, possibly before it returns.
@@ -70,27 +72,28 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "server/rpc/service.h"
+#include "server/rpc/front_end.h"
 #include "server/rpc/status_util.h"
+#include "server/scheduling/admission.h"
 
 namespace softmax::server {
 
 template <typename Handler>
 class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
-                            public SoftmaxServiceImpl::Drainable {
+                            public Admission::Stream {
  public:
   using Entry = typename Handler::Entry;
 
   // A stream refused at once (`refusal` not OK: unauthenticated) is
   // finished with that status without reading.
-  StreamReactor(SoftmaxServiceImpl* service, grpc::CallbackServerContext* context,
-                int max_pending, const absl::Status& refusal, Handler handler)
-      : service_(service),
+  StreamReactor(const FrontEnd& front_end, grpc::CallbackServerContext* context,
+                const absl::Status& refusal, Handler handler)
+      : admission_(front_end.admission),
         context_(context),
-        max_pending_(std::max(1, max_pending)),
+        max_pending_(std::max(1, front_end.max_stream_pending)),
         handler_(std::move(handler)),
-        end_of_life_(service->max_stream_age().count() > 0
-                         ? std::chrono::steady_clock::now() + service->max_stream_age()
+        end_of_life_(front_end.max_stream_age.count() > 0
+                         ? std::chrono::steady_clock::now() + front_end.max_stream_age
                          : std::chrono::steady_clock::time_point::max()) {
     if (!refusal.ok()) {
       {
@@ -100,7 +103,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       Finish(ToGrpcStatus(refusal));
       return;
     }
-    if (!service_->RegisterStream(this)) {
+    if (!admission_->RegisterStream(this)) {
       {
         absl::MutexLock lock(&mu_);
         finished_ = true;
@@ -130,9 +133,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       if (EndReads()) FinishStream();
       return;
     }
+    reading_->ticket = admission_->Enter();
     {
       absl::MutexLock lock(&mu_);
-      AddPendingLocked(1);
+      ++pending_;
     }
     Entry* raw = reading_.release();  // owned by the completion from here on
     handler_.Start(
@@ -183,11 +187,11 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     {
       absl::MutexLock lock(&mu_);
       writing_.reset();
-      AddPendingLocked(-1);
+      --pending_;
       if (!ok) {
         // The client is gone; nothing more can be written.
         write_failed_ = true;
-        AddPendingLocked(-static_cast<int>(write_queue_.size()));
+        pending_ -= static_cast<int>(write_queue_.size());
         write_queue_.clear();
       }
       next = NextWriteLocked(options);
@@ -225,7 +229,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   }
 
   void OnDone() override {
-    if (registered_) service_->UnregisterStream(this);
+    if (registered_) admission_->UnregisterStream(this);
     delete this;
   }
 
@@ -254,7 +258,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     {
       absl::MutexLock lock(&mu_);
       if (write_failed_ || !answered) {
-        AddPendingLocked(-1);
+        --pending_;  // (the entry and its ticket go at the end of this call)
       } else {
         write_queue_.push_back(std::move(entry));
         next = NextWriteLocked(options);
@@ -276,13 +280,6 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     write_queue_.pop_front();
     if (!write_queue_.empty()) options.set_buffer_hint();
     return writing_.get();
-  }
-
-  // Keeps the service's count of requests in flight in step with pending_.
-  void AddPendingLocked(int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    pending_ += delta;
-    if (delta > 0) service_->RequestsStarted(delta);
-    if (delta < 0) service_->RequestsEnded(-delta);
   }
 
   bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -315,18 +312,19 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     }
   }
 
-  SoftmaxServiceImpl* const service_;
+  Admission* const admission_;
   grpc::CallbackServerContext* const context_;
   const int max_pending_;
   Handler handler_;
-  bool registered_ = false;  // with the service, for draining
+  bool registered_ = false;  // with the admission, for draining
   // From then on the stream reads no more (see "Age" above); max(): never.
   const std::chrono::steady_clock::time_point end_of_life_;
   std::atomic<bool> cancelled_{false};
   std::unique_ptr<Entry> reading_;  // touched only by whoever owns the next read
 
   absl::Mutex mu_;
-  // Responses not yet written: in the batcher, queued, or being written.
+  // Responses not yet written: in the batcher, queued, or being written;
+  // each one's Entry holds its Admission ticket.
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::unique_ptr<Entry>> write_queue_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Entry> writing_ ABSL_GUARDED_BY(mu_);

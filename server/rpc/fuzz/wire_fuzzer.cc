@@ -67,14 +67,15 @@ struct Harness {
     BatcherOptions batcher_options;
     batcher_options.max_queued_bytes = 8 * kMaxTensorBytes;
     batcher = std::make_unique<Batcher>(batcher_options, scheduler.get(), nullptr);
-    ServiceOptions options;
-    options.limits.max_tensor_bytes = kMaxTensorBytes;
-    service = std::make_unique<SoftmaxServiceImpl>(options, batcher.get(), nullptr);
+    admission = std::make_unique<Admission>(AdmissionOptions{}, batcher.get());
+    front_end.admission = admission.get();
+    front_end.limits.max_tensor_bytes = kMaxTensorBytes;
   }
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<Batcher> batcher;
-  std::unique_ptr<SoftmaxServiceImpl> service;
+  std::unique_ptr<Admission> admission;
+  FrontEnd front_end;
 };
 
 Harness& GetHarness() {
@@ -124,8 +125,8 @@ void DispatchAndCheck(v1::SoftmaxRequest* request) {
   absl::Notification done;
   int answers = 0;
   absl::Status outcome;
-  const absl::Status accepted = GetHarness().service->Dispatch(
-      request, &response, &view, std::chrono::system_clock::now() + std::chrono::seconds(10),
+  const absl::Status accepted = Dispatch(
+      GetHarness().front_end, request, &response, &view, std::chrono::system_clock::now() + std::chrono::seconds(10),
       [] { return false; },
       [&](const absl::Status& status) {
         outcome = status;

@@ -7,8 +7,8 @@
 // memory without bound.
 //
 // Thread-safety: thread-safe; a lease may be released on any thread.
-#ifndef SOFTMAX_SERVER_RPC_MEMORY_BUDGET_H_
-#define SOFTMAX_SERVER_RPC_MEMORY_BUDGET_H_
+#ifndef SOFTMAX_SERVER_SCHEDULING_MEMORY_BUDGET_H_
+#define SOFTMAX_SERVER_SCHEDULING_MEMORY_BUDGET_H_
 
 #include <atomic>
 #include <cstdint>
@@ -58,4 +58,4 @@ class MemoryBudget {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_RPC_MEMORY_BUDGET_H_
+#endif  // SOFTMAX_SERVER_SCHEDULING_MEMORY_BUDGET_H_

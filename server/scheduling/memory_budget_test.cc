@@ -1,4 +1,4 @@
-#include "server/rpc/memory_budget.h"
+#include "server/scheduling/memory_budget.h"
 
 #include <atomic>
 #include <thread>
