@@ -1,4 +1,4 @@
-#include "server/rpc/kserve_http.h"
+#include "server/rpc/http/kserve_http.h"
 
 #include <civetweb.h>
 
@@ -25,7 +25,7 @@
 #include "absl/time/time.h"
 #include "common/civetweb_stop.h"
 #include "server/logging/log.h"
-#include "server/rpc/status_util.h"
+#include "server/rpc/status_macros.h"
 
 namespace softmax::server {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/rpc/civetweb_tls.h"
+#include "server/rpc/http/civetweb_tls.h"
 
 #include <civetweb.h>
 #include <dlfcn.h>

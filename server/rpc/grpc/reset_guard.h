@@ -14,8 +14,8 @@
 //
 // Thread-safety: Record may be called from any thread. Only calls that were
 // reset take the lock; nothing is counted for a call that arrived whole.
-#ifndef SOFTMAX_SERVER_RPC_RESET_GUARD_H_
-#define SOFTMAX_SERVER_RPC_RESET_GUARD_H_
+#ifndef SOFTMAX_SERVER_RPC_GRPC_RESET_GUARD_H_
+#define SOFTMAX_SERVER_RPC_GRPC_RESET_GUARD_H_
 
 #include <chrono>
 #include <cstdint>
@@ -86,4 +86,4 @@ std::string PeerName(int fd);
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_RPC_RESET_GUARD_H_
+#endif  // SOFTMAX_SERVER_RPC_GRPC_RESET_GUARD_H_

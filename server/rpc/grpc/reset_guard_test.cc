@@ -1,4 +1,4 @@
-#include "server/rpc/reset_guard.h"
+#include "server/rpc/grpc/reset_guard.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "server/rpc/status_util.h"
+#include "server/rpc/grpc/status_util.h"
 
 #include <string>
 

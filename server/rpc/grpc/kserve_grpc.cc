@@ -1,4 +1,4 @@
-#include "server/rpc/kserve_grpc.h"
+#include "server/rpc/grpc/kserve_grpc.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,12 +18,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/logging/log.h"
-#include "server/rpc/auth.h"
+#include "server/rpc/grpc/authenticate.h"
 #include "server/rpc/dispatch.h"
-#include "server/rpc/reset_guard.h"
-#include "server/rpc/status_util.h"
-#include "server/rpc/stream_reactor.h"
-#include "server/rpc/wire.h"
+#include "server/rpc/grpc/reset_guard.h"
+#include "server/rpc/grpc/status_util.h"
+#include "server/rpc/status_macros.h"
+#include "server/rpc/grpc/stream_reactor.h"
+#include "server/rpc/grpc/wire.h"
 
 namespace softmax::server {
 namespace {

@@ -2,8 +2,8 @@
 // grpc::Status (used only at the transport edge).
 //
 // Thread-safety: pure functions.
-#ifndef SOFTMAX_SERVER_RPC_STATUS_UTIL_H_
-#define SOFTMAX_SERVER_RPC_STATUS_UTIL_H_
+#ifndef SOFTMAX_SERVER_RPC_GRPC_STATUS_UTIL_H_
+#define SOFTMAX_SERVER_RPC_GRPC_STATUS_UTIL_H_
 
 #include <grpcpp/support/status.h>
 
@@ -18,12 +18,4 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace softmax::server
 
-// Returns from the calling function when `expr` (an absl::Status) is not OK.
-// Abseil 20220623 has no RETURN_IF_ERROR of its own.
-#define SOFTMAX_RETURN_IF_ERROR(expr)                   \
-  do {                                                  \
-    const ::absl::Status softmax_status_ = (expr);      \
-    if (!softmax_status_.ok()) return softmax_status_;  \
-  } while (false)
-
-#endif  // SOFTMAX_SERVER_RPC_STATUS_UTIL_H_
+#endif  // SOFTMAX_SERVER_RPC_GRPC_STATUS_UTIL_H_

@@ -1,4 +1,4 @@
-#include "server/rpc/chunk_assembler.h"
+#include "server/rpc/grpc/chunk_assembler.h"
 
 #include <memory>
 #include <optional>

@@ -3,7 +3,7 @@
 // (OutputView), so the path a CPU-backend end-to-end test never takes is
 // checked here: responses reference the lent output, every lent buffer is
 // released once its response is sent.
-#include "server/rpc/kserve_grpc.h"
+#include "server/rpc/grpc/kserve_grpc.h"
 
 #include <atomic>
 #include <chrono>
@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_softmax.h"
 #include "server/metrics/metrics.h"
-#include "server/rpc/grpc_server.h"
-#include "server/rpc/service.h"
+#include "server/rpc/grpc/grpc_server.h"
+#include "server/rpc/grpc/service.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
 #include "server/testing/test_backends.h"

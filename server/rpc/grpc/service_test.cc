@@ -1,6 +1,6 @@
 // The service over a real gRPC channel on a free loopback port, with the
 // CPU backend behind the batcher.
-#include "server/rpc/service.h"
+#include "server/rpc/grpc/service.h"
 
 #include <atomic>
 #include <chrono>
@@ -22,7 +22,7 @@
 #include "kernels/cpu_softmax.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/metrics/metrics.h"
-#include "server/rpc/grpc_server.h"
+#include "server/rpc/grpc/grpc_server.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
 #include "server/testing/test_backends.h"

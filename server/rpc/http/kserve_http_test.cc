@@ -1,5 +1,5 @@
 // The HTTP infer request parser, without a server.
-#include "server/rpc/kserve_http.h"
+#include "server/rpc/http/kserve_http.h"
 
 #include <cstring>
 #include <string>

@@ -14,8 +14,8 @@
 //
 // Thread-safety: EnableCivetwebTls is not reentrant (civetweb's
 // mg_init_library is not); call it before starting a TLS server.
-#ifndef SOFTMAX_SERVER_RPC_CIVETWEB_TLS_H_
-#define SOFTMAX_SERVER_RPC_CIVETWEB_TLS_H_
+#ifndef SOFTMAX_SERVER_RPC_HTTP_CIVETWEB_TLS_H_
+#define SOFTMAX_SERVER_RPC_HTTP_CIVETWEB_TLS_H_
 
 #include <string>
 
@@ -49,4 +49,4 @@ absl::Status CheckTlsFiles(const TlsFiles& files);
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_RPC_CIVETWEB_TLS_H_
+#endif  // SOFTMAX_SERVER_RPC_HTTP_CIVETWEB_TLS_H_

@@ -35,9 +35,9 @@
 #include "absl/time/time.h"
 #include "server/cpu/cpu_backend.h"
 #include "server/rpc/kserve.h"
-#include "server/rpc/kserve_http.h"
-#include "server/rpc/service.h"
-#include "server/rpc/wire.h"
+#include "server/rpc/http/kserve_http.h"
+#include "server/rpc/grpc/service.h"
+#include "server/rpc/grpc/wire.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
 

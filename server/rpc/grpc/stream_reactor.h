@@ -55,8 +55,8 @@
 //   // True when no message is held half assembled (the stream may stop
 //   // reading here without failing a request).
 //   bool AtMessageBoundary() const;
-#ifndef SOFTMAX_SERVER_RPC_STREAM_REACTOR_H_
-#define SOFTMAX_SERVER_RPC_STREAM_REACTOR_H_
+#ifndef SOFTMAX_SERVER_RPC_GRPC_STREAM_REACTOR_H_
+#define SOFTMAX_SERVER_RPC_GRPC_STREAM_REACTOR_H_
 
 #include <algorithm>
 #include <atomic>
@@ -73,7 +73,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "server/rpc/front_end.h"
-#include "server/rpc/status_util.h"
+#include "server/rpc/grpc/status_util.h"
 #include "server/scheduling/admission.h"
 
 namespace softmax::server {
@@ -339,4 +339,4 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_RPC_STREAM_REACTOR_H_
+#endif  // SOFTMAX_SERVER_RPC_GRPC_STREAM_REACTOR_H_

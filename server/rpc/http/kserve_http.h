@@ -20,8 +20,8 @@
 // deadline in the batcher, which drops it after that), then 504.
 //
 // Thread-safety: Start/Stop from one thread; handlers run on civetweb's.
-#ifndef SOFTMAX_SERVER_RPC_KSERVE_HTTP_H_
-#define SOFTMAX_SERVER_RPC_KSERVE_HTTP_H_
+#ifndef SOFTMAX_SERVER_RPC_HTTP_KSERVE_HTTP_H_
+#define SOFTMAX_SERVER_RPC_HTTP_KSERVE_HTTP_H_
 
 #include <chrono>
 #include <cstdint>
@@ -31,7 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/rpc/auth.h"
-#include "server/rpc/civetweb_tls.h"
+#include "server/rpc/http/civetweb_tls.h"
 #include "server/rpc/kserve.h"
 #include "server/rpc/front_end.h"
 
@@ -126,4 +126,4 @@ class KServeHttpServer {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_RPC_KSERVE_HTTP_H_
+#endif  // SOFTMAX_SERVER_RPC_HTTP_KSERVE_HTTP_H_

@@ -19,8 +19,8 @@
 // time; it stops reading while `max_stream_pending` responses are unwritten.
 //
 // Thread-safety: gRPC calls the service from its own threads.
-#ifndef SOFTMAX_SERVER_RPC_KSERVE_GRPC_H_
-#define SOFTMAX_SERVER_RPC_KSERVE_GRPC_H_
+#ifndef SOFTMAX_SERVER_RPC_GRPC_KSERVE_GRPC_H_
+#define SOFTMAX_SERVER_RPC_GRPC_KSERVE_GRPC_H_
 
 #include <string>
 
@@ -155,4 +155,4 @@ class KServeGrpcService final : public KServeGrpcBase {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_RPC_KSERVE_GRPC_H_
+#endif  // SOFTMAX_SERVER_RPC_GRPC_KSERVE_GRPC_H_

@@ -8,18 +8,18 @@
 // stops reading while `max_stream_pending` of its responses are unwritten
 // (flow control against clients that write without reading). A big tensor
 // may come in chunks (softmax.proto: chunk_offset, more_chunks): assembled
-// per request_id (server/rpc/chunk_assembler.h), computed whole, and
+// per request_id (server/rpc/grpc/chunk_assembler.h), computed whole, and
 // answered in chunks that reference the output instead of copying it.
 //
-// Both methods take and give raw byte buffers (server/rpc/wire.h): requests are
+// Both methods take and give raw byte buffers (server/rpc/grpc/wire.h): requests are
 // parsed here, and a response may reference its output where the backend
 // left it (OutputView) instead of a copy. On the wire nothing differs.
 // Requests enter the scheduler through Dispatch (dispatch.h), that is
 // through the server's Admission, as every other front-end's do.
 //
 // Thread-safety: gRPC calls the service from its own threads.
-#ifndef SOFTMAX_SERVER_RPC_SERVICE_H_
-#define SOFTMAX_SERVER_RPC_SERVICE_H_
+#ifndef SOFTMAX_SERVER_RPC_GRPC_SERVICE_H_
+#define SOFTMAX_SERVER_RPC_GRPC_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -53,4 +53,4 @@ class SoftmaxServiceImpl final : public RawSoftmaxService {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_RPC_SERVICE_H_
+#endif  // SOFTMAX_SERVER_RPC_GRPC_SERVICE_H_

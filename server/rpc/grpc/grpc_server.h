@@ -4,8 +4,8 @@
 //
 // Thread-safety: StartGrpcServer is not reentrant with itself (gRPC's global
 // health/reflection switches); SetServing may be called from any thread.
-#ifndef SOFTMAX_SERVER_RPC_GRPC_SERVER_H_
-#define SOFTMAX_SERVER_RPC_GRPC_SERVER_H_
+#ifndef SOFTMAX_SERVER_RPC_GRPC_GRPC_SERVER_H_
+#define SOFTMAX_SERVER_RPC_GRPC_GRPC_SERVER_H_
 
 #include <cstdint>
 #include <memory>
@@ -15,7 +15,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
-#include "server/rpc/reset_guard.h"
+#include "server/rpc/grpc/reset_guard.h"
 
 namespace softmax::server {
 
@@ -103,4 +103,4 @@ void SetServing(grpc::Server* server, bool serving);
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_RPC_GRPC_SERVER_H_
+#endif  // SOFTMAX_SERVER_RPC_GRPC_GRPC_SERVER_H_

@@ -1,4 +1,4 @@
-#include "server/rpc/wire.h"
+#include "server/rpc/grpc/wire.h"
 
 #include <cstdint>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "server/rpc/grpc_server.h"
+#include "server/rpc/grpc/grpc_server.h"
 
 #include <algorithm>
 #include <climits>

@@ -6,8 +6,8 @@
 // time than its whole GPU round trip.
 //
 // Thread-safety: pure functions.
-#ifndef SOFTMAX_SERVER_RPC_WIRE_H_
-#define SOFTMAX_SERVER_RPC_WIRE_H_
+#ifndef SOFTMAX_SERVER_RPC_GRPC_WIRE_H_
+#define SOFTMAX_SERVER_RPC_GRPC_WIRE_H_
 
 #include <grpcpp/support/byte_buffer.h>
 
@@ -44,4 +44,4 @@ absl::Status SerializeResponse(v1::SoftmaxResponse* response, OutputView view,
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_RPC_WIRE_H_
+#endif  // SOFTMAX_SERVER_RPC_GRPC_WIRE_H_

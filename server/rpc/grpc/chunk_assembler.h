@@ -17,8 +17,8 @@
 //
 // Thread-safety: not thread-safe. One per stream, used by its read path,
 // which gRPC runs one read at a time.
-#ifndef SOFTMAX_SERVER_RPC_CHUNK_ASSEMBLER_H_
-#define SOFTMAX_SERVER_RPC_CHUNK_ASSEMBLER_H_
+#ifndef SOFTMAX_SERVER_RPC_GRPC_CHUNK_ASSEMBLER_H_
+#define SOFTMAX_SERVER_RPC_GRPC_CHUNK_ASSEMBLER_H_
 
 #include <cstdint>
 #include <cstring>
@@ -311,4 +311,4 @@ class ChunkAssembler {
 
 }  // namespace softmax::server
 
-#endif  // SOFTMAX_SERVER_RPC_CHUNK_ASSEMBLER_H_
+#endif  // SOFTMAX_SERVER_RPC_GRPC_CHUNK_ASSEMBLER_H_

@@ -1,4 +1,4 @@
-#include "server/rpc/service.h"
+#include "server/rpc/grpc/service.h"
 
 #include <algorithm>
 #include <cstring>
@@ -14,12 +14,12 @@
 #include "common/chunk_wire.h"
 #include "server/logging/log.h"
 #include "server/metrics/metrics.h"
-#include "server/rpc/auth.h"
-#include "server/rpc/chunk_assembler.h"
-#include "server/rpc/reset_guard.h"
-#include "server/rpc/status_util.h"
-#include "server/rpc/stream_reactor.h"
-#include "server/rpc/wire.h"
+#include "server/rpc/grpc/authenticate.h"
+#include "server/rpc/grpc/chunk_assembler.h"
+#include "server/rpc/grpc/reset_guard.h"
+#include "server/rpc/grpc/status_util.h"
+#include "server/rpc/grpc/stream_reactor.h"
+#include "server/rpc/grpc/wire.h"
 
 namespace softmax::server {
 
