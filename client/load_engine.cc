@@ -1,182 +1,42 @@
 #include "client/load_engine.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/latency_histogram.h"
 #include "client/load_http.h"
+#include "client/load_http_loop.h"
 #include "client/load_http_wire.h"
+#include "client/load_payload.h"
+#include "client/load_run_interface.h"
+#include "client/load_stream.h"
 #include "client/load_wire.h"
-#include "client/summary.h"
 #include "client/tensor.h"
-#include "kernels/cpu_softmax.h"
-#include "kernels/dtype.h"
 #include "softmax/v1/softmax.grpc.pb.h"
 
 namespace softmax::client {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = LoadClock;
 
 // A status code outside 0..16 counts as UNKNOWN.
 int ClampCode(int code) { return code >= 0 && code < kGrpcStatusCodes ? code : 2; }
-
-// Random tensors larger than this are built once per shape, not
-// payloads_per_shape times.
-constexpr int64_t kLargePayloadBytes = int64_t{16} << 20;
-// Entries in the precomputed payload schedule.
-constexpr int kScheduleLength = 1000;
-
-// One prebuilt request and what the checks and counters need to know about it.
-// Payloads are immutable once built and shared by every call of the run.
-struct Payload {
-  // request_id left empty; the input's data is cleared once serialised into
-  // `prepared` (gRPC) or `http`, which is what calls send.
-  v1::SoftmaxRequest request;
-  std::unique_ptr<const PreparedRequest> prepared;
-  // With options.chunk_bytes: the request's chunks, sent instead of `prepared`.
-  std::vector<std::unique_ptr<const PreparedRequest>> chunks;
-  std::unique_ptr<const HttpPreparedRequest> http;
-  SoftmaxShape view;           // [outer, n, inner] along the request's axis
-  int64_t rows = 0;
-  int64_t tensor_bytes = 0;    // input data bytes (the output has as many)
-  std::vector<double> expected;  // ReferenceSoftmax of the input; with options.verify only
-};
-
-// Builds the payloads of every mix entry and fills `schedule` with indices
-// into them, in the order requests send them. `http_base_url` is
-// ParseHttpTarget's, with --protocol=http only. INVALID_ARGUMENT when an
-// entry does not fit the axis or is too large to build.
-absl::StatusOr<std::vector<Payload>> BuildPayloads(const LoadOptions& options,
-                                                   const std::string& http_base_url,
-                                                   std::vector<uint32_t>* schedule) {
-  const std::vector<LoadShape>& shapes = options.shapes;
-  std::vector<Payload> payloads;
-  std::vector<std::pair<size_t, size_t>> ranges;  // per shape: [first payload, count)
-  uint64_t seed = options.seed;
-  for (const LoadShape& shape : shapes) {
-    absl::StatusOr<SoftmaxShape> view = ShapeAlongAxis(shape.dims, options.axis);
-    if (!view.ok()) return view.status();
-    absl::StatusOr<int64_t> elements = ElementCount(shape.dims);
-    if (!elements.ok()) return elements.status();
-    const int64_t bytes = *elements * WireItemSize(shape.dtype);
-    const int copies = bytes > kLargePayloadBytes ? 1 : std::max(1, options.payloads_per_shape);
-    ranges.emplace_back(payloads.size(), copies);
-    for (int c = 0; c < copies; ++c) {
-      RandomTensorOptions random;
-      random.shape = shape.dims;
-      random.dtype = shape.dtype;
-      random.seed = seed++;
-      absl::StatusOr<v1::Tensor> tensor = MakeRandomTensor(random);
-      if (!tensor.ok()) return tensor.status();
-      Payload payload;
-      *payload.request.mutable_input() = *std::move(tensor);
-      if (options.axis != -1) payload.request.set_axis(options.axis);
-      if (options.temperature != 1.0f) payload.request.set_temperature(options.temperature);
-      payload.request.set_log(options.log);
-      payload.view = *view;
-      payload.rows = view->rows();
-      payload.tensor_bytes = bytes;
-      if (options.verify) {
-        payload.expected.resize(static_cast<size_t>(*elements));
-        SoftmaxOptions softmax_options;
-        softmax_options.temperature = options.temperature;
-        softmax_options.log = options.log;
-        ReferenceSoftmax(payload.request.input().data().data(),
-                         static_cast<DType>(shape.dtype), *view, softmax_options,
-                         payload.expected.data());
-      }
-      switch (options.protocol) {
-        case LoadProtocol::kSoftmaxV1:
-          if (options.chunk_bytes > 0) {
-            payload.chunks = PrepareChunks(payload.request, options.chunk_bytes);
-          } else {
-            payload.prepared = std::make_unique<const PreparedRequest>(payload.request);
-          }
-          break;
-        case LoadProtocol::kKserve:
-          payload.prepared = std::make_unique<const PreparedRequest>(
-              KserveRequestOf(payload.request).SerializeAsString());
-          break;
-        case LoadProtocol::kHttp:
-          payload.http = std::make_unique<const HttpPreparedRequest>(
-              http_base_url, HttpInferRequestOf(payload.request));
-          break;
-      }
-      std::string().swap(*payload.request.mutable_input()->mutable_data());
-      payloads.push_back(std::move(payload));
-    }
-  }
-  // Smooth weighted round-robin: each shape appears in proportion to its
-  // weight, evenly interleaved; within a shape its copies are cycled.
-  double total_weight = 0;
-  for (const LoadShape& shape : shapes) total_weight += shape.weight;
-  std::vector<double> credit(shapes.size(), 0.0);
-  std::vector<size_t> uses(shapes.size(), 0);
-  schedule->clear();
-  for (int step = 0; step < kScheduleLength; ++step) {
-    size_t best = 0;
-    for (size_t s = 0; s < shapes.size(); ++s) {
-      credit[s] += shapes[s].weight;
-      if (credit[s] > credit[best]) best = s;
-    }
-    credit[best] -= total_weight;
-    const auto [first, count] = ranges[best];
-    schedule->push_back(static_cast<uint32_t>(first + uses[best]++ % count));
-  }
-  return payloads;
-}
-
-// Compares a response tensor with the payload's precomputed reference, using
-// the same per-element rule and tolerances as the one-shot client's check.
-// Returns an empty string when it matches, else what is wrong.
-std::string CheckOutput(const Payload& payload, const v1::Tensor& output) {
-  const v1::Tensor& input = payload.request.input();
-  if (output.dtype() != input.dtype()) {
-    return absl::StrCat("dtype ", WireDTypeName(output.dtype()), " instead of ",
-                        WireDTypeName(input.dtype()));
-  }
-  if (ShapeOf(output) != ShapeOf(input)) {
-    return absl::StrCat("shape ", FormatShape(ShapeOf(output)), " instead of ",
-                        FormatShape(ShapeOf(input)));
-  }
-  if (static_cast<int64_t>(output.data().size()) != payload.tensor_bytes) {
-    return absl::StrCat(output.data().size(), " data bytes instead of ", payload.tensor_bytes);
-  }
-  const DType dtype = static_cast<DType>(output.dtype());
-  const int64_t elements = static_cast<int64_t>(payload.expected.size());
-  int64_t bad = 0;
-  std::string first;
-  for (int64_t i = 0; i < elements; ++i) {
-    const double want = payload.expected[i];
-    const double got = LoadAsFloat(output.data().data(), dtype, i);
-    const bool ok = WithinReferenceTolerance(got, want, dtype);
-    if (!ok && bad++ == 0) {
-      first = absl::StrFormat("element %d is %.9g, reference %.9g", i, got, want);
-    }
-  }
-  if (bad == 0) return "";
-  return absl::StrCat(bad, " of ", elements, " elements out of tolerance; first: ", first);
-}
 
 // A channel with its own TCP connection. CreateChannel's channels share one
 // connection when their arguments are equal (gRPC's global subchannel pool);
@@ -235,13 +95,14 @@ int ParsedOutcome(const grpc::Status& status, grpc::ByteBuffer* buffer,
   return 0;
 }
 
-class StreamWorker;
-
-// State shared by every call of one run.
-class LoadRun {
+// State shared by every call of one run: it paces the requests (Admit, the
+// open-loop sender), runs the unary calls itself and the streams and HTTP
+// connections through their transports, and accounts every answer.
+class LoadRun final : public LoadRunInterface {
  public:
   // One of `stubs` (gRPC protocols) and `http` (kHttp) holds the connections.
-  LoadRun(const LoadOptions& options, const LoadMonitor& monitor, std::vector<Payload> payloads,
+  LoadRun(const LoadOptions& options, const LoadMonitor& monitor,
+          std::vector<LoadPayload> payloads,
           std::vector<uint32_t> schedule,
           std::vector<std::unique_ptr<grpc::GenericStub>> stubs,
           std::vector<std::unique_ptr<HttpConnection>> http)
@@ -250,18 +111,16 @@ class LoadRun {
         payloads_(std::move(payloads)),
         schedule_(std::move(schedule)),
         stubs_(std::move(stubs)),
-        http_(std::move(http)),
-        connections_(static_cast<int>(std::max(stubs_.size(), http_.size()))),
-        stats_(connections_) {}
+        connections_(static_cast<int>(std::max(stubs_.size(), http.size()))),
+        stats_(connections_) {
+    if (!http.empty()) http_loop_ = std::make_unique<HttpLoadLoop>(this, std::move(http));
+  }
 
   // Runs to completion; returns once every call has finished.
   void Execute();
   LoadReport Report() const;
 
-  // Decides whether a request intended for `intended` is sent; sets
-  // `*measured` when it belongs to the measured phase. Once it says no, it
-  // says no to every later request.
-  bool Admit(Clock::time_point intended, bool* measured) {
+  bool Admit(Clock::time_point intended, bool* measured) override {
     if (stopped_.load(std::memory_order_relaxed)) return false;
     if (StopRequested()) return Stop();
     if (intended < measure_begin_) {
@@ -277,7 +136,7 @@ class LoadRun {
     return true;
   }
 
-  const Payload* NextPayload() {
+  const LoadPayload* NextPayload() override {
     const uint64_t k = next_payload_.fetch_add(1, std::memory_order_relaxed);
     return &payloads_[schedule_[k % schedule_.size()]];
   }
@@ -292,15 +151,14 @@ class LoadRun {
     }
   }
 
-  // Accounts one finished request. `response` is set for OK answers only.
-  void Complete(int connection, const Payload& payload, Clock::time_point intended,
-                bool measured, int code, const v1::SoftmaxResponse* response) {
+  void Complete(int connection, const LoadPayload& payload, Clock::time_point intended,
+                bool measured, int code, const v1::SoftmaxResponse* response) override {
     const Clock::time_point now = Clock::now();
     ConnectionStats& stats = stats_[connection];
     code = ClampCode(code);
     if (code == 0 && options_.verify) {
       stats.verified.fetch_add(1, std::memory_order_relaxed);
-      const std::string problem = CheckOutput(payload, response->output());
+      const std::string problem = CheckLoadOutput(payload, response->output());
       if (!problem.empty()) {
         stats.mismatches.fetch_add(1, std::memory_order_relaxed);
         std::lock_guard<std::mutex> lock(mismatch_mutex_);
@@ -344,8 +202,7 @@ class LoadRun {
               std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count());
   }
 
-  // A stream answered with a request_id it was never sent.
-  void RecordUnmatched(const std::string& request_id) {
+  void RecordUnmatched(const std::string& request_id) override {
     stats_[0].mismatches.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mismatch_mutex_);
     if (first_mismatch_.empty()) {
@@ -353,8 +210,8 @@ class LoadRun {
     }
   }
 
-  // A closed-loop slot, a stream or the open-loop sender has finished.
-  void UnitDone() {
+  // A closed-loop slot, a stream or an HTTP connection's thread has finished.
+  void UnitDone() override {
     std::lock_guard<std::mutex> lock(done_mutex_);
     --units_running_;
     done_cv_.notify_all();
@@ -374,11 +231,12 @@ class LoadRun {
     spare_responses_.push_back(std::move(response));
   }
 
-  // Requests sent (or queued on a stream) and not yet accounted.
-  void CallStarted() { outstanding_.fetch_add(1, std::memory_order_relaxed); }
+  // Requests sent (or queued on a stream or for an HTTP connection) and not
+  // yet accounted.
+  void CallStarted() override { outstanding_.fetch_add(1, std::memory_order_relaxed); }
   // The decrement happens under done_mutex_: once the waiter sees zero it may
   // destroy this object, so nothing may touch it after the lock is released.
-  void CallFinished() {
+  void CallFinished() override {
     std::lock_guard<std::mutex> lock(done_mutex_);
     if (outstanding_.fetch_sub(1, std::memory_order_relaxed) == 1 ||
         waiting_for_room_.load(std::memory_order_relaxed)) {
@@ -397,31 +255,19 @@ class LoadRun {
     return false;
   }
 
-  void RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers);
+  void RunOpenLoop(std::vector<std::unique_ptr<LoadStreamWorker>>* workers);
   void IssueOpenUnary(int connection, Clock::time_point intended, bool measured);
 
-  // --protocol=http. Every request waits in one queue, oldest first, for the
-  // next free connection; each connection's thread (HttpConnectionLoop)
-  // takes one, sends it, waits for its answer, accounts it and takes the
-  // next. Closed loop: each of the `concurrency` callers queues its next
-  // request (intended now) when its last one is answered, so callers beyond
-  // the connections wait in the queue and the wait counts in their latency.
-  // Open loop: the sender queues requests at their intended times.
-  bool http() const { return options_.protocol == LoadProtocol::kHttp; }
-  void QueueHttp(const Payload* payload, Clock::time_point intended, bool measured);
-  // Closed loop: a caller sends its next request, or stops for good.
-  void NextHttpCallerRequest();
-  void CloseHttpQueue();
-  void HttpConnectionLoop(int connection);
-  void WaitForUnits(std::vector<std::unique_ptr<StreamWorker>>* workers);
+  // --protocol=http: its requests go through http_loop_ (client/load_http_loop.h).
+  bool http() const { return http_loop_ != nullptr; }
+  void WaitForUnits(std::vector<std::unique_ptr<LoadStreamWorker>>* workers);
   void ProgressLoop();
 
   const LoadOptions options_;
   const LoadMonitor& monitor_;
-  const std::vector<Payload> payloads_;
+  const std::vector<LoadPayload> payloads_;
   const std::vector<uint32_t> schedule_;
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
-  std::vector<std::unique_ptr<HttpConnection>> http_;
   const int connections_;
   std::vector<ConnectionStats> stats_;
 
@@ -451,16 +297,8 @@ class LoadRun {
   mutable std::mutex mismatch_mutex_;
   std::string first_mismatch_;  // GUARDED_BY(mismatch_mutex_)
 
-  struct QueuedHttpRequest {
-    const Payload* payload = nullptr;
-    Clock::time_point intended;
-    bool measured = false;
-  };
-  std::mutex http_mutex_;
-  std::condition_variable http_cv_;
-  std::deque<QueuedHttpRequest> http_queue_;  // GUARDED_BY(http_mutex_)
-  bool http_queue_closed_ = false;            // GUARDED_BY(http_mutex_); nothing more comes
-  int http_callers_ = 0;                      // GUARDED_BY(http_mutex_); closed loop, still sending
+  // --protocol=http only.
+  std::unique_ptr<HttpLoadLoop> http_loop_;
 };
 
 // Closed loop, unary: one request in flight at a time; each completion
@@ -498,7 +336,7 @@ class UnarySlot {
   grpc::ByteBuffer response_buffer_;
   v1::SoftmaxResponse response_;  // reused: keeps its output's buffer
   inference::ModelInferResponse kserve_response_;  // reused likewise (--protocol=kserve)
-  const Payload* payload_ = nullptr;
+  const LoadPayload* payload_ = nullptr;
   Clock::time_point intended_;
   bool measured_ = false;
 };
@@ -509,262 +347,10 @@ struct UnaryCall {
   grpc::ByteBuffer response_buffer;
   std::unique_ptr<v1::SoftmaxResponse> response;  // from LoadRun::TakeResponse
   inference::ModelInferResponse kserve_response;   // --protocol=kserve
-  const Payload* payload = nullptr;
+  const LoadPayload* payload = nullptr;
   Clock::time_point intended;
   bool measured = false;
   int connection = 0;
-};
-
-// One SoftmaxStream per connection. Requests queue for the single write
-// outstanding at a time that gRPC allows; responses are matched to requests
-// by request_id (they may arrive in any order). In the closed loop each
-// response sends the next request on the same stream (`window` in flight);
-// in the open loop the sender thread calls Send. The stream half-closes once
-// it is told to close and nothing is pending or in flight.
-class StreamWorker final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  StreamWorker(LoadRun* run, int connection, int window)
-      : run_(run), connection_(connection), window_(window) {}
-
-  void Start() {
-    run_->stub(connection_)->PrepareBidiStreamingCall(&context_, kSoftmaxStreamMethod,
-                                                      grpc::StubOptions(), this);
-    StartRead(&read_buffer_);
-    StartCall();
-    for (int i = 0; i < window_; ++i) SendNextClosedLoop();
-  }
-
-  void Send(const Payload* payload, Clock::time_point intended, bool measured) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    run_->CallStarted();
-    pending_.push_back(InFlight{payload, intended, measured});
-    MaybeWriteLocked();
-  }
-
-  // No more requests will be sent; finish once the in-flight ones answered.
-  void Close() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    closing_ = true;
-    MaybeWriteLocked();
-  }
-
-  void Cancel() { context_.TryCancel(); }
-
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    writing_ = false;
-    if (!ok) {
-      // The stream is broken; OnDone accounts what is left.
-      broken_ = true;
-      return;
-    }
-    MaybeWriteLocked();
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // the stream is ending; OnDone follows
-    ChunkView chunk;
-    if (!assembling_.empty() && ReadLaterChunk(read_buffer_, kResponseChunkFields, &chunk)) {
-      // A later chunk of an answer being assembled: its data is appended
-      // from the message as it lies, without parsing it first.
-      uint64_t id = 0;
-      auto it =
-          absl::SimpleAtoi(chunk.request_id, &id) ? assembling_.find(id) : assembling_.end();
-      InFlight call;
-      bool found = false;
-      if (it != assembling_.end()) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        auto entry = in_flight_.find(id);
-        if (entry != in_flight_.end()) {
-          call = entry->second;
-          found = true;
-        }
-      }
-      if (found) {
-        const bool appended = AppendLaterChunk(chunk, it->second.get());
-        const bool more = chunk.more_chunks;
-        chunk = ChunkView{};  // its references to the buffer's slices
-        read_buffer_.Clear();
-        if (!appended || !more) {
-          FinishAnswer(id, call, appended ? 0 : static_cast<int>(grpc::StatusCode::INTERNAL),
-                       it->second.get());
-        }
-        ReadNext();
-        return;
-      }
-    }
-    if (!ParseResponseReusingBuffers(&read_buffer_, &read_)) {
-      // As a typed stream would: the call ends, and OnDone fails whatever
-      // is in flight.
-      context_.TryCancel();
-      return;
-    }
-    InFlight call;
-    bool found = false;
-    uint64_t id = 0;
-    if (absl::SimpleAtoi(read_.request_id(), &id)) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = in_flight_.find(id);
-      if (it != in_flight_.end()) {
-        call = it->second;
-        found = true;
-      }
-    }
-    const v1::SoftmaxResponse* answer = &read_;
-    int code = read_.has_error() ? read_.error().code() : 0;
-    bool whole = true;
-    if (found && code == 0 && !call.payload->chunks.empty()) {
-      // A chunk of the answer: appended until the last one arrives.
-      std::unique_ptr<v1::SoftmaxResponse>& assembled = assembling_[id];
-      if (assembled == nullptr) assembled = TakeSpare();
-      if (!AppendResponseChunk(&read_, call.payload->tensor_bytes, assembled.get())) {
-        code = static_cast<int>(grpc::StatusCode::INTERNAL);
-      } else {
-        whole = !read_.more_chunks();
-      }
-      answer = assembled.get();
-    }
-    if (!found) {
-      run_->RecordUnmatched(read_.request_id());
-    } else if (whole) {
-      FinishAnswer(id, call, code, answer);
-    }
-    ReadNext();
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    // Whatever was never answered failed with the stream's status.
-    const int code = status.ok() ? static_cast<int>(grpc::StatusCode::INTERNAL)
-                                 : static_cast<int>(status.error_code());
-    std::vector<InFlight> lost;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (const auto& entry : in_flight_) lost.push_back(entry.second);
-      lost.insert(lost.end(), pending_.begin(), pending_.end());
-      in_flight_.clear();
-      pending_.clear();
-    }
-    for (const InFlight& call : lost) {
-      run_->Complete(connection_, *call.payload, call.intended, call.measured, code, nullptr);
-      run_->CallFinished();
-    }
-    run_->UnitDone();
-  }
-
- private:
-  struct InFlight {
-    const Payload* payload = nullptr;
-    Clock::time_point intended;
-    bool measured = false;
-  };
-
-  // The answer to `id` is complete, or failed with `code`: accounted, and
-  // the next request goes out.
-  void FinishAnswer(uint64_t id, const InFlight& call, int code,
-                    const v1::SoftmaxResponse* answer) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      in_flight_.erase(id);
-    }
-    run_->Complete(connection_, *call.payload, call.intended, call.measured, code,
-                   code == 0 ? answer : nullptr);
-    if (auto it = assembling_.find(id); it != assembling_.end()) {
-      spare_.push_back(std::move(it->second));
-      assembling_.erase(it);
-    }
-    run_->CallFinished();
-    if (window_ > 0) SendNextClosedLoop();
-  }
-
-  void ReadNext() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      MaybeWriteLocked();
-    }
-    StartRead(&read_buffer_);
-  }
-
-  void SendNextClosedLoop() {
-    const Clock::time_point now = Clock::now();
-    bool measured = false;
-    if (!run_->Admit(now, &measured)) {
-      Close();
-      return;
-    }
-    Send(run_->NextPayload(), now, measured);
-  }
-
-  // A response message that keeps its output's buffer (read path only).
-  std::unique_ptr<v1::SoftmaxResponse> TakeSpare() {
-    if (spare_.empty()) return std::make_unique<v1::SoftmaxResponse>();
-    std::unique_ptr<v1::SoftmaxResponse> response = std::move(spare_.back());
-    spare_.pop_back();
-    return response;
-  }
-
-  // REQUIRES: mutex_ held.
-  void MaybeWriteLocked() {
-    if (writing_ || writes_done_ || broken_) return;
-    if (sending_ != nullptr) {
-      // The next chunk of a request, before any other request's.
-      write_ = sending_->chunks[next_chunk_]->WithRequestId(sending_id_);
-      if (++next_chunk_ == sending_->chunks.size()) sending_ = nullptr;
-      writing_ = true;
-      StartWrite(&write_);
-      return;
-    }
-    if (!pending_.empty()) {
-      const InFlight call = pending_.front();
-      pending_.pop_front();
-      const uint64_t id = next_id_++;
-      // The payload's bytes are shared by every stream (by reference); this
-      // write adds its request_id and lives until OnWriteDone.
-      const Payload* payload = call.payload;
-      if (payload->chunks.empty()) {
-        write_ = payload->prepared->WithRequestId(absl::StrCat(id));
-      } else {
-        sending_id_ = absl::StrCat(id);
-        write_ = payload->chunks[0]->WithRequestId(sending_id_);
-        if (payload->chunks.size() > 1) {
-          sending_ = payload;
-          next_chunk_ = 1;
-        }
-      }
-      in_flight_.emplace(id, call);
-      writing_ = true;
-      StartWrite(&write_);
-      return;
-    }
-    if (closing_ && in_flight_.empty()) {
-      writes_done_ = true;
-      StartWritesDone();
-    }
-  }
-
-  LoadRun* const run_;
-  const int connection_;
-  const int window_;  // closed loop: requests in flight; 0 in the open loop
-  grpc::ClientContext context_;
-  grpc::ByteBuffer read_buffer_;
-  v1::SoftmaxResponse read_;    // reused: keeps its output's buffer
-  grpc::ByteBuffer write_;      // GUARDED_BY(mutex_) while writing_
-  // --chunk_bytes: answers being reassembled by request id, and finished
-  // ones kept for their buffers. Touched by the read path only.
-  std::unordered_map<uint64_t, std::unique_ptr<v1::SoftmaxResponse>> assembling_;
-  std::vector<std::unique_ptr<v1::SoftmaxResponse>> spare_;
-
-  std::mutex mutex_;
-  std::deque<InFlight> pending_;                     // GUARDED_BY(mutex_)
-  std::unordered_map<uint64_t, InFlight> in_flight_;  // GUARDED_BY(mutex_)
-  uint64_t next_id_ = 0;                             // GUARDED_BY(mutex_)
-  // A chunked request whose later chunks are still to be written.
-  const Payload* sending_ = nullptr;                 // GUARDED_BY(mutex_)
-  size_t next_chunk_ = 0;                            // GUARDED_BY(mutex_)
-  std::string sending_id_;                           // GUARDED_BY(mutex_)
-  bool writing_ = false;                             // GUARDED_BY(mutex_)
-  bool closing_ = false;                             // GUARDED_BY(mutex_)
-  bool writes_done_ = false;                         // GUARDED_BY(mutex_)
-  bool broken_ = false;                              // GUARDED_BY(mutex_)
 };
 
 void LoadRun::IssueOpenUnary(int connection, Clock::time_point intended, bool measured) {
@@ -790,60 +376,7 @@ void LoadRun::IssueOpenUnary(int connection, Clock::time_point intended, bool me
       });
 }
 
-void LoadRun::QueueHttp(const Payload* payload, Clock::time_point intended, bool measured) {
-  CallStarted();
-  {
-    std::lock_guard<std::mutex> lock(http_mutex_);
-    http_queue_.push_back(QueuedHttpRequest{payload, intended, measured});
-  }
-  http_cv_.notify_one();
-}
-
-void LoadRun::NextHttpCallerRequest() {
-  const Clock::time_point now = Clock::now();
-  bool measured = false;
-  if (Admit(now, &measured)) {
-    QueueHttp(NextPayload(), now, measured);
-    return;
-  }
-  std::lock_guard<std::mutex> lock(http_mutex_);
-  if (--http_callers_ == 0) {
-    http_queue_closed_ = true;
-    http_cv_.notify_all();
-  }
-}
-
-void LoadRun::CloseHttpQueue() {
-  std::lock_guard<std::mutex> lock(http_mutex_);
-  http_queue_closed_ = true;
-  http_cv_.notify_all();
-}
-
-void LoadRun::HttpConnectionLoop(int connection) {
-  v1::SoftmaxResponse response;  // reused: keeps its output's buffer
-  std::string error;
-  const bool closed_loop = options_.rate == 0;
-  while (true) {
-    QueuedHttpRequest request;
-    {
-      std::unique_lock<std::mutex> lock(http_mutex_);
-      http_cv_.wait(lock, [this] { return !http_queue_.empty() || http_queue_closed_; });
-      if (http_queue_.empty()) break;
-      request = http_queue_.front();
-      http_queue_.pop_front();
-    }
-    const int code = http_[connection]->Post(*request.payload->http, &response, &error);
-    Complete(connection, *request.payload, request.intended, request.measured, code,
-             code == 0 ? &response : nullptr);
-    // The caller's next request is queued before this one is counted out, so
-    // the count of outstanding requests reaches zero only at the end.
-    if (closed_loop) NextHttpCallerRequest();
-    CallFinished();
-  }
-  UnitDone();
-}
-
-void LoadRun::RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers) {
+void LoadRun::RunOpenLoop(std::vector<std::unique_ptr<LoadStreamWorker>>* workers) {
   std::mt19937_64 engine(options_.seed ^ 0x9e3779b97f4a7c15ull);
   std::exponential_distribution<double> poisson_gap(options_.rate);
   const int connections = connections_;
@@ -873,7 +406,7 @@ void LoadRun::RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers) {
     if (!Admit(intended, &measured)) break;
     const int connection = static_cast<int>(sequence % connections);
     if (http()) {
-      QueueHttp(NextPayload(), intended, measured);
+      http_loop_->Queue(NextPayload(), intended, measured);
     } else if (workers->empty()) {
       IssueOpenUnary(connection, intended, measured);
     } else {
@@ -892,10 +425,10 @@ void LoadRun::RunOpenLoop(std::vector<std::unique_ptr<StreamWorker>>* workers) {
     intended = start_ + std::chrono::nanoseconds(std::llround(offset_seconds * 1e9));
   }
   for (auto& worker : *workers) worker->Close();
-  if (http()) CloseHttpQueue();
+  if (http()) http_loop_->Close();
 }
 
-void LoadRun::WaitForUnits(std::vector<std::unique_ptr<StreamWorker>>* workers) {
+void LoadRun::WaitForUnits(std::vector<std::unique_ptr<LoadStreamWorker>>* workers) {
   // Calls carry their own deadlines; streams do not, so if they have not
   // drained one timeout after sending stopped, they are cancelled.
   std::unique_lock<std::mutex> lock(done_mutex_);
@@ -958,7 +491,7 @@ void LoadRun::Execute() {
   if (live_ != nullptr) progress = std::thread([this] { ProgressLoop(); });
 
   std::vector<std::unique_ptr<UnarySlot>> slots;
-  std::vector<std::unique_ptr<StreamWorker>> workers;
+  std::vector<std::unique_ptr<LoadStreamWorker>> workers;
   const bool open_loop = options_.rate > 0;
   if (options_.stream) {
     for (int c = 0; c < connections; ++c) {
@@ -966,7 +499,7 @@ void LoadRun::Execute() {
       const int window = open_loop ? 0
                                    : options_.concurrency / connections +
                                          (c < options_.concurrency % connections ? 1 : 0);
-      workers.push_back(std::make_unique<StreamWorker>(this, c, window));
+      workers.push_back(std::make_unique<LoadStreamWorker>(this, stub(c), c, window));
     }
     {
       std::lock_guard<std::mutex> lock(done_mutex_);
@@ -974,22 +507,12 @@ void LoadRun::Execute() {
     }
     for (auto& worker : workers) worker->Start();
   }
-  std::vector<std::thread> http_threads;
   if (http()) {
     {
       std::lock_guard<std::mutex> lock(done_mutex_);
       units_running_ = connections;
     }
-    for (int c = 0; c < connections; ++c) {
-      http_threads.emplace_back([this, c] { HttpConnectionLoop(c); });
-    }
-    if (!open_loop) {
-      {
-        std::lock_guard<std::mutex> lock(http_mutex_);
-        http_callers_ = options_.concurrency;
-      }
-      for (int i = 0; i < options_.concurrency; ++i) NextHttpCallerRequest();
-    }
+    http_loop_->Start(open_loop ? 0 : options_.concurrency);
   }
   if (open_loop) {
     RunOpenLoop(&workers);
@@ -1004,7 +527,7 @@ void LoadRun::Execute() {
     for (auto& slot : slots) slot->SendNext();
   }
   WaitForUnits(&workers);
-  for (std::thread& thread : http_threads) thread.join();
+  if (http()) http_loop_->Join();
   {
     std::lock_guard<std::mutex> lock(done_mutex_);
     finished_ = true;
@@ -1096,8 +619,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& requested, const LoadMonit
     http_base_url = *std::move(base_url);
   }
   std::vector<uint32_t> schedule;
-  absl::StatusOr<std::vector<Payload>> payloads =
-      BuildPayloads(options, http_base_url, &schedule);
+  absl::StatusOr<std::vector<LoadPayload>> payloads =
+      BuildLoadPayloads(options, http_base_url, &schedule);
   if (!payloads.ok()) return payloads.status();
 
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs;

@@ -10,17 +10,20 @@
 //                spends waiting behind a slow server (or a slow client) is
 //                counted instead of hidden.
 // Calls use gRPC's callback API (unary), or one ClientBidiReactor per
-// connection (stream), so hundreds of requests in flight need no thread each.
-// --protocol=http runs a thread per keep-alive HTTP/1.1 connection
-// (client/load_http.h), each carrying one request at a time; requests wait
-// for a free connection in one queue, oldest first.
+// connection (stream, client/load_stream.h), so hundreds of requests in
+// flight need no thread each. --protocol=http runs a thread per keep-alive
+// HTTP/1.1 connection (client/load_http_loop.h), each carrying one request at
+// a time; requests wait for a free connection in one queue, oldest first.
+// The engine itself (load_engine.cc) paces and admits requests, runs the
+// unary calls, and accounts every answer; the stream and HTTP transports call
+// back into it through client/load_run_interface.h.
 //
-// Payloads are built before the run (a few random tensors per mix entry,
-// chosen by weight from a precomputed schedule), so the hot path makes no
-// random data. Latencies go into LatencyHistograms (one per connection,
-// merged for the report); no per-request records are kept. The engine prints
-// nothing: the caller renders the LoadReport and the LoadProgress samples
-// (client/load_report.h).
+// Payloads are built before the run (client/load_payload.h: a few random
+// tensors per mix entry, chosen by weight from a precomputed schedule), so
+// the hot path makes no random data. Latencies go into LatencyHistograms (one
+// per connection, merged for the report); no per-request records are kept.
+// The engine prints nothing: the caller renders the LoadReport and the
+// LoadProgress samples (client/load_report.h).
 //
 // Thread-safety: RunLoad may be called from any thread, and concurrently; each
 // call owns every object it creates and returns after all its calls have

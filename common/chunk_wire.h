@@ -12,7 +12,7 @@
 // do not parse) returns false and the caller parses the message in full,
 // which gives every other case its usual handling and error. The slices
 // are the message's own bytes: the server enables no compression
-// (server/rpc/grpc_server.cc), so none reaches it or its callers compressed.
+// (server/rpc/grpc/grpc_server.cc), so none reaches it or its callers compressed.
 #ifndef SOFTMAX_COMMON_CHUNK_WIRE_H_
 #define SOFTMAX_COMMON_CHUNK_WIRE_H_
 

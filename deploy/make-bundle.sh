@@ -91,7 +91,7 @@ for base in "${binaries[@]}"; do
 done
 
 # Loaded by path (not through ldd) when the HTTP endpoint serves TLS:
-# server/rpc/civetweb_tls.h.
+# server/rpc/http/civetweb_tls.h.
 for path in "$build_dir"/lib/libsoftmax-civetweb-lib*.so; do
   cp "$path" "$bundle/lib/"
   packed[$(basename "$path")]=$path

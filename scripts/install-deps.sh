@@ -11,10 +11,10 @@ build_packages=(
   nlohmann-json3-dev
   # The server's logs (server/logging/).
   libspdlog-dev
-  # The KServe v2 HTTP front-end (server/rpc/kserve_http.cc); its CMake
+  # The KServe v2 HTTP front-end (server/rpc/http/kserve_http.cc); its CMake
   # package also wants the `civetweb` binary package.
   libcivetweb-dev civetweb
-  # TLS on that front-end (server/rpc/civetweb_tls.cc); gRPC uses it too.
+  # TLS on that front-end (server/rpc/http/civetweb_tls.cc); gRPC uses it too.
   libssl-dev
   # softmax-client load --protocol=http (client/load_http.cc).
   libcurl4-openssl-dev

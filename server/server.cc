@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/logging/log.h"
-#include "server/rpc/civetweb_tls.h"
+#include "server/rpc/http/civetweb_tls.h"
 
 namespace softmax::server {
 namespace {
@@ -22,10 +22,10 @@ namespace {
 // outlast a refusal's round trip, and every restart waits it out.
 constexpr std::chrono::milliseconds kLameDuck(500);
 // Pause between the last response and closing the connections, so callers
-// read their responses before the close (see WaitForRequestsInFlight).
+// read their responses before the close (see Admission::WaitForInFlight).
 constexpr std::chrono::milliseconds kCloseLinger(200);
 // How long refusals are held once Shutdown has started (see
-// SoftmaxServiceImpl::HoldRefusals): Shutdown sends its GOAWAY at once, and
+// Admission::HoldRefusals): Shutdown sends its GOAWAY at once, and
 // loopback clients read it well within this.
 constexpr std::chrono::milliseconds kHoldRefusalsAfterShutdown(100);
 // Once every request is answered, Shutdown waits this long for the idle
@@ -152,16 +152,21 @@ absl::Status Server::Start() {
         if (metrics != nullptr) metrics->SetHeldBytes(held);
       });
   if (metrics_ != nullptr) metrics_->SetHeldBytesLimit(options_.max_held_bytes);
-  ServiceOptions service_options;
-  service_options.budget = budget_.get();
-  service_options.authenticator = authenticator_.get();
-  service_options.limits.max_tensor_bytes = options_.max_tensor_bytes;
-  service_options.echo = backends.empty();
-  service_options.max_stream_age = std::chrono::seconds(options_.max_connection_age_s);
-  service_ = std::make_unique<SoftmaxServiceImpl>(service_options, batcher_.get(), metrics_.get());
+  // The one door into the batcher for every protocol.
+  AdmissionOptions admission_options;
+  admission_options.echo = backends.empty();
+  admission_options.budget = budget_.get();
+  admission_ = std::make_unique<Admission>(admission_options, batcher_.get());
+  front_end_.admission = admission_.get();
+  front_end_.metrics = metrics_.get();
+  front_end_.authenticator = authenticator_.get();
+  front_end_.reset_guard = &reset_guard_;
+  front_end_.limits.max_tensor_bytes = options_.max_tensor_bytes;
+  front_end_.max_stream_age = std::chrono::seconds(options_.max_connection_age_s);
+  service_ = std::make_unique<SoftmaxServiceImpl>(front_end_);
 
   // The Open Inference Protocol (KServe v2): gRPC beside softmax.v1, HTTP on
-  // its own port; both dispatch through `service_`, into the one batcher.
+  // its own port; both dispatch through `admission_`, into the one batcher.
   memory_mapper_ = CreateDeviceMemoryMapper(choice_.cuda_devices);
   shared_memory_ = std::make_unique<SharedMemoryManager>(
       *shared_memory_mode, memory_mapper_.get(),
@@ -169,8 +174,7 @@ absl::Status Server::Start() {
         if (metrics != nullptr) metrics->SetSharedMemory(SharedMemoryKindName(kind), regions, bytes);
       });
   kserve_service_ = std::make_unique<KServeGrpcService>(
-      service_.get(), &kserve_statistics_, options_.server_version,
-      ServiceOptions{}.max_stream_pending, shared_memory_.get());
+      front_end_, &kserve_statistics_, options_.server_version, shared_memory_.get());
 
   GrpcServerOptions grpc_options;
   grpc_options.address = options_.grpc_address;
@@ -178,7 +182,7 @@ absl::Status Server::Start() {
   grpc_options.additional_services.push_back(kserve_service_.get());
   grpc_options.max_concurrent_streams = options_.max_concurrent_streams;
   grpc_options.max_connection_age_ms = options_.max_connection_age_s * 1000;
-  grpc_options.reset_guard = &service_->reset_guard();
+  grpc_options.reset_guard = &reset_guard_;
   grpc_options.tls_cert_file = options_.tls_cert_file;
   grpc_options.tls_key_file = options_.tls_key_file;
   grpc_options.tls_client_ca_file = options_.tls_client_ca_file;
@@ -205,14 +209,12 @@ absl::Status Server::Start() {
   if (!options_.http_address.empty()) {
     HttpServerOptions http_options;
     http_options.address = options_.http_address;
-    http_options.max_tensor_bytes = options_.max_tensor_bytes;
     http_options.server_version = options_.server_version;
     http_options.shared_memory = shared_memory_.get();
     http_options.tls = {options_.tls_cert_file, options_.tls_key_file,
                         options_.tls_client_ca_file};
-    http_options.authenticator = authenticator_.get();
     absl::StatusOr<std::unique_ptr<KServeHttpServer>> started =
-        KServeHttpServer::Start(http_options, service_.get(), &kserve_statistics_);
+        KServeHttpServer::Start(http_options, front_end_, &kserve_statistics_);
     if (!started.ok()) return started.status();
     http_ = std::move(*started);
   }
@@ -246,7 +248,7 @@ void Server::Drain() {
   SetServing(grpc_.server.get(), false);
   if (metrics_ != nullptr) metrics_->SetServing(false);
   AfterStep(DrainStep::kNotServing);
-  service_->StartDraining();
+  admission_->StartDraining();
   AfterStep(DrainStep::kRefusing);
   // What is already queued is computed now, without waiting out the batching
   // delay; Stop() returns once the backend has answered all of it.
@@ -268,13 +270,13 @@ void Server::Drain() {
   AfterStep(DrainStep::kLameDuckOver);
   // Let every accepted request be answered, then give the callers a moment
   // to read their last responses before the connections close (see
-  // SoftmaxServiceImpl::WaitForRequestsInFlight).
+  // Admission::WaitForInFlight).
   const absl::Time grace_end =
       absl::Now() + (fault ? kFaultGrace : absl::Seconds(options_.shutdown_grace_s));
-  const bool all_answered = service_->WaitForRequestsInFlight(grace_end);
+  const bool all_answered = admission_->WaitForInFlight(grace_end);
   if (!all_answered) {
     logging::LogWarning("requests still in flight at the grace deadline",
-                        {{"requests", service_->requests_in_flight()}});
+                        {{"requests", admission_->in_flight()}});
   }
   AfterStep(DrainStep::kRequestsAnswered);
   // Streams ended when their last request was answered (StartDraining).
@@ -282,7 +284,7 @@ void Server::Drain() {
   // callers have nothing on its way when gRPC would cancel it (HoldRefusals);
   // anything still open gets what is left of the grace period, then gRPC
   // cancels it.
-  service_->HoldRefusals();
+  admission_->HoldRefusals();
   AfterStep(DrainStep::kRefusalsHeld);
   std::this_thread::sleep_for(kCloseLinger);
   const absl::Time close_by =
@@ -294,7 +296,7 @@ void Server::Drain() {
   });
   std::this_thread::sleep_for(kHoldRefusalsAfterShutdown);
   AfterStep(DrainStep::kShutdownStarted);
-  service_->ReleaseHeldCalls();
+  admission_->ReleaseHeldCalls();
   AfterStep(DrainStep::kHeldCallsReleased);
   drained_.Notify();
 }

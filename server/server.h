@@ -5,15 +5,16 @@
 //
 // What Start wires, in order: the heap trimmer; the backends (--device) and
 // their warm-up softmax; the metrics; the scheduler and the batcher; the
-// token check; the memory budget; softmax.v1 (SoftmaxServiceImpl); the
-// KServe v2 gRPC service and shared-memory regions; the gRPC server (health
+// token check; the memory budget; Admission, the one door into the batcher,
+// and the FrontEnd every protocol shares; softmax.v1 (SoftmaxServiceImpl);
+// the KServe v2 gRPC service and shared-memory regions; the gRPC server (health
 // SERVING from here); the KServe HTTP endpoint; then the "listening" line.
 //
 // The drain (Drain, then Wait), step by step. Each step is a DrainStep,
 // reported to ServerHooks::after_drain_step once done:
 //   1. kNotServing: health NOT_SERVING for every service, softmax_serving 0,
 //      so that balancers stop sending while calls are still answered.
-//   2. kRefusing: SoftmaxServiceImpl::StartDraining: new requests, on every
+//   2. kRefusing: Admission::StartDraining: new requests, on every
 //      front-end, get a retryable UNAVAILABLE (the lame duck); idle streams
 //      end UNAVAILABLE, busy ones once their last response is written.
 //   3. kQueueFlushed: Batcher::Stop: what was queued is computed at once,
@@ -24,7 +25,7 @@
 //   5. kRequestsAnswered: every accepted request answered, or the grace
 //      deadline (--shutdown_grace_s after step 4; 5 s after a device fault)
 //      passed, which is logged as a warning.
-//   6. kRefusalsHeld: SoftmaxServiceImpl::HoldRefusals: a unary call refused
+//   6. kRefusalsHeld: Admission::HoldRefusals: a unary call refused
 //      from here is held, not answered, so that a closed-loop caller sends
 //      nothing into the window where gRPC would cancel it.
 //   7. kShutdownStarted: after kCloseLinger (callers read their last
@@ -32,7 +33,7 @@
 //      sends the GOAWAY; it closes the idle connections after
 //      kCloseIdleConnectionsAfter, or at the grace deadline when some
 //      request is still in flight), and kHoldRefusalsAfterShutdown passes.
-//   8. kHeldCallsReleased: SoftmaxServiceImpl::ReleaseHeldCalls: the held
+//   8. kHeldCallsReleased: Admission::ReleaseHeldCalls: the held
 //      calls are answered UNAVAILABLE. Drain returns here.
 //   Wait then joins the Shutdown, the gRPC server, /metrics and HTTP, and
 //   logs "stopped".
@@ -64,13 +65,16 @@
 #include "server/memory_trim.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
-#include "server/rpc/grpc_server.h"
+#include "server/rpc/front_end.h"
+#include "server/rpc/grpc/grpc_server.h"
+#include "server/rpc/grpc/kserve_grpc.h"
+#include "server/rpc/grpc/reset_guard.h"
+#include "server/rpc/grpc/service.h"
+#include "server/rpc/http/kserve_http.h"
 #include "server/rpc/kserve.h"
-#include "server/rpc/kserve_grpc.h"
-#include "server/rpc/kserve_http.h"
-#include "server/rpc/memory_budget.h"
-#include "server/rpc/service.h"
+#include "server/scheduling/admission.h"
 #include "server/scheduling/batcher.h"
+#include "server/scheduling/memory_budget.h"
 #include "server/scheduling/scheduler.h"
 #include "server/server_options.h"
 #include "server/shm/shared_memory.h"
@@ -171,6 +175,9 @@ class Server {
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<TokenAuthenticator> authenticator_;
   std::unique_ptr<MemoryBudget> budget_;
+  std::unique_ptr<Admission> admission_;
+  PrematureResetGuard reset_guard_;
+  FrontEnd front_end_;
   std::unique_ptr<SoftmaxServiceImpl> service_;
   kserve::ModelStatistics kserve_statistics_;
   std::unique_ptr<DeviceMemoryMapper> memory_mapper_;

@@ -71,13 +71,4 @@ absl::Status TokenAuthenticator::CheckHeader(absl::string_view authorization) co
   return absl::OkStatus();
 }
 
-absl::Status TokenAuthenticator::Check(const grpc::ServerContextBase& context) const {
-  const auto& metadata = context.client_metadata();
-  auto found = metadata.find("authorization");
-  if (found == metadata.end()) {
-    return absl::UnauthenticatedError("missing \"authorization: Bearer <token>\"");
-  }
-  return CheckHeader(absl::string_view(found->second.data(), found->second.size()));
-}
-
 }  // namespace softmax::server

@@ -1,8 +1,9 @@
-// Bearer-token authentication of softmax.v1.SoftmaxService calls: the
+// Bearer-token authentication of every front-end's calls: the
 // tokens come from a file (one per line; blank lines and lines starting
 // with # are ignored) and can be reloaded while serving (SIGHUP). A call
 // must carry `authorization: Bearer <token>` with one of them; tokens are
-// compared in constant time. Health and reflection are not checked.
+// compared in constant time. Health and reflection are not checked. The
+// transports hand over the header's value (gRPC: server/rpc/grpc/authenticate.h).
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef SOFTMAX_SERVER_RPC_AUTH_H_
@@ -11,8 +12,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -34,9 +33,6 @@ class TokenAuthenticator {
   // Re-reads the file; on failure the tokens in use stay and the error is
   // returned.
   absl::Status Reload();
-
-  // OK when `context` carries a known token, else UNAUTHENTICATED.
-  absl::Status Check(const grpc::ServerContextBase& context) const;
 
   // OK when `authorization` (the header's value) is `Bearer <known token>`.
   absl::Status CheckHeader(absl::string_view authorization) const;

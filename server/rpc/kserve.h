@@ -2,8 +2,8 @@
 // both front-ends share, free of any transport. The gRPC service
 // (kserve_grpc.h) and the HTTP server (kserve_http.h) each turn their wire
 // form into an InferRequestParts, call BuildSoftmaxRequest, and hand the
-// result to SoftmaxServiceImpl::Dispatch: the same validation, draining and
-// Batcher as softmax.v1, so requests of every protocol batch together.
+// result to Dispatch (dispatch.h): the same validation and Admission as
+// softmax.v1, so requests of every protocol batch together.
 //
 // Models: `softmax` and `log_softmax` (and their `_fp16` / `_bf16`
 // variants, see Model), version "1" (an empty version means "1"). One input of any name (metadata calls it INPUT), FP32 / FP16 / BF16,
@@ -27,10 +27,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "inference/grpc_service.pb.h"
 #include "kernels/dtype.h"
-#include "server/rpc/service.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/dispatch.h"
 #include "server/scheduling/batcher.h"
 #include "server/shm/shared_memory.h"
 #include "softmax/v1/softmax.pb.h"
@@ -145,7 +147,7 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
                                  v1::SoftmaxRequest* out);
 
 // Renames the softmax.v1 fields in a validation message (from
-// SoftmaxServiceImpl::Dispatch) to the KServe ones: `input.data` to
+// Dispatch) to the KServe ones: `input.data` to
 // `data_field`, `input.shape` to `inputs[0].shape`, `input` to `inputs[0]`,
 // `output.region` to the output's shared_memory_byte_size.
 absl::Status RenameInputFields(const absl::Status& status, absl::string_view data_field);
@@ -186,6 +188,16 @@ class ModelStatistics {
   };
   std::array<Counters, kModelCount> models_;
 };
+
+// One finished inference, for both KServe front-ends: its model's
+// statistics (when the model was known), the request metrics (`metrics` may
+// be null) and the access log line. `data_bytes` is the request's input
+// size (its output is as large); `timing` the batcher's, read on success;
+// `peer` names the caller, called only when the line is logged.
+void RecordInference(ModelStatistics* statistics, Metrics* metrics, RpcMethod method,
+                     const std::optional<Model>& model, const absl::Status& status,
+                     int64_t elapsed_ns, int64_t data_bytes, const RequestTiming& timing,
+                     absl::FunctionRef<std::string()> peer);
 
 // The HTTP status of a canonical code, as the KServe HTTP API uses them.
 int HttpStatus(absl::StatusCode code);

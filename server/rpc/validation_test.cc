@@ -7,7 +7,6 @@
 
 #include <gtest/gtest.h>
 
-#include "server/rpc/status_util.h"
 
 namespace softmax::server {
 namespace {
@@ -200,21 +199,6 @@ TEST(ValidationTest, CountElementsAndNormalizeAxis) {
   EXPECT_EQ(*NormalizeAxis(-1, 3), 2);
   EXPECT_EQ(*NormalizeAxis(0, 0), 0);
   EXPECT_FALSE(NormalizeAxis(3, 3).ok());
-}
-
-TEST(StatusUtilTest, CodesAndMessagesCarryOver) {
-  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
-  const grpc::Status invalid = ToGrpcStatus(absl::InvalidArgumentError("axis: bad"));
-  EXPECT_EQ(invalid.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(invalid.error_message(), "axis: bad");
-  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("full")).error_code(),
-            grpc::StatusCode::UNAVAILABLE);
-  EXPECT_EQ(ToGrpcStatus(absl::DeadlineExceededError("late")).error_code(),
-            grpc::StatusCode::DEADLINE_EXCEEDED);
-  EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("oom")).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_EQ(ToGrpcStatus(absl::InternalError("fault")).error_code(),
-            grpc::StatusCode::INTERNAL);
 }
 
 TEST(ValidationTest, RequestIdOfAtMost256BytesOfUtf8) {

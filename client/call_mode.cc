@@ -1,0 +1,97 @@
+#include "client/call_mode.h"
+
+#include <iostream>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/exit_codes.h"
+#include "client/npy.h"
+#include "client/summary.h"
+#include "client/tensor.h"
+#include "kernels/cpu_softmax.h"
+
+namespace softmax::client {
+
+int RunCallMode(const CallModeOptions& options) {
+  v1::SoftmaxRequest request;
+  request.set_request_id(options.request_id);
+  if (options.input_path.empty()) {
+    RandomTensorOptions random;
+    random.shape = options.shape;
+    random.dtype = options.dtype.value_or(v1::DTYPE_FLOAT32);
+    random.seed = options.seed;
+    absl::StatusOr<v1::Tensor> tensor = MakeRandomTensor(random);
+    if (!tensor.ok()) return ExitWithStatus(kExitUsage, tensor.status());
+    *request.mutable_input() = *std::move(tensor);
+  } else {
+    absl::StatusOr<NpyArray> array = ReadNpyFile(options.input_path);
+    if (!array.ok()) return ExitWithStatus(kExitUsage, array.status());
+    absl::StatusOr<v1::Tensor> tensor = TensorFromNpy(*array, options.dtype);
+    if (!tensor.ok()) return ExitWithStatus(kExitUsage, tensor.status());
+    *request.mutable_input() = *std::move(tensor);
+  }
+  request.set_axis(options.axis);
+  request.set_temperature(options.temperature);
+  request.set_log(options.log);
+
+  const v1::Tensor& input = request.input();
+  std::cout << "input:      " << FormatShape(ShapeOf(input)) << " " << WireDTypeName(input.dtype())
+            << " axis " << options.axis << " temperature " << options.temperature
+            << (options.log ? " log" : "") << (options.call.stream ? " (stream)" : "") << "\n";
+
+  std::shared_ptr<grpc::Channel> channel = CreateChannel(options.channel);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::SoftmaxResponse> response = CallSoftmax(channel, request, options.call);
+  const absl::Duration round_trip = absl::Now() - start;
+  if (!response.ok()) return ExitWithStatus(kExitRpcFailed, response.status());
+
+  // The server validated the request, so the axis is in range here; a client
+  // that lets a bad axis through still prints a summary of the flat output.
+  absl::StatusOr<SoftmaxShape> view = ShapeAlongAxis(ShapeOf(input), options.axis);
+  if (!view.ok()) return ExitWithStatus(kExitUsage, view.status());
+  if (absl::Status bytes = CheckTensorBytes(response->output()); !bytes.ok()) {
+    return ExitWithStatus(kExitRpcFailed,
+                          absl::DataLossError(absl::StrCat("server returned a malformed output: ",
+                                                           bytes.message())));
+  }
+  if (response->output().dtype() != input.dtype() ||
+      ShapeOf(response->output()) != ShapeOf(input)) {
+    return ExitWithStatus(kExitRpcFailed,
+                          absl::DataLossError("output dtype or shape differs from input"));
+  }
+  std::cout << FormatSummary(*response, *view, options.log, round_trip);
+
+  if (!options.output_path.empty()) {
+    absl::Status written = WriteNpyFile(options.output_path, NpyFromTensor(response->output()));
+    if (!written.ok()) return ExitWithStatus(kExitUsage, written);
+    std::cout << "wrote:      " << options.output_path
+              << (response->output().dtype() == v1::DTYPE_BFLOAT16
+                      ? " ('<u2' holding bfloat16 bits)"
+                      : "")
+              << "\n";
+  }
+
+  if (options.check) {
+    SoftmaxOptions softmax_options;
+    softmax_options.temperature = options.temperature;
+    softmax_options.log = options.log;
+    const Comparison comparison =
+        CompareWithReference(input, response->output(), *view, softmax_options);
+    std::cout << "check:      " << comparison.mismatches << " of " << comparison.elements
+              << " elements outside |y-ref| <= 1e-6 + "
+              << RelativeTolerance(input.dtype()) << "*|ref|; max abs error "
+              << comparison.max_abs_error << "\n";
+    if (comparison.mismatches > 0) {
+      std::cerr << "softmax-client: check failed at element " << comparison.first_mismatch
+                << ": expected " << comparison.first_expected << ", got "
+                << comparison.first_actual << "\n";
+      return kExitCheckFailed;
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace softmax::client

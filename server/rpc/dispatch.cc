@@ -1,0 +1,113 @@
+#include "server/rpc/dispatch.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/validation.h"
+
+namespace softmax::server {
+namespace {
+
+void SetTiming(const RequestTiming& timing, v1::SoftmaxResponse* response) {
+  v1::Timing* out = response->mutable_timing();
+  out->set_queue_ns(timing.queue_ns);
+  out->set_compute_ns(timing.compute_ns);
+  out->set_batch_requests(timing.batch_requests);
+  out->set_batch_rows(timing.batch_rows);
+  out->set_kernel_ns(timing.kernel_ns);
+  out->set_dispatch_ns(timing.dispatch_ns);
+}
+
+}  // namespace
+
+void RecycleBuffers(TensorBufferPool* pool, v1::SoftmaxRequest* request,
+                    v1::SoftmaxResponse* response) {
+  if (request->has_input()) pool->Give(std::move(*request->mutable_input()->mutable_data()));
+  if (response->has_output()) pool->Give(std::move(*response->mutable_output()->mutable_data()));
+}
+
+void LendLargeOutput(const std::shared_ptr<TensorBufferPool>& pool,
+                     v1::SoftmaxResponse* response, OutputView* view) {
+  if (view->data != nullptr || !response->has_output() ||
+      response->output().data().size() < TensorBufferPool::kMinPooledBytes) {
+    return;
+  }
+  *view = TensorBufferPool::LendAsView(pool, std::move(*response->mutable_output()->mutable_data()));
+  response->mutable_output()->clear_data();
+}
+
+absl::Status Dispatch(const FrontEnd& front_end, v1::SoftmaxRequest* request,
+                      v1::SoftmaxResponse* response, OutputView* view,
+                      std::chrono::system_clock::time_point deadline,
+                      std::function<bool()> is_cancelled,
+                      std::function<void(const absl::Status&)> done,
+                      const ExternalTensors* external, std::shared_ptr<const void>* held) {
+  Admission& admission = *front_end.admission;
+  // Refused before validation, as before any work: callers retry elsewhere.
+  if (admission.draining()) {
+    return absl::UnavailableError("server is shutting down; retry on another replica");
+  }
+  const ExternalTensors none;
+  const ExternalTensors& ext = external != nullptr ? *external : none;
+  std::optional<absl::string_view> external_input;
+  if (ext.input != nullptr) external_input = absl::string_view(ext.input, ext.input_bytes);
+  absl::StatusOr<ParsedRequest> parsed = ParseRequest(*request, front_end.limits, external_input);
+  if (!parsed.ok()) return parsed.status();
+  if (ext.output != nullptr && ext.output_bytes < parsed->bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("output.region: ", ext.output_bytes,
+                                                   " bytes, smaller than the output's ",
+                                                   parsed->bytes, " bytes"));
+  }
+
+  response->set_request_id(request->request_id());
+  v1::Tensor* output = response->mutable_output();
+  output->set_dtype(request->input().dtype());
+  output->mutable_shape()->CopyFrom(request->input().shape());
+
+  AdmissionRequest admitted;
+  // The input and the output, each unless it is in a caller's region.
+  admitted.held_bytes =
+      (ext.input != nullptr ? 0 : parsed->bytes) + (ext.output != nullptr ? 0 : parsed->bytes);
+  std::string* input = request->mutable_input()->mutable_data();
+  if (ext.input == nullptr) admitted.input_string = input;
+  auto item = std::make_unique<WorkItem>();
+  item->segment.input = parsed->data.data();
+  item->segment.bytes = parsed->bytes;
+  item->segment.dtype = parsed->dtype;
+  item->segment.shape = parsed->shape;
+  item->segment.options = parsed->options;
+  item->output = output->mutable_data();
+  // A pooled input stays with the request until the call is done and goes
+  // back to the pool, instead of being freed by the batcher once staged.
+  item->input_buffer = input->capacity() >= TensorBufferPool::kMinPooledBytes ? nullptr : input;
+  item->output_view = view;
+  if (ext.input != nullptr) {
+    item->input_buffer = nullptr;
+    item->segment.input_memory = ext.input_memory;
+    item->segment.input_device = ext.input_device;
+    item->segment.staged = ext.input_staged;
+  }
+  if (ext.output != nullptr) {
+    item->fixed_output = ext.output;
+    item->output_view = nullptr;
+    item->segment.output_memory = ext.output_memory;
+    item->segment.output_device = ext.output_device;
+  }
+  item->deadline = deadline;
+  item->is_cancelled = std::move(is_cancelled);
+  // Echo answers carry no timing worth a histogram.
+  Metrics* metrics = admission.echo() ? nullptr : front_end.metrics;
+  item->done = [response, metrics, done = std::move(done)](const absl::Status& status,
+                                                           const RequestTiming& timing) {
+    if (metrics != nullptr) metrics->RecordRequestTiming(timing);
+    if (status.ok()) SetTiming(timing, response);
+    done(status);
+  };
+  admitted.item = std::move(item);
+  return admission.Admit(std::move(admitted), held);
+}
+
+}  // namespace softmax::server

@@ -1,0 +1,255 @@
+// inference.GRPCInferenceService over a real gRPC channel on a free loopback
+// port, behind a backend that lends its outputs as the GPU backend does
+// (OutputView), so the path a CPU-backend end-to-end test never takes is
+// checked here: responses reference the lent output, every lent buffer is
+// released once its response is sent.
+#include "server/rpc/grpc/kserve_grpc.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu_softmax.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/grpc/grpc_server.h"
+#include "server/rpc/grpc/service.h"
+#include "server/scheduling/batcher.h"
+#include "server/scheduling/scheduler.h"
+#include "server/testing/test_backends.h"
+
+namespace softmax::server {
+namespace {
+
+// Computes every segment into a buffer of its own and lends it.
+class LendingBackend final : public Backend {
+ public:
+  std::string Describe() const override { return "lending"; }
+  std::string Name() const override { return "lending"; }
+  BatchResult Execute(int slot, Batch& batch) override {
+    BatchResult result;
+    result.output_views.resize(batch.segments.size());
+    for (size_t i = 0; i < batch.segments.size(); ++i) {
+      const Segment& s = batch.segments[i];
+      void* output = s.output;
+      if (s.output_view_ok) {
+        auto kept = std::shared_ptr<std::string>(
+            new std::string(static_cast<size_t>(s.bytes), '\0'), [this](std::string* buffer) {
+              delete buffer;
+              alive.fetch_sub(1);
+            });
+        alive.fetch_add(1);
+        lent.fetch_add(1);
+        output = kept->data();
+        result.output_views[i] = OutputView{kept->data(), s.bytes, kept};
+      }
+      CpuSoftmaxRows(s.input, output, s.dtype, s.shape, s.options, 0, s.shape.rows());
+    }
+    result.compute_ns = 1;
+    return result;
+  }
+  std::atomic<int> lent{0};
+  std::atomic<int> alive{0};
+};
+
+struct Harness {
+  // `echo`: --device=none, no backend.
+  explicit Harness(bool echo = false, int64_t max_tensor_bytes = 1 << 20) {
+    metrics = std::move(*Metrics::Create(""));
+    if (!echo) {
+      auto lending = std::make_unique<LendingBackend>();
+      backend = lending.get();
+      owned_backend = std::move(lending);
+      scheduler = std::make_unique<Scheduler>(std::vector<Backend*>{backend});
+      batcher = std::make_unique<Batcher>(BatcherOptions{}, scheduler.get(), metrics.get());
+    }
+    AdmissionOptions admission_options;
+    admission_options.echo = echo;
+    admission = std::make_unique<Admission>(admission_options, batcher.get());
+    FrontEnd front_end;
+    front_end.admission = admission.get();
+    front_end.metrics = metrics.get();
+    front_end.limits.max_tensor_bytes = max_tensor_bytes;
+    front_end.max_stream_pending = 4;
+    softmax = std::make_unique<SoftmaxServiceImpl>(front_end);
+    kserve = std::make_unique<KServeGrpcService>(front_end, &statistics, "test");
+    GrpcServerOptions grpc_options;
+    grpc_options.address = "127.0.0.1:0";
+    grpc_options.max_tensor_bytes = max_tensor_bytes;
+    grpc_options.additional_services.push_back(kserve.get());
+    absl::StatusOr<RunningServer> started = StartGrpcServer(grpc_options, softmax.get());
+    EXPECT_TRUE(started.ok()) << started.status();
+    server = std::move(started->server);
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", started->port),
+                                        grpc::InsecureChannelCredentials(), args);
+    stub = inference::GRPCInferenceService::NewStub(channel);
+  }
+  ~Harness() {
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    server->Wait();
+    if (batcher != nullptr) batcher->Stop();
+  }
+
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<Backend> owned_backend;
+  LendingBackend* backend = nullptr;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<Batcher> batcher;
+  std::unique_ptr<Admission> admission;
+  std::unique_ptr<SoftmaxServiceImpl> softmax;
+  kserve::ModelStatistics statistics;
+  std::unique_ptr<KServeGrpcService> kserve;
+  std::unique_ptr<grpc::Server> server;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<inference::GRPCInferenceService::Stub> stub;
+};
+
+inference::ModelInferRequest Request(const std::string& id, const std::vector<float>& values,
+                                     int64_t rows, bool log) {
+  inference::ModelInferRequest request;
+  request.set_model_name(log ? "log_softmax" : "softmax");
+  request.set_id(id);
+  auto* input = request.add_inputs();
+  input->set_name("INPUT");
+  input->set_datatype("FP32");
+  input->add_shape(rows);
+  input->add_shape(static_cast<int64_t>(values.size()) / rows);
+  request.add_raw_input_contents(values.data(), values.size() * sizeof(float));
+  return request;
+}
+
+void ExpectCorrect(const std::vector<float>& values, int64_t rows, bool log,
+                   const inference::ModelInferResponse& response) {
+  ASSERT_EQ(response.outputs_size(), 1);
+  EXPECT_EQ(response.outputs(0).name(), "OUTPUT");
+  EXPECT_EQ(response.outputs(0).datatype(), "FP32");
+  ASSERT_EQ(response.raw_output_contents_size(), 1);
+  const std::string& raw = response.raw_output_contents(0);
+  ASSERT_EQ(raw.size(), values.size() * sizeof(float));
+  const int64_t n = static_cast<int64_t>(values.size()) / rows;
+  SoftmaxOptions options;
+  options.log = log;
+  std::vector<double> expected(values.size());
+  ReferenceSoftmax(values.data(), DType::kFloat32, SoftmaxShape{rows, n, 1}, options,
+                   expected.data());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float got = LoadAsFloat(raw.data(), DType::kFloat32, static_cast<int64_t>(i));
+    ASSERT_NEAR(got, expected[i], 1e-6 + 2e-6 * std::fabs(expected[i])) << "element " << i;
+  }
+}
+
+// True once every lent buffer is released: gRPC lets go of a response's
+// slices shortly after the client has it.
+bool AllReleased(const LendingBackend& backend) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (backend.alive.load() != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return backend.alive.load() == 0;
+}
+
+std::vector<float> Values(size_t count, float scale) {
+  std::vector<float> values(count);
+  for (size_t i = 0; i < count; ++i) values[i] = scale * std::sin(static_cast<float>(i));
+  return values;
+}
+
+TEST(KServeGrpcTest, ModelInferAnswersFromTheLentOutput) {
+  Harness harness;
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<float> values = Values(3 * 257, 1.0f + i);
+    grpc::ClientContext context;
+    inference::ModelInferResponse response;
+    const grpc::Status status =
+        harness.stub->ModelInfer(&context, Request("u", values, 3, i % 2 == 1), &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.id(), "u");
+    EXPECT_EQ(response.model_version(), "1");
+    ExpectCorrect(values, 3, i % 2 == 1, response);
+  }
+  EXPECT_EQ(harness.backend->lent.load(), 5);
+  EXPECT_TRUE(AllReleased(*harness.backend));
+  const inference::ModelStatistics stats = harness.statistics.Get(kserve::Model::kSoftmax);
+  EXPECT_EQ(stats.inference_count(), 3u);
+}
+
+// A large tensor is parsed into a pooled buffer and its answer sent from
+// one, unary and streamed: the buffers come back to the service's pool.
+TEST(KServeGrpcTest, LargeTensorsTravelThroughPooledBuffers) {
+  const size_t columns = (TensorBufferPool::kMinPooledBytes + (1 << 20)) / 4;  // 17 MiB
+  Harness harness(/*echo=*/true, int64_t{64} << 20);
+  const std::vector<float> values = Values(columns, 2.0f);
+  const inference::ModelInferRequest request = Request("big", values, 1, false);
+  for (int call = 0; call < 3; ++call) {
+    grpc::ClientContext context;
+    inference::ModelInferResponse response;
+    const grpc::Status status = harness.stub->ModelInfer(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.raw_output_contents_size(), 1);
+    EXPECT_TRUE(response.raw_output_contents(0) == request.raw_input_contents(0));
+  }
+  grpc::ClientContext context;
+  auto stream = harness.stub->ModelStreamInfer(&context);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  inference::ModelStreamInferResponse response;
+  int answered = 0;
+  while (stream->Read(&response)) {
+    ++answered;
+    EXPECT_TRUE(response.error_message().empty()) << response.error_message();
+    ASSERT_EQ(response.infer_response().raw_output_contents_size(), 1);
+    EXPECT_TRUE(response.infer_response().raw_output_contents(0) ==
+                request.raw_input_contents(0));
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(answered, 2);
+  // gRPC releases the responses' buffers once they are on the wire.
+  TensorBufferPool& pool = *harness.softmax->front_end().buffers;
+  EXPECT_TRUE(testing::Await([&pool] { return pool.idle_buffers() >= 1; }));
+  EXPECT_LE(pool.idle_buffers(), 2u);  // at most two calls were in flight at once
+}
+
+TEST(KServeGrpcTest, StreamAnswersEveryRequestAndErrorsInBand) {
+  Harness harness;
+  grpc::ClientContext context;
+  auto stream = harness.stub->ModelStreamInfer(&context);
+  const int count = 40;  // more than max_stream_pending (4): reads pause and resume
+  std::vector<std::vector<float>> sent;
+  for (int i = 0; i < count; ++i) {
+    sent.push_back(Values(2 * 100, 0.5f + i));
+    inference::ModelInferRequest request = Request(std::to_string(i), sent.back(), 2, false);
+    if (i % 10 == 3) (*request.mutable_parameters())["temperature"].set_double_param(-1.0);
+    ASSERT_TRUE(stream->Write(request));
+  }
+  stream->WritesDone();
+  int answered = 0;
+  int errors = 0;
+  inference::ModelStreamInferResponse response;
+  while (stream->Read(&response)) {
+    ++answered;
+    const int i = std::stoi(response.infer_response().id());
+    if (i % 10 == 3) {
+      EXPECT_NE(response.error_message().find("temperature"), std::string::npos);
+      ++errors;
+    } else {
+      EXPECT_TRUE(response.error_message().empty()) << response.error_message();
+      ExpectCorrect(sent[static_cast<size_t>(i)], 2, false, response.infer_response());
+    }
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(answered, count);
+  EXPECT_EQ(errors, 4);
+  EXPECT_TRUE(AllReleased(*harness.backend));
+}
+
+}  // namespace
+}  // namespace softmax::server

@@ -1,0 +1,177 @@
+// Admission: the one door from every front-end (softmax.v1 unary and
+// stream, KServe gRPC unary and stream, KServe HTTP) into the batcher.
+// Every way a request enters or is refused is here:
+//
+//   Enter()      a call counts as in flight from its start until its
+//                answer is sent: the Ticket it holds (RAII; it cannot be
+//                counted twice or forgotten). Shutdown waits for none.
+//   Admit()      a validated request, in protocol-neutral terms (a
+//                WorkItem and the bytes it holds), is
+//                  1. refused UNAVAILABLE while draining (retry elsewhere);
+//                  2. refused UNAVAILABLE when the memory budget is spent
+//                     (--max_held_bytes), before anything is allocated;
+//                  3. answered at once with its input (echo, --device=none);
+//                  4. or enqueued: UNAVAILABLE when the queue is full.
+//                A refused request holds nothing of the budget.
+//   AllocateStaging()  a backend's memory for an input that arrives in
+//                parts; declined (empty) in echo mode or with no backend
+//                that stages.
+//   Draining     StartDraining refuses every new request, lets admitted
+//                ones finish and ends open streams (registered with
+//                RegisterStream) once nothing of theirs is in flight;
+//                HoldRefusals / ReleaseHeldCalls keep refused unary calls
+//                unanswered across grpc::Server::Shutdown's GOAWAY.
+//
+// Validation (shapes, dtypes, limits) is the front-ends' (server/rpc/), as
+// is what goes on the wire; Admission knows no protocol.
+//
+// Thread-safety: thread-safe; any method from any thread.
+#ifndef SOFTMAX_SERVER_SCHEDULING_ADMISSION_H_
+#define SOFTMAX_SERVER_SCHEDULING_ADMISSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/scheduling/batcher.h"
+#include "server/scheduling/memory_budget.h"
+
+namespace softmax::server {
+
+struct AdmissionOptions {
+  // --device=none: every admitted request is answered with its input, at
+  // once, on the caller's thread (timing all zero). Measures the transport.
+  bool echo = false;
+  // When set (--max_held_bytes), the bound on the tensor bytes requests hold
+  // until answered. Must outlive the Admission.
+  MemoryBudget* budget = nullptr;
+};
+
+// A validated request as a front-end hands it in.
+struct AdmissionRequest {
+  // What the batcher computes; item->done is called exactly once when
+  // Admit returns OK (possibly before it returns), never when it fails.
+  std::unique_ptr<WorkItem> item;
+  // The bytes the request holds in the server until it is answered: its
+  // input and its output, each unless it lies in a caller's region.
+  int64_t held_bytes = 0;
+  // Echo only: the string holding the input, which the output may take
+  // instead of a copy (null: the input is copied).
+  std::string* input_string = nullptr;
+};
+
+class Admission {
+ public:
+  // `batcher` may be null only when options.echo. Both it and the budget
+  // must outlive this.
+  Admission(const AdmissionOptions& options, Batcher* batcher);
+
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+
+  // A request counted as in flight until the ticket is destroyed (or
+  // Release()d). Movable, not copyable: one count per ticket.
+  class Ticket {
+   public:
+    Ticket() = default;
+    Ticket(Ticket&& other) noexcept : admission_(std::exchange(other.admission_, nullptr)) {}
+    Ticket& operator=(Ticket&& other) noexcept {
+      if (this != &other) {
+        Release();
+        admission_ = std::exchange(other.admission_, nullptr);
+      }
+      return *this;
+    }
+    ~Ticket() { Release(); }
+    void Release() {
+      if (admission_ != nullptr) std::exchange(admission_, nullptr)->Leave();
+    }
+    explicit operator bool() const { return admission_ != nullptr; }
+
+   private:
+    friend class Admission;
+    explicit Ticket(Admission* admission) : admission_(admission) {}
+    Admission* admission_ = nullptr;
+  };
+  Ticket Enter();
+
+  // Admits `request` (steps 1-4 above). On OK its item->done will run
+  // exactly once. `held` (may be null) receives the request's share of the
+  // budget, for the caller to keep until its answer is sent (null: given
+  // back once done has run); when `*held` is already set it is the share
+  // reserved earlier (a chunked request's) and nothing more is reserved.
+  // On error nothing reserved here is kept.
+  absl::Status Admit(AdmissionRequest request, std::shared_ptr<const void>* held = nullptr);
+
+  // A backend's memory for an input that arrives in parts, to hand in as
+  // the item's segment.staged; empty in echo mode or when no backend has any.
+  StagingBuffer AllocateStaging(int64_t bytes) const;
+
+  // Open streams, told to end on StartDraining. RegisterStream returns false
+  // when draining has started: the stream must end at once.
+  class Stream {
+   public:
+    virtual ~Stream() = default;
+    // Starts ending the stream with UNAVAILABLE; true when the caller must
+    // call FinishDrained (no request in flight), false when the stream
+    // finishes by itself once its last response is written.
+    virtual bool BeginDrain() = 0;
+    virtual void FinishDrained() = 0;
+  };
+  bool RegisterStream(Stream* stream);
+  void UnregisterStream(Stream* stream);
+
+  // Lame duck: every new request is refused with UNAVAILABLE from now on,
+  // requests already admitted run to completion, and open streams end as
+  // soon as none of their requests is in flight (an idle one at once).
+  // Irreversible.
+  void StartDraining();
+  bool draining() const { return draining_.load(std::memory_order_relaxed); }
+
+  // The last step before grpc::Server::Shutdown: unary refusals from now on
+  // are held (HoldRefusal) until ReleaseHeldCalls, which answers them. gRPC
+  // cancels calls whose headers arrive between the start of Shutdown and
+  // the client reading its GOAWAY; a closed-loop client whose refusal is
+  // held sends nothing into that window. REQUIRES: StartDraining was called.
+  void HoldRefusals();
+  // True when a refused call must be held: `release` answers it later.
+  bool HoldRefusal(std::function<void()> release);
+  void ReleaseHeldCalls();
+
+  // Requests in flight (tickets alive).
+  int in_flight() const { return in_flight_.load(std::memory_order_acquire); }
+  // Waits until none is in flight, or until `deadline`; true when none is.
+  bool WaitForInFlight(absl::Time deadline) const;
+
+  bool echo() const { return options_.echo; }
+  // May be null (no --max_held_bytes).
+  MemoryBudget* budget() const { return options_.budget; }
+
+ private:
+  void Leave() { in_flight_.fetch_sub(1, std::memory_order_acq_rel); }
+
+  const AdmissionOptions options_;
+  Batcher* const batcher_;
+  std::atomic<bool> draining_{false};
+  // Changed twice per request by every gRPC thread, so an atomic: as a
+  // mutex it took 40% of the gRPC threads' lock time, streamed on 2 cores.
+  std::atomic<int> in_flight_{0};
+  // Lock order: streams_mu_, then a stream's own lock.
+  absl::Mutex streams_mu_;
+  std::set<Stream*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool holding_ ABSL_GUARDED_BY(streams_mu_) = false;
+  std::vector<std::function<void()>> held_ ABSL_GUARDED_BY(streams_mu_);
+};
+
+}  // namespace softmax::server
+
+#endif  // SOFTMAX_SERVER_SCHEDULING_ADMISSION_H_
