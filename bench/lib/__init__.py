@@ -1,0 +1,1 @@
+"""Code shared by the benchmarks under bench/ and the end-to-end tests."""
