@@ -58,8 +58,9 @@ export LD_LIBRARY_PATH=$site/nvidia_pytriton.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY
 python3 -c "import numpy, torch, pytriton, tritonclient.grpc; print('numpy', numpy.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
-python3 "$(dirname "$0")/pa_bench.py" --bundle="$bundle" --perf-analyzer="$pa" \
-  --device=cuda --out="$out" "$@" 2>&1 | tee "$out/pa_bench.log"
+PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" python3 -m bench.kserve.pa_bench \
+  --bundle="$bundle" --perf-analyzer="$pa" --device=cuda --out="$out" "$@" 2>&1 \
+  | tee "$out/pa_bench.log"
 status=${PIPESTATUS[0]}
 echo "== done in $((SECONDS - started)) s, rc $status"
 rm -rf "$work"
