@@ -3,7 +3,7 @@
 # benchmark (shm_bench.py). STAGE holds bundle.tar.xz (`make gpu-bundle`,
 # stripped) and wheels/ (tritonclient[grpc,http], perf-analyzer, pytest and
 # their dependencies but numpy, grpcio and protobuf, which the machine has).
-# Usage (from the checkout root): bench/shm/run_h200.sh STAGE OUT [shm_bench.py flags]
+# Usage (from the checkout root): bench/shm/run_h200.sh STAGE OUT [shm_bench flags]
 set -uo pipefail
 stage=$(cd "${1:?usage: run_h200.sh STAGE OUT}" && pwd)
 out=${2:?usage: run_h200.sh STAGE OUT}
@@ -31,6 +31,6 @@ echo "rc $?: $(tail -1 "$out/e2e.log")"
 grep -E "FAILED|Error" "$out/e2e.log" | head -10
 
 echo "== benchmark"
-timeout 400 python3 bench/shm/shm_bench.py --bundle="$bundle" --perf-analyzer="$pa" \
+timeout 400 python3 -m bench.shm.shm_bench --bundle="$bundle" --perf-analyzer="$pa" \
   --out="$out" "$@" 2>&1 | tee "$out/bench.log" | grep -v '^{'
 rm -rf "$work"
