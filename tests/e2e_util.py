@@ -1,8 +1,9 @@
 """Helpers for softmax-serve's end-to-end tests: starting the real server
-(bench.lib.server's launcher, with the sanitizers' checks), encoding tensors,
-the float64 reference and the tolerance check (bench.lib.reference), and the
-raw health / reflection calls (Debian ships no grpc_health or grpc_reflection
-Python packages, so their few message fields are encoded by hand here).
+(bench.lib.server's launcher, with the sanitizers' checks), encoding tensors
+(bench.lib.tensors), the float64 reference and the tolerance check
+(bench.lib.reference), and the raw health / reflection calls (Debian ships
+no grpc_health or grpc_reflection Python packages, so their few message
+fields are encoded by hand here).
 
 Paths come from the environment, set by tests/CMakeLists.txt:
   SOFTMAX_SERVER_BIN  the softmax-server binary
@@ -19,8 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-import numpy as np
 
 from bench.lib import server as server_lib
 from bench.lib.reference import (  # noqa: F401  (re-exported for the tests)
@@ -78,11 +77,9 @@ def sanitizer_reports():
 import grpc  # noqa: E402
 from softmax.v1 import softmax_pb2, softmax_pb2_grpc  # noqa: E402,F401
 
-DTYPES = {
-    "float32": softmax_pb2.DTYPE_FLOAT32,
-    "float16": softmax_pb2.DTYPE_FLOAT16,
-    "bfloat16": softmax_pb2.DTYPE_BFLOAT16,
-}
+from bench.lib.tensors import (  # noqa: E402,F401  (re-exported for the tests)
+    CHANNEL_OPTIONS, DTYPES, chunks_of, decode, encode, request, varint)
+
 
 # The environment that makes softmax-server hold every request in its queue
 # for --max_queue_delay_us, or until its batch fills, even on an idle device
@@ -92,10 +89,6 @@ HOLD_IN_QUEUE = {"SOFTMAX_TEST_NO_IDLE_DISPATCH": "1"}
 # The lame duck: from SIGTERM, new requests are refused UNAVAILABLE for this
 # long before the listener may close (kLameDuck in server/main.cc).
 LAME_DUCK_S = 0.5
-
-# Unlimited client message sizes: gRPC's Python default receive limit is 4 MiB.
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
-                   ("grpc.max_send_message_length", -1)]
 
 
 class Server(server_lib.Server):
@@ -178,76 +171,11 @@ def loopback_cpu_args(args):
     return moved
 
 
-# ---------------------------------------------------------------- tensors
-
-def encode(values, dtype):
-    """A softmax.v1.Tensor of `dtype` from an array (rounded to nearest even)."""
-    values = np.asarray(values, dtype=np.float32)
-    if dtype == "float32":
-        data = values.astype("<f4").tobytes()
-    elif dtype == "float16":
-        data = values.astype("<f2").tobytes()
-    else:
-        data = float_to_bfloat16_bits(values).astype("<u2").tobytes()
-    return softmax_pb2.Tensor(dtype=DTYPES[dtype], shape=list(values.shape), data=data)
-
-
-def decode(tensor):
-    """float64 array of a softmax.v1.Tensor, whatever its dtype."""
-    shape = tuple(tensor.shape)
-    if tensor.dtype == softmax_pb2.DTYPE_FLOAT32:
-        flat = np.frombuffer(tensor.data, dtype="<f4")
-    elif tensor.dtype == softmax_pb2.DTYPE_FLOAT16:
-        flat = np.frombuffer(tensor.data, dtype="<f2")
-    elif tensor.dtype == softmax_pb2.DTYPE_BFLOAT16:
-        flat = bfloat16_bits_to_float(np.frombuffer(tensor.data, dtype="<u2"))
-    else:
-        raise ValueError(f"tensor with dtype {tensor.dtype}")
-    return flat.astype(np.float64).reshape(shape)
-
-
-def request(values=None, dtype="float32", tensor=None, request_id="", **fields):
-    """A SoftmaxRequest from an array (or a ready Tensor) plus optional fields
-    axis / temperature / log."""
-    if tensor is None:
-        tensor = encode(values, dtype)
-    return softmax_pb2.SoftmaxRequest(request_id=request_id, input=tensor, **fields)
-
-
-def chunks_of(req, chunk_bytes):
-    """`req` as the messages of a chunked request (softmax.proto's
-    chunk_offset and more_chunks), chunk_bytes of its input data each."""
-    data = req.input.data
-    first = softmax_pb2.SoftmaxRequest()
-    first.CopyFrom(req)
-    first.input.data = data[:chunk_bytes]
-    first.more_chunks = len(data) > chunk_bytes
-    messages = [first]
-    for offset in range(chunk_bytes, len(data), chunk_bytes):
-        messages.append(softmax_pb2.SoftmaxRequest(
-            request_id=req.request_id, chunk_offset=offset,
-            input=softmax_pb2.Tensor(data=data[offset:offset + chunk_bytes]),
-            more_chunks=offset + chunk_bytes < len(data)))
-    return messages
-
-
 # ------------------------------------------------------- hand-encoded protos
-
-def _varint(value):
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
 
 def _string_field(number, text):
     data = text.encode()
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
+    return varint(number << 3 | 2) + varint(len(data)) + data
 
 
 def parse_fields(data):

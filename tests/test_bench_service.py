@@ -2,7 +2,8 @@
 the CPU backend: a tiny sweep in alternating rounds against the computing
 server and the echo, checking that every round's report is kept, that the
 table's ratio is the median of the per-round ratios recorded in
-results.json, and that results.csv holds one row per load run. Needs no GPU and no matplotlib (the plot is then left out).
+results.json, and that results.csv holds one row per load run. Needs no GPU
+and no matplotlib (the plot is then left out).
 """
 
 import csv

@@ -9,8 +9,7 @@
 #   STAGE/wheels/        tritonclient[grpc,http] and its dependencies for
 #                        CPython 3.12 on x86-64 Linux, but numpy, grpcio and
 #                        protobuf (the machine's serve) and perf_analyzer
-#   STAGE/src/           the soak's sources (bench/soak, bench/service/run.py,
-#                        tests/e2e_util.py, tests/h2_util.py), so that a
+#   STAGE/src/           the soak's sources (bench/soak, bench/lib), so that a
 #                        checkout without them can run STAGE/src/bench/soak/run_h200.sh
 #
 # Usage (from the checkout root): bench/soak/stage.sh STAGE [BUILD_DIR]
@@ -51,8 +50,8 @@ rm -f "$stage"/wheels/{numpy,grpcio,protobuf,perf_analyzer,pytest,pluggy,iniconf
 echo "wheels: $(ls "$stage"/wheels | wc -l), $(du -sb "$stage/wheels" | cut -f1) bytes"
 
 rm -rf "$stage/src"
-mkdir -p "$stage/src/bench/soak" "$stage/src/bench/service" "$stage/src/tests"
+mkdir -p "$stage/src/bench/soak" "$stage/src/bench/lib"
+cp "$root/bench/__init__.py" "$stage/src/bench/"
+cp "$root"/bench/lib/*.py "$stage/src/bench/lib/"
 cp "$root"/bench/soak/*.py "$root"/bench/soak/*.sh "$stage/src/bench/soak/"
-cp "$root/bench/service/run.py" "$stage/src/bench/service/"
-cp "$root"/tests/{e2e_util,h2_util}.py "$stage/src/tests/"
 echo "staged in $stage: $(du -sb "$stage" | cut -f1) bytes (one transfer holds 67108864 with the checkout)"
