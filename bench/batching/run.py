@@ -65,7 +65,8 @@ def run_mode(name, server_bin, client_bin, device, extra, load_args, duration, w
         sys.exit(str(error))
     try:
         # Correctness first: every response of a short run checked.
-        load(client_bin, server.grpc_address, [*load_args, "--verify", "--duration=1s", "--warmup=0s"],
+        load(client_bin, server.grpc_address,
+             [*load_args, "--verify", "--duration=1s", "--warmup=0s"],
              os.path.join(workdir, f"verify-{name}.json"))
         load(client_bin, server.grpc_address, [*load_args, "--duration=2s", "--warmup=0s"],
              os.path.join(workdir, f"warmup-{name}.json"))
