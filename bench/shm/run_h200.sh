@@ -11,10 +11,10 @@ shift 2
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d)
-tar -C "$work" -xJf "$stage/bundle.tar.xz"
-bundle=$(ls -d "$work"/softmax-serve-*)
-python3 -m pip install -q --no-index --no-deps --target "$work/py" "$stage"/wheels/*.whl \
-  > "$out/pip.log" 2>&1 || tail -3 "$out/pip.log"
+. "$(dirname "$0")/../lib/gpu_stage.sh"
+bundle=$(gpu_stage_unpack_bundle "$stage" "$work")
+gpu_stage_pip_install "$out/pip.log" --target "$work/py" "$stage"/wheels/*.whl \
+  || tail -3 "$out/pip.log"
 export PYTHONPATH=$work/py PATH=$work/py/bin:$PATH
 pa=$(ls "$work"/py/perf_analyzer/bin/perf_analyzer 2>/dev/null || command -v perf_analyzer)
 echo "perf_analyzer: $pa"

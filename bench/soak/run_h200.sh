@@ -30,11 +30,11 @@ duration=${SOAK_DURATION:-8m}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-tar -C "$work" -xJf "$stage/bundle.tar.xz"
-bundle=$(ls -d "$work"/softmax-serve-*)
+. "$root/bench/lib/gpu_stage.sh"
+bundle=$(gpu_stage_unpack_bundle "$stage" "$work")
 if ls "$stage"/wheels/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target "$work/py" "$stage"/wheels/*.whl \
-    > "$out/pip.log" 2>&1 || { echo "pip install failed (KServe traffic will be skipped):"; tail -3 "$out/pip.log"; }
+  gpu_stage_pip_install "$out/pip.log" --target "$work/py" "$stage"/wheels/*.whl \
+    || { echo "pip install failed (KServe traffic will be skipped):"; tail -3 "$out/pip.log"; }
   export PYTHONPATH=$work/py${PYTHONPATH:+:$PYTHONPATH}
 else
   echo "no wheels in $stage: softmax.v1 traffic only"
