@@ -130,7 +130,7 @@ if step protocols; then
   # softmax.v1 against KServe ModelInfer and KServe HTTP/REST (binary
   # tensors), one server, the same load client.
   note "softmax.v1 against KServe gRPC and HTTP, same client"
-  python3 bench/kserve/protocols.py --bundle="$bundle" --device=cuda --out="$work/protocols" \
+  python3 -m bench.kserve.protocols --bundle="$bundle" --device=cuda --out="$work/protocols" \
     2>&1 | tee "$work/protocols.log" | tail -5 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   cp "$work/protocols/protocols.json" "$out/" 2>/dev/null
@@ -140,7 +140,7 @@ fi
 if step batching; then
   for delay in 0 2000; do
     note "batching benchmark, --max_queue_delay_us=$delay"
-    python3 bench/batching/run.py --bundle="$bundle" --device=cuda \
+    python3 -m bench.batching.run --bundle="$bundle" --device=cuda \
       --server-arg=--max_queue_delay_us=$delay --out="$work/batching-delay$delay" \
       2>&1 | tee "$work/batching-delay$delay.log" | tail -8 | tee -a "$work/summary.txt"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
@@ -154,7 +154,7 @@ if step small; then
   for mode in unary stream; do
     note "small payloads, $mode"
     extra=(); [[ $mode == stream ]] && extra=(--stream)
-    python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/small-$mode" \
+    python3 -m bench.service.run --bundle="$bundle" --device=cuda --out="$work/small-$mode" \
       --payloads=1x1024:float32 --concurrency=256 --connections=16 --duration=4 --warmup=1 \
       "${extra[@]}" 2>&1 | tee "$work/small-$mode.log" | tail -4 | tee -a "$work/summary.txt"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
@@ -164,7 +164,7 @@ fi
 
 if step service; then
   note "service benchmark"
-  python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/service" \
+  python3 -m bench.service.run --bundle="$bundle" --device=cuda --out="$work/service" \
     --duration="${SERVICE_DURATION:-3}" --warmup="${SERVICE_WARMUP:-1}" \
     --rounds="${SERVICE_ROUNDS:-3}" 2>&1 \
     | tee "$work/service.log" | tail -30 | tee -a "$work/summary.txt"
@@ -176,7 +176,7 @@ if step service-small; then
   # The sweep's small and medium payloads only, where softmax is closest to
   # the echo: a second look at those points in less time.
   note "service benchmark, small and medium payloads"
-  python3 bench/service/run.py --bundle="$bundle" --device=cuda --out="$work/service-small" \
+  python3 -m bench.service.run --bundle="$bundle" --device=cuda --out="$work/service-small" \
     --payloads=1x1024:float32,8x4096:float16 \
     --duration="${SERVICE_DURATION:-3}" --warmup="${SERVICE_WARMUP:-1}" \
     --rounds="${SERVICE_ROUNDS:-3}" 2>&1 \
@@ -190,7 +190,7 @@ if step multi-gpu; then
   # load client: the two large payloads at 64 callers, in alternating rounds.
   for device in cuda:0 cuda:all; do
     note "multi-GPU: --device=$device"
-    python3 bench/service/run.py --bundle="$bundle" --device="$device" \
+    python3 -m bench.service.run --bundle="$bundle" --device="$device" \
       --out="$work/multi-gpu-${device/:/-}" --payloads=64x32000:bfloat16,1x16M:float32 \
       --concurrency=64 --duration="${SERVICE_DURATION:-3}" --warmup="${SERVICE_WARMUP:-1}" \
       --rounds="${SERVICE_ROUNDS:-3}" --skip-none 2>&1 \

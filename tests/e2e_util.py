@@ -1,13 +1,16 @@
-"""Helpers for softmax-serve's end-to-end tests: starting the real server,
-encoding tensors, the float64 reference and the tolerance check, and the raw
-health / reflection calls (Debian ships no grpc_health or grpc_reflection
-Python packages, so their few message fields are encoded by hand here).
+"""Helpers for softmax-serve's end-to-end tests: starting the real server
+(bench.lib.server's launcher, with the sanitizers' checks), encoding tensors
+(bench.lib.tensors), the float64 reference and the tolerance check
+(bench.lib.reference), and the raw health / reflection calls (Debian ships
+no grpc_health or grpc_reflection Python packages, so their few message
+fields are encoded by hand here).
 
 Paths come from the environment, set by tests/CMakeLists.txt:
   SOFTMAX_SERVER_BIN  the softmax-server binary
   SOFTMAX_CLIENT_BIN  the softmax-client binary
   SOFTMAX_PYTHON_DIR  the folder holding the generated softmax/v1 stubs
   SOFTMAX_SANITIZED   "1" when those binaries carry AddressSanitizer and UBSan
+  PYTHONPATH          the checkout root (for bench.lib) and SOFTMAX_PYTHON_DIR
 """
 
 import os
@@ -18,7 +21,12 @@ import sys
 import tempfile
 import time
 
-import numpy as np
+from bench.lib import server as server_lib
+from bench.lib.reference import (  # noqa: F401  (re-exported for the tests)
+    ATOL, RTOL, assert_close, bfloat16_bits_to_float, float_to_bfloat16_bits,
+    representable)
+from bench.lib.reference import softmax as reference_softmax  # noqa: F401
+from bench.lib.server import parse_listening  # noqa: F401
 
 
 def _required_env(name):
@@ -69,19 +77,9 @@ def sanitizer_reports():
 import grpc  # noqa: E402
 from softmax.v1 import softmax_pb2, softmax_pb2_grpc  # noqa: E402,F401
 
-LISTENING = re.compile(
-    r"softmax-server: listening grpc=(\S+) (?:http=(\S+) )?metrics=(\S+)")
-# The same line under --log_format=json.
-LISTENING_JSON = re.compile(
-    r'"msg":"listening","grpc":"([^"]+)","http":"([^"]+)","metrics":"([^"]+)"')
+from bench.lib.tensors import (  # noqa: E402,F401  (re-exported for the tests)
+    CHANNEL_OPTIONS, DTYPES, chunks_of, decode, encode, request, varint)
 
-DTYPES = {
-    "float32": softmax_pb2.DTYPE_FLOAT32,
-    "float16": softmax_pb2.DTYPE_FLOAT16,
-    "bfloat16": softmax_pb2.DTYPE_BFLOAT16,
-}
-RTOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
-ATOL = 1e-6
 
 # The environment that makes softmax-server hold every request in its queue
 # for --max_queue_delay_us, or until its batch fills, even on an idle device
@@ -92,19 +90,14 @@ HOLD_IN_QUEUE = {"SOFTMAX_TEST_NO_IDLE_DISPATCH": "1"}
 # long before the listener may close (kLameDuck in server/server.cc).
 LAME_DUCK_S = 0.5
 
-# Unlimited client message sizes: gRPC's Python default receive limit is 4 MiB.
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
-                   ("grpc.max_send_message_length", -1)]
 
-
-class Server:
-    """One softmax-server process on loopback with ports picked by the kernel.
-
-    Construct, then use .grpc_address / .http_address / .metrics_address; stop() sends a
-    signal and returns the exit code; kill() is the always-safe cleanup.
-    `env` adds variables to the server's environment (e.g. HOLD_IN_QUEUE).
-    Under the sanitizers kill() first asks for an orderly exit, so that
-    LeakSanitizer checks what the server's whole life left behind.
+class Server(server_lib.Server):
+    """One softmax-server (SERVER_BIN) on loopback with every listener on a
+    port picked by the kernel: bench.lib.server.Server, plus channel() and
+    stub(). `env` adds variables to the server's environment (e.g.
+    HOLD_IN_QUEUE). Under the sanitizers kill() first asks for an orderly
+    exit, so that LeakSanitizer checks what the server's whole life left
+    behind, and files the output of a server that printed a UBSan report.
     """
 
     # An idle server exits about 1 s after SIGTERM under ASan (lame duck,
@@ -114,38 +107,8 @@ class Server:
 
     def __init__(self, *extra_args, device="cpu", startup_timeout=30.0, preexec_fn=None,
                  env=None):
-        self.log = tempfile.NamedTemporaryFile(
-            mode="w+", prefix="softmax-server-", suffix=".log", delete=False)
-        self.args = [SERVER_BIN, "--grpc_address=127.0.0.1:0",
-                     "--metrics_address=127.0.0.1:0", "--http_address=127.0.0.1:0",
-                     f"--device={device}",
-                     *extra_args]
-        self.process = subprocess.Popen(
-            self.args, stdout=self.log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, preexec_fn=preexec_fn,
-            env=None if env is None else {**os.environ, **env})
-        self.grpc_address = None
-        self.http_address = None  # "off" when disabled
-        self.metrics_address = None
-        deadline = time.monotonic() + startup_timeout
-        while time.monotonic() < deadline:
-            output = self.output()
-            match = LISTENING.search(output) or LISTENING_JSON.search(output)
-            if match:
-                self.grpc_address, self.http_address, self.metrics_address = match.groups()
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.02)
-        output = self.output()
-        self.kill()
-        raise RuntimeError(
-            f"softmax-server did not report 'listening' (exit code "
-            f"{self.process.returncode}); args {self.args}; output:\n{output}")
-
-    def output(self):
-        with open(self.log.name, encoding="utf-8", errors="replace") as f:
-            return f.read()
+        super().__init__(SERVER_BIN, *extra_args, device=device, env=env,
+                         preexec_fn=preexec_fn, startup_timeout=startup_timeout)
 
     def channel(self):
         return grpc.insecure_channel(self.grpc_address, options=CHANNEL_OPTIONS)
@@ -155,8 +118,7 @@ class Server:
 
     def stop(self, sig=signal.SIGTERM, timeout=30.0):
         """Sends `sig` and waits for the exit; returns the exit code."""
-        self.process.send_signal(sig)
-        return self.process.wait(timeout=timeout)
+        return super().stop(sig, timeout)
 
     def kill(self):
         if self.process.poll() is None and SANITIZED:
@@ -174,9 +136,7 @@ class Server:
                 path = os.path.join(SANITIZER_REPORT_DIR, f"server-output.{self.process.pid}")
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(output)
-        self.log.close()
-        if os.path.exists(self.log.name):
-            os.unlink(self.log.name)
+        super().kill()
 
 
 def start_on_device(device, *extra_args):
@@ -211,137 +171,11 @@ def loopback_cpu_args(args):
     return moved
 
 
-# ---------------------------------------------------------------- tensors
-
-def float_to_bfloat16_bits(values):
-    """float32 array -> uint16 bfloat16 bits, round to nearest even, NaN kept."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(np.asarray(values, dtype=np.float32))
-    return np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
-
-
-def bfloat16_bits_to_float(bits):
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def representable(values, dtype):
-    """`values` rounded to `dtype`, as float32: what the server receives."""
-    values = np.asarray(values, dtype=np.float32)
-    if dtype == "float16":
-        return values.astype(np.float16).astype(np.float32)
-    if dtype == "bfloat16":
-        return bfloat16_bits_to_float(float_to_bfloat16_bits(values))
-    return values
-
-
-def encode(values, dtype):
-    """A softmax.v1.Tensor of `dtype` from an array (rounded to nearest even)."""
-    values = np.asarray(values, dtype=np.float32)
-    if dtype == "float32":
-        data = values.astype("<f4").tobytes()
-    elif dtype == "float16":
-        data = values.astype("<f2").tobytes()
-    else:
-        data = float_to_bfloat16_bits(values).astype("<u2").tobytes()
-    return softmax_pb2.Tensor(dtype=DTYPES[dtype], shape=list(values.shape), data=data)
-
-
-def decode(tensor):
-    """float64 array of a softmax.v1.Tensor, whatever its dtype."""
-    shape = tuple(tensor.shape)
-    if tensor.dtype == softmax_pb2.DTYPE_FLOAT32:
-        flat = np.frombuffer(tensor.data, dtype="<f4")
-    elif tensor.dtype == softmax_pb2.DTYPE_FLOAT16:
-        flat = np.frombuffer(tensor.data, dtype="<f2")
-    elif tensor.dtype == softmax_pb2.DTYPE_BFLOAT16:
-        flat = bfloat16_bits_to_float(np.frombuffer(tensor.data, dtype="<u2"))
-    else:
-        raise ValueError(f"tensor with dtype {tensor.dtype}")
-    return flat.astype(np.float64).reshape(shape)
-
-
-def reference_softmax(x, axis=-1, temperature=1.0, log=False):
-    """float64 softmax with torch's semantics (NaN rows, all -inf rows -> NaN)."""
-    x = np.asarray(x, dtype=np.float64)
-    if x.ndim == 0:
-        x = x.reshape(1)
-        return reference_softmax(x, 0, temperature, log).reshape(())
-    if x.size == 0:
-        return x.copy()
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        z = x / np.float64(np.float32(temperature))
-        m = np.max(z, axis=axis, keepdims=True)
-        shifted = z - m
-        total = np.sum(np.exp(shifted), axis=axis, keepdims=True)
-        return shifted - np.log(total) if log else np.exp(shifted) / total
-
-
-def assert_close(actual, expected, dtype, what=""):
-    """|y - ref| <= 1e-6 + rtol |ref| elementwise; NaN where ref is NaN;
-    infinities equal."""
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    nan_expected = np.isnan(expected)
-    assert np.array_equal(np.isnan(actual), nan_expected), (
-        f"{what}: NaN positions differ: expected {np.argwhere(nan_expected)[:5].tolist()}, "
-        f"got {np.argwhere(np.isnan(actual))[:5].tolist()}")
-    inf = np.isinf(expected) | np.isinf(actual)
-    assert np.array_equal(actual[inf], expected[inf]), f"{what}: infinities differ"
-    finite = ~nan_expected & ~inf
-    error = np.abs(actual[finite] - expected[finite])
-    bound = ATOL + RTOL[dtype] * np.abs(expected[finite])
-    bad = error > bound
-    if bad.any():
-        i = int(np.argmax(error - bound))
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {finite.sum()} elements outside tolerance; worst "
-            f"|{actual[finite][i]} - {expected[finite][i]}| = {error[i]} > {bound[i]}")
-
-
-def request(values=None, dtype="float32", tensor=None, request_id="", **fields):
-    """A SoftmaxRequest from an array (or a ready Tensor) plus optional fields
-    axis / temperature / log."""
-    if tensor is None:
-        tensor = encode(values, dtype)
-    return softmax_pb2.SoftmaxRequest(request_id=request_id, input=tensor, **fields)
-
-
-def chunks_of(req, chunk_bytes):
-    """`req` as the messages of a chunked request (softmax.proto's
-    chunk_offset and more_chunks), chunk_bytes of its input data each."""
-    data = req.input.data
-    first = softmax_pb2.SoftmaxRequest()
-    first.CopyFrom(req)
-    first.input.data = data[:chunk_bytes]
-    first.more_chunks = len(data) > chunk_bytes
-    messages = [first]
-    for offset in range(chunk_bytes, len(data), chunk_bytes):
-        messages.append(softmax_pb2.SoftmaxRequest(
-            request_id=req.request_id, chunk_offset=offset,
-            input=softmax_pb2.Tensor(data=data[offset:offset + chunk_bytes]),
-            more_chunks=offset + chunk_bytes < len(data)))
-    return messages
-
-
 # ------------------------------------------------------- hand-encoded protos
-
-def _varint(value):
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
 
 def _string_field(number, text):
     data = text.encode()
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
+    return varint(number << 3 | 2) + varint(len(data)) + data
 
 
 def parse_fields(data):

@@ -438,7 +438,7 @@ class Replica:
                                                 stdin=subprocess.DEVNULL,
                                                 preexec_fn=self._enter_cpu_limit)
             while time.monotonic() < deadline:
-                if e2e_util.LISTENING.search(self.output()):
+                if e2e_util.parse_listening(self.output()):
                     return self
                 if self.process.poll() is not None:
                     break

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs end-to-end pytest files with the build tree's venv interpreter.
 # Usage: run-pytest.sh VENV_PYTHON TEST_FILE... (ctest passes both, and sets
-# SOFTMAX_SERVER_BIN, SOFTMAX_CLIENT_BIN and SOFTMAX_PYTHON_DIR).
+# SOFTMAX_SERVER_BIN, SOFTMAX_CLIENT_BIN, SOFTMAX_PYTHON_DIR and PYTHONPATH).
 python="$1"
 shift
 if [ ! -x "$python" ]; then

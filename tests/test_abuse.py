@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import e2e_util
-import h2_util
+from bench.lib import h2 as h2_util
 from e2e_util import metric_value, request, requests_counted, scrape_metrics, wait_for
 
 SOFTMAX_PATH = "/softmax.v1.SoftmaxService/Softmax"
@@ -72,7 +72,7 @@ def _raw_request_bytes(request_id_bytes):
     """A SoftmaxRequest on the wire whose request_id (field 1) is any bytes,
     which the Python protobuf library would refuse to encode."""
     body = request(np.zeros((1, 4))).SerializeToString()
-    return (e2e_util._varint(1 << 3 | 2) + e2e_util._varint(len(request_id_bytes)) +
+    return (e2e_util.varint(1 << 3 | 2) + e2e_util.varint(len(request_id_bytes)) +
             request_id_bytes + body)
 
 

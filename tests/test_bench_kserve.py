@@ -6,25 +6,19 @@ perf_analyzer command carries --max-threads in --async mode only.
 """
 
 import argparse
-import importlib.util
-import os
 import shlex
 import sys
 import time
 
 import pytest
 
-PA_BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "kserve",
-                        "pa_bench.py")
 MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def pa_bench():
-    spec = importlib.util.spec_from_file_location("pa_bench", PA_BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from bench.kserve import pa_bench
+    return pa_bench
 
 
 def holder(mib, seconds, code=0):

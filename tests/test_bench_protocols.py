@@ -14,8 +14,7 @@ import pytest
 
 import e2e_util
 
-PROTOCOLS_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench",
-                            "kserve", "protocols.py")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CALLERS = 12
 
 
@@ -28,10 +27,10 @@ def bin_dir():
 
 
 def run_protocols(tmp_path, *args, device="cpu"):
-    command = [sys.executable, PROTOCOLS_PY, f"--bundle={bin_dir()}", f"--device={device}",
-               f"--points=2x256:float32@{CALLERS}", "--duration=0.4", "--warmup=0.1",
-               f"--out={tmp_path}", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=150)
+    command = [sys.executable, "-m", "bench.kserve.protocols", f"--bundle={bin_dir()}",
+               f"--device={device}", f"--points=2x256:float32@{CALLERS}", "--duration=0.4",
+               "--warmup=0.1", f"--out={tmp_path}", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=150, cwd=REPO)
 
 
 def table_rows(text):

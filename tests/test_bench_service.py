@@ -1,8 +1,9 @@
-"""End-to-end test of bench/service/run.py on the CPU backend: a tiny sweep
-in alternating rounds against the computing server and the echo, checking
-that every round's report is kept, that the table's ratio is the median of
-the per-round ratios recorded in results.json, and that results.csv holds one
-row per load run. Needs no GPU and no matplotlib (the plot is then left out).
+"""End-to-end test of bench/service/run.py (python -m bench.service.run) on
+the CPU backend: a tiny sweep in alternating rounds against the computing
+server and the echo, checking that every round's report is kept, that the
+table's ratio is the median of the per-round ratios recorded in
+results.json, and that results.csv holds one row per load run. Needs no GPU
+and no matplotlib (the plot is then left out).
 """
 
 import csv
@@ -14,9 +15,9 @@ import sys
 
 import e2e_util
 
-RUN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "service",
-                      "run.py")
-BREAKDOWN_PY = os.path.join(os.path.dirname(RUN_PY), "breakdown.py")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SERVICE = os.path.join(REPO, "bench", "service")
+BREAKDOWN_PY = os.path.join(SERVICE, "breakdown.py")
 PAYLOAD = "1x256:float32"
 CONCURRENCIES = [1, 4]
 ROUNDS = 2
@@ -33,12 +34,12 @@ def table_rows(text):
 
 def test_rounds_sweep(tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, RUN_PY, f"--server={e2e_util.SERVER_BIN}",
+    command = [sys.executable, "-m", "bench.service.run", f"--server={e2e_util.SERVER_BIN}",
                f"--client={e2e_util.CLIENT_BIN}", "--device=cpu",
                "--server-arg=--max_batch_rows=1024", f"--payloads={PAYLOAD}",
                f"--concurrency={','.join(map(str, CONCURRENCIES))}", f"--rounds={ROUNDS}",
                "--duration=0.3", "--warmup=0.1", f"--out={out}"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 
     data = json.loads((out / "results.json").read_text())
@@ -121,7 +122,7 @@ def test_ab_rounds_alternate(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     bundle = os.path.dirname(os.path.dirname(e2e_util.SERVER_BIN))
-    ab_sh = os.path.join(os.path.dirname(RUN_PY), "ab.sh")
+    ab_sh = os.path.join(SERVICE, "ab.sh")
     env = dict(os.environ, DEV="cpu", DURATION="0.3s", WARMUP="0.1s", PORT=str(port),
                POINTS="1x64:float32:4 1x32:float16:2:stream")
     result = subprocess.run(["bash", ab_sh, bundle, str(tmp_path), "2",

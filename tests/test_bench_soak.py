@@ -9,22 +9,19 @@ import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOAK = os.path.join(HERE, "..", "bench", "soak")
-sys.path.insert(0, SOAK)
+import e2e_util
+from bench.soak import watch
 
-import watch  # noqa: E402
-
-import e2e_util  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_soak_smoke(tmp_path):
     out = tmp_path / "soak"
-    command = [sys.executable, os.path.join(SOAK, "soak.py"),
-               f"--server={e2e_util.SERVER_BIN}", "--device=cpu", "--duration=20",
-               "--warmup=8", "--burst-every=30", "--sample-every=1", "--callers=4",
-               "--bulk-callers=2", "--tolerance=100", f"--out={out}"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=150)
+    command = [sys.executable, "-m", "bench.soak.soak", f"--server={e2e_util.SERVER_BIN}",
+               "--device=cpu", "--duration=20", "--warmup=8", "--burst-every=30",
+               "--sample-every=1", "--callers=4", "--bulk-callers=2", "--tolerance=100",
+               f"--out={out}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=150, cwd=REPO)
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert "PASSED" in result.stdout
     report = json.loads((out / "soak.json").read_text())
@@ -65,7 +62,7 @@ def test_judge_passes_burst_spikes_and_fails_a_creep():
 
 
 def test_a_rare_failure_keeps_its_detail_after_many_expected_refusals():
-    import traffic
+    from bench.soak import traffic
 
     class Bursts:
         on = True

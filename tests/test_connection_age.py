@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import e2e_util
-import h2_util
+from bench.lib import h2 as h2_util
 from e2e_util import assert_close, decode, reference_softmax, request, requests_counted
 
 AGE_S = 1

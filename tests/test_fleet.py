@@ -35,7 +35,7 @@ import pytest
 
 import e2e_util
 import fleet_util
-import h2_util
+from bench.lib import h2 as h2_util
 from e2e_util import assert_close, reference_softmax
 
 _ENVOY_REASON = fleet_util.envoy_unusable_reason()

@@ -25,7 +25,7 @@ then open-loop Poisson steps offer fractions of C, lowest first, each for
   p50, p99        the client's latency percentiles (from each request's
                   intended send time), and its UNAVAILABLE (rejected) count
 
-    bench/autoscale/signal_ramp.py [--shape=16x16384:float32] [--step_s=6]
+    python3 -m bench.autoscale.signal_ramp [--shape=16x16384:float32] [--step_s=6]
 
 --closed_loop=SHAPE,SHAPE,... instead prints, per payload, the queue/compute
 and queue/rest ratios with one caller (nearly idle) and with 64 (saturated).
@@ -37,23 +37,16 @@ CPUs and only the Python standard library.
 """
 
 import argparse
-import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-LISTENING = re.compile(r"softmax-server: listening grpc=(\S+) (?:http=(\S+) )?metrics=(\S+)")
+from bench.lib.load import run_load
+from bench.lib.server import Server, find_binaries
+
 SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? (\S+)$", re.M)
-
-
-def binary(variable, name):
-    return os.environ.get(variable) or os.path.join(REPO, "build", "bin", name)
 
 
 def scrape(address):
@@ -66,40 +59,31 @@ def scrape(address):
 
 
 def start_server(server_cpu, device, extra):
-    log = tempfile.NamedTemporaryFile(mode="w+", prefix="signal-ramp-", suffix=".log")
-    process = subprocess.Popen(
-        ["taskset", "-c", server_cpu, binary("SOFTMAX_SERVER_BIN", "softmax-server"),
-         f"--device={device}", "--grpc_address=127.0.0.1:0", "--http_address=",
-         "--metrics_address=127.0.0.1:0", *extra],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        log.seek(0)
-        match = LISTENING.search(log.read())
-        if match:
-            return process, match.group(1), match.group(3)
-        time.sleep(0.05)
-    process.kill()
-    log.seek(0)
-    sys.exit("server did not start:\n" + log.read())
+    """softmax-server on CPUs `server_cpu` (taskset), gRPC and metrics only."""
+    try:
+        return Server(find_binaries()[0], *extra, device=device, http=False,
+                      prefix=["taskset", "-c", server_cpu], startup_timeout=30)
+    except RuntimeError as error:
+        sys.exit(str(error))
 
 
 CONNECTIONS = 1  # --connections, set from the command line
 
 
 def load(client_cpu, target, shape, duration, rate=None, concurrency=None):
-    with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        args = ["taskset", "-c", client_cpu, binary("SOFTMAX_CLIENT_BIN", "softmax-client"),
-                "load", f"--target={target}", f"--mix={shape}", f"--duration={duration}s",
-                f"--connections={CONNECTIONS}",
-                "--warmup=0s", "--quiet", f"--json={report.name}", "--timeout_ms=60000"]
-        if rate:
-            args += [f"--rate={rate:.1f}", "--arrival=poisson"]
-        else:
-            args += [f"--concurrency={concurrency}"]
-        subprocess.run(args, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with open(report.name) as f:
-            return json.load(f)
+    """The report of one load run on CPUs `client_cpu` (exits without one)."""
+    args = [f"--mix={shape}", f"--duration={duration}s", f"--connections={CONNECTIONS}",
+            "--warmup=0s", "--timeout_ms=60000"]
+    if rate:
+        args += [f"--rate={rate:.1f}", "--arrival=poisson"]
+    else:
+        args += [f"--concurrency={concurrency}"]
+    command, result, report = run_load(find_binaries()[1], target, args,
+                                       prefix=["taskset", "-c", client_cpu])
+    if report is None:
+        sys.exit(f"load wrote no report ({result.returncode}): {' '.join(command)}\n"
+                 f"{result.stderr}")
+    return report
 
 
 class Sampler(threading.Thread):
@@ -153,8 +137,8 @@ def main():
     global CONNECTIONS
     CONNECTIONS = options.connections
 
-    server, target, metrics = start_server(options.server_cpu, options.device,
-                                           options.server_args.split())
+    server = start_server(options.server_cpu, options.device, options.server_args.split())
+    target, metrics = server.grpc_address, server.metrics_address
     try:
         if options.closed_loop:
             closed_loop_table(options, target, metrics)
@@ -201,7 +185,6 @@ def main():
                 time.sleep(0.2)
     finally:
         server.kill()
-        server.wait()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ and reports from the difference of the two scrapes:
 and from the client: requests/s, p50/p99 latency, mean batch size seen in the
 responses' timing. Writes results.json and table.md to --out.
 
-  bench/batching/run.py --bundle=dist/softmax-serve-0.1.0-linux-x86_64 \\
+  python3 -m bench.batching.run --bundle=dist/softmax-serve-0.1.0-linux-x86_64 \\
       --device=cuda --out=$OUT/batching
 """
 
@@ -22,14 +22,13 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-LISTENING = re.compile(r"softmax-server: listening grpc=(\S+) (?:http=\S+ )?metrics=(\S+)")
+from bench.lib.load import run_load
+from bench.lib.server import Server, find_binaries
+
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
@@ -49,61 +48,35 @@ def total(samples, name, label_filter=""):
     return sum(v for (n, labels), v in samples.items() if n == name and label_filter in labels)
 
 
-class Server:
-    def __init__(self, binary, args, log_path):
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.process = subprocess.Popen(
-            [binary, "--grpc_address=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
-             "--http_address=", *args],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with open(log_path) as f:
-                match = LISTENING.search(f.read())
-            if match:
-                self.grpc, self.metrics = match.groups()
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        with open(log_path) as f:
-            sys.exit(f"server did not start:\n{f.read()}")
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=60)
-        self.log.close()
-
-
 def load(client, address, args, json_path):
-    command = [client, "load", f"--target={address}", "--quiet", f"--json={json_path}", *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if result.returncode != 0:
+    """The report of a load run that must succeed (exits otherwise)."""
+    command, result, report = run_load(client, address, args, json_path)
+    if result.returncode != 0 or report is None:
         sys.exit(f"load failed ({result.returncode}): {' '.join(command)}\n"
                  f"{result.stdout}\n{result.stderr}")
-    with open(json_path) as f:
-        return json.load(f)
+    return report
 
 
 def run_mode(name, server_bin, client_bin, device, extra, load_args, duration, workdir):
-    server = Server(server_bin, [f"--device={device}", *extra],
-                    os.path.join(workdir, f"server-{name}.log"))
+    try:
+        server = Server(server_bin, *extra, device=device, http=False,
+                        log_path=os.path.join(workdir, f"server-{name}.log"))
+    except RuntimeError as error:
+        sys.exit(str(error))
     try:
         # Correctness first: every response of a short run checked.
-        load(client_bin, server.grpc, [*load_args, "--verify", "--duration=1s", "--warmup=0s"],
+        load(client_bin, server.grpc_address,
+             [*load_args, "--verify", "--duration=1s", "--warmup=0s"],
              os.path.join(workdir, f"verify-{name}.json"))
-        load(client_bin, server.grpc, [*load_args, "--duration=2s", "--warmup=0s"],
+        load(client_bin, server.grpc_address, [*load_args, "--duration=2s", "--warmup=0s"],
              os.path.join(workdir, f"warmup-{name}.json"))
-        before = scrape(server.metrics)
-        report = load(client_bin, server.grpc,
+        before = scrape(server.metrics_address)
+        report = load(client_bin, server.grpc_address,
                       [*load_args, f"--duration={duration}s", "--warmup=0s"],
                       os.path.join(workdir, f"load-{name}.json"))
-        after = scrape(server.metrics)
+        after = scrape(server.metrics_address)
     finally:
-        server.stop()
+        server.close()
 
     def delta(metric, label_filter=""):
         return total(after, metric, label_filter) - total(before, metric, label_filter)
@@ -144,8 +117,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", help="release bundle folder (launchers inside)")
-    parser.add_argument("--server", default=os.path.join(REPO, "build", "bin", "softmax-server"))
-    parser.add_argument("--client", default=os.path.join(REPO, "build", "bin", "softmax-client"))
+    parser.add_argument("--server", help="softmax-server binary (default: SOFTMAX_SERVER_BIN, "
+                        "else build/bin/)")
+    parser.add_argument("--client", help="softmax-client binary (default: SOFTMAX_CLIENT_BIN, "
+                        "else build/bin/)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--connections", type=int, default=8)
@@ -155,10 +130,7 @@ def main():
                         help="extra flag for both servers (repeatable)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    server_bin, client_bin = args.server, args.client
-    if args.bundle:
-        server_bin = os.path.join(args.bundle, "softmax-server")
-        client_bin = os.path.join(args.bundle, "softmax-client")
+    server_bin, client_bin = find_binaries(args.bundle, args.server, args.client)
     os.makedirs(args.out, exist_ok=True)
     load_args = [f"--concurrency={args.concurrency}", f"--connections={args.connections}",
                  f"--mix={args.shape}"]

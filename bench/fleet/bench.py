@@ -2,6 +2,9 @@
 """Figures of a softmax-serve fleet behind Envoy (deploy/envoy/envoy.yaml),
 run by tests/fleet_util.py (replicas in network namespaces of their own,
 or on loopback addresses where namespaces are refused). See README.md.
+Run from the checkout root with the test harness on PYTHONPATH:
+
+  PYTHONPATH=tests build/venv/bin/python -m bench.fleet.bench [cost|scale|spread|all]
 
   bench.py cost     Envoy's cost per request: softmax-client load at one
                     replica straight and through Envoy, alternating rounds,
@@ -29,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.lib.load import run_load
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -76,8 +81,12 @@ if ARGS.envoy:
     os.environ["SOFTMAX_ENVOY_BIN"] = ARGS.envoy
 if ARGS.loopback:
     os.environ["SOFTMAX_FLEET_LOOPBACK"] = "1"
-sys.path.insert(0, str(REPO / "tests"))
-import fleet_util  # noqa: E402
+# tests/fleet_util.py, the fleet harness the tests use: PYTHONPATH=tests. It
+# reads the environment set above when imported.
+try:
+    import fleet_util  # noqa: E402
+except ImportError as error:
+    sys.exit(f"bench.fleet.bench: {error}; run it with PYTHONPATH=tests from the checkout root")
 
 
 def cpu_seconds(pid):
@@ -88,18 +97,16 @@ def cpu_seconds(pid):
 
 def load(target, duration, verify=False, protocol="softmax.v1", extra=()):
     """One softmax-client load run; its JSON report."""
-    with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        argv = [ARGS.client, "load", f"--target={target}", f"--protocol={protocol}",
-                f"--shape={ARGS.shape}", f"--dtype={ARGS.dtype}",
-                f"--concurrency={ARGS.concurrency}", f"--connections={ARGS.connections}",
-                f"--duration={duration}s", "--warmup=1s" if not verify else "--warmup=0s",
-                "--quiet", f"--json={report.name}", *(["--verify"] if verify else []), *extra]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 120)
-        try:
-            data = json.load(open(report.name))
-        except ValueError:
-            raise SystemExit(f"{' '.join(argv)}: exit {result.returncode}\n{result.stdout}"
-                             f"{result.stderr}")
+    argv, result, data = run_load(
+        ARGS.client, target,
+        [f"--protocol={protocol}", f"--shape={ARGS.shape}", f"--dtype={ARGS.dtype}",
+         f"--concurrency={ARGS.concurrency}", f"--connections={ARGS.connections}",
+         f"--duration={duration}s", "--warmup=1s" if not verify else "--warmup=0s",
+         *(["--verify"] if verify else []), *extra],
+        timeout=duration + 120)
+    if data is None:
+        raise SystemExit(f"{' '.join(argv)}: exit {result.returncode}\n{result.stdout}"
+                         f"{result.stderr}")
     if verify and (result.returncode != 0 or data["errors"] or data["mismatches"]):
         raise SystemExit(f"verification failed at {target}:\n{result.stdout}{result.stderr}")
     return data

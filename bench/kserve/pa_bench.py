@@ -37,7 +37,6 @@ plot.png land in --out; logs under --out/logs.
 import argparse
 import base64
 import csv
-import importlib.util
 import json
 import os
 import re
@@ -49,48 +48,28 @@ import urllib.request
 
 import numpy as np
 
+from bench.kserve import summarise
+from bench.lib import load, reference
+from bench.lib.server import Server, find_binaries
+from bench.service import run as service_run
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 
 PAYLOADS = ["1x1024:float32", "8x4096:float16", "64x32000:bfloat16"]
 MODELS = {"float32": "softmax", "float16": "softmax_fp16", "bfloat16": "softmax_bf16"}
 DATATYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 # PyTriton has no BF16 NumPy dtype: its softmax_bf16 takes the bits as UINT16.
 PEER_DATATYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "UINT16"}
-# Tolerances of a response against the float64 reference, per type of the
-# tensor (half types round each output to 8 or 11 significant bits).
-TOLERANCE = {"float32": (1e-4, 1e-7), "float16": (2e-3, 1e-6), "bfloat16": (1.6e-2, 1e-6)}
 MAX_DRIVER_FAILURES = 3
 # perf_analyzer's resident memory is sampled this often (seconds) for its peak
 # and for --pa-memory-limit-gb.
 RSS_SAMPLE_S = 0.2
 
 
-def load_service_run():
-    """bench/service/run.py as a module: the load client's settings per point."""
-    spec = importlib.util.spec_from_file_location(
-        "service_run", os.path.join(REPO, "bench", "service", "run.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-service_run = load_service_run()
-
-
 def parse_payload(spec):
     dims, _, dtype = spec.partition(":")
     rows, cols = (int(d) for d in dims.split("x"))
     return rows, cols, dtype
-
-
-def bf16_bits(values):
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def bf16_to_float(bits):
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def make_input(spec, seed):
@@ -102,15 +81,9 @@ def make_input(spec, seed):
         half = values.astype("<f2")
         return half.astype(np.float32), half.tobytes()
     if dtype == "bfloat16":
-        bits = bf16_bits(values).astype("<u2")
-        return bf16_to_float(bits), bits.tobytes()
+        bits = reference.float_to_bfloat16_bits(values).astype("<u2")
+        return reference.bfloat16_bits_to_float(bits), bits.tobytes()
     return values, values.astype("<f4").tobytes()
-
-
-def reference(values):
-    x = values.astype(np.float64)
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
 
 
 def write_pa_data(path, raw, shape):
@@ -171,7 +144,8 @@ def http_ok(url):
 
 def check_answers(kind, url, spec, values, peer):
     """One inference over `kind` (grpc | http) with tritonclient, compared
-    with the float64 reference. Returns a dict with ok and the largest error."""
+    with the float64 reference under bench.lib.reference's tolerance contract.
+    Returns a dict with ok, the largest errors and, when not ok, the problem."""
     rows, cols, dtype = parse_payload(spec)
     model = MODELS[dtype]
     if kind == "grpc":
@@ -179,7 +153,7 @@ def check_answers(kind, url, spec, values, peer):
     else:
         import tritonclient.http as tc
     if peer and dtype == "bfloat16":
-        datatype, candidates = "UINT16", [bf16_bits(values)]
+        datatype, candidates = "UINT16", [reference.float_to_bfloat16_bits(values)]
     else:
         datatype = DATATYPES[dtype]
         candidates = [values.astype(np.float16) if dtype == "float16" else values]
@@ -209,14 +183,15 @@ def check_answers(kind, url, spec, values, peer):
     finally:
         client.close()
     if out.dtype == np.uint16:
-        out = bf16_to_float(out)
+        out = reference.bfloat16_bits_to_float(out)
     out = np.asarray(out.astype(np.float32), dtype=np.float64).reshape(rows, cols)
-    ref = reference(values)
-    rtol, atol = TOLERANCE[dtype]
-    err = np.abs(out - ref)
-    ok = bool(np.all(np.isfinite(out)) and np.all(err <= atol + rtol * np.abs(ref)))
-    return {"ok": ok, "max_abs_error": float(err.max()),
-            "max_rel_error": float((err / np.maximum(ref, 1e-30)).max())}
+    ref = reference.softmax(values)
+    problem = reference.mismatch(out, ref, dtype)
+    check = {"ok": problem is None, "max_abs_error": float(np.abs(out - ref).max()),
+             "max_rel_error": reference.max_relative_error(out, ref)}
+    if problem is not None:
+        check["error"] = problem
+    return check
 
 
 # ------------------------------------------------------------------ drivers
@@ -348,8 +323,8 @@ def run_load_point(args, logs, address, spec, concurrency):
     load_args = service_run.point_args(settings, spec, concurrency)
     entry = {"server": "ours", "driver": "load", "protocol": "softmax.v1", "payload": spec,
              "concurrency": concurrency, "command": "softmax-client load " + " ".join(load_args)}
-    result, report = service_run.run_load(args.client, address, load_args,
-                                          os.path.join(logs, "load-point.json"))
+    _, result, report = load.run_load(args.client, address, load_args,
+                                      os.path.join(logs, "load-point.json"))
     if report is None:
         entry.update(ok=False, exit_code=result.returncode, error=result.stderr.strip()[-300:])
         return entry
@@ -437,11 +412,9 @@ def main():
     out = os.path.abspath(args.out)
     logs = os.path.join(out, "logs")
     os.makedirs(logs, exist_ok=True)
-    if args.bundle:
-        args.server = args.server or os.path.join(args.bundle, "softmax-server")
-        args.client = args.client or os.path.join(args.bundle, "softmax-client")
-    args.server = args.server or os.path.join(REPO, "build", "bin", "softmax-server")
-    args.client = args.client or os.path.join(REPO, "build", "bin", "softmax-client")
+    bundle_server, bundle_client = find_binaries(args.bundle)
+    args.server = args.server or bundle_server
+    args.client = args.client or bundle_client
     if args.pa_memory_limit_gb is None:
         args.pa_memory_limit_gb = machine_memory_bytes() / 2 / (1 << 30)
     if args.perf_analyzer is None:
@@ -493,14 +466,13 @@ def main():
         data_peer[spec] = os.path.join(logs, f"input-row-{rows}x{cols}.json")
         write_pa_data(data_peer[spec], raw[:len(raw) // rows], [cols])
 
-    ours = service_run.Server(args.server, args.device, args.server_arg,
-                              os.path.join(logs, "server.log"), http=True)
-    ours.grpc = ours.address
+    ours = Server(args.server, *args.server_arg, device=args.device, metrics=False,
+                  log_path=os.path.join(logs, "server.log"))
     failed = False
     try:
-        print(f"== softmax-serve: gRPC {ours.grpc}, HTTP {ours.http}", flush=True)
+        print(f"== softmax-serve: gRPC {ours.grpc_address}, HTTP {ours.http_address}", flush=True)
         for spec in payloads:
-            for kind, url in (("grpc", ours.grpc), ("http", ours.http)):
+            for kind, url in (("grpc", ours.grpc_address), ("http", ours.http_address)):
                 check = check_answers(kind, url, spec, inputs[spec], peer=False)
                 check.update(server="ours", protocol=f"kserve-{kind}", payload=spec)
                 results["validation"].append(check)
@@ -509,7 +481,7 @@ def main():
                 failed |= not check["ok"]
             verify = service_run.verify_payload(
                 argparse.Namespace(big_bytes=16 << 20, timeout_ms=600000), args.client,
-                ours.grpc, spec, logs)
+                ours.grpc_address, spec, logs)
             verify.update(server="ours", protocol="softmax.v1", payload=spec)
             results["validation"].append(verify)
             failed |= not verify["ok"]
@@ -554,25 +526,22 @@ def main():
                     if out_of_time() or given_up(driver):
                         continue
                     if driver == "load":
-                        entry = run_load_point(args, logs, ours.grpc, spec, concurrency)
+                        entry = run_load_point(args, logs, ours.grpc_address, spec, concurrency)
                     else:
                         kind = driver.split("-", 1)[1]
-                        url = ours.grpc if kind == "grpc" else ours.http
+                        url = ours.grpc_address if kind == "grpc" else ours.http_address
                         entry = run_pa_point(args, logs, "ours", kind, url, spec, concurrency,
                                              data_ours[spec], 1)
                     record(entry)
     finally:
         if peer is not None:
             peer.stop()
-        ours.stop()
+        ours.close()
         save()
         for path in list(data_ours.values()) + list(data_peer.values()):
             os.unlink(path)  # megabytes of base64, made again from the seeds
 
-    summary = subprocess.run([sys.executable, os.path.join(HERE, "summarise.py"),
-                              os.path.join(out, "results.json"), "--out", out],
-                             capture_output=True, text=True)
-    print(summary.stdout + summary.stderr, flush=True)
+    summarise.main([os.path.join(out, "results.json"), "--out", out])
     return 1 if failed else 0
 
 

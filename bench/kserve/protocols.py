@@ -19,9 +19,10 @@ connections (bench/service/run.py's setting); HTTP/1.1 carries one request
 per connection, so http gets C connections, one per caller, and the server
 sees C requests in flight over every protocol.
 
-Usage:
-  protocols.py --bundle=DIR [--device=cuda] [--protocols=softmax.v1,kserve,http]
-               [--points=1x1024:float32@256,...] [--rounds=3] [--duration=3] [--out=DIR]
+Usage (from the checkout root):
+  python3 -m bench.kserve.protocols --bundle=DIR [--device=cuda]
+      [--protocols=softmax.v1,kserve,http] [--points=1x1024:float32@256,...]
+      [--rounds=3] [--duration=3] [--out=DIR]
 Prints a Markdown table; writes protocols.json under --out.
 """
 
@@ -31,9 +32,8 @@ import os
 import statistics
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "service"))
-import run as service  # noqa: E402  (bench/service/run.py: Server, run_load)
+from bench.lib.load import run_load
+from bench.lib.server import Server, find_binaries
 
 PROTOCOLS = ("softmax.v1", "kserve", "http")
 # Table headings.
@@ -71,8 +71,8 @@ def connections(protocol, concurrency):
 def load(client, server, protocol, spec, concurrency, extra, work):
     args = [f"--protocol={protocol}", f"--mix={spec}", f"--concurrency={concurrency}",
             f"--connections={connections(protocol, concurrency)}", *extra]
-    address = server.http if protocol == "http" else server.address
-    result, report = service.run_load(client, address, args, os.path.join(work, "point.json"))
+    address = server.http_address if protocol == "http" else server.grpc_address
+    _, result, report = run_load(client, address, args, os.path.join(work, "point.json"))
     return result, report, "softmax-client load " + " ".join(args)
 
 
@@ -123,11 +123,10 @@ def main():
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    server_bin = os.path.join(args.bundle, "softmax-server")
-    client_bin = os.path.join(args.bundle, "softmax-client")
+    server_bin, client_bin = find_binaries(args.bundle)
     protocols = args.protocols
-    server = service.Server(server_bin, args.device, [], os.path.join(args.out, "server.log"),
-                            http="http" in protocols)
+    server = Server(server_bin, device=args.device, http="http" in protocols, metrics=False,
+                    log_path=os.path.join(args.out, "server.log"))
     results, failed = [], False
     try:
         for spec, concurrency in parse_points(args.points):
@@ -184,7 +183,7 @@ def main():
                 }
             results.append(entry)
     finally:
-        server.stop()
+        server.close()
 
     print(format_table(protocols, results))
     with open(os.path.join(args.out, "protocols.json"), "w") as f:

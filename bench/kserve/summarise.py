@@ -4,7 +4,8 @@ payload, concurrency and driver, the ratios the targets name, and each
 target met or missed), results.csv (one row per measured point) and
 plot.png (requests/s and p99 against concurrency). Prints the table.
 
-  summarise.py RESULTS_JSON [--out DIR]   (DIR: the JSON's folder by default)
+  python3 -m bench.kserve.summarise RESULTS_JSON [--out DIR]
+      (DIR: the JSON's folder by default)
 
 Needs matplotlib for the plot only (skipped, with a note, without it).
 """
@@ -13,6 +14,8 @@ import csv
 import json
 import os
 import sys
+
+from bench.lib import plot as lib_plot
 
 SERIES = [  # (driver, label)
     ("load", "softmax.v1, load client"),
@@ -144,50 +147,30 @@ def write_csv(results, path):
 
 
 def plot(points, payloads, concurrencies, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no plot: matplotlib is missing"
-    fig, axes = plt.subplots(2, len(payloads), figsize=(5 * len(payloads), 8), squeeze=False)
-    for column, payload in enumerate(payloads):
-        for driver, label in SERIES:
-            xs, rates, p99s = [], [], []
+    series = []
+    for index, (driver, label) in enumerate(SERIES):
+        by_payload = {}
+        for payload in payloads:
             for c in concurrencies:
                 entry = points.get((driver, payload, c))
                 if entry and entry.get("ok"):
-                    xs.append(c)
-                    rates.append(entry["requests_per_s"])
-                    p99s.append(entry["p99_ms"])
-            if not xs:
-                continue
-            style = "--" if driver.startswith("pytriton") else "-"
-            color = f"C{[d for d, _ in SERIES].index(driver)}"  # one colour per driver everywhere
-            axes[0][column].plot(xs, rates, style, marker="o", color=color, label=label)
-            axes[1][column].plot(xs, p99s, style, marker="o", color=color, label=label)
-        axes[0][column].set_title(payload.replace(":", " "))
-        for row, ylabel in ((0, "requests/s"), (1, "p99 latency (ms)")):
-            ax = axes[row][column]
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xticks(concurrencies)
-            ax.set_xticklabels([str(c) for c in concurrencies])
-            ax.set_xlabel("concurrency (requests in flight)")
-            ax.set_ylabel(ylabel)
-            ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+                    by_payload.setdefault(payload, []).append(
+                        (c, entry["requests_per_s"], entry["p99_ms"]))
+        # One colour per driver in every panel; PyTriton's lines dashed.
+        style = "o--" if driver.startswith("pytriton") else "o-"
+        series.append(lib_plot.Series(label, style, f"C{index}", by_payload))
+    if not lib_plot.throughput_and_p99(path, payloads, concurrencies, series,
+                                       column_width=5, height=8):
+        return "no plot: matplotlib is missing"
     return f"plot: {path}"
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results")
     parser.add_argument("--out")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with open(args.results) as f:
         results = json.load(f)
     out = args.out or os.path.dirname(os.path.abspath(args.results))

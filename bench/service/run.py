@@ -33,8 +33,8 @@ checkout. Needs only the Python standard library; matplotlib for the plot
 (installed with Debian's python3-matplotlib when missing and --install-deps).
 
 Examples:
-  bench/service/run.py --device=cpu --duration=3 --out=/tmp/service-cpu
-  bench/service/run.py --bundle=dist/softmax-serve-0.1.0-linux-x86_64 --device=cuda \\
+  python3 -m bench.service.run --device=cpu --duration=3 --out=/tmp/service-cpu
+  python3 -m bench.service.run --bundle=dist/softmax-serve-0.1.0-linux-x86_64 --device=cuda \\
       --rounds=5 --out=$OUT/service-h200
 """
 
@@ -43,17 +43,16 @@ import datetime
 import json
 import os
 import platform
-import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-LISTENING = re.compile(r"softmax-server: listening grpc=(\S+) (?:http=(\S+) )?metrics=(\S+)")
+from bench.lib import load, plot
+from bench.lib.server import REPO, Server, find_binaries
+
 DEFAULT_PAYLOADS = ["1x1024:float32", "8x4096:float16", "64x32000:bfloat16", "1x16M:float32"]
 ITEM_SIZE = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
 
@@ -73,78 +72,6 @@ def payload_bytes(spec):
     return count * ITEM_SIZE[dtype]
 
 
-def find_binaries(args):
-    if args.bundle:
-        return (os.path.join(args.bundle, "softmax-server"),
-                os.path.join(args.bundle, "softmax-client"))
-    server = args.server or os.environ.get("SOFTMAX_SERVER_BIN") or os.path.join(
-        REPO, "build", "bin", "softmax-server")
-    client = args.client or os.environ.get("SOFTMAX_CLIENT_BIN") or os.path.join(
-        REPO, "build", "bin", "softmax-client")
-    return server, client
-
-
-class Server:
-    """softmax-server on loopback with kernel-picked ports: .address (gRPC) and,
-    with http=True, .http; with metrics=True, .metrics. The other benchmarks
-    start theirs with it too."""
-
-    def __init__(self, binary, device, extra_args, log_path, env=None, http=False,
-                 metrics=False):
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.args = [binary, "--grpc_address=127.0.0.1:0",
-                     "--metrics_address=127.0.0.1:0" if metrics else "--metrics_address=",
-                     "--http_address=127.0.0.1:0" if http else "--http_address=",
-                     f"--device={device}", *extra_args]
-        self.process = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env)
-        deadline = time.monotonic() + 60
-        self.address = None
-        self.http = None
-        self.metrics = None
-        while time.monotonic() < deadline:
-            match = LISTENING.search(self.output())
-            if match:
-                self.address = match.group(1)
-                self.http = match.group(2) if http else None
-                self.metrics = match.group(3) if metrics else None
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"server did not start: {self.args}\n{self.output()}")
-
-    def output(self):
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
-
-
-def run_load(client, address, load_args, json_path, csv_path=None, timeout=900):
-    command = [client, "load", f"--target={address}", "--quiet", f"--json={json_path}",
-               *load_args]
-    if csv_path:
-        command.append(f"--csv={csv_path}")
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    report = None
-    if os.path.exists(json_path):
-        with open(json_path) as f:
-            report = json.load(f)
-        os.unlink(json_path)
-    return result, report
-
-
 def point_args(args, spec, concurrency):
     """`load` arguments for one point: big payloads run a request count
     instead of a duration."""
@@ -162,7 +89,7 @@ def point_args(args, spec, concurrency):
 def verify_payload(args, client_bin, address, spec, work):
     """Validates before timing: every response of a short run against the
     computing server checked against the float64 CPU reference."""
-    result, report = run_load(
+    _, result, report = load.run_load(
         client_bin, address,
         [f"--mix={spec}", "--concurrency=2", "--warmup=0",
          f"--requests={2 if payload_bytes(spec) > args.big_bytes else 64}",
@@ -202,8 +129,9 @@ def measure_point(args, client_bin, servers, devices, spec, concurrency, csv_pat
         for device in order:
             load_args = point_args(args, spec, concurrency) + [
                 f"--label={device}/r{round_index}"]
-            result, report = run_load(client_bin, servers[device].address, load_args,
-                                      os.path.join(work, "point.json"), csv_path)
+            _, result, report = load.run_load(client_bin, servers[device].grpc_address,
+                                              load_args, os.path.join(work, "point.json"),
+                                              csv_path)
             commands[device].append("softmax-client load " + " ".join(load_args))
             exit_codes[device].append(result.returncode)
             entries[device]["rounds"].append(report)
@@ -371,43 +299,22 @@ def write_table(path, results, device, payloads, concurrencies, rounds, with_ech
 
 
 def write_plot(path, results, device, payloads, concurrencies, title):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    """requests/s and p99 against concurrency for `device` and the echo, the
+    median round of each point."""
+    series = []
+    for name, style in ((device, "o-"), ("none", "s--")):
+        points = {}
+        for r in results:
+            if r["device"] == name and r.get("report") and r["report"]["ok"] > 0:
+                points.setdefault(r["payload"], []).append(
+                    (r["concurrency"], r["report"]["requests_per_s"],
+                     r["report"]["latency_us"]["p99"] / 1e3))
+        label = f"{name} (echo ceiling)" if name == "none" else f"softmax ({name})"
+        series.append(plot.Series(label, style, None, points))
+    if not plot.throughput_and_p99(path, payloads, concurrencies, series, title):
         print("run.py: matplotlib missing; no plot (apt-get install python3-matplotlib, or "
               "pass --install-deps)", file=sys.stderr)
         return False
-    fig, axes = plt.subplots(2, len(payloads), figsize=(4.2 * len(payloads), 7.5),
-                             squeeze=False)
-    for column, spec in enumerate(payloads):
-        for name, style in ((device, "o-"), ("none", "s--")):
-            points = [r for r in results if r["device"] == name and r["payload"] == spec
-                      and r.get("report") and r["report"]["ok"] > 0]
-            points.sort(key=lambda r: r["concurrency"])
-            xs = [r["concurrency"] for r in points]
-            label = f"{name} (echo ceiling)" if name == "none" else f"softmax ({name})"
-            axes[0][column].plot(xs, [r["report"]["requests_per_s"] for r in points], style,
-                                 label=label)
-            axes[1][column].plot(xs, [r["report"]["latency_us"]["p99"] / 1e3 for r in points],
-                                 style, label=label)
-        axes[0][column].set_title(spec)
-        for row in range(2):
-            ax = axes[row][column]
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xticks(concurrencies)
-            ax.set_xticklabels([str(c) for c in concurrencies])
-            ax.grid(True, which="both", alpha=0.3)
-            ax.set_xlabel("concurrency (requests in flight)")
-        axes[0][column].set_ylabel("requests/s")
-        axes[1][column].set_ylabel("p99 latency (ms)")
-    axes[0][0].legend(loc="best", fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
     return True
 
 
@@ -458,7 +365,7 @@ def main():
 
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     payloads = [p.strip() for p in args.payloads.split(",") if p.strip()]
-    server_bin, client_bin = find_binaries(args)
+    server_bin, client_bin = find_binaries(args.bundle, args.server, args.client)
     for binary in (server_bin, client_bin):
         if not os.access(binary, os.X_OK):
             sys.exit(f"run.py: {binary} is not executable; build first or pass --bundle / "
@@ -489,23 +396,23 @@ def main():
     servers = {}
     try:
         for role, device in zip(("computing", "echo"), devices):
-            server = Server(server_bin, device, server_args,
-                            os.path.join(work, f"{role}-{device}.log"))
+            server = Server(server_bin, *server_args, device=device, http=False,
+                            metrics=False, log_path=os.path.join(work, f"{role}-{device}.log"))
             servers[device] = server
             device_line = next((line for line in server.output().splitlines()
                                 if "device=" in line), "")
-            print(f"== {device}: {device_line.strip()} at {server.address}", flush=True)
+            print(f"== {device}: {device_line.strip()} at {server.grpc_address}", flush=True)
         for spec in payloads:
-            verification[spec] = verify_payload(args, client_bin, servers[args.device].address,
-                                                spec, work)
+            verification[spec] = verify_payload(
+                args, client_bin, servers[args.device].grpc_address, spec, work)
             for c in concurrencies:
                 results += measure_point(args, client_bin, servers, devices, spec, c, csv_path,
                                          work)
     finally:
         for server in servers.values():
-            server.stop()
+            server.close()
 
-    command = " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:])
+    command = " ".join(["python3 -m bench.service.run"] + sys.argv[1:])
     meta = {
         "command": command,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

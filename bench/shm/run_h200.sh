@@ -3,7 +3,7 @@
 # benchmark (shm_bench.py). STAGE holds bundle.tar.xz (`make gpu-bundle`,
 # stripped) and wheels/ (tritonclient[grpc,http], perf-analyzer, pytest and
 # their dependencies but numpy, grpcio and protobuf, which the machine has).
-# Usage (from the checkout root): bench/shm/run_h200.sh STAGE OUT [shm_bench.py flags]
+# Usage (from the checkout root): bench/shm/run_h200.sh STAGE OUT [shm_bench flags]
 set -uo pipefail
 stage=$(cd "${1:?usage: run_h200.sh STAGE OUT}" && pwd)
 out=${2:?usage: run_h200.sh STAGE OUT}
@@ -11,10 +11,10 @@ shift 2
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d)
-tar -C "$work" -xJf "$stage/bundle.tar.xz"
-bundle=$(ls -d "$work"/softmax-serve-*)
-python3 -m pip install -q --no-index --no-deps --target "$work/py" "$stage"/wheels/*.whl \
-  > "$out/pip.log" 2>&1 || tail -3 "$out/pip.log"
+. "$(dirname "$0")/../lib/gpu_stage.sh"
+bundle=$(gpu_stage_unpack_bundle "$stage" "$work")
+gpu_stage_pip_install "$out/pip.log" --target "$work/py" "$stage"/wheels/*.whl \
+  || tail -3 "$out/pip.log"
 export PYTHONPATH=$work/py PATH=$work/py/bin:$PATH
 pa=$(ls "$work"/py/perf_analyzer/bin/perf_analyzer 2>/dev/null || command -v perf_analyzer)
 echo "perf_analyzer: $pa"
@@ -31,6 +31,6 @@ echo "rc $?: $(tail -1 "$out/e2e.log")"
 grep -E "FAILED|Error" "$out/e2e.log" | head -10
 
 echo "== benchmark"
-timeout 400 python3 bench/shm/shm_bench.py --bundle="$bundle" --perf-analyzer="$pa" \
+timeout 400 python3 -m bench.shm.shm_bench --bundle="$bundle" --perf-analyzer="$pa" \
   --out="$out" "$@" 2>&1 | tee "$out/bench.log" | grep -v '^{'
 rm -rf "$work"

@@ -11,8 +11,9 @@ the callers per second. Validates first: one request of each payload through
 each path is checked against a float64 softmax (tritonclient, shared-memory
 utilities); a failed check stops the run.
 
-Usage: shm_bench.py --bundle=DIR --perf-analyzer=PATH --out=DIR
-       [--payloads=...] [--concurrency=1,16] [--interval-ms=1500]
+Usage (from the checkout root):
+  python3 -m bench.shm.shm_bench --bundle=DIR --perf-analyzer=PATH --out=DIR
+      [--payloads=...] [--concurrency=1,16] [--interval-ms=1500]
 Writes OUT/results.json, OUT/table.md and OUT/plot.png; prints the table.
 """
 
@@ -20,13 +21,13 @@ import argparse
 import csv
 import json
 import os
-import re
 import subprocess
 import sys
-import tempfile
-import time
 
 import numpy as np
+
+from bench.lib import reference
+from bench.lib.server import Server
 
 PAYLOADS = {  # name: (model, shape, numpy storage, bytes per element)
     "1x1024 fp32": ("softmax", (1, 1024), np.float32),
@@ -35,24 +36,12 @@ PAYLOADS = {  # name: (model, shape, numpy storage, bytes per element)
     "1x16M fp32": ("softmax", (1, 1 << 24), np.float32),
 }
 PATHS = ["none", "system", "cuda"]
-LISTENING = re.compile(r"listening grpc=(\S+) http=(\S+) metrics=(\S+)")
 
 
-def start_server(bundle, device, log):
-    args = [os.path.join(bundle, "softmax-server"), "--grpc_address=127.0.0.1:0",
-            "--http_address=", "--metrics_address=127.0.0.1:0", f"--device={device}"]
-    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        with open(log.name) as f:
-            match = LISTENING.search(f.read())
-        if match:
-            return process, match.group(1)
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"server {device} did not start: {open(log.name).read()[-2000:]}")
+def start_server(bundle, device, log_path):
+    """The bundle's softmax-server on `device`, gRPC (KServe included) and metrics."""
+    return Server(os.path.join(bundle, "softmax-server"), device=device, http=False,
+                  log_path=log_path, startup_timeout=120)
 
 
 def copy_bandwidth():
@@ -77,14 +66,9 @@ def copy_bandwidth():
     return best
 
 
-def softmax64(x):
-    x = x.astype(np.float64)
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def validate(address, payload):
-    """One request through each path, checked against float64."""
+    """One request through each path, checked against the float64 reference
+    under bench.lib.reference's tolerance contract."""
     import tritonclient.grpc as grpcclient
     import tritonclient.utils.shared_memory as sysshm
     if "cuda" in PATHS:
@@ -95,20 +79,19 @@ def validate(address, payload):
     rng = np.random.default_rng(5)
     values = rng.normal(scale=3, size=shape).astype(np.float32)
     if storage is np.uint16:  # bf16 bits, rounded to nearest even
-        bits = values.view(np.uint32).astype(np.uint64)
-        data = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-        exact = (data.astype(np.uint32) << 16).view(np.float32)
-        tolerance = 1e-2
+        data = reference.float_to_bfloat16_bits(values)
+        exact = reference.bfloat16_bits_to_float(data)
+        dtype_name = "bfloat16"
     else:
-        data, exact, tolerance = values, values, 1e-5
-    expected = softmax64(exact)
+        data, exact, dtype_name = values, values, "float32"
+    expected = reference.softmax(exact)
     dtype = "BF16" if storage is np.uint16 else "FP32"
     client = grpcclient.InferenceServerClient(address)
     nbytes = data.nbytes
 
     def decode(array):
         if storage is np.uint16:
-            return (array.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+            return reference.bfloat16_bits_to_float(array).astype(np.float64)
         return array.astype(np.float64)
 
     for path in PATHS:
@@ -146,7 +129,8 @@ def validate(address, payload):
             got = decode(sysshm.get_contents_as_numpy(handles[1][1], storage, list(shape)))
         else:
             got = decode(cudashm.get_contents_as_numpy(handles[1][1], storage, list(shape)))
-        error = float(np.max(np.abs(got - expected) / (1e-6 + np.abs(expected))))
+        problem = reference.mismatch(got, expected, dtype_name)
+        error = reference.max_relative_error(got, expected)
         if path == "system":
             client.unregister_system_shared_memory()
         elif path == "cuda":
@@ -156,8 +140,8 @@ def validate(address, payload):
                 sysshm.destroy_shared_memory_region(handle)
             else:
                 cudashm.destroy_shared_memory_region(handle)
-        if not error <= tolerance:
-            raise AssertionError(f"{payload} via {path}: relative error {error}")
+        if problem is not None:
+            raise AssertionError(f"{payload} via {path}: {problem}")
         print(f"validated {payload} via {path}: max relative error {error:.2e}", flush=True)
     client.close()
 
@@ -210,18 +194,16 @@ def main():
     copy = copy_bandwidth()
     print(f"device copy: {copy:.0f} GB/s", flush=True)
     rows = []
-    echo_log = tempfile.NamedTemporaryFile("w+", suffix=".log", dir=logs, delete=False)
-    echo, echo_address = start_server(args.bundle, "none", echo_log)
+    echo = start_server(args.bundle, "none", os.path.join(logs, "server-echo.log"))
     try:
-        row = perf_analyzer(args.perf_analyzer, echo_address, "1x1024 fp32", "none", 1,
+        row = perf_analyzer(args.perf_analyzer, echo.grpc_address, "1x1024 fp32", "none", 1,
                             args.interval_ms, logs)
         row["server"] = "echo"
         rows.append(row)
     finally:
-        echo.terminate()
-        echo.wait(timeout=30)
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", dir=logs, delete=False)
-    server, address = start_server(args.bundle, "cuda:0", log)
+        echo.close()
+    server = start_server(args.bundle, "cuda:0", os.path.join(logs, "server-cuda.log"))
+    address = server.grpc_address
     try:
         for payload in payloads:
             validate(address, payload)
@@ -234,8 +216,7 @@ def main():
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        server.close()
 
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"copy_gb_per_s": copy, "rows": rows}, f, indent=1)

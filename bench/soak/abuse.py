@@ -2,7 +2,7 @@
 tests/test_abuse.py, at a small scale, run one after another while the normal
 load goes on. Each case records what the server answered; an answer other
 than the one the README promises is an `unexpected` entry, which fails the
-soak. The frames of the raw HTTP/2 cases come from tests/h2_util.py.
+soak. The frames of the raw HTTP/2 cases come from bench.lib.h2.
 """
 
 import socket
@@ -13,9 +13,9 @@ import urllib.request
 
 import grpc
 import numpy as np
+from softmax.v1 import softmax_pb2, softmax_pb2_grpc
 
-import e2e_util  # tests/, put on sys.path by soak.py
-import h2_util
+from bench.lib import h2, tensors
 
 SOFTMAX_PATH = "/softmax.v1.SoftmaxService/Softmax"
 STREAM_PATH = "/softmax.v1.SoftmaxService/SoftmaxStream"
@@ -68,8 +68,8 @@ class Bursts:
 def _raw_softmax_request(request_id_bytes, values):
     """A SoftmaxRequest on the wire whose request_id (field 1) is any bytes,
     which the Python protobuf library would refuse to encode."""
-    body = e2e_util.request(values).SerializeToString()
-    return (e2e_util._varint(1 << 3 | 2) + e2e_util._varint(len(request_id_bytes)) +
+    body = tensors.request(values).SerializeToString()
+    return (tensors.varint(1 << 3 | 2) + tensors.varint(len(request_id_bytes)) +
             request_id_bytes + body)
 
 
@@ -81,7 +81,7 @@ class ZeroWindowConnection:
     healthy while nothing is read."""
 
     def __init__(self, address):
-        self.connection = h2_util.Connection(address, preface=False)
+        self.connection = h2.Connection(address, preface=False)
         # Long enough for a send into a busy server's full socket buffer.
         self.connection.sock.settimeout(SEND_TIMEOUT_S)
         self._send_lock = threading.Lock()
@@ -95,8 +95,8 @@ class ZeroWindowConnection:
         self.resets = set()
         self.goaway = False
         self._closed = False
-        self._send(h2_util.PREFACE + h2_util.frame(
-            h2_util.SETTINGS, 0, 0, struct.pack(">HI", SETTINGS_INITIAL_WINDOW_SIZE, 0)))
+        self._send(h2.PREFACE + h2.frame(
+            h2.SETTINGS, 0, 0, struct.pack(">HI", SETTINGS_INITIAL_WINDOW_SIZE, 0)))
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -113,7 +113,7 @@ class ZeroWindowConnection:
             except OSError:
                 break
             with self._window:
-                if kind == h2_util.SETTINGS and not flags & h2_util.ACK:
+                if kind == h2.SETTINGS and not flags & h2.ACK:
                     for i in range(0, len(payload), 6):
                         key, value = struct.unpack(">HI", payload[i:i + 6])
                         if key == SETTINGS_INITIAL_WINDOW_SIZE:
@@ -123,22 +123,22 @@ class ZeroWindowConnection:
                                 self.stream_windows[sid] += delta
                         elif key == SETTINGS_MAX_FRAME_SIZE:
                             self.max_frame = value
-                    self._send(h2_util.frame(h2_util.SETTINGS, h2_util.ACK, 0))
-                elif kind == h2_util.WINDOW_UPDATE:
+                    self._send(h2.frame(h2.SETTINGS, h2.ACK, 0))
+                elif kind == h2.WINDOW_UPDATE:
                     increment = struct.unpack(">I", payload[:4])[0] & 0x7FFFFFFF
                     if stream_id == 0:
                         self.connection_window += increment
                     elif stream_id in self.stream_windows:
                         self.stream_windows[stream_id] += increment
-                elif kind == h2_util.PING and not flags & h2_util.ACK:
-                    self._send(h2_util.frame(h2_util.PING, h2_util.ACK, 0, payload))
-                elif kind == h2_util.HEADERS:
+                elif kind == h2.PING and not flags & h2.ACK:
+                    self._send(h2.frame(h2.PING, h2.ACK, 0, payload))
+                elif kind == h2.HEADERS:
                     self.headers.add(stream_id)
-                    if flags & h2_util.END_STREAM:
+                    if flags & h2.END_STREAM:
                         self.trailers_only.add(stream_id)
-                elif kind == h2_util.RST_STREAM:
+                elif kind == h2.RST_STREAM:
                     self.resets.add(stream_id)
-                elif kind == h2_util.GOAWAY:
+                elif kind == h2.GOAWAY:
                     self.goaway = True
                 self._window.notify_all()
 
@@ -149,7 +149,7 @@ class ZeroWindowConnection:
             self.stream_windows[stream_id] = self.initial_window
         with self._send_lock:
             self.connection.headers(stream_id, SOFTMAX_PATH)
-        message = h2_util.grpc_message(body)
+        message = h2.grpc_message(body)
         at = 0
         deadline = time.monotonic() + timeout
         while at < len(message):
@@ -162,7 +162,7 @@ class ZeroWindowConnection:
                 self.connection_window -= size
                 self.stream_windows[stream_id] -= size
             last = at + size == len(message)
-            self._send(h2_util.frame(h2_util.DATA, h2_util.END_STREAM if last else 0,
+            self._send(h2.frame(h2.DATA, h2.END_STREAM if last else 0,
                                      stream_id, message[at:at + size]))
             at += size
         return True
@@ -182,7 +182,7 @@ def zero_window_readers(context):
     server holds what its budget admits, refuses the rest, and lets all of
     it go once the connections close."""
     values = np.random.default_rng(3).normal(size=(64, 1024)).astype(np.float32)
-    body = e2e_util.request(values).SerializeToString()
+    body = tensors.request(values).SerializeToString()
     target = context.held_limit * ZERO_WINDOW_OVERSHOOT or ZERO_WINDOW_UNBOUNDED_BYTES
     calls = -(-int(target) // (2 * values.nbytes))
     count = -(-calls // ZERO_WINDOW_CALLS_PER_CONNECTION)
@@ -217,7 +217,7 @@ def zero_window_readers(context):
 
 def rapid_reset(context):
     """HEADERS + RST_STREAM pairs on one connection (CVE-2023-44487)."""
-    connection = h2_util.Connection(context.grpc)
+    connection = h2.Connection(context.grpc)
     try:
         for i in range(RAPID_RESET_PAIRS):
             connection.headers(2 * i + 1, SOFTMAX_PATH)
@@ -231,11 +231,11 @@ def rapid_reset(context):
 
 def reset_before_message(context):
     """Unary calls reset halfway through their message."""
-    connection = h2_util.Connection(context.grpc)
+    connection = h2.Connection(context.grpc)
     try:
         for stream_id in (1, 3, 5):
             connection.headers(stream_id, SOFTMAX_PATH)
-            connection.data(stream_id, h2_util.grpc_message(b"\x0a" * 10, declared_length=1000))
+            connection.data(stream_id, h2.grpc_message(b"\x0a" * 10, declared_length=1000))
             connection.reset(stream_id)
     finally:
         connection.close()
@@ -286,18 +286,18 @@ def bad_request_ids(context):
     INVALID_ARGUMENT, and the stream goes on."""
     values = np.zeros((1, 4), np.float32)
     unexpected = []
-    with grpc.insecure_channel(context.grpc, options=e2e_util.CHANNEL_OPTIONS) as channel:
+    with grpc.insecure_channel(context.grpc, options=tensors.CHANNEL_OPTIONS) as channel:
         try:
             channel.unary_unary(SOFTMAX_PATH)(_raw_softmax_request(b"x" * 300, values), timeout=30)
             unexpected.append("a 300-byte request_id was accepted")
         except grpc.RpcError as error:
             if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
                 unexpected.append(f"300-byte request_id: {error.code().name}")
-        good = e2e_util.request(values, request_id="good").SerializeToString()
+        good = tensors.request(values, request_id="good").SerializeToString()
         try:
             answers = list(channel.stream_stream(STREAM_PATH)(
                 iter([_raw_softmax_request(b"\xff" * 3, values), good]), timeout=30))
-            parsed = [e2e_util.softmax_pb2.SoftmaxResponse.FromString(a) for a in answers]
+            parsed = [softmax_pb2.SoftmaxResponse.FromString(a) for a in answers]
             codes = [p.error.code for p in parsed]
             if sorted(codes) != [0, grpc.StatusCode.INVALID_ARGUMENT.value[0]]:
                 unexpected.append(f"stream with an invalid UTF-8 request_id: codes {codes}")
@@ -311,13 +311,13 @@ def too_big_tensors(context):
     it is inflated)."""
     unexpected = []
     outcome = {}
-    big = e2e_util.softmax_pb2.SoftmaxRequest(input=e2e_util.softmax_pb2.Tensor(
-        dtype=e2e_util.softmax_pb2.DTYPE_FLOAT32, shape=[1, context.too_big_bytes // 4],
+    big = softmax_pb2.SoftmaxRequest(input=softmax_pb2.Tensor(
+        dtype=softmax_pb2.DTYPE_FLOAT32, shape=[1, context.too_big_bytes // 4],
         data=bytes(context.too_big_bytes)))
-    bomb = e2e_util.softmax_pb2.SoftmaxRequest(input=e2e_util.softmax_pb2.Tensor(
-        dtype=e2e_util.softmax_pb2.DTYPE_FLOAT32, shape=[16, 1 << 20], data=bytes(64 << 20)))
-    with grpc.insecure_channel(context.grpc, options=e2e_util.CHANNEL_OPTIONS) as channel:
-        stub = e2e_util.softmax_pb2_grpc.SoftmaxServiceStub(channel)
+    bomb = softmax_pb2.SoftmaxRequest(input=softmax_pb2.Tensor(
+        dtype=softmax_pb2.DTYPE_FLOAT32, shape=[16, 1 << 20], data=bytes(64 << 20)))
+    with grpc.insecure_channel(context.grpc, options=tensors.CHANNEL_OPTIONS) as channel:
+        stub = softmax_pb2_grpc.SoftmaxServiceStub(channel)
         for name, request, compression, expected in (
                 ("too_big", big, None, {"RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"}),
                 ("gzip_bomb", bomb, grpc.Compression.Gzip, {"UNIMPLEMENTED"})):

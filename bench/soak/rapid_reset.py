@@ -6,19 +6,15 @@ before the server cut the connection, and the server's RSS before, at its
 peak, and 3 s and 15 s after the connection closed (the memory trimmer runs
 every 10 s). A fresh CPU-backend server per path.
 
-Usage: bench/soak/rapid_reset.py [--server=build/bin/softmax-server] [--pairs=100000]
+Usage (from the checkout root):
+  python3 -m bench.soak.rapid_reset [--server=build/bin/softmax-server] [--pairs=100000]
 """
 import argparse
 import os
-import pathlib
-import re
-import subprocess
-import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-import h2_util  # noqa: E402
+from bench.lib import h2
+from bench.lib.server import Server, find_binaries
 
 PATHS = ["/softmax.v1.SoftmaxService/Softmax", "/inference.GRPCInferenceService/ModelInfer",
          "/inference.GRPCInferenceService/ServerLive", "/softmax.v1.SoftmaxService/SoftmaxStream",
@@ -34,42 +30,35 @@ def rss_mib(pid):
 
 
 def attack(server_bin, path, pairs):
-    server = subprocess.Popen([server_bin, "--device=cpu", "--grpc_address=127.0.0.1:0",
-                               "--http_address=", "--metrics_address="],
-                              stderr=subprocess.PIPE, text=True)
+    server = Server(server_bin, device="cpu", http=False, metrics=False)
+    pid = server.process.pid
     try:
-        address = None
-        for line in server.stderr:
-            match = re.search(r"grpc=(\S+)", line)
-            if "listening" in line and match:
-                address = match.group(1)
-                break
-        before = peak = rss_mib(server.pid)
-        connection = h2_util.Connection(address, timeout=30)
+        before = peak = rss_mib(pid)
+        connection = h2.Connection(server.grpc_address, timeout=30)
         sent = pairs
         try:
             for i in range(pairs):
                 connection.headers(2 * i + 1, path)
                 connection.reset(2 * i + 1)
                 if i % 5000 == 0:
-                    peak = max(peak, rss_mib(server.pid))
+                    peak = max(peak, rss_mib(pid))
         except OSError:
             sent = i
         time.sleep(1)
-        peak = max(peak, rss_mib(server.pid))
+        peak = max(peak, rss_mib(pid))
         connection.close()
         time.sleep(3)
-        after_3 = rss_mib(server.pid)
+        after_3 = rss_mib(pid)
         time.sleep(12)
-        return sent, before, peak, after_3, rss_mib(server.pid)
+        return sent, before, peak, after_3, rss_mib(pid)
     finally:
         server.kill()
-        server.wait()
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--server", default=str(ROOT / "build/bin/softmax-server"))
+    parser.add_argument("--server", default=find_binaries()[0],
+                        help="softmax-server (default: SOFTMAX_SERVER_BIN, else build/bin/)")
     parser.add_argument("--pairs", type=int, default=100_000)
     args = parser.parse_args()
     print(f"{args.pairs} pairs on one connection, one fresh server per path, "

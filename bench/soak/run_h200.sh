@@ -30,11 +30,11 @@ duration=${SOAK_DURATION:-8m}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-tar -C "$work" -xJf "$stage/bundle.tar.xz"
-bundle=$(ls -d "$work"/softmax-serve-*)
+. "$root/bench/lib/gpu_stage.sh"
+bundle=$(gpu_stage_unpack_bundle "$stage" "$work")
 if ls "$stage"/wheels/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target "$work/py" "$stage"/wheels/*.whl \
-    > "$out/pip.log" 2>&1 || { echo "pip install failed (KServe traffic will be skipped):"; tail -3 "$out/pip.log"; }
+  gpu_stage_pip_install "$out/pip.log" --target "$work/py" "$stage"/wheels/*.whl \
+    || { echo "pip install failed (KServe traffic will be skipped):"; tail -3 "$out/pip.log"; }
   export PYTHONPATH=$work/py${PYTHONPATH:+:$PYTHONPATH}
 else
   echo "no wheels in $stage: softmax.v1 traffic only"
@@ -51,7 +51,8 @@ fi
 # The soak, its drain and the report take about a minute beyond --duration; a
 # soak stopped by this timeout leaves soak.partial.json (written every minute).
 seconds=$(python3 -c "import sys; t=sys.argv[1]; print(int(float(t[:-1]) * {'s': 1, 'm': 60, 'h': 3600}[t[-1]] if t[-1] in 'smh' else float(t)))" "$duration")
-PYTHONDONTWRITEBYTECODE=1 timeout $((seconds + 75)) python3 "$root/bench/soak/soak.py" \
+PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$bundle/python:$root${PYTHONPATH:+:$PYTHONPATH}" \
+  timeout $((seconds + 75)) python3 -m bench.soak.soak \
   --bundle="$bundle" --device=cuda --duration="$duration" \
   --callers="${SOAK_CALLERS:-8}" --bulk-callers="${SOAK_BULK:-128}" \
   --server-arg=--max_held_bytes=$((1 << 30)) --out="$out" "$@" \

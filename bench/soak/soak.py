@@ -8,7 +8,7 @@ round-robin over softmax.v1 unary, softmax.v1 bidirectional streams, and,
 when tritonclient is installed, KServe v2 over gRPC and over HTTP; float32,
 float16 and bfloat16; small and large shapes, some reduced over a non-last
 axis; softmax and log-softmax; temperatures. Every answer is checked
-against the float64 reference (tests/e2e_util.py).
+against the float64 reference (bench.lib.reference).
 
 The bursts (abuse.py): at half the warm-up, then every --burst-every
 seconds, the cases of tests/test_abuse.py at a small scale: connections
@@ -37,13 +37,16 @@ Writes to --out: soak.json (every sample, the verdicts, the counts, the
 abuse outcomes, the settings), soak.png (memory against time; needs
 matplotlib), server.log.
 
-Binaries: --bundle DIR (a release bundle; its python/ holds the softmax.v1
-stubs when built by `make gpu-bundle`), or --server, or SOFTMAX_SERVER_BIN,
-else build/bin/ of this checkout.
+Binaries: --bundle DIR (a release bundle), or --server, or
+SOFTMAX_SERVER_BIN, else build/bin/ of this checkout. The generated
+softmax.v1 stubs come from PYTHONPATH: build/python, or the bundle's python/
+(`make gpu-bundle` puts them there).
 
-Examples:
-  build/venv/bin/python bench/soak/soak.py --device=cpu --duration=30m --out=/tmp/soak
-  python3 bench/soak/soak.py --bundle=$B --device=cuda --duration=8m --out=$OUT/soak
+Examples (from the checkout root):
+  PYTHONPATH=build/python build/venv/bin/python -m bench.soak.soak --device=cpu \
+      --duration=30m --out=/tmp/soak
+  PYTHONPATH=$B/python python3 -m bench.soak.soak --bundle=$B --device=cuda --duration=8m \
+      --out=$OUT/soak
 """
 
 import argparse
@@ -56,8 +59,8 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+from bench.lib.server import Server, find_binaries
+from bench.soak import watch
 MIB = 1 << 20
 # The server's limits during the soak: small enough that the bursts reach
 # them (the zero-window readers ask for 1.25x --max_held_bytes; a 24 MiB
@@ -81,9 +84,6 @@ def parse_args():
     parser.add_argument("--device", default="cpu", help="the server's --device (cpu, cuda...)")
     parser.add_argument("--bundle", help="a release bundle folder (make bundle / gpu-bundle)")
     parser.add_argument("--server", help="the softmax-server binary (default: build/bin)")
-    parser.add_argument("--python-dir",
-                        help="folder of the generated softmax/v1 Python stubs (default: the "
-                             "bundle's python/, SOFTMAX_PYTHON_DIR, or build/python)")
     parser.add_argument("--duration", type=seconds, default=1800.0,
                         help="how long the load runs: seconds, or with s/m/h (default 30m)")
     parser.add_argument("--warmup", type=seconds,
@@ -117,34 +117,35 @@ def parse_args():
 
 
 def locate(args):
-    """(server binary, client binary, Python stub folder)."""
+    """(server binary, client binary): the client beside the server."""
     if args.bundle:
-        server = os.path.join(args.bundle, "softmax-server")
-        client = os.path.join(args.bundle, "softmax-client")
+        server, client = find_binaries(args.bundle)
     else:
-        server = args.server or os.environ.get("SOFTMAX_SERVER_BIN") or os.path.join(
-            REPO, "build", "bin", "softmax-server")
+        server = find_binaries(server=args.server)[0]
         client = os.path.join(os.path.dirname(server), "softmax-client")
-    python_dir = args.python_dir
-    if not python_dir and args.bundle and os.path.isdir(os.path.join(args.bundle, "python")):
-        python_dir = os.path.join(args.bundle, "python")
-    python_dir = python_dir or os.environ.get("SOFTMAX_PYTHON_DIR") or os.path.join(
-        REPO, "build", "python")
-    return os.path.abspath(server), os.path.abspath(client), os.path.abspath(python_dir)
+    return os.path.abspath(server), os.path.abspath(client)
+
+
+def stubs_missing():
+    """None when the softmax.v1 stubs import, else why not."""
+    try:
+        from softmax.v1 import softmax_pb2_grpc  # noqa: F401
+    except ImportError as error:
+        return str(error)
+    return None
 
 
 class Context:
     """What the abuse cases need to reach the server."""
 
     def __init__(self, server, held_limit):
-        self.grpc = server.address
-        self.http = server.http
-        self.metrics = server.metrics
+        self.grpc = server.grpc_address
+        self.http = server.http_address
+        self.metrics = server.metrics_address
         self.held_limit = held_limit
         self.too_big_bytes = TOO_BIG_BYTES
 
     def scrape(self):
-        import watch
         try:
             return watch.server_metrics(self.metrics)
         except OSError:
@@ -161,7 +162,6 @@ def flag_value(server_args, name):
 
 def wait_held_released(metrics_address, timeout):
     """softmax_held_bytes once it is 0, or its last value after `timeout`."""
-    import watch
     deadline = time.monotonic() + timeout
     held = None
     while time.monotonic() < deadline:
@@ -234,16 +234,12 @@ def print_report(report):
 
 def main():
     args = parse_args()
-    server_bin, client_bin, python_dir = locate(args)
-    # tests/e2e_util.py (tensors, the reference, the tolerance) wants these.
-    os.environ.setdefault("SOFTMAX_SERVER_BIN", server_bin)
-    os.environ.setdefault("SOFTMAX_CLIENT_BIN", server_bin)
-    os.environ["SOFTMAX_PYTHON_DIR"] = python_dir
-    sys.path[:0] = [HERE, os.path.join(REPO, "tests"), os.path.join(REPO, "bench", "service")]
-    import abuse
-    import traffic
-    import watch
-    from run import Server
+    server_bin, client_bin = locate(args)
+    missing = stubs_missing()
+    if missing:
+        sys.exit(f"soak.py: the softmax.v1 Python stubs do not import ({missing}); put their "
+                 "folder on PYTHONPATH (build/python, or the bundle's python/)")
+    from bench.soak import abuse, traffic
 
     os.makedirs(args.out, exist_ok=True)
     notes = []
@@ -257,24 +253,24 @@ def main():
     held_limit = int(flag_value(server_args, "max_held_bytes") or 0)
 
     log_path = os.path.join(args.out, "server.log")
-    server = Server(server_bin, args.device, server_args, log_path, http=True, metrics=True)
-    print(f"soak: server pid {server.process.pid} grpc={server.address} http={server.http} "
-          f"metrics={server.metrics}; {args.duration / 60:.1f} min, warm-up "
+    server = Server(server_bin, *server_args, device=args.device, log_path=log_path)
+    print(f"soak: server pid {server.process.pid} grpc={server.grpc_address} "
+          f"http={server.http_address} metrics={server.metrics_address}; {args.duration / 60:.1f} min, warm-up "
           f"{args.warmup / 60:.1f} min, protocols {traffic.protocols(with_kserve)}", flush=True)
     started = time.monotonic()
     stop = threading.Event()
     bursts = abuse.Bursts(linger_s=RETRYABLE_WINDOW_LINGER_S)
     tally = traffic.Tally(bursts)
     sampler = watch.Sampler(
-        server.process.pid, server.metrics, args.sample_every, stop,
+        server.process.pid, server.metrics_address, args.sample_every, stop,
         lambda: {"answered": tally.total(), "burst": bursts.active()}, started)
     sampler.start()
-    endpoints = {"grpc": server.address, "http": server.http}
+    endpoints = {"grpc": server.grpc_address, "http": server.http_address}
     callers = traffic.start_callers(args.callers, endpoints, tally, stop,
                                     args.pause_ms / 1e3, with_kserve, args.seed)
     bulk = None
     if args.bulk_callers:
-        bulk = traffic.BulkLoad(client_bin, server.address, args.bulk_callers, args.duration,
+        bulk = traffic.BulkLoad(client_bin, server.grpc_address, args.bulk_callers, args.duration,
                                 args.out)
     abuser = abuse.Abuser(Context(server, held_limit), bursts, stop,
                           first_s=args.warmup / 2, every_s=args.burst_every)
@@ -319,16 +315,16 @@ def main():
         if stuck:
             failures.append(f"callers still waiting for an answer: {stuck}")
         alive = server.process.poll() is None
-        held_after = wait_held_released(server.metrics, 15) if alive else None
+        held_after = wait_held_released(server.metrics_address, 15) if alive else None
         if alive:
             sampler.sample()  # the last sample, with the load stopped (not judged)
             sampler.samples[-1]["after_load"] = True
-        server.stop()
+        server.close()
     except BaseException:
         stop.set()
         if bulk:
             bulk.kill()
-        server.stop()
+        server.close()
         raise
     exit_code = server.process.returncode
 
@@ -452,7 +448,7 @@ def main():
              f"{wrong} wrong, {len(bursts.windows)} abuse bursts")
     if not watch.plot(samples, burst_windows, args.warmup, title,
                       os.path.join(args.out, "soak.png")):
-        notes.append("matplotlib missing: no plot (`bench/soak/watch.py soak.json soak.png` "
+        notes.append("matplotlib missing: no plot (`python3 -m bench.soak.watch soak.json soak.png` "
                      "makes it where matplotlib is)")
     print_report(report)
     return 1 if failures else 0

@@ -1,7 +1,7 @@
 """The soak's normal load: callers in closed loop over softmax.v1 (unary and
 bidirectional streams) and the KServe v2 endpoints (gRPC and HTTP, through
 tritonclient when it is installed), each answer checked against the float64
-reference of tests/e2e_util.py with its tolerance contract.
+reference of bench.lib.reference with its tolerance contract.
 
 Every request is accounted for exactly once in a Tally: answered correctly,
 answered wrongly, or failed with a code. A stream whose call ends before all
@@ -16,10 +16,11 @@ import subprocess
 import threading
 import time
 
-import numpy as np
-
-import e2e_util  # tests/, put on sys.path by soak.py
 import grpc
+import numpy as np
+from softmax.v1 import softmax_pb2_grpc
+
+from bench.lib import reference, tensors
 
 # Codes the normal load may see while abuse bursts run: the server shedding
 # load (memory budget, queue limits) or refusing a connection it has no room for.
@@ -75,7 +76,7 @@ class Case:
         self.dtype = DTYPES[rng.integers(len(DTYPES))]
         self.log = bool(rng.integers(2))
         self.temperature = float([1.0, 0.5, 2.0][rng.integers(3)])
-        self.values = e2e_util.representable(rng.normal(0, 3, size=self.shape), self.dtype)
+        self.values = reference.representable(rng.normal(0, 3, size=self.shape), self.dtype)
 
     def describe(self):
         return (f"{'log_softmax' if self.log else 'softmax'} {self.dtype} {self.shape} "
@@ -83,15 +84,15 @@ class Case:
 
     def check(self, output):
         """None when `output` matches the reference, else the mismatch."""
-        expected = e2e_util.reference_softmax(self.values, self.axis, self.temperature, self.log)
+        expected = reference.softmax(self.values, self.axis, self.temperature, self.log)
         try:
-            e2e_util.assert_close(output, expected, self.dtype, self.describe())
+            reference.assert_close(output, expected, self.dtype, self.describe())
         except AssertionError as error:
             return str(error)
         return None
 
     def v1_request(self, request_id=""):
-        return e2e_util.request(self.values, self.dtype, request_id=request_id, axis=self.axis,
+        return tensors.request(self.values, self.dtype, request_id=request_id, axis=self.axis,
                                 temperature=self.temperature, log=self.log)
 
 
@@ -167,8 +168,8 @@ class Caller(threading.Thread):
     # ------------------------------------------------------------- softmax.v1
 
     def _setup_v1_unary(self):
-        channel = grpc.insecure_channel(self.endpoints["grpc"], options=e2e_util.CHANNEL_OPTIONS)
-        return e2e_util.softmax_pb2_grpc.SoftmaxServiceStub(channel)
+        channel = grpc.insecure_channel(self.endpoints["grpc"], options=tensors.CHANNEL_OPTIONS)
+        return softmax_pb2_grpc.SoftmaxServiceStub(channel)
 
     _setup_v1_stream = _setup_v1_unary
 
@@ -179,7 +180,7 @@ class Caller(threading.Thread):
         except grpc.RpcError as error:
             self.tally.add("v1-unary", error.code().name, detail=error.details())
             return
-        _answered(self.tally, "v1-unary", case, e2e_util.decode(response.output))
+        _answered(self.tally, "v1-unary", case, tensors.decode(response.output))
 
     def _v1_stream(self, stub):
         cases = {f"r{i}": Case(self.rng) for i in range(STREAM_LENGTH)}
@@ -201,7 +202,7 @@ class Caller(threading.Thread):
                     continue
                 else:
                     _answered(self.tally, "v1-stream", cases[request_id],
-                              e2e_util.decode(response.output))
+                              tensors.decode(response.output))
                 seen.add(request_id)
         except grpc.RpcError as error:
             missing = len(cases) - len(seen)

@@ -28,7 +28,7 @@ table.md (the table printed last) and plot.png (GB/s per connection against
 request size; matplotlib).
 
 Example (the GPU machine, a bundle carrying the code before in before/):
-  bench/transport/run.py --lib-dir=$B/lib --tcp-ceiling=$B/bin/tcp_ceiling \\
+  python3 -m bench.transport.run --lib-dir=$B/lib --tcp-ceiling=$B/bin/tcp_ceiling \\
       --variant=before:before/softmax-server:before/softmax-client \\
       --variant=after:$B/bin/softmax-server:$B/bin/softmax-client \\
       --devices=none,cuda --out=$OUT/transport
@@ -37,19 +37,14 @@ Locally, from a build tree, with defaults (build/bin, --devices=none,cpu).
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
 import subprocess
 import sys
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-# bench/service/run.py as a module: its Server starts ours.
-_SERVICE_RUN = importlib.util.spec_from_file_location(
-    "service_run", os.path.join(REPO, "bench", "service", "run.py"))
-service_run = importlib.util.module_from_spec(_SERVICE_RUN)
-_SERVICE_RUN.loader.exec_module(service_run)
+from bench.lib import load
+from bench.lib.server import REPO, Server
 
 DEFAULT_SIZES = "64K,256K,1M,4M,16M,64M"
 DEFAULT_CHUNKS = "1M"
@@ -73,18 +68,6 @@ def shape_of(size):
     if size % 4:
         raise ValueError(f"size {size} is not a whole number of float32 elements")
     return f"1x{size // 4}:float32"
-
-
-def run_load(client, address, load_args, json_path, env):
-    command = [client, "load", f"--target={address}", "--quiet", f"--json={json_path}",
-               *load_args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    report = None
-    if os.path.exists(json_path):
-        with open(json_path) as f:
-            report = json.load(f)
-        os.unlink(json_path)
-    return command, result, report
 
 
 def run_ceiling(binary, mode, size, connections, seconds, json_path, env):
@@ -179,22 +162,22 @@ def main():
         for variant in variants:
             for device in devices:
                 if (variant["server"], device) not in servers:
-                    servers[(variant["server"], device)] = service_run.Server(
-                        variant["server"], device, [],
-                        os.path.join(work, f"server-{variant['name']}-"
-                                     f"{device.replace(':', '-')}.log"),
+                    servers[(variant["server"], device)] = Server(
+                        variant["server"], device=device, http=False, metrics=False,
+                        log_path=os.path.join(work, f"server-{variant['name']}-"
+                                              f"{device.replace(':', '-')}.log"),
                         env=env)
 
         # 1. Validate.
         for variant in variants:
             for device in computing:
-                address = servers[(variant["server"], device)].address
+                address = servers[(variant["server"], device)].grpc_address
                 for size in verify_sizes:
-                    command, result, report = run_load(
+                    command, result, report = load.run_load(
                         variant["client"], address,
                         [f"--mix={shape_of(size)}", "--concurrency=2", "--connections=2",
                          "--warmup=0", "--requests=4", "--verify", *variant["args"]],
-                        os.path.join(work, "verify.json"), env)
+                        os.path.join(work, "verify.json"), timeout=600, env=env)
                     ok = (result.returncode == 0 and report is not None and
                           report["verified"] > 0 and report["mismatches"] == 0 and
                           report["errors"] == 0)
@@ -222,9 +205,10 @@ def main():
                                      f"--warmup={args.warmup}s", f"--duration={args.duration}s",
                                      f"--label={variant['name']}/{device}/r{round_index}",
                                      *variant["args"]]
-                        command, result, report = run_load(
-                            variant["client"], servers[(variant["server"], device)].address,
-                            load_args, os.path.join(work, "point.json"), env)
+                        command, result, report = load.run_load(
+                            variant["client"],
+                            servers[(variant["server"], device)].grpc_address, load_args,
+                            os.path.join(work, "point.json"), timeout=600, env=env)
                         rounds[variant["name"]].append(report)
                         gbps = report and report["payload_gb_per_s"]
                         print(f"{size_label(size):>8} {device:>6} {variant['name']:>8} "
@@ -256,7 +240,7 @@ def main():
                   flush=True)
     finally:
         for server in servers.values():
-            server.stop()
+            server.close()
 
     with open(os.path.join(work, "results.json"), "w") as f:
         json.dump(results, f, indent=1)

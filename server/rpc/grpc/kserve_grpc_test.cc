@@ -20,7 +20,7 @@
 #include "kernels/cpu_softmax.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/grpc/grpc_server.h"
-#include "server/rpc/grpc/service.h"
+#include "server/rpc/grpc/test_server.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
 #include "server/testing/test_backends.h"
@@ -70,32 +70,13 @@ struct Harness {
       scheduler = std::make_unique<Scheduler>(std::vector<Backend*>{backend});
       batcher = std::make_unique<Batcher>(BatcherOptions{}, scheduler.get(), metrics.get());
     }
-    AdmissionOptions admission_options;
-    admission_options.echo = echo;
-    admission = std::make_unique<Admission>(admission_options, batcher.get());
-    FrontEnd front_end;
-    front_end.admission = admission.get();
-    front_end.metrics = metrics.get();
-    front_end.limits.max_tensor_bytes = max_tensor_bytes;
-    front_end.max_stream_pending = 4;
-    softmax = std::make_unique<SoftmaxServiceImpl>(front_end);
-    kserve = std::make_unique<KServeGrpcService>(front_end, &statistics, "test");
-    GrpcServerOptions grpc_options;
-    grpc_options.address = "127.0.0.1:0";
-    grpc_options.max_tensor_bytes = max_tensor_bytes;
-    grpc_options.additional_services.push_back(kserve.get());
-    absl::StatusOr<RunningServer> started = StartGrpcServer(grpc_options, softmax.get());
-    EXPECT_TRUE(started.ok()) << started.status();
-    server = std::move(started->server);
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);
-    channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", started->port),
-                                        grpc::InsecureChannelCredentials(), args);
+    front_ends = std::make_unique<testing::TestGrpcServer>(batcher.get(), metrics.get(),
+                                                     max_tensor_bytes, /*max_stream_pending=*/4);
+    channel = front_ends->channel;
     stub = inference::GRPCInferenceService::NewStub(channel);
   }
   ~Harness() {
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    server->Wait();
+    front_ends.reset();
     if (batcher != nullptr) batcher->Stop();
   }
 
@@ -104,11 +85,7 @@ struct Harness {
   LendingBackend* backend = nullptr;
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<Batcher> batcher;
-  std::unique_ptr<Admission> admission;
-  std::unique_ptr<SoftmaxServiceImpl> softmax;
-  kserve::ModelStatistics statistics;
-  std::unique_ptr<KServeGrpcService> kserve;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<testing::TestGrpcServer> front_ends;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<inference::GRPCInferenceService::Stub> stub;
 };
@@ -178,7 +155,7 @@ TEST(KServeGrpcTest, ModelInferAnswersFromTheLentOutput) {
   }
   EXPECT_EQ(harness.backend->lent.load(), 5);
   EXPECT_TRUE(AllReleased(*harness.backend));
-  const inference::ModelStatistics stats = harness.statistics.Get(kserve::Model::kSoftmax);
+  const inference::ModelStatistics stats = harness.front_ends->statistics.Get(kserve::Model::kSoftmax);
   EXPECT_EQ(stats.inference_count(), 3u);
 }
 
@@ -213,7 +190,7 @@ TEST(KServeGrpcTest, LargeTensorsTravelThroughPooledBuffers) {
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(answered, 2);
   // gRPC releases the responses' buffers once they are on the wire.
-  TensorBufferPool& pool = *harness.softmax->front_end().buffers;
+  TensorBufferPool& pool = *harness.front_ends->front_end.buffers;
   EXPECT_TRUE(testing::Await([&pool] { return pool.idle_buffers() >= 1; }));
   EXPECT_LE(pool.idle_buffers(), 2u);  // at most two calls were in flight at once
 }

@@ -23,6 +23,7 @@
 #include "server/cpu/cpu_backend.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/grpc/grpc_server.h"
+#include "server/rpc/grpc/test_server.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
 #include "server/testing/test_backends.h"
@@ -117,30 +118,17 @@ struct Harness {
       scheduler = std::make_unique<Scheduler>(std::vector<Backend*>{backend.get()});
       batcher = std::make_unique<Batcher>(batcher_options, scheduler.get(), metrics.get());
     }
-    AdmissionOptions admission_options;
-    admission_options.echo = echo;
-    admission = std::make_unique<Admission>(admission_options, batcher.get());
-    FrontEnd front_end;
-    front_end.admission = admission.get();
-    front_end.metrics = metrics.get();
-    front_end.limits.max_tensor_bytes = max_tensor_bytes;
-    front_end.max_stream_pending = 8;  // small, so tests exercise read pausing
-    service = std::make_unique<SoftmaxServiceImpl>(front_end);
-    GrpcServerOptions grpc_options;
-    grpc_options.address = "127.0.0.1:0";
-    grpc_options.max_tensor_bytes = max_tensor_bytes;
-    absl::StatusOr<RunningServer> started = StartGrpcServer(grpc_options, service.get());
-    EXPECT_TRUE(started.ok()) << started.status();
-    server = std::move(started->server);
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);
-    channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", started->port),
-                                        grpc::InsecureChannelCredentials(), args);
+    front_ends = std::make_unique<testing::TestGrpcServer>(
+        batcher.get(), metrics.get(), max_tensor_bytes,
+        /*max_stream_pending=*/8);  // small, so tests exercise read pausing
+    admission = front_ends->admission.get();
+    service = front_ends->softmax.get();
+    server = front_ends->server.get();
+    channel = front_ends->channel;
     stub = v1::SoftmaxService::NewStub(channel);
   }
   ~Harness() {
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    server->Wait();
+    front_ends.reset();
     if (batcher) batcher->Stop();
   }
 
@@ -149,9 +137,10 @@ struct Harness {
   StagingBackend* staging = nullptr;  // when in_place
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<Batcher> batcher;
-  std::unique_ptr<Admission> admission;
-  std::unique_ptr<SoftmaxServiceImpl> service;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<testing::TestGrpcServer> front_ends;
+  Admission* admission = nullptr;
+  SoftmaxServiceImpl* service = nullptr;
+  grpc::Server* server = nullptr;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::SoftmaxService::Stub> stub;
 };
@@ -418,7 +407,7 @@ TEST(ServiceTest, ShutdownFinishesRequestsInFlight) {
     std::this_thread::yield();
   }
   ASSERT_EQ(harness->admission->in_flight(), kCalls);
-  SetServing(harness->server.get(), false);
+  SetServing(harness->server, false);
   harness->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   for (auto& caller : callers) caller.join();
   for (int i = 0; i < kCalls; ++i) {

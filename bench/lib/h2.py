@@ -1,4 +1,4 @@
-"""A raw HTTP/2 client for the abuse tests: what grpcio will not do on
+"""A raw HTTP/2 client for the abuse tests and the soak: what grpcio will not do on
 purpose (reset a call halfway through its message, hold a connection without
 a preface, read the server's SETTINGS). Debian ships no Python h2 package, so
 the few frames needed are written by hand (RFC 9113; HPACK literals only,

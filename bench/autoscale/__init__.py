@@ -1,0 +1,1 @@
+"""The autoscaling signal ramp (signal_ramp.py)."""

@@ -1,0 +1,1 @@
+"""The fleet benchmark behind Envoy (bench.py)."""

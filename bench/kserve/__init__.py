@@ -1,0 +1,1 @@
+"""KServe v2 benchmarks: protocols.py, pa_bench.py (perf_analyzer, PyTriton), summarise.py."""

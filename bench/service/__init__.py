@@ -1,0 +1,1 @@
+"""The service benchmark (run.py) and its breakdown (breakdown.py)."""

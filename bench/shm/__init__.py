@@ -1,0 +1,1 @@
+"""Shared memory against plain gRPC (shm_bench.py)."""

@@ -1,0 +1,1 @@
+"""The transport benchmark (run.py)."""
