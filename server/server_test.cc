@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "kernels/cpu_softmax.h"
 #include "server/testing/test_backends.h"
+#include "server/testing/v1_messages.h"
 #include "softmax/v1/softmax.grpc.pb.h"
 
 namespace softmax::server {
@@ -66,34 +67,12 @@ ServerOptions QueueingOptions() {
   return options;
 }
 
+// `rows` rows of kRowLength float32 values from `seed`.
 v1::SoftmaxRequest Request(const std::string& id, int64_t rows, uint32_t seed) {
-  v1::SoftmaxRequest request;
-  request.set_request_id(id);
-  v1::Tensor* input = request.mutable_input();
-  input->set_dtype(v1::DTYPE_FLOAT32);
-  input->add_shape(rows);
-  input->add_shape(kRowLength);
-  std::vector<float> values(static_cast<size_t>(rows * kRowLength));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  for (float& v : values) v = normal(rng);
-  input->set_data(values.data(), values.size() * sizeof(float));
-  return request;
+  return testing::RandomRequest(id, {rows, kRowLength}, -1, seed);
 }
 
-// Checks `response` against the float64 reference for `request`.
-void ExpectCorrect(const v1::SoftmaxRequest& request, const v1::SoftmaxResponse& response) {
-  ASSERT_EQ(response.request_id(), request.request_id());
-  ASSERT_EQ(response.output().data().size(), request.input().data().size());
-  const SoftmaxShape shape{request.input().shape(0), kRowLength, 1};
-  std::vector<double> expected(static_cast<size_t>(shape.elements()));
-  ReferenceSoftmax(request.input().data().data(), DType::kFloat32, shape, SoftmaxOptions(),
-                   expected.data());
-  for (int64_t i = 0; i < shape.elements(); ++i) {
-    const float got = LoadAsFloat(response.output().data().data(), DType::kFloat32, i);
-    ASSERT_NEAR(got, expected[i], 1e-6 + 2e-6 * std::fabs(expected[i])) << "element " << i;
-  }
-}
+using testing::ExpectCorrect;
 
 // The value of the gauge `name` (no labels) in the server's metrics; -1
 // when absent.
@@ -204,6 +183,12 @@ const std::vector<DrainStep> kAllSteps = {
 // any, for each.
 class StepRecorder {
  public:
+  // Hooks that report each step here.
+  ServerHooks Hooks() {
+    ServerHooks hooks;
+    hooks.after_drain_step = Hook();
+    return hooks;
+  }
   std::function<void(DrainStep)> Hook() {
     return [this](DrainStep step) {
       {
@@ -302,11 +287,9 @@ TEST(ServerTest, ReloadAuthTokensSwapsTheTokensInUse) {
 // lame duck.
 TEST(ServerTest, DrainGoesNotServingThenRefusesNewCallsAndAnswersAdmittedOnes) {
   StepRecorder recorder;
-  ServerHooks hooks;
-  hooks.after_drain_step = recorder.Hook();
   ServerOptions options = QueueingOptions();
   options.http_address = "127.0.0.1:0";  // stopped by the drain too
-  Server server(options, hooks);
+  Server server(options, recorder.Hooks());
   ASSERT_TRUE(server.Start().ok());
   Client client(server.grpc_port());
   ASSERT_EQ(client.Health(), kServing);
@@ -364,9 +347,7 @@ TEST(ServerTest, DrainGoesNotServingThenRefusesNewCallsAndAnswersAdmittedOnes) {
 // it; the held calls are answered UNAVAILABLE after Shutdown has started.
 TEST(ServerTest, RefusalsAreHeldUntilShutdownHasStartedThenAnsweredUnavailable) {
   StepRecorder recorder;
-  ServerHooks hooks;
-  hooks.after_drain_step = recorder.Hook();
-  Server server(QueueingOptions(), hooks);
+  Server server(QueueingOptions(), recorder.Hooks());
   ASSERT_TRUE(server.Start().ok());
   Client client(server.grpc_port());
   ASSERT_EQ(client.Health(), kServing);  // connected before the drain
@@ -401,9 +382,7 @@ TEST(ServerTest, RefusalsAreHeldUntilShutdownHasStartedThenAnsweredUnavailable) 
 // retryable UNAVAILABLE.
 TEST(ServerTest, StreamMidAnswerAtDrainGetsEveryResponseThenUnavailable) {
   StepRecorder recorder;
-  ServerHooks hooks;
-  hooks.after_drain_step = recorder.Hook();
-  Server server(QueueingOptions(), hooks);
+  Server server(QueueingOptions(), recorder.Hooks());
   ASSERT_TRUE(server.Start().ok());
   Client client(server.grpc_port());
 

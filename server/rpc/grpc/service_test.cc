@@ -24,6 +24,7 @@
 #include "server/metrics/metrics.h"
 #include "server/rpc/grpc/grpc_server.h"
 #include "server/rpc/grpc/test_server.h"
+#include "server/testing/v1_messages.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
 #include "server/testing/test_backends.h"
@@ -145,45 +146,8 @@ struct Harness {
   std::unique_ptr<v1::SoftmaxService::Stub> stub;
 };
 
-v1::SoftmaxRequest RandomRequest(const std::string& id, std::vector<int64_t> shape, int axis,
-                                 uint32_t seed) {
-  v1::SoftmaxRequest request;
-  request.set_request_id(id);
-  request.set_axis(axis);
-  v1::Tensor* input = request.mutable_input();
-  input->set_dtype(v1::DTYPE_FLOAT32);
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    input->add_shape(d);
-    count *= d;
-  }
-  std::vector<float> values(static_cast<size_t>(count));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  for (float& v : values) v = normal(rng);
-  input->set_data(values.data(), values.size() * sizeof(float));
-  return request;
-}
-
-// Checks `response` against the float64 reference for `request` (fp32).
-void ExpectCorrect(const v1::SoftmaxRequest& request, const v1::SoftmaxResponse& response) {
-  ASSERT_EQ(response.request_id(), request.request_id());
-  ASSERT_EQ(response.output().dtype(), request.input().dtype());
-  ASSERT_EQ(response.output().shape_size(), request.input().shape_size());
-  ASSERT_EQ(response.output().data().size(), request.input().data().size());
-  const int rank = request.input().shape_size();
-  const int axis = request.axis() < 0 ? request.axis() + rank : request.axis();
-  SoftmaxShape shape{1, request.input().shape(axis), 1};
-  for (int i = 0; i < axis; ++i) shape.outer *= request.input().shape(i);
-  for (int i = axis + 1; i < rank; ++i) shape.inner *= request.input().shape(i);
-  std::vector<double> expected(static_cast<size_t>(shape.elements()));
-  ReferenceSoftmax(request.input().data().data(), DType::kFloat32, shape, SoftmaxOptions(),
-                   expected.data());
-  for (int64_t i = 0; i < shape.elements(); ++i) {
-    const float got = LoadAsFloat(response.output().data().data(), DType::kFloat32, i);
-    ASSERT_NEAR(got, expected[i], 1e-6 + 2e-6 * std::fabs(expected[i])) << "element " << i;
-  }
-}
+using testing::ExpectCorrect;
+using testing::RandomRequest;
 
 // Writes `requests` on one stream (from another thread, so that writes and
 // reads overlap) and returns the responses in the order they came; the
