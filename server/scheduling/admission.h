@@ -23,7 +23,13 @@
 //                unanswered across grpc::Server::Shutdown's GOAWAY.
 //
 // Validation (shapes, dtypes, limits) is the front-ends' (server/rpc/), as
-// is what goes on the wire; Admission knows no protocol.
+// is what goes on the wire; Admission knows no protocol. Before a request
+// reaches Admit, a front-end may refuse it: UNAUTHENTICATED (no known
+// token, server/rpc/auth.h), CANCELLED (the call ended before its message
+// arrived, counted by the rapid-reset guard), NOT_FOUND (no such KServe
+// model), INVALID_ARGUMENT (server/rpc/dispatch.h, validation.h). After it,
+// the batcher may still end it DEADLINE_EXCEEDED or CANCELLED before
+// compute, and a backend fault fails its batch INTERNAL.
 //
 // Thread-safety: thread-safe; any method from any thread.
 #ifndef SOFTMAX_SERVER_SCHEDULING_ADMISSION_H_
