@@ -46,10 +46,6 @@ absl::Status Dispatch(const FrontEnd& front_end, v1::SoftmaxRequest* request,
                       std::function<void(const absl::Status&)> done,
                       const ExternalTensors* external, std::shared_ptr<const void>* held) {
   Admission& admission = *front_end.admission;
-  // Refused before validation, as before any work: callers retry elsewhere.
-  if (admission.draining()) {
-    return absl::UnavailableError("server is shutting down; retry on another replica");
-  }
   const ExternalTensors none;
   const ExternalTensors& ext = external != nullptr ? *external : none;
   std::optional<absl::string_view> external_input;

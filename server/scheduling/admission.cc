@@ -53,13 +53,7 @@ absl::Status Admission::Admit(AdmissionRequest request, std::shared_ptr<const vo
     return absl::OkStatus();
   }
 
-  if (lease != nullptr) {
-    // Given back once the request is answered.
-    item.done = [done = std::move(item.done), lease = std::move(lease)](
-                    const absl::Status& status, const RequestTiming& timing) {
-      done(status, timing);
-    };
-  }
+  item.lease = std::move(lease);  // given back once the request is answered
   absl::Status enqueued = batcher_->Enqueue(std::move(request.item));
   if (!enqueued.ok() && reserved_into_held) held->reset();
   return enqueued;

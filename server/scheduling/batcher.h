@@ -119,6 +119,10 @@ struct WorkItem {
   // a completion thread (never inside Enqueue). OK means `*output` holds the
   // result.
   std::function<void(const absl::Status&, const RequestTiming&)> done;
+  // Optional: what the request holds while it lives (its share of the
+  // memory budget, Admission), given back when the item is destroyed, after
+  // `done` has run.
+  std::shared_ptr<const void> lease;
 
   std::chrono::steady_clock::time_point enqueued;  // set by Enqueue
   int64_t queue_ns = 0;  // set by the batcher when its batch is submitted
