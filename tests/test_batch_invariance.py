@@ -8,7 +8,8 @@ are its reference. Then background callers flood the server over softmax.v1
 unary with random tensors of mixed shapes, dtypes, axes and temperatures,
 while every probe is sent again and again over every protocol: softmax.v1
 unary, softmax.v1 stream, chunked stream, KServe gRPC and HTTP (binary
-tensors, tritonclient) and system shared memory over both; every answer's
+tensors, tritonclient), system shared memory over both and, on the GPU
+backend, CUDA shared memory over both; every answer's
 bytes must equal the reference's. The server runs with a short
 --max_queue_delay_us so that probes ride in batches with the flood.
 
@@ -20,6 +21,7 @@ Knobs, from the environment:
                               no limit); the summary says how many were done
   SOFTMAX_INVARIANCE_FLOOD    flood requests kept in flight (default 4 on the
                               CPU, 48 on a GPU)
+  SOFTMAX_INVARIANCE_CUDA_SHM 0 leaves CUDA shared memory out (default 1)
 Each run prints one summary line per device: answers compared and differing,
 per protocol, the flood's size and how many probe answers shared a batch.
 """
@@ -41,10 +43,14 @@ try:
     import tritonclient.grpc as triton_grpc
     import tritonclient.http as triton_http
     import tritonclient.utils.shared_memory as system_shm
-    from tritonclient.utils import serialize_bf16_tensor
     TRITONCLIENT_MISSING = None
 except ImportError as error:  # the GPU machine may run without it
     TRITONCLIENT_MISSING = f"tritonclient cannot be imported ({error})"
+try:  # CUDA's Python bindings, where a GPU machine has them
+    import tritonclient.utils.cuda_shared_memory as cuda_shm
+    CUDA_SHM_MISSING = None
+except Exception as error:  # noqa: BLE001 - any failure to load means "not here"
+    CUDA_SHM_MISSING = f"tritonclient's cuda_shared_memory cannot load ({error})"
 
 ROUNDS = int(os.environ.get("SOFTMAX_INVARIANCE_ROUNDS", "5"))
 SECONDS = float(os.environ.get("SOFTMAX_INVARIANCE_SECONDS", "0")) or None
@@ -55,6 +61,8 @@ LOG_ATOL = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}
 
 V1_PROTOCOLS = ["v1-unary", "v1-stream", "v1-chunked"]
 KSERVE_PROTOCOLS = ["kserve-grpc", "kserve-http", "shm-grpc", "shm-http"]
+# CUDA shared memory: the probe's input and output in device memory (GPU backend).
+CUDA_SHM_PROTOCOLS = ["cudashm-grpc", "cudashm-http"]
 # Messages of one probe on a stream call (compared separately).
 STREAM_COPIES = 2
 # The lengths either side of the GPU kernels' path boundaries.
@@ -221,7 +229,7 @@ def kserve_input(module, probe):
 class Prober:
     """One probing thread's clients and shared-memory region."""
 
-    def __init__(self, server, index, region_bytes, kserve):
+    def __init__(self, server, index, region_bytes, kserve, cuda):
         self.channel = server.channel()
         self.stub = softmax_pb2_grpc.SoftmaxServiceStub(self.channel)
         self.tag = f"probe{index}"
@@ -236,12 +244,25 @@ class Prober:
                 self.region_name, f"/softmax-invariance-{os.getpid()}-{index}", region_bytes)
             self.grpc.register_system_shared_memory(
                 self.region_name, f"/softmax-invariance-{os.getpid()}-{index}", region_bytes)
+        # Two device regions (input, output) of half the host region each.
+        self.cuda_regions = []
+        if cuda:
+            for side in ("in", "out"):
+                name = f"invariance-cuda-{side}-{os.getpid()}-{index}"
+                handle = cuda_shm.create_shared_memory_region(name, region_bytes // 2, 0)
+                self.cuda_regions.append((name, handle))
+                self.grpc.register_cuda_shared_memory(
+                    name, cuda_shm.get_raw_handle(handle), 0, region_bytes // 2)
 
     def close(self):
         if self.kserve:
             try:
                 self.grpc.unregister_system_shared_memory(self.region_name)
+                if self.cuda_regions:
+                    self.grpc.unregister_cuda_shared_memory()
             finally:
+                for _, handle in self.cuda_regions:
+                    cuda_shm.destroy_shared_memory_region(handle)
                 system_shm.destroy_shared_memory_region(self.region)
                 self.grpc.close()
                 self.http.close()
@@ -267,10 +288,24 @@ class Prober:
                                      parameters=probe.kserve_parameters())
             start = result._output_name_to_buffer_map["OUTPUT"]
             return [(bytes(result._buffer[start:start + probe.nbytes]), None)]
+        module, client = ((triton_grpc, self.grpc) if protocol.endswith("-grpc")
+                          else (triton_http, self.http))
+        kwargs = {"client_timeout": 120} if module is triton_grpc else {}
+        if protocol.startswith("cudashm"):
+            # Input and output in device memory, the output poisoned first.
+            (name_in, h_in), (name_out, h_out) = self.cuda_regions
+            cuda_shm.set_shared_memory_region(h_in, [np.frombuffer(probe.data, dtype=np.uint8)])
+            cuda_shm.set_shared_memory_region(h_out, [np.full(probe.nbytes, 0xA5, dtype=np.uint8)])
+            tensor = module.InferInput("INPUT", list(probe.shape), DATATYPES[probe.dtype])
+            tensor.set_shared_memory(name_in, probe.nbytes)
+            output = module.InferRequestedOutput("OUTPUT")
+            output.set_shared_memory(name_out, probe.nbytes)
+            client.infer(probe.model(), [tensor], outputs=[output],
+                         parameters=probe.kserve_parameters(), **kwargs)
+            got = cuda_shm.get_contents_as_numpy(h_out, np.uint8, [probe.nbytes])
+            return [(got.tobytes(), None)]
         # shm-grpc / shm-http: input at the region's start, output at the
         # next page, poisoned first so that a missing write cannot pass.
-        module, client = ((triton_grpc, self.grpc) if protocol == "shm-grpc"
-                          else (triton_http, self.http))
         out_offset = -(-probe.nbytes // 4096) * 4096
         system_shm.set_shared_memory_region(
             self.region, [np.frombuffer(probe.data, dtype=np.uint8)], 0)
@@ -280,7 +315,6 @@ class Prober:
         tensor.set_shared_memory(self.region_name, probe.nbytes, 0)
         output = module.InferRequestedOutput("OUTPUT")
         output.set_shared_memory(self.region_name, probe.nbytes, out_offset)
-        kwargs = {"client_timeout": 120} if module is triton_grpc else {}
         client.infer(probe.model(), [tensor], outputs=[output],
                      parameters=probe.kserve_parameters(), **kwargs)
         got = system_shm.get_contents_as_numpy(self.region, np.uint8, [probe.nbytes], out_offset)
@@ -333,6 +367,10 @@ def test_probe_bits_under_flood_on_every_protocol(server, capsys):
     device, process = server
     probes = probe_set(device)
     protocols = V1_PROTOCOLS + ([] if TRITONCLIENT_MISSING else KSERVE_PROTOCOLS)
+    use_cuda_shm = (device == "cuda" and not TRITONCLIENT_MISSING and not CUDA_SHM_MISSING
+                    and os.environ.get("SOFTMAX_INVARIANCE_CUDA_SHM", "1") != "0")
+    if use_cuda_shm:
+        protocols += CUDA_SHM_PROTOCOLS
     flood_in_flight = int(os.environ.get("SOFTMAX_INVARIANCE_FLOOD",
                                          "4" if device == "cpu" else "48"))
     probe_threads = 2 if device == "cpu" else min(8, os.cpu_count() or 1)
@@ -350,12 +388,14 @@ def test_probe_bits_under_flood_on_every_protocol(server, capsys):
         inputs = {p.index: {"grpc": kserve_input(triton_grpc, p),
                             "http": kserve_input(triton_http, p)} for p in probes}
     region_bytes = max(2 * (-(-p.nbytes // 4096) * 4096) for p in probes)
-    probers = [Prober(process, i, region_bytes, not TRITONCLIENT_MISSING)
+    probers = [Prober(process, i, region_bytes, not TRITONCLIENT_MISSING, use_cuda_shm)
                for i in range(probe_threads)]
 
     # The flood: background callers keep `flood_in_flight` unary requests of
     # other tensors in flight, each on a channel of its own.
-    pool = flood_requests(device)
+    # Sent and received as bytes: the flood's answers are not looked at, and
+    # parsing them in Python would hold the interpreter the probes need.
+    pool = [r.SerializeToString() for r in flood_requests(device)]
     stop = threading.Event()
     flood_lock = threading.Lock()
     flood = {"answered": 0, "errors": []}
@@ -363,9 +403,10 @@ def test_probe_bits_under_flood_on_every_protocol(server, capsys):
     def flooder(seed, depth):
         rng = np.random.default_rng(seed)
         with process.channel() as channel:
-            stub = softmax_pb2_grpc.SoftmaxServiceStub(channel)
+            softmax = channel.unary_unary("/softmax.v1.SoftmaxService/Softmax",
+                                          request_serializer=None, response_deserializer=None)
             while not stop.is_set():
-                futures = [stub.Softmax.future(pool[int(rng.integers(len(pool)))], timeout=120)
+                futures = [softmax.future(pool[int(rng.integers(len(pool)))], timeout=120)
                            for _ in range(depth)]
                 for future in futures:
                     try:
@@ -451,6 +492,8 @@ def test_probe_bits_under_flood_on_every_protocol(server, capsys):
         f"{elapsed:.1f} s")
     if TRITONCLIENT_MISSING:
         summary += f"; KServe and shared memory not exercised: {TRITONCLIENT_MISSING}"
+    elif device == "cuda" and CUDA_SHM_MISSING:
+        summary += f"; CUDA shared memory not exercised: {CUDA_SHM_MISSING}"
     with capsys.disabled():
         print("\n" + summary)
 
@@ -468,6 +511,10 @@ def test_bf16_inputs_match_tritonclients_serialization():
     own (truncating) serialization makes of the same values."""
     if TRITONCLIENT_MISSING:
         pytest.skip(TRITONCLIENT_MISSING)
+    try:
+        from tritonclient.utils import serialize_bf16_tensor
+    except ImportError as error:  # newer tritonclient releases dropped it
+        pytest.skip(f"this tritonclient has no serialize_bf16_tensor ({error})")
     probe = Probe(7, "bfloat16", (3, 257))
     values = e2e_util.bfloat16_bits_to_float(np.frombuffer(probe.data, dtype="<u2"))
     assert serialize_bf16_tensor(values.reshape(probe.shape)).item() == probe.data
