@@ -233,7 +233,8 @@ RAPID_RESET_PING_EVERY = 500
     SOFTMAX_PATH,                                    # counted by its handler
     "/inference.GRPCInferenceService/ModelInfer",    # counted by its handler
     "/inference.GRPCInferenceService/ServerLive",    # a typed method: the interceptor
-    "/softmax.v1.SoftmaxService/SoftmaxStream",      # a stream: the interceptor
+    "/softmax.v1.SoftmaxService/SoftmaxStream",      # a stream: its first read
+    "/inference.GRPCInferenceService/ModelStreamInfer",  # the same reactor
     "/no.Such/Method",                               # no service: the interceptor
 ])
 def test_rapid_reset_connection_is_cut_memory_bounded_and_given_back(server, path):
