@@ -19,7 +19,7 @@
 #             default "unary stream"
 #   ECHO=0    leaves the echo out
 #   DEV=cpu   the CPU backend instead of cuda
-#   DURATION, WARMUP  per run (default 2.5s, 0.5s); PORT  gRPC port (50090)
+#   DURATION, WARMUP  per run, with a unit (default 2.5s, 0.5s); PORT  gRPC port (50090)
 # Prints (and appends to OUT/ab.txt) one line per run: round, server, mode,
 # point, req/s, p99 ms, errors.
 B=$1; OUT=$2; ROUNDS=$3; shift 3
@@ -45,7 +45,8 @@ for r in $(seq 1 "$ROUNDS"); do
         name=$v-$mode-$shape-$dtype-$callers-$r
         $B/bin/softmax-client load --target=127.0.0.1:$P --shape=$shape --dtype=$dtype \
           --concurrency=$callers --connections=$(( callers < 16 ? callers : 16 )) $extra \
-          --duration=${DURATION:-2.5s} --warmup=${WARMUP:-0.5s} --quiet --json="$OUT/$name.json" > /dev/null 2>&1
+          --duration=${DURATION:-2.5s} --warmup=${WARMUP:-0.5s} --quiet --json="$OUT/$name.json" > "$OUT/$name.log" 2>&1 \
+          || { echo "$r $v $mode $shape:$dtype:$callers client failed: $(tail -1 "$OUT/$name.log")" | tee -a "$OUT/ab.txt"; continue; }
         python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(*sys.argv[2:], round(d['requests_per_s']), round(d['latency_us']['p99']/1000, 2), d['errors'])" \
           "$OUT/$name.json" $r $v $mode $shape:$dtype:$callers | tee -a "$OUT/ab.txt"
       done
