@@ -21,7 +21,6 @@ Knobs, from the environment:
                               no limit); the summary says how many were done
   SOFTMAX_INVARIANCE_FLOOD    flood requests kept in flight (default 4 on the
                               CPU, 48 on a GPU)
-  SOFTMAX_INVARIANCE_CUDA_SHM 0 leaves CUDA shared memory out (default 1)
 Each run prints one summary line per device: answers compared and differing,
 per protocol, the flood's size and how many probe answers shared a batch.
 """
@@ -275,8 +274,8 @@ class Prober:
         if self.kserve:
             try:
                 self.grpc.unregister_system_shared_memory(self.region_name)
-                if self.cuda_regions:
-                    self.grpc.unregister_cuda_shared_memory()
+                for name, _ in self.cuda_regions:
+                    self.grpc.unregister_cuda_shared_memory(name)
             finally:
                 for _, handle in self.cuda_regions:
                     cuda_shm.destroy_shared_memory_region(handle)
@@ -384,8 +383,7 @@ def test_probe_bits_under_flood_on_every_protocol(server, capsys):
     device, process = server
     probes = probe_set(device)
     protocols = V1_PROTOCOLS + ([] if TRITONCLIENT_MISSING else KSERVE_PROTOCOLS)
-    use_cuda_shm = (device == "cuda" and not TRITONCLIENT_MISSING and not CUDA_SHM_MISSING
-                    and os.environ.get("SOFTMAX_INVARIANCE_CUDA_SHM", "1") != "0")
+    use_cuda_shm = device == "cuda" and not TRITONCLIENT_MISSING and not CUDA_SHM_MISSING
     if use_cuda_shm:
         protocols += CUDA_SHM_PROTOCOLS
     flood_in_flight = int(os.environ.get("SOFTMAX_INVARIANCE_FLOOD",
