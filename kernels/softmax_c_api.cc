@@ -63,6 +63,31 @@ std::vector<softmax::gpu::SoftmaxSegment> Convert(const SoftmaxCSegment* segment
   return out;
 }
 
+// Writes `text` NUL-terminated into buffer (truncated to `size`) and returns
+// its full length.
+int CopyOut(const std::string& text, char* buffer, size_t size) {
+  if (buffer != nullptr && size > 0) {
+    const size_t n = text.size() < size - 1 ? text.size() : size - 1;
+    std::memcpy(buffer, text.data(), n);
+    buffer[n] = '\0';
+  }
+  return static_cast<int>(text.size());
+}
+
+// The text `describe` makes of these segments on the current device's plan,
+// written as CopyOut does, or -(cudaError_t) on error.
+template <typename Describe>
+int DescribeLaunch(int dtype, const SoftmaxCSegment* segments, int count, char* buffer,
+                   size_t size, Describe describe) {
+  if (dtype < 1 || dtype > 3) return -static_cast<int>(cudaErrorInvalidValue);
+  cudaError_t error;
+  const softmax::gpu::LaunchPlan* plan = CurrentPlan(&error);
+  if (plan == nullptr) return -static_cast<int>(error);
+  const auto converted = Convert(segments, count);
+  return CopyOut(describe(*plan, static_cast<softmax::DType>(dtype), converted.data(), count),
+                 buffer, size);
+}
+
 }  // namespace
 
 extern "C" {
@@ -74,12 +99,7 @@ int softmax_plan_string(char* buffer, size_t size) {
   const softmax::gpu::LaunchPlan* plan = CurrentPlan(&error);
   if (plan == nullptr) return -static_cast<int>(error);
   const std::string text = plan->ToString();
-  if (buffer != nullptr && size > 0) {
-    const size_t n = text.size() < size - 1 ? text.size() : size - 1;
-    std::memcpy(buffer, text.data(), n);
-    buffer[n] = '\0';
-  }
-  return static_cast<int>(text.size());
+  return CopyOut(text, buffer, size);
 }
 
 // Scratch bytes for these segments (dtype: 1 float32, 2 float16, 3 bfloat16),
@@ -108,19 +128,23 @@ int softmax_path(int dtype, const SoftmaxCSegment* segment) {
 // returns the full length, or -(cudaError_t) on error.
 int softmax_launch_kernels(int dtype, const SoftmaxCSegment* segments, int count, char* buffer,
                            size_t size) {
-  if (dtype < 1 || dtype > 3) return -static_cast<int>(cudaErrorInvalidValue);
-  cudaError_t error;
-  const softmax::gpu::LaunchPlan* plan = CurrentPlan(&error);
-  if (plan == nullptr) return -static_cast<int>(error);
-  const auto converted = Convert(segments, count);
-  const std::string text = softmax::gpu::LaunchKernels(
-      *plan, static_cast<softmax::DType>(dtype), converted.data(), count);
-  if (buffer != nullptr && size > 0) {
-    const size_t n = text.size() < size - 1 ? text.size() : size - 1;
-    std::memcpy(buffer, text.data(), n);
-    buffer[n] = '\0';
-  }
-  return static_cast<int>(text.size());
+  return DescribeLaunch(dtype, segments, count, buffer, size,
+                        [](const softmax::gpu::LaunchPlan& plan, softmax::DType d,
+                           const softmax::gpu::SoftmaxSegment* s, int c) {
+                          return softmax::gpu::LaunchKernels(plan, d, s, c);
+                        });
+}
+
+// Writes the launches of these segments, one line each (see
+// softmax::gpu::LaunchSchedule; NUL-terminated, truncated to `size`) and
+// returns the full length, or -(cudaError_t) on error.
+int softmax_launch_schedule(int dtype, const SoftmaxCSegment* segments, int count, char* buffer,
+                            size_t size) {
+  return DescribeLaunch(dtype, segments, count, buffer, size,
+                        [](const softmax::gpu::LaunchPlan& plan, softmax::DType d,
+                           const softmax::gpu::SoftmaxSegment* s, int c) {
+                          return softmax::gpu::LaunchSchedule(plan, d, s, c);
+                        });
 }
 
 // Enqueues the segments on `stream` (a cudaStream_t; null = legacy default

@@ -94,6 +94,52 @@ enum class SoftmaxPath : int {
 };
 const char* SoftmaxPathName(SoftmaxPath path);
 
+// The kernels a launch runs (LaunchSchedule lists them with their geometry;
+// the planner, kernels/cuda/plan.cu, picks them). A path is a row-length
+// class; a kernel is what computes it. Which kernel computes a row fixes the
+// order of its reductions, so it is chosen per row (RowKernelOf), and a
+// launch only groups rows of one kernel into one grid.
+enum class SoftmaxKernel : int {
+  // Launches of one segment of last-axis rows of up to 1024 vectors: a group
+  // of 1..512 threads per row, 2 vectors each, max first, one exp2 per
+  // element; few registers, full occupancy. Computes rows in the flat table
+  // kernel's order. Needs nothing (element accesses when unaligned).
+  kFlat = 0,
+  // Every last-axis row of up to 8192 vectors of a table that the staged
+  // kernel does not take, in one launch of 1024-thread blocks (rows of up to
+  // 1024 vectors in the flat order, longer ones 8 vectors per thread). Wins
+  // for tables: one launch, one wave. Unaligned rows pass through shared
+  // memory so that they reduce in element order at any address.
+  kFlatTable = 1,
+  // Rows of 8193..16384 vectors that are not 16-byte aligned: a row per
+  // cluster of 2..8 blocks in registers, (max, sum) through distributed
+  // shared memory. Needs clusters (sm_90). Also every register row with
+  // allow_flat false (a test hook).
+  kOnChip = 2,
+  // 16-byte aligned rows of 1025 vectors up to 512 KiB: a row per cluster of
+  // 1..16 blocks, each staging its share in shared memory with cp.async, one
+  // read and one write. Wins from 1025 vectors (0.96-0.97 of copy against
+  // 0.91-0.95 flat on the H200). Needs 16-byte rows and clusters.
+  kStaged = 3,
+  // Aligned rows beyond the staged kernel, up to what a cooperative grid
+  // stages at once (24.75 MiB on the H200): parts of 64 KiB in shared memory,
+  // (max, sum) through global scratch, one read. Needs a cooperative launch
+  // and scratch.
+  kSplitStaged = 4,
+  // Other long rows up to what the grid holds in registers: one pass. Needs
+  // a cooperative launch and scratch.
+  kSplitFused = 5,
+  // Longer rows: (max, sum) partials of 64 KiB parts (split_stats), then a
+  // re-read in reverse order that writes (split_normalize): two reads.
+  kSplitStats = 6,
+  kSplitNormalize = 7,
+  // inner > 1 (a non-last axis): coalesced over inner, n split across
+  // blocks: partials (strided_stats), then a re-read (strided_normalize).
+  kStridedStats = 8,
+  kStridedNormalize = 9,
+};
+const char* SoftmaxKernelName(SoftmaxKernel kernel);
+
 // One softmax problem: a contiguous tensor viewed as [outer, n, inner],
 // normalised along n. inner == 1 is the last axis.
 struct SoftmaxSegment {
@@ -156,6 +202,10 @@ class LaunchPlan {
   // Multi-line human-readable table of the probe.
   std::string ToString() const;
 
+  // Reads a ToString() table back (a plan recorded on one GPU, for planning
+  // without it: tests and tools). Returns false when `text` is not one.
+  static bool Parse(const std::string& text, LaunchPlan* plan);
+
  private:
   int device_ = -1;
   std::string device_name_;
@@ -172,10 +222,18 @@ class LaunchPlan {
 int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path);
 
 // The kernels a LaunchSoftmax call with these arguments runs, comma-separated,
-// from: flat, flat_table, on_chip, staged, split_staged, split_fused,
-// split_stats, split_normalize, strided_stats, strided_normalize.
+// in launch order, each once (SoftmaxKernelName: flat, flat_table, on_chip,
+// staged, split_staged, split_fused, split_stats, split_normalize,
+// strided_stats, strided_normalize); empty on a bad argument.
 std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, bool allow_flat = true);
+
+// The launches a LaunchSoftmax call with these arguments runs, one line
+// each: kernel, grid, block, cluster, shared memory, table entries and
+// scratch offsets (the schedule the planner returns; empty on a bad
+// argument).
+std::string LaunchSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                           int count, bool allow_flat = true);
 
 // Whether a launch whose only segment has last-axis rows of n elements runs
 // the flat kernel (when allowed; see LaunchSoftmax).

@@ -52,6 +52,14 @@ if step unit; then
   LD_LIBRARY_PATH="$bundle/lib" bounded "$bundle/bin/cuda_backend_test" 2>&1 | tee "$work/cuda_backend_test.log" \
     | tail -8 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  # The kernels against the float64 reference, and their batch invariance
+  # (each probe's rows alone and inside random launches, bit for bit).
+  for t in softmax_cuda_test softmax_invariance_test; do
+    note "kernel tests: $t"
+    bounded "$bundle/bin/$t" 2>&1 | tee "$work/$t.log" \
+      | grep -E "^batch invariance|^\[  (PASSED|FAILED|SKIPPED) " | tee -a "$work/summary.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
   snapshot
 fi
 

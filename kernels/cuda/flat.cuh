@@ -27,14 +27,7 @@ namespace detail {
 // merge) would cost more exp2 than the elements themselves, so the row's max
 // is reduced first, then exp2 is taken once per element, kept, summed and
 // reduced, and softmax is that value times 1/sum: one exp2 per element.
-struct FlatArgs {
-  const void* input;
-  void* output;
-  long long rows;
-  long long n;
-  float scale;
-  int group_log2;
-};
+// (FlatArgs: plan.h.)
 
 // Reduces v over a group of r_threads (op: max or sum): a butterfly of
 // shuffles within the warp (width min(R, 32)), and for groups of whole warps

@@ -96,11 +96,7 @@ __device__ __forceinline__ void WarpRows(const RowSegment& seg) {
   }
 }
 
-// Rows each lane holds at once in the warp path, by log2 of vectors per lane
-// per row (matches the WarpRows instantiations in OnChipKernel).
-constexpr int WarpRowsPerLane(int columns_log2, int slots = kWarpSlots) {
-  return slots >> columns_log2;
-}
+// (WarpRowsPerLane: plan.h.)
 
 // Block path. A group of W = 2^warps_log2 warps (1..8) holds a row, thread t
 // holding vectors j*W*32 + t. Unit = a row; worker = a group. One named

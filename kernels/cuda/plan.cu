@@ -1,11 +1,14 @@
-// Host-side planning: the launch plan (occupancy probe), which path takes a
-// segment, the geometry of each path, and the scratch a launch needs. No
-// kernel lives here (launch.cu owns them all).
+// Host-side planning: the launch plan (occupancy probe), the rule that
+// decides which kernel computes a row (RowKernelOf), the geometry of each
+// kernel, and the schedule of a launch (PlanSchedule: every launch, its
+// geometry, arguments and scratch offsets). No kernel lives here: launch.cu
+// owns them all and only executes schedules.
 #include "kernels/cuda/plan.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 namespace softmax {
@@ -223,6 +226,438 @@ const char* RowKernelName(RowKernel kernel) {
   return "unknown";
 }
 
+
+// ---------------------------------------------------------------------------
+// The schedule: which launches run a table of segments. Everything below is
+// a function of the plan and the segments; launch.cu only executes it.
+
+namespace {
+
+// Calls `take` with a last-axis segment's table entries, one per piece of at
+// most kMaxPieceRows rows (which keeps the kernels' indices 32-bit): pointers,
+// rows, n and scale set; config and units are the caller's.
+template <typename Take>
+void ForEachPiece(DType dtype, const SoftmaxSegment& s, Take take) {
+  const size_t item = ItemSize(dtype);
+  for (long long first = 0; first < s.outer; first += kMaxPieceRows) {
+    const long long piece_rows = std::min<long long>(kMaxPieceRows, s.outer - first);
+    const size_t offset = static_cast<size_t>(first) * s.n * item;
+    RowSegment r = {};
+    r.input = static_cast<const char*>(s.input) + offset;
+    r.output = static_cast<char*>(s.output) + offset;
+    r.rows = static_cast<int>(piece_rows);
+    r.n = static_cast<int>(s.n);
+    r.scale = Log2Scale(s);
+    take(r);
+  }
+}
+
+LaunchStep FlatStep(DType dtype, const SoftmaxSegment& s) {
+  const FlatShape shape = FlatShapeOf(CeilDiv(s.n, Vectors(dtype)));
+  LaunchStep step;
+  step.kernel = SoftmaxKernel::kFlat;
+  step.flat.input = s.input;
+  step.flat.output = s.output;
+  step.flat.rows = s.outer;
+  step.flat.n = s.n;
+  step.flat.scale = Log2Scale(s);
+  step.flat.group_log2 = shape.group_log2;
+  step.vec = VectorAligned(dtype, s);
+  step.log = s.log;
+  // One pass over the rows: each block one group of rows.
+  const long long groups = shape.threads >> shape.group_log2;
+  step.grid = static_cast<unsigned>(
+      std::min<long long>(CeilDiv(s.outer, std::max(1LL, groups)), 0x7fffffffLL));
+  step.threads = shape.threads;
+  return step;
+}
+
+// The flat table entries of a segment (RowKernel kFlat or kFlatTable): its
+// rows' geometry (TableShapeOf) in the config word.
+void AppendFlatTable(DType dtype, const SoftmaxSegment& s, std::vector<RowSegment>* rows) {
+  const TableShape shape = TableShapeOf(CeilDiv(s.n, Vectors(dtype)));
+  const int config = (s.log ? kLogBit : 0) | (VectorAligned(dtype, s) ? kVecBit : 0) |
+                     (shape.group_log2 << kShapeShift) | (shape.slots << kSlotsShift);
+  const long long rows_per_unit =
+      (kTableThreads >> shape.group_log2) * TableRowsPerGroup(shape.slots);
+  ForEachPiece(dtype, s, [&](RowSegment r) {
+    r.config = config;
+    r.units = static_cast<int>(CeilDiv(r.rows, rows_per_unit));
+    rows->push_back(r);
+  });
+}
+
+// The flat table kernel over `rows`, in as few launches as keep its unit
+// indices in int, each with a one-pass grid; each unit prefetches the unit
+// one wave of resident blocks ahead. Dynamic shared memory only where a
+// segment's rows are not 16-byte aligned.
+void FlatTableSteps(const LaunchPlan& plan, DType dtype, const std::vector<RowSegment>& rows,
+                    std::vector<LaunchStep>* steps) {
+  size_t begin = 0;
+  while (begin < rows.size()) {
+    LaunchStep step;
+    step.kernel = SoftmaxKernel::kFlatTable;
+    step.threads = kTableThreads;
+    long long units = 0;
+    for (; begin < rows.size(); ++begin) {
+      RowSegment r = rows[begin];
+      if (!step.table.empty() && units + r.units > 0x7fffffffLL) break;
+      r.first_worker = static_cast<int>(units);
+      units += r.units;
+      if ((r.config & kVecBit) == 0) {
+        const int group_log2 = (r.config >> kShapeShift) & 0xf;
+        const int slots = (r.config >> kSlotsShift) & 0xf;
+        step.shared_bytes =
+            std::max(step.shared_bytes, static_cast<size_t>(TableRowsPerGroup(slots)) *
+                                            (static_cast<size_t>(slots) * kTableThreads +
+                                             (kTableThreads >> group_log2)) * 16);
+      }
+      step.table.push_back(r);
+    }
+    step.grid = static_cast<unsigned>(units);
+    step.table_word = static_cast<int>(units);
+    step.prefetch_units = GridOf(plan, "flat_table", dtype);
+    steps->push_back(std::move(step));
+  }
+}
+
+// The on-chip table entries of a warp, block or cluster segment; units are
+// numbered in one rotation across the launch's segments (*unit_counter).
+void AppendOnChip(DType dtype, const SoftmaxSegment& s, SoftmaxPath path, int grid,
+                  int launch_cluster, long long* unit_counter, std::vector<RowSegment>* rows) {
+  const long long vectors = CeilDiv(s.n, Vectors(dtype));
+  int config = static_cast<int>(path) | (s.log ? kLogBit : 0) |
+               (VectorAligned(dtype, s) ? kVecBit : 0);
+  long long rows_per_unit = 1;
+  long long workers = 1;
+  if (path == SoftmaxPath::kWarpRows) {
+    const int lanes_log2 = std::min(5, CeilLog2(vectors));
+    const int columns_log2 = CeilLog2(CeilDiv(vectors, 1LL << lanes_log2));
+    rows_per_unit = (32LL >> lanes_log2) * WarpRowsPerLane(columns_log2);
+    config |= (lanes_log2 << kShapeShift) | (columns_log2 << kColumnsShift);
+    workers = static_cast<long long>(grid) * kWarps;
+  } else if (path == SoftmaxPath::kBlockRows) {
+    const int warps_log2 = CeilLog2(CeilDiv(vectors, kGroupWarpVectors));
+    config |= warps_log2 << kShapeShift;
+    workers = static_cast<long long>(grid) * (kWarps >> warps_log2);
+  } else {
+    config |= ClusterLog2(vectors) << kShapeShift;
+    workers = static_cast<long long>(grid / launch_cluster) *
+              (launch_cluster >> ClusterLog2(vectors));
+  }
+  ForEachPiece(dtype, s, [&](RowSegment r) {
+    r.units = static_cast<int>(CeilDiv(r.rows, rows_per_unit));
+    r.config = config;
+    r.first_worker = static_cast<int>(*unit_counter % workers);
+    *unit_counter += r.units;
+    rows->push_back(r);
+  });
+}
+
+// The staged kernel over every staged segment: one launch per cluster size
+// (a row per cluster; the segments of one size share it), with the largest
+// share among them as dynamic shared memory; grids beyond 2^31 - 1 blocks
+// go in pieces.
+bool StagedSteps(const LaunchPlan& plan, DType dtype,
+                 const std::vector<const SoftmaxSegment*>& segments,
+                 std::vector<LaunchStep>* steps) {
+  const size_t item = ItemSize(dtype);
+  for (int cluster = 1; cluster <= kMaxClusterSize; cluster *= 2) {
+    const long long max_rows = 0x7fffffffLL / cluster;
+    LaunchStep step;
+    long long clusters = 0;
+    auto flush = [&]() {
+      if (step.table.empty()) return;
+      step.kernel = SoftmaxKernel::kStaged;
+      step.grid = static_cast<unsigned>(clusters * cluster);
+      step.threads = kStagedThreads;
+      step.cluster = cluster;
+      steps->push_back(std::move(step));
+      step = LaunchStep();
+      clusters = 0;
+    };
+    for (const SoftmaxSegment* s : segments) {
+      StagedShape shape;
+      if (!StagedShapeOf(plan, dtype, CeilDiv(s->n, Vectors(dtype)), &shape)) return false;
+      if (shape.cluster != cluster) continue;
+      const size_t pitch = static_cast<size_t>(s->n) * item;
+      for (long long first = 0; first < s->outer;) {
+        if (clusters == max_rows) flush();
+        const long long take = std::min(s->outer - first, max_rows - clusters);
+        RowSegment r = {};
+        r.input = static_cast<const char*>(s->input) + first * pitch;
+        r.output = static_cast<char*>(s->output) + first * pitch;
+        r.rows = static_cast<int>(take);
+        r.units = r.rows;
+        r.n = static_cast<int>(s->n);
+        r.first_worker = static_cast<int>(clusters);
+        r.scale = Log2Scale(*s);
+        r.config = s->log ? kLogBit : 0;
+        r.unused[kStagedChunkSlot] = shape.chunk_vectors;
+        step.table.push_back(r);
+        clusters += take;
+        step.shared_bytes = std::max(step.shared_bytes, shape.shared_bytes);
+        first += take;
+      }
+    }
+    flush();
+  }
+  return true;
+}
+
+// One split segment: a counter memset and one cooperative launch, or two
+// launches (rows read twice); scratch from *offset on.
+void SplitSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s, size_t* offset,
+                std::vector<LaunchStep>* steps) {
+  const SplitShape shape = SplitShapeOf(plan, dtype, s);
+  LaunchStep step;
+  SplitArgs& a = step.split;
+  a.input = s.input;
+  a.output = s.output;
+  a.rows = s.outer;
+  a.n = s.n;
+  a.part_vectors = shape.part_vectors;
+  a.parts = shape.parts;
+  a.scale = Log2Scale(s);
+  a.log = s.log;
+  a.vec = VectorAligned(dtype, s);
+  step.vec = a.vec != 0;
+  step.partials_offset = *offset;
+  *offset += Align256(sizeof(float2) * s.outer * shape.parts);
+  step.finals_offset = *offset;
+  *offset += Align256(sizeof(float2) * s.outer);
+  step.counters_offset = *offset;
+  *offset += Align256(sizeof(unsigned) * s.outer);
+  step.zero_bytes = sizeof(unsigned) * s.outer;
+  const long long units = s.outer * shape.parts;
+  if (shape.staged) {
+    step.kernel = SoftmaxKernel::kSplitStaged;
+    step.grid = static_cast<unsigned>(shape.grid);
+    step.threads = kStagedThreads;
+    step.shared_bytes = static_cast<size_t>(shape.part_vectors) * 16;
+    step.cooperative = true;
+    steps->push_back(step);
+    return;
+  }
+  step.threads = kThreads;
+  if (shape.fused) {
+    step.kernel = SoftmaxKernel::kSplitFused;
+    step.grid = static_cast<unsigned>(std::min<long long>(units, GridOf(plan, "split_fused", dtype)));
+    step.cooperative = true;
+    steps->push_back(step);
+    return;
+  }
+  step.kernel = SoftmaxKernel::kSplitStats;
+  step.grid = static_cast<unsigned>(std::min<long long>(units, GridOf(plan, "split_stats", dtype)));
+  steps->push_back(step);
+  step.kernel = SoftmaxKernel::kSplitNormalize;
+  step.grid =
+      static_cast<unsigned>(std::min<long long>(units, GridOf(plan, "split_normalize", dtype)));
+  step.zero_bytes = 0;
+  steps->push_back(step);
+}
+
+// One strided segment: a counter memset, strided_stats, strided_normalize.
+void StridedSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s, size_t* offset,
+                  std::vector<LaunchStep>* steps) {
+  const StridedShape shape = StridedShapeOf(plan, dtype, s);
+  LaunchStep step;
+  StridedArgs& a = step.strided;
+  a.input = s.input;
+  a.output = s.output;
+  a.outer = s.outer;
+  a.n = s.n;
+  a.inner = s.inner;
+  a.strips = shape.strips;
+  a.part_rows = shape.part_rows;
+  a.parts = shape.parts;
+  a.lanes_log2 = shape.lanes_log2;
+  a.scale = Log2Scale(s);
+  a.log = s.log;
+  a.vec = Aligned16(s.input) && Aligned16(s.output) && (s.inner * ItemSize(dtype)) % 16 == 0;
+  step.vec = a.vec != 0;
+  const size_t columns = 32 * Vectors(dtype);
+  const size_t os = static_cast<size_t>(s.outer * shape.strips);
+  step.partials_offset = *offset;
+  *offset += Align256(sizeof(float2) * columns * os * shape.parts);
+  step.finals_offset = *offset;
+  *offset += Align256(sizeof(float2) * columns * os);
+  step.counters_offset = *offset;
+  *offset += Align256(sizeof(unsigned) * os);
+  step.zero_bytes = sizeof(unsigned) * os;
+  const long long units = static_cast<long long>(os) * shape.parts;
+  step.threads = kThreads;
+  step.kernel = SoftmaxKernel::kStridedStats;
+  step.grid =
+      static_cast<unsigned>(std::min<long long>(units, GridOf(plan, "strided_stats", dtype)));
+  steps->push_back(step);
+  step.kernel = SoftmaxKernel::kStridedNormalize;
+  step.grid =
+      static_cast<unsigned>(std::min<long long>(units, GridOf(plan, "strided_normalize", dtype)));
+  step.zero_bytes = 0;
+  steps->push_back(step);
+}
+
+}  // namespace
+
+cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                         int count, bool allow_flat, Schedule* schedule) {
+  Schedule out;
+  // A launch of one segment of flat rows: the flat kernel, in the flat table
+  // kernel's order (RowKernelOf).
+  if (const SoftmaxSegment* flat = FlatSegment(dtype, segments, count, allow_flat)) {
+    out.steps.push_back(FlatStep(dtype, *flat));
+    *schedule = std::move(out);
+    return cudaSuccess;
+  }
+  // Which kernel computes each segment's rows (the rule, per segment), and
+  // the cluster size of the on-chip launch (the largest any of its rows needs).
+  std::vector<RowKernel> kernels(count, RowKernel::kFlat);
+  int launch_cluster = 1;
+  size_t table_entries = 0;
+  for (int i = 0; i < count; ++i) {
+    const SoftmaxSegment& s = segments[i];
+    if (Empty(s)) continue;
+    kernels[i] = RowKernelOf(plan, dtype, s);
+    table_entries += TableEntries(plan, dtype, s);
+    const bool on_chip = kernels[i] == RowKernel::kOnChipCluster ||
+                         (!allow_flat && (kernels[i] == RowKernel::kFlat ||
+                                          kernels[i] == RowKernel::kFlatTable));
+    if (on_chip && ChoosePath(plan, dtype, s) == SoftmaxPath::kClusterRows) {
+      launch_cluster =
+          std::max(launch_cluster, 1 << ClusterLog2(CeilDiv(s.n, Vectors(dtype))));
+    }
+  }
+  // Every table launch uses the one table area at the start of the scratch,
+  // one after the other (stream order: a copy lands after the launch before
+  // it ran).
+  size_t offset = 0;
+  if (table_entries > static_cast<size_t>(kInlineSegments)) {
+    out.table_bytes = Align256(table_entries * sizeof(RowSegment));
+    offset = out.table_bytes;
+  }
+  // The flat table and on-chip tables; on-chip units numbered in one
+  // rotation across segments.
+  const int grid = GridOf(plan, "on_chip", dtype, launch_cluster);
+  std::vector<RowSegment> flat_rows;
+  std::vector<RowSegment> on_chip_rows;
+  std::vector<const SoftmaxSegment*> staged;
+  long long unit_counter = 0;
+  for (int i = 0; i < count; ++i) {
+    const SoftmaxSegment& s = segments[i];
+    if (Empty(s)) continue;
+    switch (kernels[i]) {
+      case RowKernel::kFlat:
+      case RowKernel::kFlatTable:
+        if (allow_flat) {
+          AppendFlatTable(dtype, s, &flat_rows);
+        } else {
+          AppendOnChip(dtype, s, ChoosePath(plan, dtype, s), grid, launch_cluster, &unit_counter,
+                       &on_chip_rows);
+        }
+        break;
+      case RowKernel::kOnChipCluster:
+        AppendOnChip(dtype, s, SoftmaxPath::kClusterRows, grid, launch_cluster, &unit_counter,
+                     &on_chip_rows);
+        break;
+      case RowKernel::kStaged:
+        staged.push_back(&s);
+        break;
+      default:
+        break;
+    }
+  }
+  FlatTableSteps(plan, dtype, flat_rows, &out.steps);
+  if (!on_chip_rows.empty()) {
+    LaunchStep step;
+    step.kernel = SoftmaxKernel::kOnChip;
+    step.grid = static_cast<unsigned>(grid);
+    step.threads = kThreads;
+    step.cluster = launch_cluster > 1 ? launch_cluster : 0;
+    step.table = std::move(on_chip_rows);
+    step.table_word = launch_cluster;
+    out.steps.push_back(std::move(step));
+  }
+  if (!StagedSteps(plan, dtype, staged, &out.steps)) return cudaErrorInvalidValue;
+  // One launch (two for rows read twice) per split or strided segment.
+  for (int i = 0; i < count; ++i) {
+    const SoftmaxSegment& s = segments[i];
+    if (Empty(s)) continue;
+    switch (kernels[i]) {
+      case RowKernel::kSplitStaged:
+      case RowKernel::kSplitFused:
+      case RowKernel::kSplitTwoPass:
+        SplitSteps(plan, dtype, s, &offset, &out.steps);
+        break;
+      case RowKernel::kStrided:
+        StridedSteps(plan, dtype, s, &offset, &out.steps);
+        break;
+      default:
+        break;
+    }
+  }
+  out.scratch_bytes = offset;
+  *schedule = std::move(out);
+  return cudaSuccess;
+}
+
+std::string Schedule::Kernels() const {
+  std::string out;
+  std::vector<SoftmaxKernel> seen;
+  for (const LaunchStep& step : steps) {
+    if (std::find(seen.begin(), seen.end(), step.kernel) != seen.end()) continue;
+    seen.push_back(step.kernel);
+    if (!out.empty()) out += ",";
+    out += SoftmaxKernelName(step.kernel);
+  }
+  return out;
+}
+
+std::string Schedule::ToString() const {
+  std::ostringstream out;
+  out << "schedule: " << steps.size() << " launches, scratch " << scratch_bytes
+      << " bytes (tables " << table_bytes << ")\n";
+  char line[256];
+  for (const LaunchStep& step : steps) {
+    std::snprintf(line, sizeof(line), "  %-17s grid %7u x %4d  cluster %2d  shared %6zu%s%s",
+                  SoftmaxKernelName(step.kernel), step.grid, step.threads, step.cluster,
+                  step.shared_bytes, step.cooperative ? "  cooperative" : "",
+                  step.vec ? "  vec" : "");
+    out << line;
+    if (!step.table.empty()) {
+      out << "  table " << step.table.size()
+          << (table_bytes > 0 ? " entries (scratch)" : " entries (inline)");
+    }
+    if (step.zero_bytes > 0 || step.partials_offset > 0 || step.finals_offset > 0) {
+      out << "  partials @" << step.partials_offset << " finals @" << step.finals_offset
+          << " counters @" << step.counters_offset;
+    }
+    switch (step.kernel) {
+      case SoftmaxKernel::kFlat:
+        out << "  rows " << step.flat.rows << " n " << step.flat.n << " group 2^"
+            << step.flat.group_log2;
+        break;
+      case SoftmaxKernel::kSplitStaged:
+      case SoftmaxKernel::kSplitFused:
+      case SoftmaxKernel::kSplitStats:
+      case SoftmaxKernel::kSplitNormalize:
+        out << "  rows " << step.split.rows << " n " << step.split.n << " parts "
+            << step.split.parts << " x " << step.split.part_vectors << " vectors";
+        break;
+      case SoftmaxKernel::kStridedStats:
+      case SoftmaxKernel::kStridedNormalize:
+        out << "  [" << step.strided.outer << ", " << step.strided.n << ", "
+            << step.strided.inner << "] strips " << step.strided.strips << " parts "
+            << step.strided.parts << " x " << step.strided.part_rows << " rows";
+        break;
+      default:
+        break;
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
 }  // namespace detail
 
 using namespace detail;  // NOLINT: the planning helpers of this file
@@ -235,6 +670,22 @@ const char* SoftmaxPathName(SoftmaxPath path) {
     case SoftmaxPath::kSplitRows: return "split_rows";
     case SoftmaxPath::kStrided: return "strided";
     case SoftmaxPath::kStagedRows: return "staged_rows";
+  }
+  return "unknown";
+}
+
+const char* SoftmaxKernelName(SoftmaxKernel kernel) {
+  switch (kernel) {
+    case SoftmaxKernel::kFlat: return "flat";
+    case SoftmaxKernel::kFlatTable: return "flat_table";
+    case SoftmaxKernel::kOnChip: return "on_chip";
+    case SoftmaxKernel::kStaged: return "staged";
+    case SoftmaxKernel::kSplitStaged: return "split_staged";
+    case SoftmaxKernel::kSplitFused: return "split_fused";
+    case SoftmaxKernel::kSplitStats: return "split_stats";
+    case SoftmaxKernel::kSplitNormalize: return "split_normalize";
+    case SoftmaxKernel::kStridedStats: return "strided_stats";
+    case SoftmaxKernel::kStridedNormalize: return "strided_normalize";
   }
   return "unknown";
 }
@@ -270,6 +721,58 @@ const KernelProbe* LaunchPlan::Find(const std::string& family, DType dtype,
     if (probe.kernel == name && probe.cluster_size == cluster_size) return &probe;
   }
   return nullptr;
+}
+
+bool LaunchPlan::Parse(const std::string& text, LaunchPlan* plan) {
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  // "softmax launch plan: device D (NAME), S SMs, L2 X MiB, clusters up to C"
+  const std::string head = "softmax launch plan: device ";
+  const size_t start = line.find(head);
+  const size_t open = line.find(" (", start);
+  const size_t close = line.rfind("), ");
+  if (start == std::string::npos || open == std::string::npos || close == std::string::npos ||
+      close < open) {
+    return false;
+  }
+  LaunchPlan p;
+  int l2_mib = 0;
+  p.device_ = std::atoi(line.c_str() + start + head.size());
+  p.device_name_ = line.substr(open + 2, close - open - 2);
+  if (std::sscanf(line.c_str() + close + 3, "%d SMs, L2 %d MiB, clusters up to %d",
+                  &p.multiprocessors_, &l2_mib, &p.max_cluster_size_) != 3) {
+    return false;
+  }
+  p.l2_bytes_ = l2_mib << 20;
+  p.clusters_supported_ = p.max_cluster_size_ > 1;
+  if (!std::getline(in, line)) return false;  // the column header
+  while (std::getline(in, line)) {
+    std::istringstream row(line);
+    KernelProbe probe;
+    if (!(row >> probe.kernel >> probe.paths >> probe.threads_per_block >>
+          probe.registers_per_thread >> probe.local_bytes_per_thread >>
+          probe.static_shared_bytes >> probe.blocks_per_sm >> probe.cluster_size >>
+          probe.max_active_clusters >> probe.grid)) {
+      continue;  // a line of another log between rows
+    }
+    const size_t lt = probe.kernel.find('<');
+    const size_t gt = probe.kernel.find('>', lt);
+    if (lt == std::string::npos || gt == std::string::npos) return false;
+    const std::string dtype = probe.kernel.substr(lt + 1, gt - lt - 1);
+    bool known = false;
+    for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      if (dtype == DTypeName(d)) {
+        probe.dtype = d;
+        known = true;
+      }
+    }
+    if (!known) return false;
+    p.probes_.push_back(probe);
+  }
+  if (p.probes_.empty() || p.multiprocessors_ <= 0) return false;
+  *plan = std::move(p);
+  return true;
 }
 
 std::string LaunchPlan::ToString() const {
@@ -311,34 +814,16 @@ SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment
 
 std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, bool allow_flat) {
-  if (FlatSegment(dtype, segments, count, allow_flat) != nullptr) return "flat";
-  std::vector<std::string> kernels;
-  bool flat_table = false;
-  bool on_chip = false;
-  auto add = [&kernels](const std::string& k) {
-    if (std::find(kernels.begin(), kernels.end(), k) == kernels.end()) kernels.push_back(k);
-  };
-  for (int i = 0; i < count; ++i) {
-    const SoftmaxSegment& s = segments[i];
-    if (Empty(s)) continue;
-    const RowKernel kernel = RowKernelOf(plan, dtype, s);
-    switch (kernel) {
-      case RowKernel::kFlat:
-      case RowKernel::kFlatTable:
-        (allow_flat ? flat_table : on_chip) = true;
-        break;
-      case RowKernel::kOnChipCluster:
-        on_chip = true;
-        break;
-      default:
-        add(RowKernelName(kernel));
-    }
-  }
-  std::string out;
-  if (flat_table) out = "flat_table";
-  if (on_chip) out += std::string(out.empty() ? "" : ",") + "on_chip";
-  for (const std::string& k : kernels) out += (out.empty() ? "" : ",") + k;
-  return out;
+  Schedule schedule;
+  if (PlanSchedule(plan, dtype, segments, count, allow_flat, &schedule) != cudaSuccess) return "";
+  return schedule.Kernels();
+}
+
+std::string LaunchSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                           int count, bool allow_flat) {
+  Schedule schedule;
+  if (PlanSchedule(plan, dtype, segments, count, allow_flat, &schedule) != cudaSuccess) return "";
+  return schedule.ToString();
 }
 
 bool FlatKernelTakes(DType dtype, int64_t n) {

@@ -144,6 +144,65 @@ struct TableArgs {
   RowSegment inline_segments[kInlineSegments];
 };
 
+// Kernel arguments of the flat, split and strided kernels (the table
+// kernels take TableArgs). Built by the planner (PlanSchedule); the split and
+// strided scratch pointers are filled in by the executor from the step's
+// scratch offsets.
+struct FlatArgs {
+  const void* input;
+  void* output;
+  long long rows;
+  long long n;
+  float scale;
+  int group_log2;
+};
+
+// Split rows (last axis, rows too long for a cluster): a row of `vectors`
+// vectors is cut into `parts` parts of part_vectors; unit = (row, part).
+struct SplitArgs {
+  const void* input;
+  void* output;
+  long long rows;
+  long long n;
+  long long part_vectors;  // multiple of kBlockVectors
+  int parts;
+  float scale;
+  int log;
+  int vec;
+  float2* partials;         // rows * parts
+  float2* finals;           // rows
+  unsigned int* counters;   // rows, zero on entry; left zero
+};
+
+// Strided: softmax along n of [outer, n, inner], inner > 1 (strided.cuh).
+struct StridedArgs {
+  const void* input;
+  void* output;
+  long long outer;
+  long long n;
+  long long inner;
+  long long strips;
+  long long part_rows;  // multiple of rows per block pass
+  int parts;
+  int lanes_log2;
+  float scale;
+  int log;
+  int vec;                // inner % V == 0 and pointers 16-byte aligned
+  float2* partials;       // [outer * strips * parts][32 * V]
+  float2* finals;         // [outer * strips][32 * V]
+  unsigned int* counters; // [outer * strips]
+};
+
+// The staged kernel's table entry keeps its vectors per block in this slot
+// of `unused`.
+constexpr int kStagedChunkSlot = 0;
+
+// Rows each lane holds at once in the on-chip warp path, by log2 of vectors
+// per lane per row (matches the WarpRows instantiations in OnChipKernel).
+constexpr int WarpRowsPerLane(int columns_log2, int slots = kWarpSlots) {
+  return slots >> columns_log2;
+}
+
 inline int CeilLog2(long long x) {
   int l = 0;
   while ((1LL << l) < x) ++l;
@@ -249,6 +308,50 @@ size_t TableEntries(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s
 // Scratch bytes of one split or strided segment: partials, finals, counters.
 size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
                       SoftmaxPath path);
+
+// One launch of a schedule: the kernel, its geometry and its arguments.
+// The planner (PlanSchedule) fills every field; the executor (launch.cu)
+// only resolves scratch offsets into pointers and launches.
+struct LaunchStep {
+  SoftmaxKernel kernel = SoftmaxKernel::kFlat;
+  unsigned grid = 0;
+  int threads = 0;
+  int cluster = 0;           // cluster dimension attribute; 0: launched without one
+  size_t shared_bytes = 0;   // dynamic shared memory per block
+  bool cooperative = false;  // every block resident at once (split_staged, split_fused)
+  bool vec = false;          // flat, split, strided: 16-byte accesses
+  bool log = false;          // flat: log-softmax
+  // flat_table, on_chip, staged: the table. It travels in the kernel
+  // parameters up to kInlineSegments entries, else in the scratch's table
+  // area (Schedule::table_bytes), copied there just before this launch.
+  std::vector<RowSegment> table;
+  int table_word = 0;      // TableArgs::launch_cluster (flat_table: units; on_chip: cluster)
+  int prefetch_units = 0;  // TableArgs::prefetch_units
+  FlatArgs flat = {};
+  SplitArgs split = {};      // partials, finals and counters: the offsets below
+  StridedArgs strided = {};  // likewise
+  size_t partials_offset = 0;
+  size_t finals_offset = 0;
+  size_t counters_offset = 0;
+  size_t zero_bytes = 0;  // counters zeroed (one memset) before this launch
+};
+
+// What a LaunchSoftmax call runs, in order. A value: planning needs no
+// device (a LaunchPlan recorded on one, LaunchPlan::Parse, will do), and
+// the same arguments always give the same schedule.
+struct Schedule {
+  std::vector<LaunchStep> steps;
+  size_t table_bytes = 0;    // scratch bytes at offset 0 for tables; 0: all inline
+  size_t scratch_bytes = 0;  // scratch the launch needs (SoftmaxScratchBytes)
+  std::string Kernels() const;   // the kernels' names in launch order, once each
+  std::string ToString() const;  // one line per launch
+};
+
+// Plans a launch of `count` segments (the rule of RowKernelOf per segment,
+// then the launches that run them). Returns cudaErrorInvalidValue where a
+// segment cannot be planned (a staged row the plan cannot stage).
+cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
+                         int count, bool allow_flat, Schedule* schedule);
 
 // Implemented in launch.cu, which owns every kernel: appends the probes of
 // every kernel for `dtype` and lowers *max_cluster to the largest cluster

@@ -16,20 +16,7 @@ namespace detail {
 // Split rows (last axis, rows too long for a cluster): a row of `vectors`
 // vectors is cut into `parts` parts of part_vectors; unit = (row, part).
 
-struct SplitArgs {
-  const void* input;
-  void* output;
-  long long rows;
-  long long n;
-  long long part_vectors;  // multiple of kBlockVectors
-  int parts;
-  float scale;
-  int log;
-  int vec;
-  float2* partials;         // rows * parts
-  float2* finals;           // rows
-  unsigned int* counters;   // rows, zero on entry; left zero
-};
+// (SplitArgs: plan.h.)
 
 // Pass 1: (max, sum) per part; the last part of a row to finish merges the
 // row's partials into finals[row] (threadfence reduction, no waiting).

@@ -33,7 +33,7 @@
 #include <utility>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/split.cuh"  // SplitArgs
+#include "kernels/cuda/split.cuh"
 
 namespace softmax {
 namespace gpu {
@@ -43,8 +43,7 @@ namespace detail {
 // piece of one), `first_worker` its first row in the launch (a row per
 // cluster), `units` its rows, kStagedChunkSlot of `unused` its vectors per
 // block (the last block of a row may hold fewer), config kLogBit. Every
-// segment of a launch has the same cluster size.
-constexpr int kStagedChunkSlot = 0;
+// segment of a launch has the same cluster size. (kStagedChunkSlot: plan.h.)
 
 __device__ __forceinline__ unsigned SharedAddress(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));

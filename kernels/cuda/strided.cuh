@@ -16,23 +16,7 @@ namespace detail {
 // columns. Unit = (outer index, strip, part of n); per-column (max, sum)
 // partials merge like the split path.
 
-struct StridedArgs {
-  const void* input;
-  void* output;
-  long long outer;
-  long long n;
-  long long inner;
-  long long strips;
-  long long part_rows;  // multiple of rows per block pass
-  int parts;
-  int lanes_log2;
-  float scale;
-  int log;
-  int vec;                // inner % V == 0 and pointers 16-byte aligned
-  float2* partials;       // [outer * strips * parts][32 * V]
-  float2* finals;         // [outer * strips][32 * V]
-  unsigned int* counters; // [outer * strips]
-};
+// (StridedArgs: plan.h.)
 
 template <typename T, bool kVec>
 __device__ __forceinline__ uint4 LoadColumns(const char* base, long long col0, long long inner) {

@@ -1,0 +1,450 @@
+// Planning without a GPU: schedules (PlanSchedule) made from an H200's
+// recorded launch plan, so that CI checks the batch-invariance rule where
+// it lives. Every row of a probe segment must get the same kernel and the
+// same arguments that fix its reductions (geometry, parts, config word)
+// alone and inside random tables of every kernel; split and strided scratch
+// regions must fit and never overlap; LaunchKernels and SoftmaxScratchBytes
+// must agree with the schedule. No CUDA call is made: the segments' pointers
+// are addresses that are never dereferenced.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/plan.h"
+#include "kernels/dtype.h"
+#include "kernels/softmax_cuda.h"
+
+namespace softmax {
+namespace gpu {
+namespace detail {
+namespace {
+
+// LaunchPlan::ToString() of an H200 (132 SMs), as the server logs it.
+constexpr char kH200Plan[] = R"(
+softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 8
+  kernel                       paths                  threads  regs  local  static  blocks/SM  cluster  clusters   grid
+  on_chip<float32>             warp,block                 256   128      0     256          2        1         0    264
+  flat.t64<float32>            flat                        64    29      0     512         32        1         0   4224
+  flat.t128<float32>           flat                       128    29      0     512         16        1         0   2112
+  flat.t256<float32>           flat                       256    29      0     512          8        1         0   1056
+  flat.t512<float32>           flat                       512    29      0     512          4        1         0    528
+  flat_table<float32>          flat_table                1024    64      0     256          1        1         0    132
+  on_chip<float32>             warp,block,cluster         256   128      0     256          2        2       132    264
+  on_chip<float32>             warp,block,cluster         256   128      0     256          2        4        62    248
+  on_chip<float32>             warp,block,cluster         256   128      0     256          2        8        30    240
+  on_chip<float32>             warp,block,cluster         256   128      0     256          2       16        14    224
+  split_staged<float32>        split                      256    55      0     128          3        1         0    396
+  staged<float32>              staged                     256    66      0     192          1        1       132    132
+  staged<float32>              staged                     256    66      0     192          1        2        66    132
+  staged<float32>              staged                     256    66      0     192          1        4        30    120
+  staged<float32>              staged                     256    66      0     192          1        8        15    120
+  staged<float32>              staged                     256    66      0     192          1       16         7    112
+  split_fused<float32>         split                      256   110      0      64          2        1         0    264
+  split_stats<float32>         split                      256    59      0      80          4        1         0    528
+  split_normalize<float32>     split                      256    72      0       0          3        1         0    396
+  strided_stats<float32>       strided                    256    72      0    8208          3        1         0    396
+  strided_normalize<float32>   strided                    256    80      0       0          3        1         0    396
+  on_chip<float16>             warp,block                 256   128      0     256          2        1         0    264
+  flat.t64<float16>            flat                        64    32      0     512         32        1         0   4224
+  flat.t128<float16>           flat                       128    32      0     512         16        1         0   2112
+  flat.t256<float16>           flat                       256    32      0     512          8        1         0   1056
+  flat.t512<float16>           flat                       512    32      0     512          4        1         0    528
+  flat_table<float16>          flat_table                1024    64      0     256          1        1         0    132
+  on_chip<float16>             warp,block,cluster         256   128      0     256          2        2       132    264
+  on_chip<float16>             warp,block,cluster         256   128      0     256          2        4        62    248
+  on_chip<float16>             warp,block,cluster         256   128      0     256          2        8        30    240
+  on_chip<float16>             warp,block,cluster         256   128      0     256          2       16        14    224
+  split_staged<float16>        split                      256    69      0     128          3        1         0    396
+  staged<float16>              staged                     256    72      0     192          1        1       132    132
+  staged<float16>              staged                     256    72      0     192          1        2        66    132
+  staged<float16>              staged                     256    72      0     192          1        4        30    120
+  staged<float16>              staged                     256    72      0     192          1        8        15    120
+  staged<float16>              staged                     256    72      0     192          1       16         7    112
+  split_fused<float16>         split                      256   110      0      64          2        1         0    264
+  split_stats<float16>         split                      256    78      0      80          3        1         0    396
+  split_normalize<float16>     split                      256    80      0       0          3        1         0    396
+  strided_stats<float16>       strided                    256   116      0   16400          2        1         0    264
+  strided_normalize<float16>   strided                    256    96      0       0          2        1         0    264
+  on_chip<bfloat16>            warp,block                 256   128      0     256          2        1         0    264
+  flat.t64<bfloat16>           flat                        64    32      0     512         32        1         0   4224
+  flat.t128<bfloat16>          flat                       128    32      0     512         16        1         0   2112
+  flat.t256<bfloat16>          flat                       256    32      0     512          8        1         0   1056
+  flat.t512<bfloat16>          flat                       512    32      0     512          4        1         0    528
+  flat_table<bfloat16>         flat_table                1024    64      0     256          1        1         0    132
+  on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2        2       132    264
+  on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2        4        62    248
+  on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2        8        30    240
+  on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2       16        14    224
+  split_staged<bfloat16>       split                      256    69      0     128          3        1         0    396
+  staged<bfloat16>             staged                     256    72      0     192          1        1       132    132
+  staged<bfloat16>             staged                     256    72      0     192          1        2        66    132
+  staged<bfloat16>             staged                     256    72      0     192          1        4        30    120
+  staged<bfloat16>             staged                     256    72      0     192          1        8        15    120
+  staged<bfloat16>             staged                     256    72      0     192          1       16         7    112
+  split_fused<bfloat16>        split                      256   110      0      64          2        1         0    264
+  split_stats<bfloat16>        split                      256    78      0      80          3        1         0    396
+  split_normalize<bfloat16>    split                      256    80      0       0          3        1         0    396
+  strided_stats<bfloat16>      strided                    256   116      0   16400          2        1         0    264
+  strided_normalize<bfloat16>  strided                    256    96      0       0          2        1         0    264
+)";
+
+constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+
+int64_t VecWidth(DType dtype) { return 16 / ItemSize(dtype); }
+
+// What fixes the order of a row's reductions in one launch step: the kernel
+// and the values it reduces by. Rows counts and grids are left out.
+struct RowOrder {
+  std::string kernel;
+  std::vector<long long> values;
+  bool operator==(const RowOrder& o) const { return kernel == o.kernel && values == o.values; }
+  bool operator<(const RowOrder& o) const {
+    return kernel != o.kernel ? kernel < o.kernel : values < o.values;
+  }
+  std::string ToString() const {
+    std::ostringstream out;
+    out << kernel << "{";
+    for (size_t i = 0; i < values.size(); ++i) out << (i ? "," : "") << values[i];
+    return out.str() + "}";
+  }
+};
+
+long long ScaleBits(float scale) {
+  uint32_t bits;
+  std::memcpy(&bits, &scale, sizeof(bits));
+  return bits;
+}
+
+bool Within(const void* p, uintptr_t begin, uintptr_t end) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  return a >= begin && a < end;
+}
+
+// The orders a schedule gives the rows whose inputs lie in [begin, end), with
+// the rows each covers.
+std::map<RowOrder, long long> OrdersOf(const Schedule& schedule, uintptr_t begin, uintptr_t end) {
+  std::map<RowOrder, long long> out;
+  for (const LaunchStep& step : schedule.steps) {
+    const std::string name = SoftmaxKernelName(step.kernel);
+    switch (step.kernel) {
+      case SoftmaxKernel::kFlat:
+        // The flat kernel runs the flat table kernel's order for its rows:
+        // the same key as a flat table entry of 2 vectors per thread.
+        if (Within(step.flat.input, begin, end)) {
+          out[{"flat order", {step.flat.group_log2, kFlatSlots, step.vec, step.log, step.flat.n,
+                              ScaleBits(step.flat.scale)}}] += step.flat.rows;
+        }
+        break;
+      case SoftmaxKernel::kFlatTable:
+      case SoftmaxKernel::kOnChip:
+      case SoftmaxKernel::kStaged:
+        for (const RowSegment& r : step.table) {
+          if (!Within(r.input, begin, end)) continue;
+          RowOrder order;
+          if (step.kernel == SoftmaxKernel::kFlatTable) {
+            const int slots = (r.config >> kSlotsShift) & 0xf;
+            order = {slots == kFlatSlots ? "flat order" : name,
+                     {(r.config >> kShapeShift) & 0xf, slots, (r.config & kVecBit) != 0,
+                      (r.config & kLogBit) != 0, r.n, ScaleBits(r.scale)}};
+          } else if (step.kernel == SoftmaxKernel::kOnChip) {
+            order = {name, {r.config, r.n, ScaleBits(r.scale)}};
+          } else {
+            order = {name, {step.cluster, r.unused[kStagedChunkSlot], r.config, r.n,
+                            ScaleBits(r.scale)}};
+          }
+          out[order] += r.rows;
+        }
+        break;
+      case SoftmaxKernel::kSplitStaged:
+      case SoftmaxKernel::kSplitFused:
+      case SoftmaxKernel::kSplitStats:
+      case SoftmaxKernel::kSplitNormalize:
+        if (Within(step.split.input, begin, end)) {
+          out[{name, {step.split.parts, step.split.part_vectors, step.split.vec, step.split.log,
+                      step.split.n, ScaleBits(step.split.scale)}}] += step.split.rows;
+        }
+        break;
+      case SoftmaxKernel::kStridedStats:
+      case SoftmaxKernel::kStridedNormalize:
+        if (Within(step.strided.input, begin, end)) {
+          out[{name, {step.strided.lanes_log2, step.strided.strips, step.strided.part_rows,
+                      step.strided.parts, step.strided.vec, step.strided.log, step.strided.n,
+                      step.strided.inner, ScaleBits(step.strided.scale)}}] += step.strided.outer;
+        }
+        break;
+    }
+  }
+  return out;
+}
+
+std::string Describe(const std::map<RowOrder, long long>& orders) {
+  std::string out;
+  for (const auto& [order, rows] : orders) out += order.ToString() + " x" + std::to_string(rows) + " ";
+  return out;
+}
+
+class ScheduleTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(LaunchPlan::Parse(kH200Plan + 1, &plan_)); }
+
+  Schedule Plan(DType dtype, const std::vector<SoftmaxSegment>& segments,
+                bool allow_flat = true) const {
+    Schedule schedule;
+    EXPECT_EQ(PlanSchedule(plan_, dtype, segments.data(), static_cast<int>(segments.size()),
+                           allow_flat, &schedule),
+              cudaSuccess);
+    return schedule;
+  }
+
+  LaunchPlan plan_;
+};
+
+// A segment at a made-up address of its own (slot), `misalign` elements past
+// a 16-byte boundary.
+SoftmaxSegment At(DType dtype, int slot, int64_t outer, int64_t n, int64_t inner,
+                  int64_t misalign = 0, float temperature = 1.0f, bool log = false) {
+  SoftmaxSegment s;
+  const uintptr_t base = (static_cast<uintptr_t>(slot) + 1) << 40;
+  const uintptr_t skew = static_cast<uintptr_t>(misalign) * ItemSize(dtype);
+  s.input = reinterpret_cast<const void*>(base + skew);
+  s.output = reinterpret_cast<void*>(base + (uintptr_t{1} << 39) + skew);
+  s.outer = outer;
+  s.n = n;
+  s.inner = inner;
+  s.temperature = temperature;
+  s.log = log;
+  return s;
+}
+
+uintptr_t Begin(const SoftmaxSegment& s) { return reinterpret_cast<uintptr_t>(s.input); }
+uintptr_t End(DType dtype, const SoftmaxSegment& s) {
+  return Begin(s) + static_cast<uintptr_t>(s.outer * s.n * s.inner) * ItemSize(dtype);
+}
+
+TEST_F(ScheduleTest, ParsesTheRecordedPlanBack) {
+  EXPECT_EQ(plan_.multiprocessors(), 132);
+  EXPECT_EQ(plan_.max_cluster_size(), 8);
+  EXPECT_EQ(plan_.device_name(), "NVIDIA H200");
+  EXPECT_EQ(plan_.ToString(), std::string(kH200Plan + 1));
+  ASSERT_NE(plan_.Find("staged", DType::kFloat16, 16), nullptr);
+  EXPECT_EQ(plan_.Find("staged", DType::kFloat16, 16)->max_active_clusters, 7);
+  LaunchPlan bad;
+  EXPECT_FALSE(LaunchPlan::Parse("not a plan", &bad));
+  EXPECT_FALSE(LaunchPlan::Parse("softmax launch plan: device 0 (X), 132 SMs\n", &bad));
+}
+
+// The kernels each class of row takes on the H200, alone.
+TEST_F(ScheduleTest, KernelsOfOneSegment) {
+  struct Case {
+    DType dtype;
+    int64_t outer, n, inner, misalign;
+    const char* kernels;
+  };
+  const Case cases[] = {
+      {DType::kFloat32, 1000, 4096, 1, 0, "flat"},
+      {DType::kFloat32, 1000, 4097, 1, 0, "flat_table"},
+      {DType::kFloat32, 1000, 4100, 1, 0, "staged"},
+      {DType::kFloat32, 10, 32768 - 1, 1, 0, "flat_table"},
+      {DType::kFloat32, 10, 32768 + 4, 1, 0, "staged"},
+      {DType::kFloat32, 10, 32768 + 5, 1, 0, "on_chip"},
+      {DType::kFloat32, 4, 1 << 20, 1, 0, "split_staged"},
+      {DType::kFloat32, 4, (1 << 20) + 1, 1, 0, "split_fused"},
+      {DType::kFloat32, 4, 1 << 24, 1, 0, "split_stats,split_normalize"},
+      {DType::kFloat16, 4, 1 << 18, 1, 0, "staged"},
+      {DType::kFloat16, 4, 1 << 20, 1, 0, "split_staged"},
+      {DType::kBFloat16, 8, 4096, 1, 1, "flat"},
+      {DType::kFloat32, 2, 4096, 64, 0, "strided_stats,strided_normalize"},
+  };
+  for (const Case& c : cases) {
+    const std::vector<SoftmaxSegment> one = {At(c.dtype, 0, c.outer, c.n, c.inner, c.misalign)};
+    const Schedule schedule = Plan(c.dtype, one);
+    EXPECT_EQ(schedule.Kernels(), c.kernels) << DTypeName(c.dtype) << " n=" << c.n << "\n"
+                                             << schedule.ToString();
+    EXPECT_EQ(LaunchKernels(plan_, c.dtype, one.data(), 1), schedule.Kernels());
+  }
+}
+
+// Probe segments: both sides of every boundary between kernels, aligned and
+// not, non-last axes; fillers of every kernel.
+std::vector<SoftmaxSegment> Probes(const LaunchPlan& plan, DType dtype) {
+  const int64_t v = VecWidth(dtype);
+  std::vector<int64_t> lengths = {1, 7, v, 256 * v, 256 * v + 1, 1024 * v, 1024 * v + 1,
+                                  1025 * v, 2048 * v, 8192 * v, 8192 * v + 1, 8193 * v,
+                                  16384 * v, 16384 * v + 1};
+  const int64_t staged = PathMaxLength(plan, dtype, SoftmaxPath::kStagedRows);
+  const int64_t split_staged = SplitStagedMaxLength(plan, dtype);
+  const int64_t fused = SplitSinglePassMaxLength(plan, dtype);
+  for (int64_t n : {staged, staged + v, split_staged, split_staged + v, fused, fused + 1}) {
+    if (n > 0) lengths.push_back(n);
+  }
+  std::vector<SoftmaxSegment> probes;
+  int slot = 0;
+  for (int64_t n : lengths) {
+    const int64_t outer = n > (1 << 20) ? 2 : (n > 4096 ? 9 : 70);
+    for (int64_t misalign : {0, 1}) {
+      const bool log = slot % 3 == 0;
+      probes.push_back(At(dtype, slot++, outer, n, 1, misalign, 0.7f, log));
+    }
+  }
+  for (int64_t inner : {2, 3, 64, 1000}) {
+    for (int64_t n : {5, 1000, 70000}) {
+      probes.push_back(At(dtype, slot++, 3, n, inner, inner == 3 ? 1 : 0, 1.3f, n == 1000));
+    }
+  }
+  return probes;
+}
+
+SoftmaxSegment Filler(DType dtype, int slot, std::mt19937_64& rng) {
+  const int64_t v = VecWidth(dtype);
+  auto pick = [&rng](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const int64_t misalign = pick(0, 3) == 0 ? pick(1, v - 1) : 0;
+  const float temperature = pick(0, 1) ? 1.0f : 0.5f;
+  const bool log = pick(0, 1) == 1;
+  switch (pick(0, 7)) {
+    case 0: return At(dtype, slot, pick(1, 5000), pick(1, 256 * v), 1, misalign, temperature, log);
+    case 1: return At(dtype, slot, pick(1, 500), pick(256 * v, 1024 * v), 1, misalign, temperature, log);
+    case 2: return At(dtype, slot, pick(1, 50), pick(1025, 8192) * v | 1, 1, misalign, temperature, log);
+    case 3: return At(dtype, slot, pick(1, 50), pick(1025, 32768) * v, 1, 0, temperature, log);
+    case 4: return At(dtype, slot, pick(1, 4), pick(8193, 16384) * v | 1, 1, misalign, temperature, log);
+    case 5: return At(dtype, slot, pick(1, 3), pick(1 << 17, 1 << 19) * v, 1, 0, temperature, log);
+    case 6: return At(dtype, slot, pick(1, 2), pick(1 << 21, 1 << 23) | 1, 1, misalign, temperature, log);
+    default: return At(dtype, slot, pick(1, 4), pick(2, 5000), pick(2, 300), misalign, temperature, log);
+  }
+}
+
+// The rule, at the plan: a probe's rows (any run of them) get the orders
+// they get alone, inside random tables of up to 40 other segments, and
+// within their alignment class at any address.
+TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunch) {
+  std::mt19937_64 rng(32);
+  int checked = 0;
+  for (DType dtype : kDTypes) {
+    const std::vector<SoftmaxSegment> probes = Probes(plan_, dtype);
+    for (size_t p = 0; p < probes.size(); ++p) {
+      const SoftmaxSegment& probe = probes[p];
+      const std::map<RowOrder, long long> alone =
+          OrdersOf(Plan(dtype, {probe}), Begin(probe), End(dtype, probe));
+      ASSERT_FALSE(alone.empty()) << "probe " << p;
+      for (const auto& entry : alone) {
+        ASSERT_EQ(entry.second, probe.outer) << "probe " << p << ": " << Describe(alone);
+      }
+      for (int trial = 0; trial < 12; ++trial) {
+        // A run of the probe's rows, moved by whole 16-byte vectors (same
+        // alignment class), among fillers in a random position.
+        SoftmaxSegment piece = probe;
+        const int64_t first = std::uniform_int_distribution<int64_t>(0, probe.outer - 1)(rng);
+        piece.outer = std::uniform_int_distribution<int64_t>(1, probe.outer - first)(rng);
+        const uintptr_t shift = 16 * std::uniform_int_distribution<uintptr_t>(0, 1 << 20)(rng) +
+                                static_cast<uintptr_t>(first * probe.n * probe.inner) *
+                                    ItemSize(dtype);
+        piece.input = reinterpret_cast<const void*>(Begin(probe) + (uintptr_t{1} << 38) + shift);
+        piece.output = static_cast<char*>(piece.output) + (uintptr_t{1} << 38) + shift;
+        std::vector<SoftmaxSegment> table;
+        const int others = std::uniform_int_distribution<int>(0, 40)(rng);
+        for (int i = 0; i < others; ++i) table.push_back(Filler(dtype, 100 + i, rng));
+        table.insert(table.begin() + std::uniform_int_distribution<int>(0, others)(rng), piece);
+        const Schedule schedule = Plan(dtype, table);
+        const std::map<RowOrder, long long> inside =
+            OrdersOf(schedule, Begin(piece), End(dtype, piece));
+        ASSERT_EQ(inside.size(), alone.size())
+            << DTypeName(dtype) << " probe " << p << " n=" << probe.n << " inner=" << probe.inner
+            << "\nalone:  " << Describe(alone) << "\ninside: " << Describe(inside) << "\n"
+            << schedule.ToString();
+        for (const auto& [order, rows] : alone) {
+          const auto it = inside.find(order);
+          ASSERT_TRUE(it != inside.end())
+              << DTypeName(dtype) << " probe " << p << " n=" << probe.n << "\nalone:  "
+              << Describe(alone) << "\ninside: " << Describe(inside);
+          EXPECT_EQ(it->second, piece.outer) << order.ToString();
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
+}
+
+// Scratch: the schedule's size is SoftmaxScratchBytes; every split and
+// strided segment's partials, finals and counters lie inside it, after the
+// table area, apart from every other segment's; tables beyond the inline
+// limit fit the table area.
+TEST_F(ScheduleTest, ScratchRegionsFitAndDoNotOverlap) {
+  std::mt19937_64 rng(7);
+  for (DType dtype : kDTypes) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<SoftmaxSegment> table;
+      const int count = std::uniform_int_distribution<int>(1, trial % 4 == 0 ? 120 : 30)(rng);
+      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      const Schedule schedule = Plan(dtype, table);
+      ASSERT_EQ(schedule.scratch_bytes,
+                SoftmaxScratchBytes(plan_, dtype, table.data(), count));
+      EXPECT_EQ(LaunchKernels(plan_, dtype, table.data(), count), schedule.Kernels());
+      std::vector<std::pair<size_t, size_t>> regions;
+      for (const LaunchStep& step : schedule.steps) {
+        if (step.table.size() > static_cast<size_t>(kInlineSegments)) {
+          EXPECT_LE(step.table.size() * sizeof(RowSegment), schedule.table_bytes);
+        }
+        if (step.zero_bytes == 0) continue;
+        EXPECT_GE(step.partials_offset, schedule.table_bytes);
+        EXPECT_LT(step.partials_offset, step.finals_offset);
+        EXPECT_LT(step.finals_offset, step.counters_offset);
+        EXPECT_LE(step.counters_offset + step.zero_bytes, schedule.scratch_bytes);
+        regions.push_back({step.partials_offset, step.counters_offset + step.zero_bytes});
+      }
+      std::sort(regions.begin(), regions.end());
+      for (size_t i = 1; i < regions.size(); ++i) {
+        EXPECT_LE(regions[i - 1].second, regions[i].first) << schedule.ToString();
+      }
+    }
+  }
+}
+
+// Every launch's geometry is something the device runs: grids within the
+// probe's persistent grid where it waits across blocks, clusters the probe
+// found, shared memory within the opt-in limit.
+TEST_F(ScheduleTest, StepsFitTheDevice) {
+  std::mt19937_64 rng(11);
+  for (DType dtype : kDTypes) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<SoftmaxSegment> table;
+      const int count = std::uniform_int_distribution<int>(1, 30)(rng);
+      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      for (bool allow_flat : {true, false}) {
+        const Schedule schedule = Plan(dtype, table, allow_flat);
+        for (const LaunchStep& step : schedule.steps) {
+          EXPECT_GT(step.grid, 0u);
+          EXPECT_GT(step.threads, 0);
+          EXPECT_LE(step.shared_bytes, static_cast<size_t>(kStagedMaxBytes));
+          if (step.cooperative) {
+            const KernelProbe* probe = plan_.Find(SoftmaxKernelName(step.kernel), dtype);
+            ASSERT_NE(probe, nullptr);
+            EXPECT_LE(static_cast<int>(step.grid), probe->grid) << schedule.ToString();
+          }
+          if (step.cluster > 0) {
+            const char* family = step.kernel == SoftmaxKernel::kStaged ? "staged" : "on_chip";
+            EXPECT_NE(plan_.Find(family, dtype, step.cluster), nullptr) << schedule.ToString();
+            EXPECT_EQ(step.grid % static_cast<unsigned>(step.cluster), 0u);
+          }
+          if (!allow_flat) {
+            EXPECT_NE(step.kernel, SoftmaxKernel::kFlat);
+            EXPECT_NE(step.kernel, SoftmaxKernel::kFlatTable);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace detail
+}  // namespace gpu
+}  // namespace softmax
