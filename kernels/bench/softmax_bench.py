@@ -9,6 +9,7 @@ Providers:
   quack          QuACK (quack-kernels, CuTe DSL): quack.softmax._softmax_fwd(x, out)
   liger_cutedsl  Liger: liger_kernel.functional.softmax(x, impl="nvidia-cutedsl")
   liger_triton   Liger: liger_kernel.functional.softmax(x, impl="nvidia-triton")
+  flashinfer     FlashInfer (flashinfer-python): flashinfer.sampling.softmax(x, temperature=1.0)
   torch_compile  torch.compile(torch.softmax), static shapes, default mode
   copy           y.copy_(x): the ceiling
 
@@ -21,17 +22,34 @@ normal inputs before it is timed (|y - ref| <= 1e-6 + rtol |ref|, rtol 1e-5 /
 2e-3 / 1.6e-2); one that fails is recorded as invalid and not timed. A peer
 that cannot be imported, or raises for a point, is recorded as
 "unsupported: <reason>" for that point; the run goes on.
+
+FlashInfer returns float32 probabilities whatever the input dtype (it converts
+float16/bfloat16 logits with logits.float() first), so its float16/bfloat16
+times include that conversion and a float32 write; its GB/s counts the input
+dtype's bytes like every provider's, and it is validated on its float32 output.
+Only flashinfer.sampling is imported: when the package's own __init__ fails (it
+imports many optional dependencies), a bare package module stands in for it. The
+sampling kernels load from flashinfer/data/aot/sampling/sampling.so when that
+file is there, else are JIT-compiled (nvcc, ninja) into ~/.cache/flashinfer
+(FLASHINFER_WORKSPACE_BASE) on first use. FlashInfer 0.7.4 has no log_softmax
+and no batch-invariant softmax (its batch_invariant=True mode covers GEMMs and
+quantization on SM100/103/107 only), so it has one peer here.
 Writes softmax_bench.json (one object per point) and softmax_bench.png.
 """
 import argparse
 import ctypes
+import glob
 import importlib
+import importlib.util
 import json
 import math
 import os
 import random
+import shutil
 import sys
+import tempfile
 import time
+import types
 
 import torch
 import triton
@@ -149,12 +167,13 @@ def gbps(nbytes, ms):
 # point of that peer "unsupported: <reason>"; a factory or first call that
 # raises does so for its point.
 
-PEERS = ["torch", "triton", "quack", "liger_cutedsl", "liger_triton", "torch_compile"]
+PEERS = ["torch", "triton", "quack", "liger_cutedsl", "liger_triton", "flashinfer", "torch_compile"]
+LIBRARY_PEERS = ("quack", "liger_cutedsl", "liger_triton", "flashinfer")  # summarize(): best of these
 LABELS = {"ours": "softmax-serve", "torch": "torch.softmax", "triton": "Triton, one program per row",
           "quack": "QuACK", "liger_cutedsl": "Liger (CuTe DSL)", "liger_triton": "Liger (Triton)",
-          "torch_compile": "torch.compile", "copy": "device-to-device copy"}
+          "flashinfer": "FlashInfer", "torch_compile": "torch.compile", "copy": "device-to-device copy"}
 STYLES = {"ours": "o-", "torch": "x-", "triton": "+-", "quack": "s-", "liger_cutedsl": "v-",
-          "liger_triton": "^-", "torch_compile": "D-", "copy": "k--"}
+          "liger_triton": "^-", "flashinfer": "p-", "torch_compile": "D-", "copy": "k--"}
 SMEM_PER_BLOCK = 232448  # sm_90 opt-in shared memory per block (227 KiB)
 
 
@@ -231,6 +250,67 @@ def setup_liger(impl, max_n):
     return factory
 
 
+def flashinfer_sampling():
+    """flashinfer.sampling, without flashinfer/__init__.py when that cannot import (it
+    imports cuda-tile, nccl4py, the cuDNN frontend and more, which softmax never uses):
+    a bare package module with the package's path then stands in for it."""
+    try:
+        importlib.import_module("flashinfer")
+    except Exception as e:  # noqa: BLE001
+        full_error = short_error(e, 120)
+        for key in [k for k in sys.modules if k == "flashinfer" or k.startswith("flashinfer.")]:
+            del sys.modules[key]  # what the failed import left half-initialized
+        spec = importlib.util.find_spec("flashinfer")
+        if spec is None or not spec.submodule_search_locations:
+            raise Unsupported("flashinfer (flashinfer-python) is not installed")
+        package = types.ModuleType("flashinfer")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__file__, package.__spec__, package.__package__ = spec.origin, spec, "flashinfer"
+        sys.modules["flashinfer"] = package
+        try:
+            return importlib.import_module("flashinfer.sampling")
+        except Exception as e2:  # noqa: BLE001
+            raise Unsupported(f"flashinfer.sampling: {short_error(e2, 120)} "
+                              f"(import flashinfer: {full_error})") from e2
+    return importlib.import_module("flashinfer.sampling")
+
+
+def ninja_on_path():
+    """FlashInfer's JIT runs `ninja` from PATH. A ninja wheel unpacked without pip leaves
+    its binary in ninja-*.data/scripts/ without the execute bit: copy it out, onto PATH."""
+    if shutil.which("ninja"):
+        return
+    for entry in sys.path:
+        for found in glob.glob(os.path.join(entry or ".", "ninja-*.data", "scripts", "ninja")):
+            bindir = tempfile.mkdtemp(prefix="ninja-")
+            shutil.copy(found, os.path.join(bindir, "ninja"))
+            os.chmod(os.path.join(bindir, "ninja"), 0o755)
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+            return
+
+
+def setup_flashinfer():
+    sampling = flashinfer_sampling()
+    if not hasattr(sampling, "softmax"):
+        raise Unsupported("this flashinfer has no sampling.softmax")
+    softmax = sampling.softmax
+    ninja_on_path()
+    # Load (or JIT-compile, minutes) the kernels once here, so that a failure makes the
+    # peer unsupported instead of retrying the build at every point.
+    start = time.time()
+    softmax(torch.randn(2, 64, device="cuda"), temperature=1.0)
+    torch.cuda.synchronize()
+    print(f"peer flashinfer: kernels loaded in {time.time() - start:.1f} s", flush=True)
+
+    def factory(x, y, dim):
+        last_axis_only(dim)
+        if x.dim() != 2:
+            raise Unsupported("2-D input only")
+        # float32 output whatever x's dtype (see the module docstring); check() takes it as is.
+        return lambda: softmax(x, temperature=1.0)
+    return factory
+
+
 def setup_torch_compile():
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
@@ -250,7 +330,7 @@ def setup_torch_compile():
 SETUP = {"torch": setup_torch, "triton": setup_triton, "quack": setup_quack,
          "liger_cutedsl": lambda: setup_liger("nvidia-cutedsl", 32768),
          "liger_triton": lambda: setup_liger("nvidia-triton", 65536),
-         "torch_compile": setup_torch_compile}
+         "flashinfer": setup_flashinfer, "torch_compile": setup_torch_compile}
 FACTORIES = {}  # name -> factory, or "unsupported: ..." when the setup failed
 
 
@@ -445,13 +525,12 @@ def summarize(results):
         lines.append(f"{name:10s} ours/copy min {min(oc):.3f} geomean {geomean(oc):.3f}   "
                      f"ours/best-peer min {min(op, default=float('nan')):.3f} "
                      f"geomean {geomean(op):.3f}")
-    # Where QuACK or Liger runs: ours against the best of them.
-    vs = [r["ours_gbps"] / max(r[f"{p}_gbps"] for p in ("quack", "liger_cutedsl", "liger_triton")
-                                if r.get(f"{p}_gbps"))
-          for r in results if r.get("ours_gbps") and any(
-              r.get(f"{p}_gbps") for p in ("quack", "liger_cutedsl", "liger_triton"))]
+    # Where QuACK, Liger or FlashInfer runs: ours against the best of them.
+    vs = [r["ours_gbps"] / max(r[f"{p}_gbps"] for p in LIBRARY_PEERS if r.get(f"{p}_gbps"))
+          for r in results if r.get("ours_gbps") and any(r.get(f"{p}_gbps") for p in LIBRARY_PEERS)]
     if vs:
-        lines.append(f"vs QuACK/Liger ({len(vs)} points): min {min(vs):.3f} geomean {geomean(vs):.3f}")
+        lines.append(f"vs QuACK/Liger/FlashInfer ({len(vs)} points): min {min(vs):.3f} "
+                     f"geomean {geomean(vs):.3f}")
     return lines
 
 
@@ -509,7 +588,8 @@ def main():
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     setup_peers([p for p in args.peers.split(",") if p])
     versions = {}
-    for dist in ("quack-kernels", "nvidia-cutlass-dsl", "liger-kernel"):
+    for dist in ("quack-kernels", "nvidia-cutlass-dsl", "liger-kernel", "flashinfer-python",
+                 "apache-tvm-ffi"):
         try:
             from importlib import metadata
             versions[dist] = metadata.version(dist)

@@ -7,8 +7,8 @@ import json
 import math
 import sys
 
-PEERS = ["quack", "liger_cutedsl", "liger_triton", "torch_compile", "torch", "triton"]
-QUACK_LIGER = ["quack", "liger_cutedsl", "liger_triton"]
+PEERS = ["quack", "liger_cutedsl", "liger_triton", "flashinfer", "torch_compile", "torch", "triton"]
+LIBRARIES = ["quack", "liger_cutedsl", "liger_triton", "flashinfer"]
 
 
 def geomean(v):
@@ -26,8 +26,8 @@ def main(path):
     f = lambda v: f"{v:.0f}" if v else "-"
     ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"
     print("| case | dtype | shape | kernels | ours | copy | QuACK | Liger CuTe | Liger Triton "
-          "| torch.compile | torch | ours / copy | ours / best peer (which) |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "| FlashInfer | torch.compile | torch | ours / copy | ours / best peer (which) |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         shape = f"{r['M']} x {r['N']}" if r["N"] else f"{r['tensors']} tensors"
         if r.get("dim") == 0:
@@ -36,7 +36,8 @@ def main(path):
         print(f"| {r['case']} | {r['dtype']} | {shape} | {r.get('ours_kernels') or ''} "
               f"| {f(r.get('ours_gbps'))} | {f(copy(r))} "
               + "".join(f"| {f(r.get(p + '_gbps'))} " for p in
-                        ("quack", "liger_cutedsl", "liger_triton", "torch_compile", "torch"))
+                        ("quack", "liger_cutedsl", "liger_triton", "flashinfer", "torch_compile",
+                         "torch"))
               + f"| {ratio(r.get('ours_gbps'), copy(r))} | {ratio(r.get('ours_gbps'), gb)} ({name}) |")
     print()
     for label, keep in (("sweep", ("sweep",)), ("huge rows and non-last axes", ("huge", "axis")),
@@ -48,11 +49,11 @@ def main(path):
         op = [r["ours_gbps"] / best(r, PEERS)[0] for r in sel if best(r, PEERS)[0]]
         print(f"- {label} ({len(sel)} points): ours/copy min {min(oc):.3f}, geometric mean "
               f"{geomean(oc):.3f}; ours/best peer min {min(op):.3f}, geometric mean {geomean(op):.3f}")
-    vs = [(r["ours_gbps"] / best(r, QUACK_LIGER)[0], r) for r in rows
-          if r.get("ours_gbps") and best(r, QUACK_LIGER)[0]]
+    vs = [(r["ours_gbps"] / best(r, LIBRARIES)[0], r) for r in rows
+          if r.get("ours_gbps") and best(r, LIBRARIES)[0]]
     if vs:
         worst = min(vs, key=lambda t: t[0])
-        print(f"- where QuACK or Liger runs ({len(vs)} points): ours / best of them min "
+        print(f"- where QuACK, Liger or FlashInfer runs ({len(vs)} points): ours / best of them min "
               f"{worst[0]:.3f} ({worst[1]['dtype']} N={worst[1]['N']}), geometric mean "
               f"{geomean([v for v, _ in vs]):.3f}; below 0.98 at "
               + ", ".join(f"{r['dtype']} {r['N']} ({v:.2f})" for v, r in vs if v < 0.98))
