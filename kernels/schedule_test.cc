@@ -46,6 +46,11 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   staged<float32>              staged                     256    66      0     192          1        4        30    120
   staged<float32>              staged                     256    66      0     192          1        8        15    120
   staged<float32>              staged                     256    66      0     192          1       16         7    112
+  strided_staged<float32>      strided                    256    68      0     256          1        1       132    132
+  strided_staged<float32>      strided                    256    68      0     256          1        2        66    132
+  strided_staged<float32>      strided                    256    68      0     256          1        4        30    120
+  strided_staged<float32>      strided                    256    68      0     256          1        8        15    120
+  strided_staged<float32>      strided                    256    68      0     256          1       16         7    112
   split_fused<float32>         split                      256   110      0      64          2        1         0    264
   split_stats<float32>         split                      256    59      0      80          4        1         0    528
   split_normalize<float32>     split                      256    72      0       0          3        1         0    396
@@ -67,6 +72,11 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   staged<float16>              staged                     256    72      0     192          1        4        30    120
   staged<float16>              staged                     256    72      0     192          1        8        15    120
   staged<float16>              staged                     256    72      0     192          1       16         7    112
+  strided_staged<float16>      strided                    256    80      0     512          1        1       132    132
+  strided_staged<float16>      strided                    256    80      0     512          1        2        66    132
+  strided_staged<float16>      strided                    256    80      0     512          1        4        30    120
+  strided_staged<float16>      strided                    256    80      0     512          1        8        15    120
+  strided_staged<float16>      strided                    256    80      0     512          1       16         7    112
   split_fused<float16>         split                      256   110      0      64          2        1         0    264
   split_stats<float16>         split                      256    78      0      80          3        1         0    396
   split_normalize<float16>     split                      256    80      0       0          3        1         0    396
@@ -88,6 +98,11 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   staged<bfloat16>             staged                     256    72      0     192          1        4        30    120
   staged<bfloat16>             staged                     256    72      0     192          1        8        15    120
   staged<bfloat16>             staged                     256    72      0     192          1       16         7    112
+  strided_staged<bfloat16>     strided                    256    80      0     512          1        1       132    132
+  strided_staged<bfloat16>     strided                    256    80      0     512          1        2        66    132
+  strided_staged<bfloat16>     strided                    256    80      0     512          1        4        30    120
+  strided_staged<bfloat16>     strided                    256    80      0     512          1        8        15    120
+  strided_staged<bfloat16>     strided                    256    80      0     512          1       16         7    112
   split_fused<bfloat16>        split                      256   110      0      64          2        1         0    264
   split_stats<bfloat16>        split                      256    78      0      80          3        1         0    396
   split_normalize<bfloat16>    split                      256    80      0       0          3        1         0    396
@@ -169,6 +184,13 @@ std::map<RowOrder, long long> OrdersOf(const Schedule& schedule, uintptr_t begin
         if (Within(step.split.input, begin, end)) {
           out[{name, {step.split.parts, step.split.part_vectors, step.split.vec, step.split.log,
                       step.split.n, ScaleBits(step.split.scale)}}] += step.split.rows;
+        }
+        break;
+      case SoftmaxKernel::kStridedStaged:
+        if (Within(step.strided.input, begin, end)) {
+          out[{name, {step.cluster, step.strided.part_rows, step.strided.strips, step.strided.log,
+                      step.strided.n, step.strided.inner, ScaleBits(step.strided.scale)}}] +=
+              step.strided.outer;
         }
         break;
       case SoftmaxKernel::kStridedStats:
@@ -260,7 +282,11 @@ TEST_F(ScheduleTest, KernelsOfOneSegment) {
       {DType::kFloat16, 4, 1 << 18, 1, 0, "staged"},
       {DType::kFloat16, 4, 1 << 20, 1, 0, "split_staged"},
       {DType::kBFloat16, 8, 4096, 1, 1, "flat"},
-      {DType::kFloat32, 2, 4096, 64, 0, "strided_stats,strided_normalize"},
+      {DType::kFloat32, 2, 4096, 64, 0, "strided_staged"},
+      {DType::kFloat16, 3, 26624, 64, 0, "strided_staged"},
+      {DType::kFloat16, 3, 26625, 64, 0, "strided_stats,strided_normalize"},
+      {DType::kFloat32, 2, 4096, 63, 0, "strided_stats,strided_normalize"},
+      {DType::kFloat32, 2, 4096, 64, 1, "strided_stats,strided_normalize"},
   };
   for (const Case& c : cases) {
     const std::vector<SoftmaxSegment> one = {At(c.dtype, 0, c.outer, c.n, c.inner, c.misalign)};
@@ -293,8 +319,8 @@ std::vector<SoftmaxSegment> Probes(const LaunchPlan& plan, DType dtype) {
       probes.push_back(At(dtype, slot++, outer, n, 1, misalign, 0.7f, log));
     }
   }
-  for (int64_t inner : {2, 3, 64, 1000}) {
-    for (int64_t n : {5, 1000, 70000}) {
+  for (int64_t inner : {int64_t{2}, int64_t{3}, int64_t{64}, int64_t{1000}, 32 * v}) {
+    for (int64_t n : {5, 1000, 4096, 26624, 26625, 70000}) {
       probes.push_back(At(dtype, slot++, 3, n, inner, inner == 3 ? 1 : 0, 1.3f, n == 1000));
     }
   }
@@ -430,7 +456,9 @@ TEST_F(ScheduleTest, StepsFitTheDevice) {
             EXPECT_LE(static_cast<int>(step.grid), probe->grid) << schedule.ToString();
           }
           if (step.cluster > 0) {
-            const char* family = step.kernel == SoftmaxKernel::kStaged ? "staged" : "on_chip";
+            const char* family = step.kernel == SoftmaxKernel::kOnChip
+                                     ? "on_chip"
+                                     : SoftmaxKernelName(step.kernel);
             EXPECT_NE(plan_.Find(family, dtype, step.cluster), nullptr) << schedule.ToString();
             EXPECT_EQ(step.grid % static_cast<unsigned>(step.cluster), 0u);
           }

@@ -137,6 +137,12 @@ enum class SoftmaxKernel : int {
   // blocks: partials (strided_stats), then a re-read (strided_normalize).
   kStridedStats = 8,
   kStridedNormalize = 9,
+  // inner > 1 in one pass where a tile of columns (128 bytes of each row)
+  // over all n rows fits a cluster's shared memory (n up to 26,624 rows on
+  // the H200): a cluster of 1..16 blocks per tile stages it, exchanges the
+  // columns' (max, sum) through distributed shared memory and writes: one
+  // read. Needs 16-byte pointers, rows of a multiple of 128 bytes, clusters.
+  kStridedStaged = 10,
 };
 const char* SoftmaxKernelName(SoftmaxKernel kernel);
 
@@ -224,7 +230,7 @@ int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path);
 // The kernels a LaunchSoftmax call with these arguments runs, comma-separated,
 // in launch order, each once (SoftmaxKernelName: flat, flat_table, on_chip,
 // staged, split_staged, split_fused, split_stats, split_normalize,
-// strided_stats, strided_normalize); empty on a bad argument.
+// strided_stats, strided_normalize, strided_staged); empty on a bad argument.
 std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, bool allow_flat = true);
 

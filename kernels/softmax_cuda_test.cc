@@ -710,10 +710,23 @@ TEST_F(SoftmaxCudaTest, NonLastAxis) {
       std::vector<Problem> problems;
       for (auto [outer, n, inner] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
                {1, 4096, 64}, {3, 17, 5}, {2, 1000, 130}, {4, 33, 256}, {1, 70000, 3},
-               {5, 7, 1000}, {1, 2, 4096}, {2, 1, 9}, {1, 300, 8}, {1, 20000, 40}}) {
+               {5, 7, 1000}, {1, 2, 4096}, {2, 1, 9}, {1, 300, 8}, {1, 20000, 40},
+               // strided_staged: every cluster size, uneven shares, its longest columns
+               {2, 513, 96}, {3, 2049, 64}, {1, 9000, 128}, {1, 26624, 64}, {1, 26625, 64}}) {
         problems.push_back(MakeProblem(dtype, outer, n, inner, rng, 0.8f, log));
       }
       RunAndCheck(dtype, problems, "strided");
+      // Aligned tiles of 128-byte rows take the one-pass kernel; its
+      // longest columns are 16 shares of 208 KiB.
+      SoftmaxSegment s;
+      s.inner = 64;
+      s.n = 26624;
+      EXPECT_EQ(LaunchKernels(*plan_, dtype, &s, 1), "strided_staged");
+      s.n = 26625;
+      EXPECT_EQ(LaunchKernels(*plan_, dtype, &s, 1), "strided_stats,strided_normalize");
+      s.n = 4096;
+      s.inner = 3;
+      EXPECT_EQ(LaunchKernels(*plan_, dtype, &s, 1), "strided_stats,strided_normalize");
     }
   }
 }

@@ -46,9 +46,10 @@ struct Probe {
   std::string label;
 
   int64_t slab_bytes(DType dtype) const { return n * inner * static_cast<int64_t>(ItemSize(dtype)); }
-  // Whether its rows are whole 16-byte vectors (then its offsets keep them aligned).
+  // Whether its rows (last axis: of n, else of inner elements) are whole
+  // 16-byte vectors: then its offsets keep them aligned (its alignment class).
   bool whole_vectors(DType dtype) const {
-    return inner == 1 && (n * static_cast<int64_t>(ItemSize(dtype))) % 16 == 0;
+    return ((inner == 1 ? n : inner) * static_cast<int64_t>(ItemSize(dtype))) % 16 == 0;
   }
 };
 
@@ -172,7 +173,8 @@ std::vector<Probe> MakeProbes(const LaunchPlan& plan, DType dtype, std::mt19937_
       {2, 8192 * v - 1, 1, 0}, {2, 8192 * v, 1, 0},    {2, 8192 * v, 1, 1},
       {2, 8192 * v + 1, 1, 0}, {2, 12289 * v, 1, 0},   {2, 16384 * v - 1, 1, 0},
       {2, 16384 * v + 1, 1, 0}, {3, 300, 5, 0},        {4, 1000, 64, 0},
-      {2, 20000, 3, 1},       {6, 33, 256, 0},
+      {2, 20000, 3, 1},       {6, 33, 256, 0},         {2, 4096, 64, 0},
+      {1, 26624, 64, 0},      {2, 513, 96, 0},
   };
   // The shapes of the H200 probe that differed (per dtype).
   if (dtype == DType::kFloat32) {

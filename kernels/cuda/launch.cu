@@ -151,6 +151,33 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
       probes->push_back(c);
     }
   }
+  if (clusters) {
+    // strided_staged: probed at its largest share and column pairs; one
+    // entry per cluster size that fits at least once.
+    const void* strided_staged = reinterpret_cast<const void*>(&StridedStagedKernel<T>);
+    const size_t largest = static_cast<size_t>(kStridedStagedMaxBytes) + kStridedStagedSlotBytes;
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        strided_staged, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(largest)));
+    KernelProbe base;
+    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(strided_staged, "strided_staged", "strided", dtype,
+                                             multiprocessors, &base, kStagedThreads, largest));
+    for (int size = 1; size <= kMaxClusterSize; size *= 2) {
+      if (size > 8 && cudaFuncSetAttribute(strided_staged,
+                                           cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                           1) != cudaSuccess) {
+        cudaGetLastError();
+        break;
+      }
+      const int active =
+          ActiveClusters(strided_staged, size, kStagedThreads, largest, multiprocessors);
+      if (active <= 0) break;
+      KernelProbe c = base;
+      c.cluster_size = size;
+      c.max_active_clusters = active;
+      c.grid = active * size;
+      probes->push_back(c);
+    }
+  }
   *max_cluster = std::min(*max_cluster, best);
   SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(reinterpret_cast<const void*>(&SplitFusedKernel<T, true>),
                                            "split_fused", "split", dtype, multiprocessors, &probe));
@@ -278,6 +305,10 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
             step.vec ? StridedStatsKernel<T, true> : StridedStatsKernel<T, false>, step, stream,
             strided));
+        break;
+      case SoftmaxKernel::kStridedStaged:
+        SOFTMAX_CUDA_RETURN_IF_ERROR(
+            LaunchStepKernel(StridedStagedKernel<T>, step, stream, strided));
         break;
       case SoftmaxKernel::kStridedNormalize:
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(

@@ -102,12 +102,55 @@ StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSe
   const long long rows_per_pass = kWarps * (32 >> shape.lanes_log2);
   // Parts of n from the plan, n and inner only (as if outer were 1): a
   // column's partials never depend on how many outer slices share the launch.
+  // The parts that finish soonest: waves of units (strips x parts) on the
+  // grid times a unit's rows, plus its fixed cost. A last wave of a few long
+  // units would double a pass.
   const long long grid = GridOf(plan, "strided_stats", dtype);
-  long long parts =
-      std::min(CeilDiv(s.n, rows_per_pass), std::max(1LL, CeilDiv(grid, shape.strips)));
+  const long long max_parts = std::min(CeilDiv(s.n, rows_per_pass), 4 * grid);
+  long long parts = 1;
+  long long best = -1;
+  for (long long p = 1; p <= max_parts; ++p) {
+    const long long part_rows = CeilDiv(CeilDiv(s.n, p), rows_per_pass) * rows_per_pass;
+    const long long cost =
+        CeilDiv(shape.strips * CeilDiv(s.n, part_rows), grid) * (part_rows + kStridedUnitRows);
+    if (best < 0 || cost < best) {
+      best = cost;
+      parts = p;
+    }
+  }
   shape.part_rows = CeilDiv(CeilDiv(s.n, parts), rows_per_pass) * rows_per_pass;
   shape.parts = static_cast<int>(CeilDiv(s.n, shape.part_rows));
   return shape;
+}
+
+bool StridedStagedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
+                          StridedStagedShape* shape) {
+  const long long row_bytes = kStridedTileVectors * 16;
+  if (s.inner <= 1 || !Aligned16(s.input) || !Aligned16(s.output) ||
+      (s.inner * ItemSize(dtype)) % row_bytes != 0) {
+    return false;
+  }
+  // Largest cluster the probe could launch at the largest share.
+  int largest = 0;
+  for (int c = 1; c <= kMaxClusterSize; c *= 2) {
+    const KernelProbe* p = plan.Find("strided_staged", dtype, c);
+    if (p != nullptr && p->max_active_clusters > 0) largest = c;
+  }
+  if (largest == 0) return false;
+  constexpr long long kPass = kStagedThreads / kStridedTileVectors;
+  int cluster = 1;
+  while (cluster < largest && CeilDiv(s.n, cluster) * row_bytes > kStagedTargetBytes) cluster *= 2;
+  const long long part_rows = CeilDiv(CeilDiv(s.n, cluster), kPass) * kPass;
+  if (part_rows * row_bytes > kStridedStagedMaxBytes) return false;
+  const long long tiles = s.inner * static_cast<long long>(ItemSize(dtype)) / row_bytes;
+  if (s.outer * tiles * cluster > 0x7fffffffLL) return false;
+  const size_t columns = static_cast<size_t>(kStridedTileVectors) * Vectors(dtype);
+  shape->cluster = cluster;
+  shape->part_rows = part_rows;
+  shape->tiles = tiles;
+  shape->shared_bytes = static_cast<size_t>(part_rows * row_bytes) +
+                        (kStagedThreads / 32 + cluster) * columns * sizeof(float2);
+  return true;
 }
 
 size_t TableEntries(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
@@ -130,7 +173,8 @@ size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment&
     return Align256(sizeof(float2) * s.outer * shape.parts) + Align256(sizeof(float2) * s.outer) +
            Align256(sizeof(unsigned) * s.outer);
   }
-  if (path == SoftmaxPath::kStrided) {
+  if (path == SoftmaxPath::kStrided &&
+      RowKernelOf(plan, dtype, s) == RowKernel::kStrided) {
     const StridedShape shape = StridedShapeOf(plan, dtype, s);
     const size_t columns = 32 * Vectors(dtype);
     const size_t os = static_cast<size_t>(s.outer * shape.strips);
@@ -198,7 +242,11 @@ long long StagedMaxVectors(const LaunchPlan& plan, DType dtype) {
 // kernel, the flat table kernel's order followed each row's address, and the
 // split and strided paths cut rows by the launch's row count.
 RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {
-  if (segment.inner != 1) return RowKernel::kStrided;
+  if (segment.inner != 1) {
+    StridedStagedShape staged;
+    return StridedStagedShapeOf(plan, dtype, segment, &staged) ? RowKernel::kStridedStaged
+                                                              : RowKernel::kStrided;
+  }
   const long long vectors = CeilDiv(segment.n, Vectors(dtype));
   if (vectors <= kFlatMaxVectors) return RowKernel::kFlat;
   StagedShape staged;
@@ -221,6 +269,7 @@ const char* RowKernelName(RowKernel kernel) {
     case RowKernel::kSplitStaged: return "split_staged";
     case RowKernel::kSplitFused: return "split_fused";
     case RowKernel::kSplitTwoPass: return "split_stats,split_normalize";
+    case RowKernel::kStridedStaged: return "strided_staged";
     case RowKernel::kStrided: return "strided_stats,strided_normalize";
   }
   return "unknown";
@@ -498,6 +547,32 @@ void StridedSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s, 
   steps->push_back(step);
 }
 
+// One strided_staged segment: a launch of a cluster per (outer, tile).
+LaunchStep StridedStagedStep(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  StridedStagedShape shape;
+  StridedStagedShapeOf(plan, dtype, s, &shape);  // RowKernelOf checked it
+  LaunchStep step;
+  step.kernel = SoftmaxKernel::kStridedStaged;
+  step.grid = static_cast<unsigned>(s.outer * shape.tiles * shape.cluster);
+  step.threads = kStagedThreads;
+  step.cluster = shape.cluster;
+  step.shared_bytes = shape.shared_bytes;
+  step.vec = true;
+  StridedArgs& a = step.strided;
+  a.input = s.input;
+  a.output = s.output;
+  a.outer = s.outer;
+  a.n = s.n;
+  a.inner = s.inner;
+  a.strips = shape.tiles;
+  a.part_rows = shape.part_rows;
+  a.parts = shape.cluster;
+  a.scale = Log2Scale(s);
+  a.log = s.log;
+  a.vec = 1;
+  return step;
+}
+
 }  // namespace
 
 cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
@@ -592,6 +667,9 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
       case RowKernel::kStrided:
         StridedSteps(plan, dtype, s, &offset, &out.steps);
         break;
+      case RowKernel::kStridedStaged:
+        out.steps.push_back(StridedStagedStep(plan, dtype, s));
+        break;
       default:
         break;
     }
@@ -646,6 +724,7 @@ std::string Schedule::ToString() const {
         break;
       case SoftmaxKernel::kStridedStats:
       case SoftmaxKernel::kStridedNormalize:
+      case SoftmaxKernel::kStridedStaged:
         out << "  [" << step.strided.outer << ", " << step.strided.n << ", "
             << step.strided.inner << "] strips " << step.strided.strips << " parts "
             << step.strided.parts << " x " << step.strided.part_rows << " rows";
@@ -686,6 +765,7 @@ const char* SoftmaxKernelName(SoftmaxKernel kernel) {
     case SoftmaxKernel::kSplitNormalize: return "split_normalize";
     case SoftmaxKernel::kStridedStats: return "strided_stats";
     case SoftmaxKernel::kStridedNormalize: return "strided_normalize";
+    case SoftmaxKernel::kStridedStaged: return "strided_staged";
   }
   return "unknown";
 }
@@ -798,7 +878,8 @@ std::string LaunchPlan::ToString() const {
 SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {
   const long long vectors = CeilDiv(segment.n, Vectors(dtype));
   switch (RowKernelOf(plan, dtype, segment)) {
-    case RowKernel::kStrided: return SoftmaxPath::kStrided;
+    case RowKernel::kStrided:
+    case RowKernel::kStridedStaged: return SoftmaxPath::kStrided;
     case RowKernel::kStaged: return SoftmaxPath::kStagedRows;
     case RowKernel::kSplitStaged:
     case RowKernel::kSplitFused:

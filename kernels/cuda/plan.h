@@ -103,6 +103,25 @@ static_assert(kStagedMaxStages * kStagedStageVectors * 16LL >= kStagedMaxBytes &
                   kStagedStageVectors % kStagedThreads == 0,
               "stages cover the largest share, whole vectors per thread");
 
+// Strided path: a unit's fixed cost (its first loads' latency, its part's
+// merge), in rows of its part, when StridedShapeOf weighs parts against
+// waves. H200, dim 0 of [65536, 4096] fp32: 13 parts of 32 strips ran 416
+// units on a 396-block grid, the last wave nearly empty.
+constexpr long long kStridedUnitRows = 64;
+
+// strided_staged: a tile is this many 16-byte vectors of each row (128
+// bytes: whole DRAM sectors), over all n rows, staged by a cluster of up to
+// 16 blocks with shares of at most kStridedStagedMaxBytes (the rest of the
+// opt-in limit holds the warps' and the cluster's column pairs). The cluster
+// grows until a share is at most kStagedTargetBytes. H200, dim 0 of
+// [4096, 65536]: 64 KiB shares 3,242 GB/s fp32 and 2,787 half, 32 KiB
+// shares 2,478 and 1,574; shares landing in 4 commit groups, each group's
+// max taken as it lands, 3,231 and 2,471.
+constexpr int kStridedTileVectors = 8;
+constexpr long long kStridedStagedMaxBytes = 208 * 1024;
+constexpr size_t kStridedStagedSlotBytes =
+    static_cast<size_t>(kStagedThreads / 32 + kMaxClusterSize) * kStridedTileVectors * 8 * 8;
+
 constexpr double kLog2e = 1.4426950408889634074;
 
 // On-chip kernel: the config word of a table entry.
@@ -252,7 +271,9 @@ enum class RowKernel : int {
   kSplitStaged,   // aligned rows up to what the grid stages at once: split_staged
   kSplitFused,    // rows up to what the grid holds in registers: split_fused
   kSplitTwoPass,  // longer rows: split_stats + split_normalize
-  kStrided,       // inner > 1: strided_stats + strided_normalize
+  kStridedStaged, // inner > 1, 16-byte aligned, 128-byte rows, columns that fit a
+                  // cluster's shared memory: strided_staged (one pass)
+  kStrided,       // other inner > 1: strided_stats + strided_normalize
 };
 const char* RowKernelName(RowKernel kernel);
 RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
@@ -295,6 +316,17 @@ struct StridedShape {
   int parts;
 };
 StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s);
+
+// strided_staged: blocks per tile (a power of two), rows per block, tiles
+// per outer slice. Returns false where the kernel does not take `s`.
+struct StridedStagedShape {
+  int cluster;
+  long long part_rows;  // a multiple of the block's rows per pass (32)
+  long long tiles;
+  size_t shared_bytes;  // dynamic: the share and the column pairs
+};
+bool StridedStagedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
+                          StridedStagedShape* shape);
 
 // Rows of a staged table entry: whole launches of 16-block clusters stay
 // within 2^31 - 1 blocks.

@@ -262,6 +262,159 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
 #endif  // SOFTMAX_SM90_DEVICE_CODE
 }
 
+// The strided_staged kernel: a non-last axis ([outer, n, inner], inner > 1)
+// in one pass where a tile of columns (kStridedTileVectors 16-byte vectors:
+// 128 bytes of each row) over all n rows fits a cluster's shared memory.
+// Unit = (outer index, tile), one per cluster of 1..16 blocks; block `rank`
+// stages rows rank * part_rows .. with per-thread cp.async copies, takes
+// each column's (max, sum) over its rows (max first, then exp2 once per
+// element, e kept in shared memory for softmax), pushes its column pairs
+// into every peer's shared memory, one cluster barrier, merges the cluster's
+// pairs in rank order and writes from shared memory: one read and one write
+// per element. Thread t holds column vector t % 8 of rows t / 8 + 32 j; the
+// order of every reduction follows from n and the cluster size alone.
+// Dynamic shared memory: the share (part_rows x 8 vectors), then the warps'
+// column pairs (8 x C) and the cluster's (cluster x C), C columns per tile.
+template <typename T>
+__global__ void __launch_bounds__(kStagedThreads, 1) StridedStagedKernel(const __grid_constant__ StridedArgs a) {
+#if !SOFTMAX_SM90_DEVICE_CODE
+  __trap();  // never planned below sm_90 (its probe finds no cluster)
+#else
+  constexpr int V = VecWidth<T>();
+  constexpr int L = kStridedTileVectors;
+  constexpr int C = L * V;                   // columns of a tile
+  constexpr int kPass = kStagedThreads / L;  // rows per pass of the block
+  constexpr int kStagedWarps = kStagedThreads / 32;
+  using Bits = typename Traits<T>::Bits;
+  extern __shared__ uint4 share[];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int blocks = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  float2* warp_pairs = reinterpret_cast<float2*>(share + a.part_rows * L);  // [warp][C]
+  float2* cluster_pairs = warp_pairs + kStagedWarps * C;                     // [rank][C]
+  __shared__ float2 totals[C];
+  const long long unit = blockIdx.x / blocks;
+  const long long o = unit / a.strips;
+  const long long tile = unit % a.strips;
+  const int c = threadIdx.x % L;
+  const int q = threadIdx.x / L;
+  const long long row0 = static_cast<long long>(rank) * a.part_rows;
+  const int rows = static_cast<int>(max(0LL, min(a.part_rows, a.n - row0)));
+  const size_t pitch = static_cast<size_t>(a.inner) * sizeof(Bits);
+  const size_t offset = (static_cast<size_t>(o) * a.n + row0) * pitch +
+                        static_cast<size_t>(tile) * (L * 16) + c * 16;
+  const char* in = static_cast<const char*>(a.input) + offset;
+  char* out = static_cast<char*>(a.output) + offset;
+  const bool log = a.log != 0;
+  const float scale = a.scale;
+  for (int r = q; r < rows; r += kPass) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(SharedAddress(share + r * L + c)),
+                 "l"(in + r * pitch)
+                 : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  // A block may write into a peer's shared memory only once every block of
+  // the cluster has started: arrive now, wait before the first remote store.
+  if (blocks > 1) ClusterArriveRelaxed();
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  float m[V], d[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    m[k] = -INFINITY;
+    d[k] = 0.0f;
+  }
+  for (int r = q; r < rows; r += kPass) {
+    float x[V];
+    Unpack<T>(share[r * L + c], x);
+#pragma unroll
+    for (int k = 0; k < V; ++k) m[k] = fmaxf(m[k], x[k]);
+  }
+  // With m == -inf every value is -inf (-> 0) or NaN (-> NaN): shift by 0.
+  float shift[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) shift[k] = m[k] == -INFINITY ? 0.0f : m[k];
+  for (int r = q; r < rows; r += kPass) {
+    float x[V];
+    Unpack<T>(share[r * L + c], x);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      x[k] = FastExp2(ScaledDiff(x[k], shift[k], scale));
+      d[k] = __fadd_rn(d[k], x[k]);
+    }
+    if (!log) share[r * L + c] = Pack<T>(x);
+  }
+  // The lanes of a warp that hold one column vector (lane % 8), then the
+  // warps in order, then the cluster's blocks in rank order.
+  MaxSum own[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    own[k] = MaxSum{m[k], d[k]};
+#pragma unroll
+    for (int offset = 8; offset < 32; offset <<= 1) {
+      const MaxSum other{__shfl_xor_sync(0xffffffffu, own[k].m, offset),
+                         __shfl_xor_sync(0xffffffffu, own[k].d, offset)};
+      own[k] = Merge(own[k], other, scale);
+    }
+  }
+  const int lane = threadIdx.x & 31;
+  if (lane < L) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      warp_pairs[(threadIdx.x >> 5) * C + lane * V + k] = make_float2(own[k].m, own[k].d);
+    }
+  }
+  __syncthreads();
+  MaxSum column{-INFINITY, 0.0f};
+  if (threadIdx.x < C) {
+#pragma unroll
+    for (int w = 0; w < kStagedWarps; ++w) {
+      const float2 p = warp_pairs[w * C + threadIdx.x];
+      column = Merge(column, MaxSum{p.x, p.y}, scale);
+    }
+  }
+  if (blocks > 1) {
+    ClusterWait();
+    if (threadIdx.x < C) {
+      for (int p = 0; p < blocks; ++p) {
+        *cluster.map_shared_rank(&cluster_pairs[rank * C + threadIdx.x], p) =
+            make_float2(column.m, column.d);
+      }
+    }
+    cluster.sync();
+    if (threadIdx.x < C) {
+      column = MaxSum{-INFINITY, 0.0f};
+      for (int k = 0; k < blocks; ++k) {
+        const float2 p = cluster_pairs[k * C + threadIdx.x];
+        column = Merge(column, MaxSum{p.x, p.y}, scale);
+      }
+    }
+  }
+  if (threadIdx.x < C) totals[threadIdx.x] = make_float2(column.m, column.d);
+  __syncthreads();
+  float factor[V], total_m[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const float2 t = totals[c * V + k];
+    total_m[k] = t.x;
+    factor[k] = OutputFactor(log, t.y);
+    // Softmax scales this thread's e by one factor per column. A column part
+    // whose max is -inf holds only zeros: factor 0, unless the column's sum
+    // is 0 or NaN, which makes the whole column NaN.
+    if (!log) factor[k] = __fmul_rn(Rescale(m[k], t.x, scale), factor[k]);
+  }
+  for (int r = q; r < rows; r += kPass) {
+    float x[V];
+    Unpack<T>(share[r * L + c], x);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      x[k] = log ? LogSoftmaxOut(ScaledDiff(x[k], total_m[k], scale), factor[k])
+                 : SoftmaxOut(x[k], factor[k]);
+    }
+    StoreGlobal16(reinterpret_cast<uint4*>(out + r * pitch), Pack<T>(x));
+  }
+#endif  // SOFTMAX_SM90_DEVICE_CODE
+}
+
 // The split_staged kernel: aligned rows too long for the staged path but not
 // for the whole grid's shared memory. A row is cut into `parts` parts of
 // part_vectors (the last one may hold fewer; at most kSplitStagedStages
