@@ -25,9 +25,13 @@ def main(path):
     copy = lambda r: r["copy_gbps"]
     f = lambda v: f"{v:.0f}" if v else "-"
     ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"
+    # Other builds timed beside ours (--variant NAME=lib): ours / each, per point.
+    variants = sorted({k[len("variant_"):-len("_gbps")] for r in rows for k in r
+                       if k.startswith("variant_") and k.endswith("_gbps")})
     print("| case | dtype | shape | kernels | ours | copy | QuACK | Liger CuTe | Liger Triton "
-          "| FlashInfer | torch.compile | torch | ours / copy | ours / best peer (which) |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "| FlashInfer | torch.compile | torch | ours / copy | ours / best peer (which) |"
+          + "".join(f" ours / {v} |" for v in variants))
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|" + "---:|" * len(variants))
     for r in rows:
         shape = f"{r['M']} x {r['N']}" if r["N"] else f"{r['tensors']} tensors"
         if r.get("dim") == 0:
@@ -38,8 +42,19 @@ def main(path):
               + "".join(f"| {f(r.get(p + '_gbps'))} " for p in
                         ("quack", "liger_cutedsl", "liger_triton", "flashinfer", "torch_compile",
                          "torch"))
-              + f"| {ratio(r.get('ours_gbps'), copy(r))} | {ratio(r.get('ours_gbps'), gb)} ({name}) |")
+              + f"| {ratio(r.get('ours_gbps'), copy(r))} | {ratio(r.get('ours_gbps'), gb)} ({name}) |"
+              + "".join(f" {ratio(r.get('ours_gbps'), r.get(f'variant_{v}_gbps'))} |"
+                        for v in variants))
     print()
+    for v in variants:
+        line = []
+        for label, keep in (("sweep", ("sweep",)), ("huge", ("huge",)), ("axis", ("axis",)),
+                            ("ragged", ("ragged",))):
+            q = [r["ours_gbps"] / r[f"variant_{v}_gbps"] for r in rows if r["case"] in keep
+                 and r.get("ours_gbps") and r.get(f"variant_{v}_gbps")]
+            if q:
+                line.append(f"{label} {geomean(q):.3f} ({min(q):.3f}-{max(q):.3f}, {len(q)} points)")
+        print(f"- ours / {v}, geometric mean (range): " + "; ".join(line))
     for label, keep in (("sweep", ("sweep",)), ("huge rows and non-last axes", ("huge", "axis")),
                         ("ragged", ("ragged",))):
         sel = [r for r in rows if r["case"] in keep and r.get("ours_gbps")]
