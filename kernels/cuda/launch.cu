@@ -73,6 +73,33 @@ int ActiveClusters(const void* kernel, int size, int threads, size_t dynamic_sha
   return active;
 }
 
+// Probes a kernel of kStagedThreads-thread blocks with `dynamic_shared` bytes
+// each (its largest share) and appends one entry per cluster size, 1 up to
+// kMaxClusterSize, at which at least one cluster fits.
+cudaError_t ProbeClusters(const void* kernel, const std::string& name, const char* paths,
+                          DType dtype, int multiprocessors, size_t dynamic_shared,
+                          std::vector<KernelProbe>* probes) {
+  KernelProbe base;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(kernel, name, paths, dtype, multiprocessors, &base,
+                                           kStagedThreads, dynamic_shared));
+  for (int size = 1; size <= kMaxClusterSize; size *= 2) {
+    if (size > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                         1) != cudaSuccess) {
+      cudaGetLastError();
+      break;
+    }
+    const int active =
+        ActiveClusters(kernel, size, kStagedThreads, dynamic_shared, multiprocessors);
+    if (active <= 0) break;
+    KernelProbe c = base;
+    c.cluster_size = size;
+    c.max_active_clusters = active;
+    c.grid = active * size;
+    probes->push_back(c);
+  }
+  return cudaSuccess;
+}
+
 template <typename T>
 cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
                        std::vector<KernelProbe>* probes, int* max_cluster) {
@@ -132,24 +159,8 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
     const void* staged = reinterpret_cast<const void*>(&StagedKernel<T>);
     SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         staged, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedMaxBytes)));
-    KernelProbe base;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(staged, "staged", "staged", dtype, multiprocessors,
-                                             &base, kStagedThreads, kStagedMaxBytes));
-    for (int size = 1; size <= kMaxClusterSize; size *= 2) {
-      if (size > 8 && cudaFuncSetAttribute(staged, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                           1) != cudaSuccess) {
-        cudaGetLastError();
-        break;
-      }
-      const int active =
-          ActiveClusters(staged, size, kStagedThreads, kStagedMaxBytes, multiprocessors);
-      if (active <= 0) break;
-      KernelProbe c = base;
-      c.cluster_size = size;
-      c.max_active_clusters = active;
-      c.grid = active * size;
-      probes->push_back(c);
-    }
+    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeClusters(staged, "staged", "staged", dtype, multiprocessors,
+                                               kStagedMaxBytes, probes));
   }
   if (clusters) {
     // strided_staged: probed at its largest share and column pairs; one
@@ -158,25 +169,8 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
     const size_t largest = static_cast<size_t>(kStridedStagedMaxBytes) + kStridedStagedSlotBytes;
     SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         strided_staged, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(largest)));
-    KernelProbe base;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(strided_staged, "strided_staged", "strided", dtype,
-                                             multiprocessors, &base, kStagedThreads, largest));
-    for (int size = 1; size <= kMaxClusterSize; size *= 2) {
-      if (size > 8 && cudaFuncSetAttribute(strided_staged,
-                                           cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                           1) != cudaSuccess) {
-        cudaGetLastError();
-        break;
-      }
-      const int active =
-          ActiveClusters(strided_staged, size, kStagedThreads, largest, multiprocessors);
-      if (active <= 0) break;
-      KernelProbe c = base;
-      c.cluster_size = size;
-      c.max_active_clusters = active;
-      c.grid = active * size;
-      probes->push_back(c);
-    }
+    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeClusters(strided_staged, "strided_staged", "strided", dtype,
+                                               multiprocessors, largest, probes));
   }
   *max_cluster = std::min(*max_cluster, best);
   SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(reinterpret_cast<const void*>(&SplitFusedKernel<T, true>),
