@@ -62,8 +62,9 @@ def main(path):
             continue
         oc = [r["ours_gbps"] / copy(r) for r in sel]
         op = [r["ours_gbps"] / best(r, PEERS)[0] for r in sel if best(r, PEERS)[0]]
-        print(f"- {label} ({len(sel)} points): ours/copy min {min(oc):.3f}, geometric mean "
-              f"{geomean(oc):.3f}; ours/best peer min {min(op):.3f}, geometric mean {geomean(op):.3f}")
+        print(f"- {label} ({len(sel)} points): ours/copy min {min(oc, default=float('nan')):.3f}, "
+              f"geometric mean {geomean(oc):.3f}; ours/best peer min "
+              f"{min(op, default=float('nan')):.3f}, geometric mean {geomean(op):.3f}")
     vs = [(r["ours_gbps"] / best(r, LIBRARIES)[0], r) for r in rows
           if r.get("ours_gbps") and best(r, LIBRARIES)[0]]
     if vs:
