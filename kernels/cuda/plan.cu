@@ -166,20 +166,23 @@ size_t TableEntries(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s
   }
 }
 
+ScratchLayout SplitScratch(const SplitShape& shape, long long outer) {
+  const size_t rows = static_cast<size_t>(outer);
+  return {sizeof(float2) * rows * shape.parts, sizeof(float2) * rows, sizeof(unsigned) * rows};
+}
+
+ScratchLayout StridedScratch(DType dtype, const StridedShape& shape, long long outer) {
+  const size_t columns = 32 * Vectors(dtype);
+  const size_t os = static_cast<size_t>(outer * shape.strips);
+  return {sizeof(float2) * columns * os * shape.parts, sizeof(float2) * columns * os,
+          sizeof(unsigned) * os};
+}
+
 size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
                       SoftmaxPath path) {
-  if (path == SoftmaxPath::kSplitRows) {
-    const SplitShape shape = SplitShapeOf(plan, dtype, s);
-    return Align256(sizeof(float2) * s.outer * shape.parts) + Align256(sizeof(float2) * s.outer) +
-           Align256(sizeof(unsigned) * s.outer);
-  }
-  if (path == SoftmaxPath::kStrided &&
-      RowKernelOf(plan, dtype, s) == RowKernel::kStrided) {
-    const StridedShape shape = StridedShapeOf(plan, dtype, s);
-    const size_t columns = 32 * Vectors(dtype);
-    const size_t os = static_cast<size_t>(s.outer * shape.strips);
-    return Align256(sizeof(float2) * columns * os * shape.parts) +
-           Align256(sizeof(float2) * columns * os) + Align256(sizeof(unsigned) * os);
+  if (path == SoftmaxPath::kSplitRows) return SplitScratch(SplitShapeOf(plan, dtype, s), s.outer).Total();
+  if (path == SoftmaxPath::kStrided && RowKernelOf(plan, dtype, s) == RowKernel::kStrided) {
+    return StridedScratch(dtype, StridedShapeOf(plan, dtype, s), s.outer).Total();
   }
   return 0;
 }
@@ -454,6 +457,16 @@ bool StagedSteps(const LaunchPlan& plan, DType dtype,
   return true;
 }
 
+// Puts a segment's scratch regions at *offset on (SegmentScratch's layout)
+// and has its first launch zero the counters.
+void PlaceScratch(const ScratchLayout& layout, size_t* offset, LaunchStep* step) {
+  step->partials_offset = *offset;
+  step->finals_offset = step->partials_offset + Align256(layout.partials);
+  step->counters_offset = step->finals_offset + Align256(layout.finals);
+  step->zero_bytes = layout.counters;
+  *offset += layout.Total();
+}
+
 // One split segment: a counter memset and one cooperative launch, or two
 // launches (rows read twice); scratch from *offset on.
 void SplitSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s, size_t* offset,
@@ -471,13 +484,7 @@ void SplitSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s, si
   a.log = s.log;
   a.vec = VectorAligned(dtype, s);
   step.vec = a.vec != 0;
-  step.partials_offset = *offset;
-  *offset += Align256(sizeof(float2) * s.outer * shape.parts);
-  step.finals_offset = *offset;
-  *offset += Align256(sizeof(float2) * s.outer);
-  step.counters_offset = *offset;
-  *offset += Align256(sizeof(unsigned) * s.outer);
-  step.zero_bytes = sizeof(unsigned) * s.outer;
+  PlaceScratch(SplitScratch(shape, s.outer), offset, &step);
   const long long units = s.outer * shape.parts;
   if (shape.staged) {
     step.kernel = SoftmaxKernel::kSplitStaged;
@@ -525,16 +532,8 @@ void StridedSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s, 
   a.log = s.log;
   a.vec = Aligned16(s.input) && Aligned16(s.output) && (s.inner * ItemSize(dtype)) % 16 == 0;
   step.vec = a.vec != 0;
-  const size_t columns = 32 * Vectors(dtype);
-  const size_t os = static_cast<size_t>(s.outer * shape.strips);
-  step.partials_offset = *offset;
-  *offset += Align256(sizeof(float2) * columns * os * shape.parts);
-  step.finals_offset = *offset;
-  *offset += Align256(sizeof(float2) * columns * os);
-  step.counters_offset = *offset;
-  *offset += Align256(sizeof(unsigned) * os);
-  step.zero_bytes = sizeof(unsigned) * os;
-  const long long units = static_cast<long long>(os) * shape.parts;
+  PlaceScratch(StridedScratch(dtype, shape, s.outer), offset, &step);
+  const long long units = s.outer * shape.strips * shape.parts;
   step.threads = kThreads;
   step.kernel = SoftmaxKernel::kStridedStats;
   step.grid =

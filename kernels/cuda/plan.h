@@ -337,7 +337,19 @@ constexpr long long kStagedPieceRows = 0x7fffffffLL / kMaxClusterSize;
 // table area in the scratch holds them all when they exceed kInlineSegments.
 size_t TableEntries(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s);
 
-// Scratch bytes of one split or strided segment: partials, finals, counters.
+// Scratch of one split or strided segment, in this order, each region
+// 256-byte aligned: (max, sum) partials, finals, and counters (zeroed before
+// the segment's first launch).
+struct ScratchLayout {
+  size_t partials;
+  size_t finals;
+  size_t counters;
+  size_t Total() const { return Align256(partials) + Align256(finals) + Align256(counters); }
+};
+ScratchLayout SplitScratch(const SplitShape& shape, long long outer);
+ScratchLayout StridedScratch(DType dtype, const StridedShape& shape, long long outer);
+
+// Scratch bytes of one split or two-pass strided segment (0 for the others).
 size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
                       SoftmaxPath path);
 
