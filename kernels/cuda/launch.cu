@@ -255,7 +255,7 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
     SplitArgs split = step.split;
     StridedArgs strided = step.strided;
     split.partials = strided.partials = reinterpret_cast<float2*>(scratch + step.partials_offset);
-    split.finals = strided.finals = reinterpret_cast<float2*>(scratch + step.finals_offset);
+    strided.finals = reinterpret_cast<float2*>(scratch + step.finals_offset);
     split.counters = strided.counters = reinterpret_cast<unsigned*>(scratch + step.counters_offset);
     TableArgs table;
     if (!step.table.empty()) {

@@ -168,7 +168,10 @@ size_t TableEntries(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s
 
 ScratchLayout SplitScratch(const SplitShape& shape, long long outer) {
   const size_t rows = static_cast<size_t>(outer);
-  return {sizeof(float2) * rows * shape.parts, sizeof(float2) * rows, sizeof(unsigned) * rows};
+  // Only the one-launch forms wait on counters; split_normalize merges the
+  // partials itself, so no split form has finals.
+  const bool counted = shape.fused || shape.staged;
+  return {sizeof(float2) * rows * shape.parts, 0, counted ? sizeof(unsigned) * rows : 0};
 }
 
 ScratchLayout StridedScratch(DType dtype, const StridedShape& shape, long long outer) {

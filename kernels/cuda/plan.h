@@ -108,6 +108,9 @@ static_assert(kStagedMaxStages * kStagedStageVectors * 16LL >= kStagedMaxBytes &
 // waves. H200, dim 0 of [65536, 4096] fp32: 13 parts of 32 strips ran 416
 // units on a 396-block grid, the last wave nearly empty.
 constexpr long long kStridedUnitRows = 64;
+// strided_stats: partials a column's last block loads at once before merging
+// them in order (the merge of a column's parts is one block's serial chain).
+constexpr int kStridedMergeBatch = 8;
 
 // strided_staged: a tile is this many 16-byte vectors of each row (128
 // bytes: whole DRAM sectors), over all n rows, staged by a cluster of up to
@@ -189,8 +192,7 @@ struct SplitArgs {
   int log;
   int vec;
   float2* partials;         // rows * parts
-  float2* finals;           // rows
-  unsigned int* counters;   // rows, zero on entry; left zero
+  unsigned int* counters;   // rows, zero on entry; left zero (split_fused, split_staged)
 };
 
 // Strided: softmax along n of [outer, n, inner], inner > 1 (strided.cuh).
@@ -372,7 +374,7 @@ struct LaunchStep {
   int table_word = 0;      // TableArgs::launch_cluster (flat_table: units; on_chip: cluster)
   int prefetch_units = 0;  // TableArgs::prefetch_units
   FlatArgs flat = {};
-  SplitArgs split = {};      // partials, finals and counters: the offsets below
+  SplitArgs split = {};      // partials and counters: the offsets below
   StridedArgs strided = {};  // likewise
   size_t partials_offset = 0;
   size_t finals_offset = 0;

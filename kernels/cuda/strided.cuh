@@ -131,11 +131,24 @@ __global__ void __launch_bounds__(kThreads, 2) StridedStatsKernel(const StridedA
       const int slices = kThreads / strip_columns;
       const int column_index = threadIdx.x % strip_columns;
       const int slice = threadIdx.x / strip_columns;
+      // Loads in batches, merged in the same order (p = slice, slice +
+      // slices, ...), so the bits are those of one load at a time, which made
+      // this block's merge a chain of L2 round trips. H200, fp16 dim 0 of
+      // [1048576, 256] (264 parts): strided_stats 208 -> 184 us.
       MaxSum column{-INFINITY, 0.0f};
       if (slice < slices) {
-        for (int p = slice; p < a.parts; p += slices) {
-          const float2 v = __ldcg(a.partials + (os * a.parts + p) * kStripColumns + column_index);
-          column = Merge(column, MaxSum{v.x, v.y}, a.scale);
+        for (int p0 = slice; p0 < a.parts; p0 += kStridedMergeBatch * slices) {
+          float2 v[kStridedMergeBatch];
+#pragma unroll
+          for (int b = 0; b < kStridedMergeBatch; ++b) {
+            const int p = p0 + b * slices;
+            v[b] = p < a.parts ? __ldcg(a.partials + (os * a.parts + p) * kStripColumns + column_index)
+                               : make_float2(-INFINITY, 0.0f);
+          }
+#pragma unroll
+          for (int b = 0; b < kStridedMergeBatch; ++b) {
+            if (p0 + b * slices < a.parts) column = Merge(column, MaxSum{v[b].x, v[b].y}, a.scale);
+          }
         }
       }
       float2* scratch = &tile[0][0];  // kWarps * kStripColumns >= kThreads
