@@ -82,3 +82,23 @@ def test_a_rare_failure_keeps_its_detail_after_many_expected_refusals():
     assert len(transport) == 1 and "ConnectionResetError" in transport[0], tally.examples
     assert "(steady, " in transport[0]
     assert len(tally.examples) == 21
+
+
+def test_a_scrape_counts_as_failed_only_when_its_retry_fails_too(monkeypatch):
+    outcomes = []
+
+    def fake_metrics(address):
+        if outcomes.pop(0):
+            return {"softmax_held_bytes": 0.0}
+        raise ConnectionError("Remote end closed connection without response")
+
+    monkeypatch.setattr(watch, "server_metrics", fake_metrics)
+    monkeypatch.setattr(watch, "SCRAPE_RETRY_PAUSE_S", 0.0)
+    sampler = watch.Sampler(os.getpid(), "unused", 1.0, None, dict, 0.0)
+    outcomes[:] = [True, False, True, False, False]
+    for _ in range(3):
+        sampler.sample()
+    assert len(sampler.retried_scrapes) == 1
+    assert len(sampler.failed_scrapes) == 1 and "again" in sampler.failed_scrapes[0]
+    assert [s.get("softmax_held_bytes") for s in sampler.samples] == [0.0, 0.0, None]
+    assert outcomes == []

@@ -27,7 +27,8 @@ allocators and their backing allocations (GPU backend only).
 FAILS (exit 1, the failed checks listed under the table) on any wrong
 answer; any request without exactly one answer; any error code other than
 the retryable two, or a retryable one outside a burst; an abuse case
-answered otherwise than promised; a /metrics scrape that fails; the server
+answered otherwise than promised; a /metrics scrape that fails twice in a
+row (one answered on the retry is listed in the notes); the server
 dying or exiting non-zero on SIGTERM; bytes still held once the load stops;
 RSS, pinned or device memory, or the backing allocations not flat after the
 warm-up (watch.py says how that is judged; default: within 5% from minute 2
@@ -415,6 +416,7 @@ def main():
         extremes["rss_start_after_warmup"] = after[0]["rss_bytes"]
     # Failures first (their detail is what a reader needs), then the rest.
     notes += sorted(tally.examples, key=lambda e: "(steady" not in e and " wrong " not in e)
+    notes += [f"/metrics scrape at {text}; the retry answered" for text in sampler.retried_scrapes]
     report = {
         "settings": {
             "device": args.device, "duration_s": args.duration, "warmup_s": args.warmup,
