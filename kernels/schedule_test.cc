@@ -400,9 +400,9 @@ TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunch) {
 }
 
 // Scratch: the schedule's size is SoftmaxScratchBytes; every split and
-// strided segment's partials, finals and counters (where it has them) lie inside it, after the
-// table area, apart from every other segment's; tables beyond the inline
-// limit fit the table area.
+// strided segment's partials, finals and counters (where it has them) lie
+// inside it, after the table area, apart from every other segment's; tables
+// beyond the inline limit fit the table area.
 TEST_F(ScheduleTest, ScratchRegionsFitAndDoNotOverlap) {
   std::mt19937_64 rng(7);
   for (DType dtype : kDTypes) {
