@@ -76,6 +76,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "kernels/dtype.h"
@@ -194,11 +196,12 @@ class LaunchPlan {
   bool clusters_supported() const { return clusters_supported_; }
   const std::vector<KernelProbe>& probes() const { return probes_; }
 
-  // The probe entry for `kernel` ("on_chip", "flat.s2.t256" and the other flat
-  // shapes, "flat_table", "staged", "split_fused", "split_stats",
-  // "split_normalize", "strided_stats", "strided_normalize"), dtype and
-  // cluster size, or nullptr.
-  const KernelProbe* Find(const std::string& family, DType dtype, int cluster_size = 1) const;
+  // The probe entry for `family` ("on_chip", "flat.t256" and the other flat
+  // block sizes, "flat_table", "flat_table.t512", "staged", "split_fused",
+  // ...: the kernel's name before "<dtype>"), dtype and cluster size, or
+  // nullptr. Planning calls it several times per segment: a binary search
+  // that allocates nothing.
+  const KernelProbe* Find(std::string_view family, DType dtype, int cluster_size = 1) const;
 
   // Largest cluster size the on-chip kernel's cluster path uses on this
   // device (8, 4, 2 or 1; the staged kernel may use 16-block clusters, which
@@ -220,6 +223,16 @@ class LaunchPlan {
   bool clusters_supported_ = false;
   int max_cluster_size_ = 1;
   std::vector<KernelProbe> probes_;
+  // probes_ by (dtype, cluster size, family: the name before "<dtype>"), sorted.
+  struct IndexEntry {
+    int dtype;
+    int cluster_size;
+    int family_length;
+    int probe;
+  };
+  std::vector<IndexEntry> index_;
+  void IndexProbes();
+  std::tuple<int, int, std::string_view> KeyOf(const IndexEntry& e) const;
 };
 
 // Largest last-axis row length that `path` takes for `dtype` on this plan

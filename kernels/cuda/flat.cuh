@@ -145,11 +145,13 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
 // Flat table kernel: the flat kernel's way (a group of threads per row, max
 // first, few vectors per thread, one pass of the grid) for a ragged table of
 // last-axis segments whose rows hold at most 8192 vectors, in one launch.
-// Blocks have 1024 threads; a segment's rows get the geometry TableShapeOf
-// gives (rows of <= 1024 vectors: the flat kernel's, R threads of 2 vectors;
-// longer ones: R = 256..1024 threads of up to 8 vectors); a unit is one
-// block's worth of a segment's rows (1024 / R groups of 2 rows for the
-// flat geometry, of 1 row for the other; kTableFlatRows). Table entries are
+// A segment's rows get the geometry TableShapeOf gives (rows of <= 1024
+// vectors: the flat kernel's, R threads of 2 vectors; longer ones: R =
+// 256..1024 threads of up to 8 vectors) and run in blocks of 512 threads
+// (two resident per SM) where R <= 512, of 1024 otherwise (TableThreadsOf;
+// a launch each); a unit is one block's worth of a segment's rows (blockDim
+// / R groups of 2 rows for the flat geometry, of 1 row for the other;
+// kTableFlatRows). Table entries are
 // RowSegment with `first_worker` holding the segment's first unit, the shape
 // bits log2 R and the slots bits the vectors per thread. Blocks find their
 // segment by binary search.
@@ -158,42 +160,32 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
 // holds vectors j * R + t of the row), whatever its address: rows of a
 // 16-byte aligned segment are read as vectors; the others are read as the
 // aligned 16-byte granules that cover them (MaskLanes), staged in dynamic
-// shared memory (S * R + 1 granules per group), and each thread reads its
-// vectors from there at the row's offset; their outputs go back the same way.
+// shared memory (S * R + 1 granules per group); each thread shifts its
+// vector out of its own granule and the next (ShiftBytes), and outputs go
+// back the same way at the output's offset. Every shared-memory access is a
+// whole aligned granule: H200, ragged tables of unaligned rows, 1.04-1.12x
+// over 4-byte accesses at the row's offset (4-way bank conflicts).
 
-// Vector `vi` of a row staged in `region` starting `lead` elements in.
-template <typename T>
-__device__ __forceinline__ uint4 ReadStagedVector(const uint4* region, int lead, int vi) {
-  const unsigned* words = reinterpret_cast<const unsigned*>(region);
-  const int byte = lead * static_cast<int>(sizeof(typename Traits<T>::Bits)) + vi * 16;
-  const int w = byte >> 2;
-  if ((byte & 3) == 0) return MakeVector(words[w], words[w + 1], words[w + 2], words[w + 3]);
-  // Half types at an odd element: each word from two neighbours.
-  const unsigned w4 = words[w + 4];
-  const unsigned w0 = words[w], w1 = words[w + 1], w2 = words[w + 2], w3 = words[w + 3];
-  return MakeVector(__byte_perm(w0, w1, 0x5432), __byte_perm(w1, w2, 0x5432),
-                    __byte_perm(w2, w3, 0x5432), __byte_perm(w3, w4, 0x5432));
-}
-
-// Writes vector `vi` of a row into `region` starting `lead` elements in.
-template <typename T>
-__device__ __forceinline__ void WriteStagedVector(uint4* region, int lead, int vi, uint4 v) {
-  unsigned* words = reinterpret_cast<unsigned*>(region);
-  const int byte = lead * static_cast<int>(sizeof(typename Traits<T>::Bits)) + vi * 16;
-  const int w = byte >> 2;
-  if ((byte & 3) == 0) {
-    words[w] = v.x;
-    words[w + 1] = v.y;
-    words[w + 2] = v.z;
-    words[w + 3] = v.w;
-    return;
+// Bytes [shift, shift + 16) of the 32 bytes lo:hi (shift 0..15, a multiple
+// of 2; the same for every thread of a row): one funnel shift per word. Unaligned rows move
+// through shared memory as whole aligned granules (16-byte accesses, no bank
+// conflicts) and are shifted in registers.
+__device__ __forceinline__ uint4 ShiftBytes(uint4 lo, uint4 hi, int shift) {
+  const unsigned bits = static_cast<unsigned>(shift & 3) * 8;
+  switch (shift >> 2) {
+    case 0:
+      return MakeVector(__funnelshift_r(lo.x, lo.y, bits), __funnelshift_r(lo.y, lo.z, bits),
+                        __funnelshift_r(lo.z, lo.w, bits), __funnelshift_r(lo.w, hi.x, bits));
+    case 1:
+      return MakeVector(__funnelshift_r(lo.y, lo.z, bits), __funnelshift_r(lo.z, lo.w, bits),
+                        __funnelshift_r(lo.w, hi.x, bits), __funnelshift_r(hi.x, hi.y, bits));
+    case 2:
+      return MakeVector(__funnelshift_r(lo.z, lo.w, bits), __funnelshift_r(lo.w, hi.x, bits),
+                        __funnelshift_r(hi.x, hi.y, bits), __funnelshift_r(hi.y, hi.z, bits));
+    default:
+      return MakeVector(__funnelshift_r(lo.w, hi.x, bits), __funnelshift_r(hi.x, hi.y, bits),
+                        __funnelshift_r(hi.y, hi.z, bits), __funnelshift_r(hi.z, hi.w, bits));
   }
-  unsigned short* halves = reinterpret_cast<unsigned short*>(region);
-  halves[2 * w + 1] = static_cast<unsigned short>(v.x & 0xffffu);
-  words[w + 1] = __byte_perm(v.x, v.y, 0x5432);
-  words[w + 2] = __byte_perm(v.y, v.z, 0x5432);
-  words[w + 3] = __byte_perm(v.z, v.w, 0x5432);
-  halves[2 * (w + 4)] = static_cast<unsigned short>(v.w >> 16);
 }
 
 // GroupReduce over kRows values at once (one barrier for all of them): each
@@ -237,14 +229,14 @@ __device__ __forceinline__ void GroupReduceRows(float (&v)[kRows], int r_threads
 // kSlots vectors per thread and row (rows j*R + t). Row r of group g is row
 // (unit's first) + r * groups + g, so that one load instruction of a warp
 // covers neighbouring rows.
-template <typename T, int kRows, int kSlots>
+template <typename T, int kThreads, int kRows, int kSlots>
 __device__ __forceinline__ void FlatTableUnit(const RowSegment& seg, int u, uint4* regions,
                                               float (*max_slots)[32], float (*sum_slots)[32]) {
   constexpr int V = VecWidth<T>();
   using Bits = typename Traits<T>::Bits;
   const int group_log2 = (seg.config >> kShapeShift) & 0xf;
   const int r_threads = 1 << group_log2;
-  const int groups = kTableThreads >> group_log2;
+  const int groups = kThreads >> group_log2;
   const int group = threadIdx.x >> group_log2;
   const int t = threadIdx.x & (r_threads - 1);
   const int first_row = (u - seg.first_worker) * groups * kRows + group;
@@ -295,8 +287,8 @@ __device__ __forceinline__ void FlatTableUnit(const RowSegment& seg, int u, uint
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
         const int e0 = (j * r_threads + t) * V - lead;
-        region[j * r_threads + t] =
-            e0 < 0 || e0 + V > seg.n ? MaskLanes<T>(raw[r][j], -e0, seg.n - e0) : raw[r][j];
+        if (e0 < 0 || e0 + V > seg.n) raw[r][j] = MaskLanes<T>(raw[r][j], -e0, seg.n - e0);
+        region[j * r_threads + t] = raw[r][j];
       }
       if (t == 0) {
         const int extra = kSlots * r_threads;
@@ -308,15 +300,20 @@ __device__ __forceinline__ void FlatTableUnit(const RowSegment& seg, int u, uint
       }
     }
     __syncthreads();
+    // Vector vi is bytes [lead bytes, + 16) of granules vi (this thread's own,
+    // masked, in raw) and vi + 1.
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int row = first_row + r * groups;
-      const int lead = LeadElements<T>(static_cast<const Bits*>(seg.input) +
-                                       static_cast<long long>(row) * seg.n);
+      const int shift = (reinterpret_cast<uintptr_t>(static_cast<const Bits*>(seg.input) +
+                                                     static_cast<long long>(row) * seg.n) &
+                         15u);
+      if (shift == 0) continue;
       const uint4* region = regions + (r * groups + group) * region_granules;
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
-        raw[r][j] = ReadStagedVector<T>(region, lead, j * r_threads + t);
+        const int g = j * r_threads + t;
+        raw[r][j] = ShiftBytes(raw[r][j], region[g + 1], shift);
       }
     }
   }
@@ -356,21 +353,20 @@ __device__ __forceinline__ void FlatTableUnit(const RowSegment& seg, int u, uint
     }
     return;
   }
-  // Outputs go back through the region at the output's own offset, then out
-  // as whole granules (16-byte stores) and masked edges.
+  // Outputs go back through the region, vector k at granule k + 1, then out
+  // as the output's own granules: granule G holds the last `lead` elements of
+  // vector G - 1 and the first of vector G (whole 16-byte stores; masked at
+  // the edges).
   __syncthreads();  // every group has read its region
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const int row = first_row + r * groups;
-    const int lead = LeadElements<T>(static_cast<Bits*>(seg.output) +
-                                     static_cast<long long>(row) * seg.n);
     uint4* region = regions + (r * groups + group) * region_granules;
     const float factor = OutputFactor(log, d[r]);
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
       if (j < used) {
-        WriteStagedVector<T>(region, lead, j * r_threads + t,
-                             NormalizeVector<T>(raw[r][j], m[r], seg.scale, log, factor));
+        region[j * r_threads + t + 1] =
+            NormalizeVector<T>(raw[r][j], m[r], seg.scale, log, factor);
       }
     }
   }
@@ -381,6 +377,7 @@ __device__ __forceinline__ void FlatTableUnit(const RowSegment& seg, int u, uint
     if (row >= seg.rows) continue;
     Bits* out = static_cast<Bits*>(seg.output) + static_cast<long long>(row) * seg.n;
     const int lead = LeadElements<T>(out);
+    const int shift = 16 - lead * static_cast<int>(sizeof(Bits));
     uint4* granules = reinterpret_cast<uint4*>(out - lead);
     const uint4* region = regions + (r * groups + group) * region_granules;
     const int covered = (lead + seg.n + V - 1) / V;
@@ -388,19 +385,23 @@ __device__ __forceinline__ void FlatTableUnit(const RowSegment& seg, int u, uint
     for (int j = 0; j <= kSlots; ++j) {
       const int g = j < kSlots ? j * r_threads + t : (t == 0 ? kSlots * r_threads : covered);
       if (g < covered) {
+        // Granule g + 1 holds vector g; past the last vector its lanes lie
+        // beyond the row and are dropped.
+        const uint4 cur = region[min(g + 1, kSlots * r_threads)];
+        const uint4 v = lead == 0 ? cur : ShiftBytes(region[g], cur, shift);
         const int e0 = g * V - lead;
         if (e0 >= 0 && e0 + V <= seg.n) {
-          StoreGlobal16(granules + g, region[g]);
+          StoreGlobal16(granules + g, v);
         } else {
-          StoreLanes<T>(out, e0, seg.n, region[g]);
+          StoreLanes<T>(out, e0, seg.n, v);
         }
       }
     }
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
+template <typename T, int kThreads>
+__global__ void __launch_bounds__(kThreads, kTableThreads / kThreads) FlatTableKernel(
     const __grid_constant__ TableArgs args) {
   using Bits = typename Traits<T>::Bits;
   extern __shared__ uint4 regions[];  // unaligned segments: S * R + 1 granules per row
@@ -415,7 +416,7 @@ __global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
     const int ahead = u + args.prefetch_units;
     if (threadIdx.x == 0 && args.prefetch_units > 0 && ahead < total_units) {
       const RowSegment& next = table[TableSegmentOf(table, args.count, ahead)];
-      const int next_rows = (kTableThreads >> ((next.config >> kShapeShift) & 0xf)) *
+      const int next_rows = (kThreads >> ((next.config >> kShapeShift) & 0xf)) *
                             (((next.config >> kSlotsShift) & 0xf) == kFlatSlots ? kTableFlatRows : 1);
       const int first = (ahead - next.first_worker) * next_rows;
       PrefetchL2(static_cast<const Bits*>(next.input) + static_cast<long long>(first) * next.n,
@@ -423,9 +424,9 @@ __global__ void __launch_bounds__(kTableThreads, 1) FlatTableKernel(
     }
     const RowSegment seg = table[TableSegmentOf(table, args.count, u)];
     if (((seg.config >> kSlotsShift) & 0xf) == kFlatSlots) {
-      FlatTableUnit<T, kTableFlatRows, kFlatSlots>(seg, u, regions, max_slots, sum_slots);
+      FlatTableUnit<T, kThreads, kTableFlatRows, kFlatSlots>(seg, u, regions, max_slots, sum_slots);
     } else {
-      FlatTableUnit<T, 1, kTableSlots>(seg, u, regions, max_slots, sum_slots);
+      FlatTableUnit<T, kThreads, 1, kTableSlots>(seg, u, regions, max_slots, sum_slots);
     }
     // Group shapes may change with the next unit's segment: no warp may
     // write a slot or a region that another group of this unit still reads.

@@ -115,15 +115,16 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
                     FlatProbeName(threads), "flat", dtype, multiprocessors, &flat, threads));
     probes->push_back(flat);
   }
-  {
-    SOFTMAX_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(reinterpret_cast<const void*>(&FlatTableKernel<T>),
-                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kTableMaxSharedBytes)));
+  for (const int threads : {kTableSmallThreads, kTableThreads}) {
+    const void* kernel = threads == kTableThreads
+                             ? reinterpret_cast<const void*>(&FlatTableKernel<T, kTableThreads>)
+                             : reinterpret_cast<const void*>(&FlatTableKernel<T, kTableSmallThreads>);
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(TableMaxSharedBytes(threads))));
     KernelProbe table;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(reinterpret_cast<const void*>(&FlatTableKernel<T>),
-                                             "flat_table", "flat_table", dtype, multiprocessors,
-                                             &table, kTableThreads));
+    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(kernel, TableProbeName(threads), "flat_table", dtype,
+                                             multiprocessors, &table, threads));
     probes->push_back(table);
   }
   int best = 1;
@@ -271,7 +272,10 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
             step, stream, step.flat));
         break;
       case SoftmaxKernel::kFlatTable:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(FlatTableKernel<T>, step, stream, table));
+        SOFTMAX_CUDA_RETURN_IF_ERROR(
+            step.threads == kTableThreads
+                ? LaunchStepKernel(FlatTableKernel<T, kTableThreads>, step, stream, table)
+                : LaunchStepKernel(FlatTableKernel<T, kTableSmallThreads>, step, stream, table));
         break;
       case SoftmaxKernel::kOnChip:
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(OnChipKernel<T>, step, stream, table));

@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <string_view>
+#include <tuple>
 
 namespace softmax {
 namespace gpu {
 namespace detail {
 
-int GridOf(const LaunchPlan& plan, const std::string& kernel, DType dtype, int cluster) {
+int GridOf(const LaunchPlan& plan, std::string_view kernel, DType dtype, int cluster) {
   const KernelProbe* probe = plan.Find(kernel, dtype, cluster);
   return probe != nullptr ? probe->grid : plan.multiprocessors();
 }
@@ -27,6 +29,10 @@ FlatShape FlatShapeOf(long long vectors) {
 }
 
 std::string FlatProbeName(int threads) { return "flat.t" + std::to_string(threads); }
+
+std::string TableProbeName(int threads) {
+  return threads == kTableThreads ? "flat_table" : "flat_table.t" + std::to_string(threads);
+}
 
 const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, int count,
                                   bool allow_flat) {
@@ -153,8 +159,8 @@ bool StridedStagedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
   return true;
 }
 
-size_t TableEntries(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
-  switch (RowKernelOf(plan, dtype, s)) {
+size_t TableEntries(RowKernel kernel, const SoftmaxSegment& s) {
+  switch (kernel) {
     case RowKernel::kFlat:
     case RowKernel::kFlatTable:
     case RowKernel::kOnChipCluster:
@@ -334,7 +340,7 @@ void AppendFlatTable(DType dtype, const SoftmaxSegment& s, std::vector<RowSegmen
   const int config = (s.log ? kLogBit : 0) | (VectorAligned(dtype, s) ? kVecBit : 0) |
                      (shape.group_log2 << kShapeShift) | (shape.slots << kSlotsShift);
   const long long rows_per_unit =
-      (kTableThreads >> shape.group_log2) * TableRowsPerGroup(shape.slots);
+      (TableThreadsOf(shape.group_log2) >> shape.group_log2) * TableRowsPerGroup(shape.slots);
   ForEachPiece(dtype, s, [&](RowSegment r) {
     r.config = config;
     r.units = static_cast<int>(CeilDiv(r.rows, rows_per_unit));
@@ -342,37 +348,44 @@ void AppendFlatTable(DType dtype, const SoftmaxSegment& s, std::vector<RowSegmen
   });
 }
 
-// The flat table kernel over `rows`, in as few launches as keep its unit
-// indices in int, each with a one-pass grid; each unit prefetches the unit
-// one wave of resident blocks ahead. Dynamic shared memory only where a
-// segment's rows are not 16-byte aligned.
+// The flat table kernel over `rows`: the rows of 1024-thread blocks, then
+// those of 512-thread blocks (TableThreadsOf), each in as few launches as
+// keep its unit indices in int, with a one-pass grid; each unit prefetches
+// the unit one wave of resident blocks ahead. Dynamic shared memory only
+// where a segment's rows are not 16-byte aligned.
 void FlatTableSteps(const LaunchPlan& plan, DType dtype, const std::vector<RowSegment>& rows,
                     std::vector<LaunchStep>* steps) {
-  size_t begin = 0;
-  while (begin < rows.size()) {
-    LaunchStep step;
-    step.kernel = SoftmaxKernel::kFlatTable;
-    step.threads = kTableThreads;
-    long long units = 0;
-    for (; begin < rows.size(); ++begin) {
-      RowSegment r = rows[begin];
-      if (!step.table.empty() && units + r.units > 0x7fffffffLL) break;
-      r.first_worker = static_cast<int>(units);
-      units += r.units;
-      if ((r.config & kVecBit) == 0) {
-        const int group_log2 = (r.config >> kShapeShift) & 0xf;
-        const int slots = (r.config >> kSlotsShift) & 0xf;
-        step.shared_bytes =
-            std::max(step.shared_bytes, static_cast<size_t>(TableRowsPerGroup(slots)) *
-                                            (static_cast<size_t>(slots) * kTableThreads +
-                                             (kTableThreads >> group_log2)) * 16);
-      }
-      step.table.push_back(r);
+  for (const int threads : {kTableThreads, kTableSmallThreads}) {
+    std::vector<RowSegment> mine;
+    for (const RowSegment& r : rows) {
+      if (TableThreadsOf((r.config >> kShapeShift) & 0xf) == threads) mine.push_back(r);
     }
-    step.grid = static_cast<unsigned>(units);
-    step.table_word = static_cast<int>(units);
-    step.prefetch_units = GridOf(plan, "flat_table", dtype);
-    steps->push_back(std::move(step));
+    size_t begin = 0;
+    while (begin < mine.size()) {
+      LaunchStep step;
+      step.kernel = SoftmaxKernel::kFlatTable;
+      step.threads = threads;
+      long long units = 0;
+      for (; begin < mine.size(); ++begin) {
+        RowSegment r = mine[begin];
+        if (!step.table.empty() && units + r.units > 0x7fffffffLL) break;
+        r.first_worker = static_cast<int>(units);
+        units += r.units;
+        if ((r.config & kVecBit) == 0) {
+          const int group_log2 = (r.config >> kShapeShift) & 0xf;
+          const int slots = (r.config >> kSlotsShift) & 0xf;
+          step.shared_bytes =
+              std::max(step.shared_bytes, static_cast<size_t>(TableRowsPerGroup(slots)) *
+                                              (static_cast<size_t>(slots) * threads +
+                                               (threads >> group_log2)) * 16);
+        }
+        step.table.push_back(r);
+      }
+      step.grid = static_cast<unsigned>(units);
+      step.table_word = static_cast<int>(units);
+      step.prefetch_units = GridOf(plan, TableProbeName(threads), dtype);
+      steps->push_back(std::move(step));
+    }
   }
 }
 
@@ -417,6 +430,12 @@ bool StagedSteps(const LaunchPlan& plan, DType dtype,
                  const std::vector<const SoftmaxSegment*>& segments,
                  std::vector<LaunchStep>* steps) {
   const size_t item = ItemSize(dtype);
+  std::vector<StagedShape> shapes(segments.size());
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (!StagedShapeOf(plan, dtype, CeilDiv(segments[i]->n, Vectors(dtype)), &shapes[i])) {
+      return false;
+    }
+  }
   for (int cluster = 1; cluster <= kMaxClusterSize; cluster *= 2) {
     const long long max_rows = 0x7fffffffLL / cluster;
     LaunchStep step;
@@ -431,9 +450,9 @@ bool StagedSteps(const LaunchPlan& plan, DType dtype,
       step = LaunchStep();
       clusters = 0;
     };
-    for (const SoftmaxSegment* s : segments) {
-      StagedShape shape;
-      if (!StagedShapeOf(plan, dtype, CeilDiv(s->n, Vectors(dtype)), &shape)) return false;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      const SoftmaxSegment* s = segments[i];
+      const StagedShape& shape = shapes[i];
       if (shape.cluster != cluster) continue;
       const size_t pitch = static_cast<size_t>(s->n) * item;
       for (long long first = 0; first < s->outer;) {
@@ -596,7 +615,7 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
     kernels[i] = RowKernelOf(plan, dtype, s);
-    table_entries += TableEntries(plan, dtype, s);
+    table_entries += TableEntries(kernels[i], s);
     const bool on_chip = kernels[i] == RowKernel::kOnChipCluster ||
                          (!allow_flat && (kernels[i] == RowKernel::kFlat ||
                                           kernels[i] == RowKernel::kFlatTable));
@@ -792,17 +811,40 @@ cudaError_t LaunchPlan::Create(int device, LaunchPlan* plan) {
   }
   p.max_cluster_size_ = std::min(p.max_cluster_size_, kMaxUsedClusterSize);
   if (!p.clusters_supported_) p.max_cluster_size_ = 1;
+  p.IndexProbes();
   *plan = std::move(p);
   return cudaSuccess;
 }
 
-const KernelProbe* LaunchPlan::Find(const std::string& family, DType dtype,
-                                    int cluster_size) const {
-  const std::string name = family + "<" + DTypeName(dtype) + ">";
-  for (const KernelProbe& probe : probes_) {
-    if (probe.kernel == name && probe.cluster_size == cluster_size) return &probe;
+void LaunchPlan::IndexProbes() {
+  index_.clear();
+  for (size_t i = 0; i < probes_.size(); ++i) {
+    const KernelProbe& p = probes_[i];
+    const size_t lt = p.kernel.find('<');
+    index_.push_back({static_cast<int>(p.dtype), p.cluster_size,
+                      static_cast<int>(lt == std::string::npos ? p.kernel.size() : lt),
+                      static_cast<int>(i)});
   }
-  return nullptr;
+  std::stable_sort(index_.begin(), index_.end(), [&](const IndexEntry& a, const IndexEntry& b) {
+    return KeyOf(a) < KeyOf(b);
+  });
+}
+
+std::tuple<int, int, std::string_view> LaunchPlan::KeyOf(const IndexEntry& e) const {
+  return {e.dtype, e.cluster_size,
+          std::string_view(probes_[e.probe].kernel).substr(0, e.family_length)};
+}
+
+const KernelProbe* LaunchPlan::Find(std::string_view family, DType dtype,
+                                    int cluster_size) const {
+  const std::tuple<int, int, std::string_view> key{static_cast<int>(dtype), cluster_size, family};
+  const auto it = std::lower_bound(
+      index_.begin(), index_.end(), key,
+      [&](const IndexEntry& e, const std::tuple<int, int, std::string_view>& k) {
+        return KeyOf(e) < k;
+      });
+  if (it == index_.end() || KeyOf(*it) != key) return nullptr;
+  return &probes_[it->probe];
 }
 
 bool LaunchPlan::Parse(const std::string& text, LaunchPlan* plan) {
@@ -853,6 +895,7 @@ bool LaunchPlan::Parse(const std::string& text, LaunchPlan* plan) {
     p.probes_.push_back(probe);
   }
   if (p.probes_.empty() || p.multiprocessors_ <= 0) return false;
+  p.IndexProbes();
   *plan = std::move(p);
   return true;
 }
@@ -944,11 +987,12 @@ size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSeg
   size_t total = 0;
   for (int i = 0; i < count; ++i) {
     if (Empty(segments[i])) continue;
+    const RowKernel kernel = RowKernelOf(plan, dtype, segments[i]);
     const SoftmaxPath path = ChoosePath(plan, dtype, segments[i]);
     if (path == SoftmaxPath::kSplitRows || path == SoftmaxPath::kStrided) {
       total += SegmentScratch(plan, dtype, segments[i], path);
     }
-    entries += TableEntries(plan, dtype, segments[i]);
+    entries += TableEntries(kernel, segments[i]);
   }
   if (entries > static_cast<size_t>(kInlineSegments)) total += Align256(entries * sizeof(RowSegment));
   return total;
