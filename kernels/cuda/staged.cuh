@@ -207,6 +207,63 @@ __device__ __forceinline__ void WriteStages(const uint4* share, uint4* out, int 
   }
 }
 
+// WriteStages, and after each stage the next share's copies of that stage
+// (`next_count` vectors from `next_in`, one commit group per stage as
+// IssueCopies makes them) into the slots this thread has just read: the next
+// share loads while this one is written. Each thread reuses only its own
+// slots, so no barrier is needed. (Not shared with IssueCopies and
+// WriteStages: the staged kernel's 14-stage loops through per-stage helpers
+// ran fp16 1024 x 262144 at 0.49x on the H200.)
+template <typename T, int kMaxStages>
+__device__ __forceinline__ void WriteStagesThenCopy(uint4* share, uint4* out, int count,
+                                                    float scale, bool log,
+                                                    const float (&stage_max)[kMaxStages],
+                                                    MaxSum total, const uint4* next_in,
+                                                    int next_count) {
+  constexpr int V = VecWidth<T>();
+  constexpr int kPerStage = kStagedStageVectors / kStagedThreads;
+  const int stages = (count + kStagedStageVectors - 1) / kStagedStageVectors;
+  const int next_stages = (next_count + kStagedStageVectors - 1) / kStagedStageVectors;
+  const float factor = OutputFactor(log, total.d);
+#pragma unroll
+  for (int s = 0; s < kMaxStages; ++s) {
+    const int begin = s * kStagedStageVectors;
+    if (s < stages) {
+      const int end = min(count, begin + kStagedStageVectors);
+      const float stage_factor = Rescale(stage_max[s], total.m, scale) * factor;
+#pragma unroll
+      for (int j = 0; j < kPerStage; ++j) {
+        const int i = begin + j * kStagedThreads + threadIdx.x;
+        if (i < end) {
+          const uint4 v = share[i];
+          if (log) {
+            StoreGlobal16(out + i, NormalizeVector<T>(v, total.m, scale, true, factor));
+          } else {
+            float e[V];
+            Unpack<T>(v, e);
+#pragma unroll
+            for (int k = 0; k < V; ++k) e[k] *= stage_factor;
+            StoreGlobal16(out + i, Pack<T>(e));
+          }
+        }
+      }
+    }
+    if (s < next_stages) {
+      const int end = min(next_count, begin + kStagedStageVectors);
+#pragma unroll
+      for (int j = 0; j < kPerStage; ++j) {
+        const int i = begin + j * kStagedThreads + threadIdx.x;
+        if (i < end) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(SharedAddress(share + i)),
+                       "l"(next_in + i)
+                       : "memory");
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_constant__ TableArgs args) {
 #if !SOFTMAX_SM90_DEVICE_CODE
@@ -421,8 +478,11 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StridedStagedKernel(const _
 // stages); unit u = (row, part) goes to block u % grid, as its (u / grid)-th
 // unit. A block stages its unit, reduces it, publishes its (max, sum) in
 // global scratch and counts itself in, waits until every part of the row has
-// done so, merges the row's partials (read through L2) and writes its unit.
-// Each element is read once and written once.
+// done so, merges the row's partials (read through L2) and writes its unit,
+// staging its next unit stage by stage as it goes (WriteStagesThenCopy; the
+// next unit is of the next step, whose parts no block of this step writes,
+// so in-place launches stay correct). Each element is read once and written
+// once.
 //
 // Why it cannot deadlock: the grid is launched cooperatively (every block
 // resident) and is a multiple of parts, so all parts of a row are units of
@@ -443,17 +503,20 @@ __global__ void __launch_bounds__(kStagedThreads, kSplitStagedBlocks) SplitStage
   const size_t pitch = static_cast<size_t>(a.n) * sizeof(Bits);
   const long long units = a.rows * a.parts;
   const bool log = a.log != 0;
+  // Unit u's share: its first vector in the input, and its vector count.
+  const auto share_in = [&](long long u) {
+    return reinterpret_cast<const uint4*>(static_cast<const char*>(a.input) + (u / a.parts) * pitch) +
+           (u % a.parts) * a.part_vectors;
+  };
+  const auto share_count = [&](long long u) {
+    const long long left = vectors - (u % a.parts) * a.part_vectors;
+    return u < units ? static_cast<int>(left < a.part_vectors ? left : a.part_vectors) : 0;
+  };
+  if (blockIdx.x < units) IssueCopies<kSplitStagedStages>(share, share_in(blockIdx.x), share_count(blockIdx.x));
   for (long long u = blockIdx.x; u < units; u += gridDim.x) {
     const long long row = u / a.parts;
     const long long first = (u % a.parts) * a.part_vectors;
-    const long long left = vectors - first;
-    const int count = static_cast<int>(left < a.part_vectors ? left : a.part_vectors);
-    // The previous unit's reads of the share and of the slots are done
-    // before new copies land.
-    __syncthreads();
-    IssueCopies<kSplitStagedStages>(
-        share, reinterpret_cast<const uint4*>(static_cast<const char*>(a.input) + row * pitch) + first,
-        count);
+    const int count = share_count(u);
     float stage_max[kSplitStagedStages];
     const MaxSum part_total = ReduceStages<T>(share, warp_slots, count, a.scale, log, stage_max);
     if (threadIdx.x == 0) {
@@ -466,8 +529,12 @@ __global__ void __launch_bounds__(kStagedThreads, kSplitStagedBlocks) SplitStage
     }
     __syncthreads();
     const MaxSum total = MergePartials(a.partials + row * a.parts, a.parts, a.scale, slots);
-    WriteStages<T>(share, reinterpret_cast<uint4*>(static_cast<char*>(a.output) + row * pitch) + first,
-                   count, a.scale, log, stage_max, total);
+    // The next unit's share loads while this one is written. H200, 256 x
+    // 2^20: fp16 3,300 -> 3,430 GB/s, bf16 3,280 -> 3,427, fp32 3,354 -> 3,401.
+    const long long next = u + gridDim.x;
+    WriteStagesThenCopy<T>(share, reinterpret_cast<uint4*>(static_cast<char*>(a.output) + row * pitch) + first,
+                           count, a.scale, log, stage_max, total, share_in(next < units ? next : u),
+                           share_count(next));
   }
 #endif  // SOFTMAX_SM90_DEVICE_CODE
 }
