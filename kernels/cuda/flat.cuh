@@ -163,13 +163,13 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
 // shared memory (S * R + 1 granules per group); each thread shifts its
 // vector out of its own granule and the next (ShiftBytes), and outputs go
 // back the same way at the output's offset. Every shared-memory access is a
-// whole aligned granule: H200, ragged tables of unaligned rows, 1.04-1.12x
-// over 4-byte accesses at the row's offset (4-way bank conflicts).
+// whole aligned granule: H200, ragged tables, 1.01-1.12x over 4-byte
+// accesses at the row's offset (4-way bank conflicts).
 
 // Bytes [shift, shift + 16) of the 32 bytes lo:hi (shift 0..15, a multiple
-// of 2; the same for every thread of a row): one funnel shift per word. Unaligned rows move
-// through shared memory as whole aligned granules (16-byte accesses, no bank
-// conflicts) and are shifted in registers.
+// of 2; the same for every thread of a row): one funnel shift per word.
+// Unaligned rows move through shared memory as whole aligned granules
+// (16-byte accesses, no bank conflicts) and are shifted in registers.
 __device__ __forceinline__ uint4 ShiftBytes(uint4 lo, uint4 hi, int shift) {
   const unsigned bits = static_cast<unsigned>(shift & 3) * 8;
   switch (shift >> 2) {

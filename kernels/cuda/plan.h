@@ -44,7 +44,7 @@ constexpr long long kMaxPieceRows = 1LL << 30;  // on-chip segments are cut into
 // Flat table kernel: at most 8 vectors per thread, in blocks of 1024
 // threads, or of 512 (two resident per SM: one block's loads overlap the
 // other's reductions and stores) for every row whose group fits in 512.
-// H200, ragged tables of 64 half tensors of up to 20,000 columns: 1.18-1.28x.
+// H200, ragged tables of 64 half tensors: 1.12-1.20x (float32 0.96-0.99x).
 constexpr int kTableThreads = 1024;
 constexpr int kTableSmallThreads = 512;
 constexpr int kTableSlots = 8;
