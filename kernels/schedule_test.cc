@@ -403,6 +403,41 @@ TEST_F(ScheduleTest, StepsFitTheDevice) {
   }
 }
 
+// A launch overlaps the tail of the one before only where nothing passes
+// between them: both table launches of other segments (flat_table or
+// staged), no memset or table copy before it; never the first launch, never
+// a split or strided one (their second launch reads the first's partials).
+TEST_F(ScheduleTest, OnlyIndependentTableLaunchesOverlap) {
+  std::mt19937_64 rng(13);
+  const auto table_kernel = [](SoftmaxKernel k) {
+    return k == SoftmaxKernel::kFlatTable || k == SoftmaxKernel::kStaged;
+  };
+  int overlapping = 0;
+  for (DType dtype : kDTypes) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<SoftmaxSegment> table;
+      const int count = std::uniform_int_distribution<int>(1, trial % 4 == 0 ? 120 : 30)(rng);
+      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      for (bool allow_flat : {true, false}) {
+        const Schedule schedule = Plan(dtype, table, allow_flat);
+        for (size_t i = 0; i < schedule.steps.size(); ++i) {
+          const LaunchStep& step = schedule.steps[i];
+          const bool expected = i > 0 && table_kernel(schedule.steps[i - 1].kernel) &&
+                                table_kernel(step.kernel) && step.zero_bytes == 0 &&
+                                step.table.size() <= static_cast<size_t>(kInlineSegments);
+          EXPECT_EQ(step.overlap_previous, expected) << i << "\n" << schedule.ToString();
+          if (step.overlap_previous) {
+            ++overlapping;
+            EXPECT_FALSE(step.cooperative);
+            EXPECT_NE(schedule.ToString().find("overlaps"), std::string::npos);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(overlapping, 0);  // the random tables do hold such launches
+}
+
 }  // namespace
 }  // namespace detail
 }  // namespace gpu

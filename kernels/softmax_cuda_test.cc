@@ -703,6 +703,92 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
   }
 }
 
+// A table whose later launches overlap the tail of the ones before
+// (programmatic dependent launch): what follows on the stream (here a copy
+// back, with no synchronization in between) must still see every launch's
+// output, not only the last one's. The first launch is the longest, the
+// last one short, so that a last launch that did not wait would let the
+// copy read poison.
+TEST_F(SoftmaxCudaTest, OverlappingLaunchesKeepStreamOrder) {
+  std::mt19937_64 rng(12);
+  for (DType dtype : kDTypes) {
+    const int64_t v = VecWidth(dtype);
+    std::vector<Problem> problems;
+    problems.push_back(MakeProblem(dtype, 4096, 300 * v + 1, 1, rng));   // flat_table, 512 threads
+    problems.push_back(MakeProblem(dtype, 64, 8000 * v + 1, 1, rng));    // flat_table, 1024 threads
+    problems.push_back(MakeProblem(dtype, 2, 2048 * v, 1, rng));         // staged
+    const size_t item = ItemSize(dtype);
+    size_t total = 0;
+    std::vector<size_t> offsets;
+    for (const Problem& p : problems) {
+      offsets.push_back(total);
+      total += (p.input.size() + 255) / 256 * 256;
+    }
+    char* d_in = nullptr;
+    char* d_out = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_in), total), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), total), cudaSuccess);
+    std::vector<SoftmaxSegment> segments;
+    std::vector<std::vector<double>> refs;
+    for (size_t i = 0; i < problems.size(); ++i) {
+      const Problem& p = problems[i];
+      ASSERT_EQ(cudaMemcpy(d_in + offsets[i], p.input.data(), p.input.size(),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      SoftmaxSegment s;
+      s.input = d_in + offsets[i];
+      s.output = d_out + offsets[i];
+      s.outer = p.shape.outer;
+      s.n = p.shape.n;
+      segments.push_back(s);
+      refs.emplace_back(static_cast<size_t>(p.shape.elements()));
+      ReferenceSoftmax(p.input.data(), dtype, p.shape, p.options, refs.back().data());
+    }
+    const int count = static_cast<int>(segments.size());
+    ASSERT_EQ(LaunchKernels(*plan_, dtype, segments.data(), count), "flat_table,staged");
+    const std::string schedule = LaunchSchedule(*plan_, dtype, segments.data(), count);
+    size_t overlapping = 0;
+    for (size_t at = schedule.find("overlaps"); at != std::string::npos;
+         at = schedule.find("overlaps", at + 1)) {
+      ++overlapping;
+    }
+    EXPECT_EQ(overlapping, 2u) << schedule;
+    const size_t scratch_bytes = SoftmaxScratchBytes(*plan_, dtype, segments.data(), count);
+    void* scratch = nullptr;
+    if (scratch_bytes > 0) {
+      ASSERT_EQ(cudaMalloc(&scratch, scratch_bytes), cudaSuccess);
+    }
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    void* host = nullptr;
+    ASSERT_EQ(cudaMallocHost(&host, total), cudaSuccess);
+    for (int run = 0; run < 10; ++run) {
+      ASSERT_EQ(cudaMemsetAsync(d_out, 0x7B, total, stream), cudaSuccess);
+      ASSERT_EQ(LaunchSoftmax(*plan_, dtype, segments.data(), count, scratch, scratch_bytes, stream),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpyAsync(host, d_out, total, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      for (size_t i = 0; i < problems.size(); ++i) {
+        int64_t bad = 0;
+        const void* y = static_cast<const char*>(host) + offsets[i];
+        for (int64_t e = 0; e < problems[i].shape.elements(); ++e) {
+          const double r = refs[i][e];
+          if (!(std::fabs(LoadAsFloat(y, dtype, e) - r) <= 1e-6 + Rtol(dtype) * std::fabs(r))) {
+            ++bad;
+          }
+        }
+        EXPECT_EQ(bad, 0) << DTypeName(dtype) << " run " << run << " segment " << i << " ("
+                          << item << "-byte elements)";
+      }
+    }
+    cudaFreeHost(host);
+    cudaStreamDestroy(stream);
+    cudaFree(scratch);
+    cudaFree(d_in);
+    cudaFree(d_out);
+  }
+}
+
 TEST_F(SoftmaxCudaTest, NonLastAxis) {
   std::mt19937_64 rng(7);
   for (DType dtype : kDTypes) {

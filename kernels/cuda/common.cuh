@@ -436,6 +436,22 @@ __device__ __forceinline__ int FirstUnit(int worker, int workers, int first_work
   return r < 0 ? r + workers : r;
 }
 
+// Programmatic dependent launch (sm_90; no-ops for a launch made without
+// it): DependentsMayStart lets the next launch's blocks start as this one's
+// drain; WaitForPrevious waits until the launch before has completed and its
+// writes are visible. A table kernel calls the first when it starts and the
+// second before it exits, so that its completion implies the previous one's.
+__device__ __forceinline__ void DependentsMayStart() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WaitForPrevious() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // The table entry holding unit u (entries are sorted by first unit; the
 // flat table and staged kernels).
 __device__ __forceinline__ int TableSegmentOf(const RowSegment* table, int count, int u) {

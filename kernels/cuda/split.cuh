@@ -24,7 +24,7 @@ namespace detail {
 // (kernels/bench/results): 2,567 -> 2,659 GB/s fp32, 2,347 -> 2,445 fp16
 // against a last-part merge behind a returning atomic.
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kThreads, 2) SplitStatsKernel(const SplitArgs a) {
+__global__ void __launch_bounds__(kThreads, kSplitStatsBlocks) SplitStatsKernel(const SplitArgs a) {
   constexpr int V = VecWidth<T>();
   using Bits = typename Traits<T>::Bits;
   __shared__ float2 slots[kWarps];

@@ -264,8 +264,15 @@ __device__ __forceinline__ void WriteStagesThenCopy(uint4* share, uint4* out, in
   }
 }
 
+// Blocks per SM the staged kernel's registers must allow: 4 for the 16-bit
+// types (64 registers); float32 is left to the compiler (70 registers, 3
+// blocks). H200, 16384 x 16384: fp16 and bf16 1.06x over 80 registers (3
+// blocks); fp32 at 64 registers (4 blocks) 0.98x at 32768 x 8192.
 template <typename T>
-__global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_constant__ TableArgs args) {
+constexpr int kStagedBlocks = sizeof(T) == 2 ? 4 : 1;
+
+template <typename T>
+__global__ void __launch_bounds__(kStagedThreads, kStagedBlocks<T>) StagedKernel(const __grid_constant__ TableArgs args) {
 #if !SOFTMAX_SM90_DEVICE_CODE
   __trap();  // never planned below sm_90 (its probe finds no cluster)
 #else
@@ -293,6 +300,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
   const uint4* in = reinterpret_cast<const uint4*>(static_cast<const char*>(seg.input) + row * pitch) + first;
   uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(seg.output) + row * pitch) + first;
   const bool log = (seg.config & kLogBit) != 0;
+  DependentsMayStart();
   IssueCopies<kStagedMaxStages>(share, in, count);
   __syncthreads();
   // A block may write into a peer's shared memory only once every block of
@@ -316,6 +324,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StagedKernel(const __grid_c
     }
   }
   WriteStages<T>(share, out, count, scale, log, stage_max, total);
+  WaitForPrevious();
 #endif  // SOFTMAX_SM90_DEVICE_CODE
 }
 
