@@ -133,8 +133,11 @@ class SoftmaxCudaTest : public ::testing::Test {
   }
 
   // `allow_flat` false keeps a one-segment launch on the on-chip kernel.
+  // With `stream`, the poisoning, the launch and the copy back are queued on
+  // it with no synchronization between them (into pinned memory): the copy
+  // must see every launch's output.
   void RunAndCheck(DType dtype, std::vector<Problem>& problems, const std::string& label,
-                   bool allow_flat = true) {
+                   bool allow_flat = true, cudaStream_t stream = nullptr) {
     const size_t item = ItemSize(dtype);
     std::vector<size_t> in_offsets, out_offsets;
     size_t in_total = 0, out_total = 0;
@@ -182,17 +185,29 @@ class SoftmaxCudaTest : public ::testing::Test {
                        refs[i].data());
     }
     const double rtol = Rtol(dtype);
-    for (int run = 0; run < 2; ++run) {
-      ASSERT_EQ(cudaMemset(d_out, 0x7B, std::max<size_t>(out_total, 1)), cudaSuccess);
-      ASSERT_EQ(LaunchSoftmax(*plan_, dtype, segments.data(), static_cast<int>(segments.size()),
-                              scratch, scratch_bytes, nullptr, allow_flat),
+    uint8_t* pinned = nullptr;
+    if (stream != nullptr) {
+      ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), std::max<size_t>(out_total, 1)),
                 cudaSuccess);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      std::vector<uint8_t> host(out_total);
-      ASSERT_EQ(cudaMemcpy(host.data(), d_out, out_total, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    for (int run = 0; run < 2; ++run) {
+      std::vector<uint8_t> copied(stream == nullptr ? out_total : 0);
+      uint8_t* host = stream == nullptr ? copied.data() : pinned;
+      ASSERT_EQ(cudaMemsetAsync(d_out, 0x7B, std::max<size_t>(out_total, 1), stream), cudaSuccess);
+      ASSERT_EQ(LaunchSoftmax(*plan_, dtype, segments.data(), static_cast<int>(segments.size()),
+                              scratch, scratch_bytes, stream, allow_flat),
+                cudaSuccess);
+      if (stream == nullptr) {
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(host, d_out, out_total, cudaMemcpyDeviceToHost), cudaSuccess);
+      } else {
+        ASSERT_EQ(cudaMemcpyAsync(host, d_out, out_total, cudaMemcpyDeviceToHost, stream),
+                  cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      }
       for (size_t i = 0; i < problems.size(); ++i) {
         const Problem& p = problems[i];
-        const void* y = host.data() + out_offsets[i];
+        const void* y = host + out_offsets[i];
         int64_t bad = 0;
         std::ostringstream first;
         for (int64_t e = 0; e < p.shape.elements(); ++e) {
@@ -219,6 +234,7 @@ class SoftmaxCudaTest : public ::testing::Test {
                           << first.str();
       }
     }
+    cudaFreeHost(pinned);
     cudaFree(scratch);
     cudaFree(d_in);
     cudaFree(d_out);
@@ -711,82 +727,34 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
 // copy read poison.
 TEST_F(SoftmaxCudaTest, OverlappingLaunchesKeepStreamOrder) {
   std::mt19937_64 rng(12);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   for (DType dtype : kDTypes) {
     const int64_t v = VecWidth(dtype);
     std::vector<Problem> problems;
-    problems.push_back(MakeProblem(dtype, 4096, 300 * v + 1, 1, rng));   // flat_table, 512 threads
-    problems.push_back(MakeProblem(dtype, 64, 8000 * v + 1, 1, rng));    // flat_table, 1024 threads
-    problems.push_back(MakeProblem(dtype, 2, 2048 * v, 1, rng));         // staged
-    const size_t item = ItemSize(dtype);
-    size_t total = 0;
-    std::vector<size_t> offsets;
-    for (const Problem& p : problems) {
-      offsets.push_back(total);
-      total += (p.input.size() + 255) / 256 * 256;
-    }
-    char* d_in = nullptr;
-    char* d_out = nullptr;
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_in), total), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), total), cudaSuccess);
-    std::vector<SoftmaxSegment> segments;
-    std::vector<std::vector<double>> refs;
+    problems.push_back(MakeProblem(dtype, 4096, 300 * v + 1, 1, rng));  // flat_table, 512 threads
+    problems.push_back(MakeProblem(dtype, 64, 8000 * v + 1, 1, rng));   // flat_table, 1024 threads
+    problems.push_back(MakeProblem(dtype, 2, 2048 * v, 1, rng));        // staged
+    std::vector<SoftmaxSegment> described(problems.size());
     for (size_t i = 0; i < problems.size(); ++i) {
-      const Problem& p = problems[i];
-      ASSERT_EQ(cudaMemcpy(d_in + offsets[i], p.input.data(), p.input.size(),
-                           cudaMemcpyHostToDevice),
-                cudaSuccess);
-      SoftmaxSegment s;
-      s.input = d_in + offsets[i];
-      s.output = d_out + offsets[i];
-      s.outer = p.shape.outer;
-      s.n = p.shape.n;
-      segments.push_back(s);
-      refs.emplace_back(static_cast<size_t>(p.shape.elements()));
-      ReferenceSoftmax(p.input.data(), dtype, p.shape, p.options, refs.back().data());
+      described[i].outer = problems[i].shape.outer;
+      described[i].n = problems[i].shape.n;
     }
-    const int count = static_cast<int>(segments.size());
-    ASSERT_EQ(LaunchKernels(*plan_, dtype, segments.data(), count), "flat_table,staged");
-    const std::string schedule = LaunchSchedule(*plan_, dtype, segments.data(), count);
+    const int count = static_cast<int>(described.size());
+    ASSERT_EQ(LaunchKernels(*plan_, dtype, described.data(), count), "flat_table,staged");
+    const std::string schedule = LaunchSchedule(*plan_, dtype, described.data(), count);
     size_t overlapping = 0;
     for (size_t at = schedule.find("overlaps"); at != std::string::npos;
          at = schedule.find("overlaps", at + 1)) {
       ++overlapping;
     }
     EXPECT_EQ(overlapping, 2u) << schedule;
-    const size_t scratch_bytes = SoftmaxScratchBytes(*plan_, dtype, segments.data(), count);
-    void* scratch = nullptr;
-    if (scratch_bytes > 0) {
-      ASSERT_EQ(cudaMalloc(&scratch, scratch_bytes), cudaSuccess);
+    for (int round = 0; round < 5; ++round) {
+      RunAndCheck(dtype, problems, "overlapping launches, round " + std::to_string(round), true,
+                  stream);
     }
-    cudaStream_t stream;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    void* host = nullptr;
-    ASSERT_EQ(cudaMallocHost(&host, total), cudaSuccess);
-    for (int run = 0; run < 10; ++run) {
-      ASSERT_EQ(cudaMemsetAsync(d_out, 0x7B, total, stream), cudaSuccess);
-      ASSERT_EQ(LaunchSoftmax(*plan_, dtype, segments.data(), count, scratch, scratch_bytes, stream),
-                cudaSuccess);
-      ASSERT_EQ(cudaMemcpyAsync(host, d_out, total, cudaMemcpyDeviceToHost, stream), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      for (size_t i = 0; i < problems.size(); ++i) {
-        int64_t bad = 0;
-        const void* y = static_cast<const char*>(host) + offsets[i];
-        for (int64_t e = 0; e < problems[i].shape.elements(); ++e) {
-          const double r = refs[i][e];
-          if (!(std::fabs(LoadAsFloat(y, dtype, e) - r) <= 1e-6 + Rtol(dtype) * std::fabs(r))) {
-            ++bad;
-          }
-        }
-        EXPECT_EQ(bad, 0) << DTypeName(dtype) << " run " << run << " segment " << i << " ("
-                          << item << "-byte elements)";
-      }
-    }
-    cudaFreeHost(host);
-    cudaStreamDestroy(stream);
-    cudaFree(scratch);
-    cudaFree(d_in);
-    cudaFree(d_out);
   }
+  cudaStreamDestroy(stream);
 }
 
 TEST_F(SoftmaxCudaTest, NonLastAxis) {
