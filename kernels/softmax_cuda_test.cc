@@ -757,6 +757,45 @@ TEST_F(SoftmaxCudaTest, OverlappingLaunchesKeepStreamOrder) {
   cudaStreamDestroy(stream);
 }
 
+// A second pass (split_normalize, strided_normalize) is a programmatic
+// dependent of its first pass: it loads before the first pass completes and
+// must still read complete partials; a copy queued right after, with no
+// synchronization, must see every output. In place too, where the second
+// pass's early loads read what it then overwrites.
+TEST_F(SoftmaxCudaTest, SecondPassesOverlapTheirFirstPass) {
+  std::mt19937_64 rng(14);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  constexpr int64_t kLong = (int64_t{1} << 23) + 1;  // unaligned: split_stats, split_normalize
+  for (DType dtype : kDTypes) {
+    std::vector<Problem> problems;
+    problems.push_back(MakeProblem(dtype, 2, kLong, 1, rng));
+    problems.push_back(MakeProblem(dtype, 3, 5000, 300, rng));  // strided_stats, strided_normalize
+    problems.push_back(MakeProblem(dtype, 1, 70000, 3, rng, 0.5f, true));
+    std::vector<SoftmaxSegment> described(problems.size());
+    for (size_t i = 0; i < problems.size(); ++i) {
+      described[i].outer = problems[i].shape.outer;
+      described[i].n = problems[i].shape.n;
+      described[i].inner = problems[i].shape.inner;
+    }
+    const int count = static_cast<int>(described.size());
+    ASSERT_EQ(LaunchKernels(*plan_, dtype, described.data(), count),
+              "split_stats,split_normalize,strided_stats,strided_normalize");
+    const std::string schedule = LaunchSchedule(*plan_, dtype, described.data(), count);
+    size_t overlapping = 0;
+    for (size_t at = schedule.find("overlaps"); at != std::string::npos;
+         at = schedule.find("overlaps", at + 1)) {
+      ++overlapping;
+    }
+    EXPECT_EQ(overlapping, 3u) << schedule;
+    for (int round = 0; round < 3; ++round) {
+      RunAndCheck(dtype, problems, "second passes, round " + std::to_string(round), true, stream);
+    }
+    CheckInPlace(dtype, 2, kLong, SoftmaxPath::kSplitRows, rng, "split_stats in place");
+  }
+  cudaStreamDestroy(stream);
+}
+
 TEST_F(SoftmaxCudaTest, NonLastAxis) {
   std::mt19937_64 rng(7);
   for (DType dtype : kDTypes) {

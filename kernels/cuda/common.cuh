@@ -66,6 +66,9 @@ struct Traits<float> {
   static constexpr unsigned kNegInfWord = 0xff800000u;
   __device__ static void WordToFloats(unsigned w, float* f) { f[0] = __uint_as_float(w); }
   __device__ static unsigned FloatsToWord(const float* f) { return __float_as_uint(f[0]); }
+  __device__ static unsigned MaxWord(unsigned a, unsigned b) {
+    return __float_as_uint(fmaxf(__uint_as_float(a), __uint_as_float(b)));
+  }
   __device__ static unsigned ElementsToWord(const Bits* e) { return e[0]; }
   __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
     return fmaxf(fmaxf(__uint_as_float(a), __uint_as_float(b)),
@@ -100,6 +103,12 @@ struct Traits<__half> {
   __device__ static Bits Element(unsigned w, int k) {
     return static_cast<Bits>(k == 0 ? (w & 0xffffu) : (w >> 16));
   }
+  // Elementwise packed max (NaN is dropped, like fmaxf).
+  __device__ static unsigned MaxWord(unsigned a, unsigned b) {
+    unsigned r;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+  }
   // Packed max of 8 elements (NaN is dropped, like fmaxf; sums catch NaN).
   __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
     unsigned ab, cd, r;
@@ -133,6 +142,11 @@ struct Traits<__nv_bfloat16> {
   }
   __device__ static Bits Element(unsigned w, int k) {
     return static_cast<Bits>(k == 0 ? (w & 0xffffu) : (w >> 16));
+  }
+  __device__ static unsigned MaxWord(unsigned a, unsigned b) {
+    unsigned r;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
   }
   __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
     unsigned ab, cd, r;

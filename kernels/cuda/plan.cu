@@ -700,13 +700,22 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   // table beyond kInlineSegments is copied in just before its launch). Only
   // where the plan found clusters (sm_90, which programmatic launches need).
   // H200, ragged tables of 64 tensors: 1.08-1.19x; half long rows 1.38-1.39x.
+  // A second pass (split_normalize, strided_normalize) overlaps its first
+  // pass's tail too: it loads its first unit, then waits for the first pass
+  // to complete before it reads the partials. H200, 16 x 2^24 fp16: 1.014x.
   const auto overlaps = [](SoftmaxKernel k) {
     return k == SoftmaxKernel::kFlatTable || k == SoftmaxKernel::kStaged;
   };
+  const auto second_pass = [](SoftmaxKernel first, SoftmaxKernel second) {
+    return (first == SoftmaxKernel::kSplitStats && second == SoftmaxKernel::kSplitNormalize) ||
+           (first == SoftmaxKernel::kStridedStats && second == SoftmaxKernel::kStridedNormalize);
+  };
   for (size_t i = 1; i < out.steps.size() && plan.max_cluster_size() > 1; ++i) {
     LaunchStep& step = out.steps[i];
-    step.overlap_previous = overlaps(out.steps[i - 1].kernel) && overlaps(step.kernel) &&
-                            step.table.size() <= static_cast<size_t>(kInlineSegments);
+    const SoftmaxKernel before = out.steps[i - 1].kernel;
+    step.overlap_previous = (overlaps(before) && overlaps(step.kernel) &&
+                             step.table.size() <= static_cast<size_t>(kInlineSegments)) ||
+                            second_pass(before, step.kernel);
   }
   out.scratch_bytes = offset;
   *schedule = std::move(out);

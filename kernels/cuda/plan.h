@@ -395,10 +395,13 @@ struct LaunchStep {
   size_t finals_offset = 0;
   size_t counters_offset = 0;
   size_t zero_bytes = 0;  // counters zeroed (one memset) before this launch
-  // Launched as a programmatic dependent of the step before (both flat_table
-  // or staged, this table inline): its blocks start as that launch's blocks
-  // drain, and wait for it to complete before they exit (DependentsMayStart,
-  // WaitForPrevious in common.cuh), so stream order holds for what follows.
+  // Launched as a programmatic dependent of the step before: its blocks
+  // start as that launch's blocks drain (DependentsMayStart, WaitForPrevious
+  // in common.cuh). Table launches (both flat_table or staged, this table
+  // inline) wait for it to complete before they exit; a second pass
+  // (split_normalize after split_stats, strided_normalize after
+  // strided_stats) waits before it reads the first pass's partials. Either
+  // way it completes after the step before, so stream order holds.
   bool overlap_previous = false;
 };
 

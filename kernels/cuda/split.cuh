@@ -31,6 +31,9 @@ __global__ void __launch_bounds__(kThreads, kSplitStatsBlocks) SplitStatsKernel(
   const long long vectors = (a.n + V - 1) / V;
   const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
   const long long units = a.rows * a.parts;
+  // split_normalize is launched as a dependent: its blocks load while
+  // these drain (it waits for this launch before it merges partials).
+  DependentsMayStart();
   for (long long u = blockIdx.x; u < units; u += gridDim.x) {
     const long long row = u / a.parts;
     const int part = static_cast<int>(u % a.parts);
@@ -81,6 +84,9 @@ __global__ void __launch_bounds__(kThreads, 2) SplitNormalizeKernel(const SplitA
       const long long vi = begin + (chunks - 1) * kBlockVectors + j * kThreads + threadIdx.x;
       last[j] = vi < end ? LoadVector<T, kVec>(in, vi, a.n) : NegInfVector<T>();
     }
+    // The first unit's last chunk is in flight while split_stats finishes
+    // (this launch is its programmatic dependent).
+    if (i == blockIdx.x) WaitForPrevious();
     if (row != merged_row) {  // uniform across the block
       total = MergePartials(a.partials + row * a.parts, a.parts, a.scale, slots);
       merged_row = row;

@@ -389,11 +389,16 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StridedStagedKernel(const _
     m[k] = -INFINITY;
     d[k] = 0.0f;
   }
-  for (int r = q; r < rows; r += kPass) {
-    float x[V];
-    Unpack<T>(share[r * L + c], x);
-#pragma unroll
-    for (int k = 0; k < V; ++k) m[k] = fmaxf(m[k], x[k]);
+  {
+    // Packed max (exact: the max of the elements, converted once). H200,
+    // dim 0 of [4096, 65536] fp16: 1.014x.
+    uint4 mw = NegInfVector<T>();
+    for (int r = q; r < rows; r += kPass) {
+      const uint4 v = share[r * L + c];
+      mw = MakeVector(Traits<T>::MaxWord(mw.x, v.x), Traits<T>::MaxWord(mw.y, v.y),
+                      Traits<T>::MaxWord(mw.z, v.z), Traits<T>::MaxWord(mw.w, v.w));
+    }
+    Unpack<T>(mw, m);
   }
   // With m == -inf every value is -inf (-> 0) or NaN (-> NaN): shift by 0.
   float shift[V];
