@@ -23,21 +23,21 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   on_chip<float32>             warp,block,cluster         256   128      0     256          2        8        30    240
   on_chip<float32>             warp,block,cluster         256   128      0     256          2       16        14    224
   split_staged<float32>        split                      256    46      0     128          3        1         0    396
-  staged<float32>              staged                     256    70      0     192          1        1       132    132
-  staged<float32>              staged                     256    70      0     192          1        2        66    132
-  staged<float32>              staged                     256    70      0     192          1        4        30    120
-  staged<float32>              staged                     256    70      0     192          1        8        15    120
-  staged<float32>              staged                     256    70      0     192          1       16         7    112
-  strided_staged<float32>      strided                    256    68      0     256          1        1       132    132
-  strided_staged<float32>      strided                    256    68      0     256          1        2        66    132
-  strided_staged<float32>      strided                    256    68      0     256          1        4        30    120
-  strided_staged<float32>      strided                    256    68      0     256          1        8        15    120
-  strided_staged<float32>      strided                    256    68      0     256          1       16         7    112
-  split_fused<float32>         split                      256   108      0      64          2        1         0    264
-  split_stats<float32>         split                      256    57      0      64          4        1         0    528
-  split_normalize<float32>     split                      256   114      0      64          2        1         0    264
-  strided_stats<float32>       strided                    256    72      0    8208          3        1         0    396
-  strided_normalize<float32>   strided                    256    80      0       0          3        1         0    396
+  staged<float32>              staged                     256    70      0     256          1        1       132    132
+  staged<float32>              staged                     256    70      0     256          1        2        66    132
+  staged<float32>              staged                     256    70      0     256          1        4        30    120
+  staged<float32>              staged                     256    70      0     256          1        8        15    120
+  staged<float32>              staged                     256    70      0     256          1       16         7    112
+  strided_staged<float32>      strided                    256    69      0     384          1        1       132    132
+  strided_staged<float32>      strided                    256    69      0     384          1        2        66    132
+  strided_staged<float32>      strided                    256    69      0     384          1        4        30    120
+  strided_staged<float32>      strided                    256    69      0     384          1        8        15    120
+  strided_staged<float32>      strided                    256    69      0     384          1       16         7    112
+  split_fused<float32>         split                      256   108      0     128          2        1         0    264
+  split_stats<float32>         split                      256    57      0     128          4        1         0    528
+  split_normalize<float32>     split                      256   114      0     128          2        1         0    264
+  strided_stats<float32>       strided                    256   123      0    8320          2        1         0    264
+  strided_normalize<float32>   strided                    256   110      0       0          2        1         0    264
   on_chip<float16>             warp,block                 256   128      0     256          2        1         0    264
   flat.t64<float16>            flat                        64    32      0     256         32        1         0   4224
   flat.t128<float16>           flat                       128    32      0     256         16        1         0   2112
@@ -50,21 +50,21 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   on_chip<float16>             warp,block,cluster         256   128      0     256          2        8        30    240
   on_chip<float16>             warp,block,cluster         256   128      0     256          2       16        14    224
   split_staged<float16>        split                      256    61      0     128          3        1         0    396
-  staged<float16>              staged                     256    64      0     192          1        1       132    132
-  staged<float16>              staged                     256    64      0     192          1        2        66    132
-  staged<float16>              staged                     256    64      0     192          1        4        30    120
-  staged<float16>              staged                     256    64      0     192          1        8        15    120
-  staged<float16>              staged                     256    64      0     192          1       16         7    112
-  strided_staged<float16>      strided                    256    80      0     512          1        1       132    132
-  strided_staged<float16>      strided                    256    80      0     512          1        2        66    132
-  strided_staged<float16>      strided                    256    80      0     512          1        4        30    120
-  strided_staged<float16>      strided                    256    80      0     512          1        8        15    120
-  strided_staged<float16>      strided                    256    80      0     512          1       16         7    112
-  split_fused<float16>         split                      256   110      0      64          2        1         0    264
-  split_stats<float16>         split                      256    63      0      64          4        1         0    528
-  split_normalize<float16>     split                      256   128      0      64          2        1         0    264
-  strided_stats<float16>       strided                    256   118      0   16400          2        1         0    264
-  strided_normalize<float16>   strided                    256    96      0       0          2        1         0    264
+  staged<float16>              staged                     256    64      0     256          1        1       132    132
+  staged<float16>              staged                     256    64      0     256          1        2        66    132
+  staged<float16>              staged                     256    64      0     256          1        4        30    120
+  staged<float16>              staged                     256    64      0     256          1        8        15    120
+  staged<float16>              staged                     256    64      0     256          1       16         7    112
+  strided_staged<float16>      strided                    256    80      0     640          1        1       132    132
+  strided_staged<float16>      strided                    256    80      0     640          1        2        66    132
+  strided_staged<float16>      strided                    256    80      0     640          1        4        30    120
+  strided_staged<float16>      strided                    256    80      0     640          1        8        15    120
+  strided_staged<float16>      strided                    256    80      0     640          1       16         7    112
+  split_fused<float16>         split                      256   110      0     128          2        1         0    264
+  split_stats<float16>         split                      256    63      0     128          4        1         0    528
+  split_normalize<float16>     split                      256   128      0     128          2        1         0    264
+  strided_stats<float16>       strided                    256   128      0   16512          2        1         0    264
+  strided_normalize<float16>   strided                    256   124      0       0          2        1         0    264
   on_chip<bfloat16>            warp,block                 256   128      0     256          2        1         0    264
   flat.t64<bfloat16>           flat                        64    32      0     256         32        1         0   4224
   flat.t128<bfloat16>          flat                       128    32      0     256         16        1         0   2112
@@ -77,21 +77,21 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2        8        30    240
   on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2       16        14    224
   split_staged<bfloat16>       split                      256    61      0     128          3        1         0    396
-  staged<bfloat16>             staged                     256    64      0     192          1        1       132    132
-  staged<bfloat16>             staged                     256    64      0     192          1        2        66    132
-  staged<bfloat16>             staged                     256    64      0     192          1        4        30    120
-  staged<bfloat16>             staged                     256    64      0     192          1        8        15    120
-  staged<bfloat16>             staged                     256    64      0     192          1       16         7    112
-  strided_staged<bfloat16>     strided                    256    80      0     512          1        1       132    132
-  strided_staged<bfloat16>     strided                    256    80      0     512          1        2        66    132
-  strided_staged<bfloat16>     strided                    256    80      0     512          1        4        30    120
-  strided_staged<bfloat16>     strided                    256    80      0     512          1        8        15    120
-  strided_staged<bfloat16>     strided                    256    80      0     512          1       16         7    112
-  split_fused<bfloat16>        split                      256   110      0      64          2        1         0    264
-  split_stats<bfloat16>        split                      256    63      0      64          4        1         0    528
-  split_normalize<bfloat16>    split                      256   128      0      64          2        1         0    264
-  strided_stats<bfloat16>      strided                    256   118      0   16400          2        1         0    264
-  strided_normalize<bfloat16>  strided                    256    96      0       0          2        1         0    264
+  staged<bfloat16>             staged                     256    64      0     256          1        1       132    132
+  staged<bfloat16>             staged                     256    64      0     256          1        2        66    132
+  staged<bfloat16>             staged                     256    64      0     256          1        4        30    120
+  staged<bfloat16>             staged                     256    64      0     256          1        8        15    120
+  staged<bfloat16>             staged                     256    64      0     256          1       16         7    112
+  strided_staged<bfloat16>     strided                    256    80      0     640          1        1       132    132
+  strided_staged<bfloat16>     strided                    256    80      0     640          1        2        66    132
+  strided_staged<bfloat16>     strided                    256    80      0     640          1        4        30    120
+  strided_staged<bfloat16>     strided                    256    80      0     640          1        8        15    120
+  strided_staged<bfloat16>     strided                    256    80      0     640          1       16         7    112
+  split_fused<bfloat16>        split                      256   110      0     128          2        1         0    264
+  split_stats<bfloat16>        split                      256    63      0     128          4        1         0    528
+  split_normalize<bfloat16>    split                      256   128      0     128          2        1         0    264
+  strided_stats<bfloat16>      strided                    256   128      0   16512          2        1         0    264
+  strided_normalize<bfloat16>  strided                    256   124      0       0          2        1         0    264
 )";
 
 }  // namespace gpu
