@@ -132,6 +132,27 @@ class SoftmaxCudaTest : public ::testing::Test {
     EXPECT_EQ(bad, 0) << label << " " << DTypeName(dtype);
   }
 
+  // The kernels (LaunchKernels) and the schedule a launch of these problems
+  // plans, and how many of its launches are marked `overlaps`.
+  size_t OverlappingLaunches(DType dtype, const std::vector<Problem>& problems,
+                             std::string* kernels, std::string* schedule) {
+    std::vector<SoftmaxSegment> described(problems.size());
+    for (size_t i = 0; i < problems.size(); ++i) {
+      described[i].outer = problems[i].shape.outer;
+      described[i].n = problems[i].shape.n;
+      described[i].inner = problems[i].shape.inner;
+    }
+    const int count = static_cast<int>(described.size());
+    *kernels = LaunchKernels(*plan_, dtype, described.data(), count);
+    *schedule = LaunchSchedule(*plan_, dtype, described.data(), count);
+    size_t overlapping = 0;
+    for (size_t at = schedule->find("overlaps"); at != std::string::npos;
+         at = schedule->find("overlaps", at + 1)) {
+      ++overlapping;
+    }
+    return overlapping;
+  }
+
   // `allow_flat` false keeps a one-segment launch on the on-chip kernel.
   // With `stream`, the poisoning, the launch and the copy back are queued on
   // it with no synchronization between them (into pinned memory): the copy
@@ -735,20 +756,9 @@ TEST_F(SoftmaxCudaTest, OverlappingLaunchesKeepStreamOrder) {
     problems.push_back(MakeProblem(dtype, 4096, 300 * v + 1, 1, rng));  // flat_table, 512 threads
     problems.push_back(MakeProblem(dtype, 64, 8000 * v + 1, 1, rng));   // flat_table, 1024 threads
     problems.push_back(MakeProblem(dtype, 2, 2048 * v, 1, rng));        // staged
-    std::vector<SoftmaxSegment> described(problems.size());
-    for (size_t i = 0; i < problems.size(); ++i) {
-      described[i].outer = problems[i].shape.outer;
-      described[i].n = problems[i].shape.n;
-    }
-    const int count = static_cast<int>(described.size());
-    ASSERT_EQ(LaunchKernels(*plan_, dtype, described.data(), count), "flat_table,staged");
-    const std::string schedule = LaunchSchedule(*plan_, dtype, described.data(), count);
-    size_t overlapping = 0;
-    for (size_t at = schedule.find("overlaps"); at != std::string::npos;
-         at = schedule.find("overlaps", at + 1)) {
-      ++overlapping;
-    }
-    EXPECT_EQ(overlapping, 2u) << schedule;
+    std::string kernels, schedule;
+    EXPECT_EQ(OverlappingLaunches(dtype, problems, &kernels, &schedule), 2u) << schedule;
+    ASSERT_EQ(kernels, "flat_table,staged");
     for (int round = 0; round < 5; ++round) {
       RunAndCheck(dtype, problems, "overlapping launches, round " + std::to_string(round), true,
                   stream);
@@ -772,22 +782,9 @@ TEST_F(SoftmaxCudaTest, SecondPassesOverlapTheirFirstPass) {
     problems.push_back(MakeProblem(dtype, 2, kLong, 1, rng));
     problems.push_back(MakeProblem(dtype, 3, 5000, 300, rng));  // strided_stats, strided_normalize
     problems.push_back(MakeProblem(dtype, 1, 70000, 3, rng, 0.5f, true));
-    std::vector<SoftmaxSegment> described(problems.size());
-    for (size_t i = 0; i < problems.size(); ++i) {
-      described[i].outer = problems[i].shape.outer;
-      described[i].n = problems[i].shape.n;
-      described[i].inner = problems[i].shape.inner;
-    }
-    const int count = static_cast<int>(described.size());
-    ASSERT_EQ(LaunchKernels(*plan_, dtype, described.data(), count),
-              "split_stats,split_normalize,strided_stats,strided_normalize");
-    const std::string schedule = LaunchSchedule(*plan_, dtype, described.data(), count);
-    size_t overlapping = 0;
-    for (size_t at = schedule.find("overlaps"); at != std::string::npos;
-         at = schedule.find("overlaps", at + 1)) {
-      ++overlapping;
-    }
-    EXPECT_EQ(overlapping, 3u) << schedule;
+    std::string kernels, schedule;
+    EXPECT_EQ(OverlappingLaunches(dtype, problems, &kernels, &schedule), 3u) << schedule;
+    ASSERT_EQ(kernels, "split_stats,split_normalize,strided_stats,strided_normalize");
     for (int round = 0; round < 3; ++round) {
       RunAndCheck(dtype, problems, "second passes, round " + std::to_string(round), true, stream);
     }
