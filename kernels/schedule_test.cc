@@ -404,9 +404,12 @@ TEST_F(ScheduleTest, StepsFitTheDevice) {
 }
 
 // A launch overlaps the tail of the one before only where nothing passes
-// between them: both table launches of other segments (flat_table or
-// staged), no memset or table copy before it; never the first launch, never
-// a split or strided one (their second launch reads the first's partials).
+// between them (both table launches of other segments, flat_table or
+// staged, no memset or table copy before it) or where it is a second pass
+// right after its own first pass (split_normalize after split_stats,
+// strided_normalize after strided_stats, same partials: it waits for the
+// first pass before it reads them); never the first launch, never a first
+// pass or a one-launch split or strided segment.
 TEST_F(ScheduleTest, OnlyIndependentTableLaunchesAndSecondPassesOverlap) {
   std::mt19937_64 rng(13);
   int second_passes = 0;

@@ -111,12 +111,8 @@ struct Traits<__half> {
   }
   // Packed max of 8 elements (NaN is dropped, like fmaxf; sums catch NaN).
   __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
-    unsigned ab, cd, r;
-    asm("max.f16x2 %0, %1, %2;" : "=r"(ab) : "r"(a), "r"(b));
-    asm("max.f16x2 %0, %1, %2;" : "=r"(cd) : "r"(c), "r"(d));
-    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(ab), "r"(cd));
     float f[2];
-    WordToFloats(r, f);
+    WordToFloats(MaxWord(MaxWord(a, b), MaxWord(c, d)), f);
     return fmaxf(f[0], f[1]);
   }
 };
@@ -149,12 +145,8 @@ struct Traits<__nv_bfloat16> {
     return r;
   }
   __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
-    unsigned ab, cd, r;
-    asm("max.bf16x2 %0, %1, %2;" : "=r"(ab) : "r"(a), "r"(b));
-    asm("max.bf16x2 %0, %1, %2;" : "=r"(cd) : "r"(c), "r"(d));
-    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(ab), "r"(cd));
     float f[2];
-    WordToFloats(r, f);
+    WordToFloats(MaxWord(MaxWord(a, b), MaxWord(c, d)), f);
     return fmaxf(f[0], f[1]);
   }
 };
