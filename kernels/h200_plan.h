@@ -16,8 +16,8 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   flat.t128<float32>           flat                       128    29      0     256         16        1         0   2112
   flat.t256<float32>           flat                       256    29      0     256          8        1         0   1056
   flat.t512<float32>           flat                       512    29      0     256          4        1         0    528
-  flat_table.t512<float32>     flat_table                 512    64     16     512          2        1         0    264
-  flat_table<float32>          flat_table                1024    64     16     512          1        1         0    132
+  flat_table<float32>          flat_table                 512    64      0     512          2        1         0    264
+  row_staged<float32>          row_staged                 256    48      0     128          5        1         0    660
   on_chip<float32>             warp,block,cluster         256   128      0     256          2        2       132    264
   on_chip<float32>             warp,block,cluster         256   128      0     256          2        4        62    248
   on_chip<float32>             warp,block,cluster         256   128      0     256          2        8        30    240
@@ -43,8 +43,8 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   flat.t128<float16>           flat                       128    32      0     256         16        1         0   2112
   flat.t256<float16>           flat                       256    32      0     256          8        1         0   1056
   flat.t512<float16>           flat                       512    32      0     256          4        1         0    528
-  flat_table.t512<float16>     flat_table                 512    64     32     512          2        1         0    264
-  flat_table<float16>          flat_table                1024    64     32     512          1        1         0    132
+  flat_table<float16>          flat_table                 512    64      0     512          2        1         0    264
+  row_staged<float16>          row_staged                 256    52      0     128          4        1         0    528
   on_chip<float16>             warp,block,cluster         256   128      0     256          2        2       132    264
   on_chip<float16>             warp,block,cluster         256   128      0     256          2        4        62    248
   on_chip<float16>             warp,block,cluster         256   128      0     256          2        8        30    240
@@ -70,8 +70,8 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   flat.t128<bfloat16>          flat                       128    32      0     256         16        1         0   2112
   flat.t256<bfloat16>          flat                       256    32      0     256          8        1         0   1056
   flat.t512<bfloat16>          flat                       512    32      0     256          4        1         0    528
-  flat_table.t512<bfloat16>    flat_table                 512    64     32     512          2        1         0    264
-  flat_table<bfloat16>         flat_table                1024    64     32     512          1        1         0    132
+  flat_table<bfloat16>         flat_table                 512    64      0     512          2        1         0    264
+  row_staged<bfloat16>         row_staged                 256    52      0     128          4        1         0    528
   on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2        2       132    264
   on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2        4        62    248
   on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2        8        30    240

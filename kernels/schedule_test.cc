@@ -75,16 +75,19 @@ std::map<RowOrder, long long> OrdersOf(const Schedule& schedule, uintptr_t begin
         }
         break;
       case SoftmaxKernel::kFlatTable:
+      case SoftmaxKernel::kRowStaged:
       case SoftmaxKernel::kOnChip:
       case SoftmaxKernel::kStaged:
         for (const RowSegment& r : step.table) {
           if (!Within(r.input, begin, end)) continue;
           RowOrder order;
           if (step.kernel == SoftmaxKernel::kFlatTable) {
-            const int slots = (r.config >> kSlotsShift) & 0xf;
-            order = {slots == kFlatSlots ? "flat order" : name,
-                     {(r.config >> kShapeShift) & 0xf, slots, (r.config & kVecBit) != 0,
+            order = {"flat order",
+                     {(r.config >> kShapeShift) & 0xf, kFlatSlots, (r.config & kVecBit) != 0,
                       (r.config & kLogBit) != 0, r.n, ScaleBits(r.scale)}};
+          } else if (step.kernel == SoftmaxKernel::kRowStaged) {
+            // Its order follows from n alone (and the op and scale).
+            order = {name, {step.threads, r.config, r.n, ScaleBits(r.scale)}};
           } else if (step.kernel == SoftmaxKernel::kOnChip) {
             order = {name, {r.config, r.n, ScaleBits(r.scale)}};
           } else {
@@ -181,8 +184,8 @@ TEST_F(ScheduleTest, ParsesTheRecordedPlanBack) {
     const std::string family = probe.kernel.substr(0, probe.kernel.find('<'));
     EXPECT_EQ(plan_.Find(family, probe.dtype, probe.cluster_size), &probe) << probe.kernel;
   }
-  EXPECT_EQ(plan_.Find("flat_table", DType::kBFloat16)->threads_per_block, 1024);
-  EXPECT_EQ(plan_.Find("flat_table.t512", DType::kBFloat16)->threads_per_block, 512);
+  EXPECT_EQ(plan_.Find("flat_table", DType::kBFloat16)->threads_per_block, 512);
+  EXPECT_EQ(plan_.Find("row_staged", DType::kBFloat16)->threads_per_block, 256);
   EXPECT_EQ(plan_.Find("flat", DType::kFloat32), nullptr);
   EXPECT_EQ(plan_.Find("staged", DType::kFloat32, 32), nullptr);
   EXPECT_EQ(plan_.Find("split_stats", DType::kFloat16, 2), nullptr);
@@ -200,15 +203,20 @@ TEST_F(ScheduleTest, KernelsOfOneSegment) {
   };
   const Case cases[] = {
       {DType::kFloat32, 1000, 4096, 1, 0, "flat"},
-      {DType::kFloat32, 1000, 4097, 1, 0, "flat_table"},
+      {DType::kFloat32, 1000, 4097, 1, 0, "row_staged"},
       {DType::kFloat32, 1000, 4100, 1, 0, "staged"},
-      {DType::kFloat32, 10, 32768 - 1, 1, 0, "flat_table"},
+      {DType::kFloat32, 10, 32768 - 1, 1, 0, "row_staged"},
       {DType::kFloat32, 10, 32768 + 4, 1, 0, "staged"},
       {DType::kFloat32, 10, 32768 + 5, 1, 0, "on_chip"},
       {DType::kFloat32, 4, 1 << 20, 1, 0, "split_staged"},
       {DType::kFloat32, 4, (1 << 20) + 1, 1, 0, "split_fused"},
       {DType::kFloat32, 4, 1 << 24, 1, 0, "split_stats,split_normalize"},
       {DType::kFloat16, 4, 1 << 18, 1, 0, "staged"},
+      {DType::kFloat16, 8, 8 * 1025, 1, 0, "row_staged"},
+      {DType::kFloat16, 8, 8 * 4096, 1, 0, "row_staged"},
+      {DType::kFloat16, 8, 8 * 4097, 1, 0, "staged"},
+      {DType::kBFloat16, 8, 8 * 8192 + 1, 1, 0, "on_chip"},
+      {DType::kBFloat16, 8, 8 * 8192 - 1, 1, 0, "row_staged"},
       {DType::kFloat16, 4, 1 << 20, 1, 0, "split_staged"},
       {DType::kBFloat16, 8, 4096, 1, 1, "flat"},
       {DType::kFloat32, 2, 4096, 64, 0, "strided_staged"},
@@ -396,6 +404,7 @@ TEST_F(ScheduleTest, StepsFitTheDevice) {
           if (!allow_flat) {
             EXPECT_NE(step.kernel, SoftmaxKernel::kFlat);
             EXPECT_NE(step.kernel, SoftmaxKernel::kFlatTable);
+            EXPECT_NE(step.kernel, SoftmaxKernel::kRowStaged);
           }
         }
       }
@@ -414,7 +423,8 @@ TEST_F(ScheduleTest, OnlyIndependentTableLaunchesAndSecondPassesOverlap) {
   std::mt19937_64 rng(13);
   int second_passes = 0;
   const auto table_kernel = [](SoftmaxKernel k) {
-    return k == SoftmaxKernel::kFlatTable || k == SoftmaxKernel::kStaged;
+    return k == SoftmaxKernel::kFlatTable || k == SoftmaxKernel::kStaged ||
+           k == SoftmaxKernel::kRowStaged;
   };
   int overlapping = 0;
   for (DType dtype : kDTypes) {

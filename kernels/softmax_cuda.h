@@ -17,14 +17,15 @@
 //                              kernel for a launch of one segment, the flat
 //                              table kernel in tables; flat.cuh); longer
 //                              rows that the staged path does not take run
-//                              the flat table kernel (up to 8 vectors per
-//                              thread). With allow_flat false the on-chip
+//                              row_staged (a row per block, staged in
+//                              shared memory; row_staged.cuh). With
+//                              allow_flat false the on-chip
 //                              kernel takes them (several short rows per
 //                              warp, or a row per group of 1..8 warps;
 //                              on_chip.cuh).
 //   SoftmaxPath::kClusterRows  2048 V < N <= 16384 V, rows the staged path
 //                              does not take (not 16-byte aligned): up to
-//                              8192 V the flat table kernel, beyond a row
+//                              8192 V row_staged, beyond a row
 //                              per cluster of 2..8 blocks holding it in
 //                              registers, (max, sum) pairs crossing blocks
 //                              through distributed shared memory. (on_chip.cuh)
@@ -36,6 +37,8 @@
 //                              cp.async copies (several stages in flight),
 //                              (max, sum) exchanged through distributed shared
 //                              memory; one launch per cluster size. (staged.cuh)
+//                              In the 16-bit types rows of up to 4096 V run
+//                              row_staged instead.
 //   SoftmaxPath::kSplitRows    Longer rows, split across the blocks of a
 //                              persistent cooperative grid, one pass each:
 //                              aligned rows staged in the grid's shared
@@ -107,11 +110,10 @@ enum class SoftmaxKernel : int {
   // element; few registers, full occupancy. Computes rows in the flat table
   // kernel's order. Needs nothing (element accesses when unaligned).
   kFlat = 0,
-  // Every last-axis row of up to 8192 vectors of a table that the staged
-  // kernel does not take, in one launch of 1024-thread blocks (rows of up to
-  // 1024 vectors in the flat order, longer ones 8 vectors per thread). Wins
-  // for tables: one launch, one wave. Unaligned rows pass through shared
-  // memory so that they reduce in element order at any address.
+  // Every last-axis row of up to 1024 vectors of a table, in one launch of
+  // 512-thread blocks, in the flat kernel's order. Wins for tables: one
+  // launch, one pass of the grid. Unaligned rows pass through shared memory
+  // so that they reduce in element order at any address.
   kFlatTable = 1,
   // Rows of 8193..16384 vectors that are not 16-byte aligned: a row per
   // cluster of 2..8 blocks in registers, (max, sum) through distributed
@@ -145,6 +147,13 @@ enum class SoftmaxKernel : int {
   // columns' (max, sum) through distributed shared memory and writes: one
   // read. Needs 16-byte pointers, rows of a multiple of 128 bytes, clusters.
   kStridedStaged = 10,
+  // Last-axis rows of 1025..8192 vectors that are not 16-byte aligned, and
+  // aligned ones up to 4096 vectors in the 16-bit types: a row per block of
+  // 256 threads, its 16-byte granules staged in shared memory with cp.async
+  // (no registers held while they land), read shifted into element order:
+  // one read and one write. Wins for ragged tables (a short-lived block per
+  // row, blocks per SM as the shares allow). Needs sm_80.
+  kRowStaged = 11,
 };
 const char* SoftmaxKernelName(SoftmaxKernel kernel);
 
@@ -197,7 +206,7 @@ class LaunchPlan {
   const std::vector<KernelProbe>& probes() const { return probes_; }
 
   // The probe entry for `family` ("on_chip", "flat.t256" and the other flat
-  // block sizes, "flat_table", "flat_table.t512", "staged", "split_fused",
+  // block sizes, "flat_table", "row_staged", "staged", "split_fused",
   // ...: the kernel's name before "<dtype>"), dtype and cluster size, or
   // nullptr. Planning calls it several times per segment: a binary search
   // that allocates nothing.
@@ -241,8 +250,8 @@ class LaunchPlan {
 int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path);
 
 // The kernels a LaunchSoftmax call with these arguments runs, comma-separated,
-// in launch order, each once (SoftmaxKernelName: flat, flat_table, on_chip,
-// staged, split_staged, split_fused, split_stats, split_normalize,
+// in launch order, each once (SoftmaxKernelName: flat, flat_table, row_staged,
+// on_chip, staged, split_staged, split_fused, split_stats, split_normalize,
 // strided_stats, strided_normalize, strided_staged); empty on a bad argument.
 std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, bool allow_flat = true);
@@ -278,16 +287,19 @@ size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSeg
                            int count);
 
 // Enqueues softmax for `count` segments of `dtype` on `stream`. The rows of
-// the warp, block and cluster paths (any mix of n, temperature and op) share
-// one flat table launch, and one on-chip launch where rows of more than 8192
-// vectors are not 16-byte aligned; the staged segments one launch per
-// cluster size; each split-row or strided segment adds a memset and one
-// launch (two where its rows are read twice). A launch whose only non-empty
+// up to 1024 vectors (any mix of n, temperature and op) share one flat table
+// launch; longer rows up to 8192 vectors that the staged path does not take
+// share row_staged launches (one per number of blocks per SM their shares
+// allow); one on-chip launch takes rows of more than 8192 vectors that are
+// not 16-byte aligned; the staged segments one launch per cluster size;
+// each split-row or strided segment adds a memset and one launch (two where
+// its rows are read twice). A launch whose only non-empty
 // segment has last-axis rows of up to 1024 vectors (4096 float32, 8192
 // float16) runs the flat kernel (FlatKernelTakes), which computes them in
 // the flat table kernel's order. Every row's bits are those of the same row
 // launched alone (see Batch invariance above). `allow_flat` false gives the
-// rows of the flat kernels to the on-chip kernel (other bits; for its tests).
+// rows of the flat and row_staged kernels to the on-chip kernel, or to the
+// staged kernel where it can take them (other bits; for its tests).
 // `scratch` must hold SoftmaxScratchBytes(...) bytes (may be null when that
 // is 0). Returns cudaSuccess, cudaErrorInvalidValue for a bad argument (n
 // out of range, null pointer, scratch too small), or the launch error.

@@ -311,7 +311,7 @@ int64_t RowsFor(int64_t n, int64_t budget = 1 << 20) {
 TEST_F(SoftmaxCudaTest, PlanDescribesEveryKernel) {
   const std::string text = plan_->ToString();
   for (DType dtype : kDTypes) {
-    for (const char* family : {"on_chip", "flat_table", "flat.t64", "flat.t512",
+    for (const char* family : {"on_chip", "flat_table", "row_staged", "flat.t64", "flat.t512",
                                "split_fused", "split_stats", "split_normalize", "strided_stats",
                                "strided_normalize"}) {
       const KernelProbe* probe = plan_->Find(family, dtype);
@@ -480,8 +480,8 @@ TEST_F(SoftmaxCudaTest, SingleRowEveryPath) {
 
 // The flat kernel (one-segment launches of rows of up to 1024 vectors): every
 // group size (1..512 threads), lengths at its limit and +-1 (just beyond,
-// the staged kernel runs when the row is whole vectors, the flat table
-// kernel otherwise), unaligned lengths and pointers, and more rows than one
+// the staged kernel runs when the row is whole vectors, row_staged
+// otherwise), unaligned lengths and pointers, and more rows than one
 // grid pass covers.
 TEST_F(SoftmaxCudaTest, FlatKernel) {
   std::mt19937_64 rng(9);
@@ -632,10 +632,13 @@ TEST_F(SoftmaxCudaTest, StagedRows) {
         SoftmaxSegment s;
         s.n = n;
         // Whole-vector rows of more than 1024 vectors: the staged kernel,
-        // alone or in a table (the rule in plan.cu, RowKernelOf).
+        // alone or in a table (the rule in plan.cu, RowKernelOf), but for
+        // those of up to 4096 vectors of the 16-bit types (row_staged).
         EXPECT_EQ(ChoosePath(*plan_, dtype, s), SoftmaxPath::kStagedRows) << "n=" << n;
         s.outer = 3;
-        EXPECT_EQ(LaunchKernels(*plan_, dtype, &s, 1), "staged") << "n=" << n;
+        const bool row_staged = ItemSize(dtype) == 2 && n <= 4096 * v;
+        EXPECT_EQ(LaunchKernels(*plan_, dtype, &s, 1), row_staged ? "row_staged" : "staged")
+            << "n=" << n;
         problems.push_back(MakeProblem(dtype, RowsFor(n, 1 << 21), n, 1, rng, 0.9f, log));
         std::vector<Problem> one;
         one.push_back(problems.back());
@@ -685,12 +688,13 @@ TEST_F(SoftmaxCudaTest, RaggedSegmentTables) {
   }
 }
 
-// Ragged tables whose rows all fit the flat table kernel (<= 8192 vectors),
-// run by it and, with allow_flat false, by the on-chip kernel: every group
-// shape (1..512 threads of 2 vectors, 256..1024 of 8), mixed ops and
-// temperatures, inline and scratch tables, unaligned segments (inputs and
-// outputs at different offsets), whole-vector rows of more than 1024 vectors
-// (the staged kernel's) among them.
+// Ragged tables whose rows all hold <= 8192 vectors, run by the flat table
+// and row_staged kernels and, with allow_flat false, by the on-chip kernel:
+// every group shape of the flat geometry (1..512 threads of 2 vectors), rows
+// of 1025..8192 vectors at every offset (row_staged, inputs and outputs at
+// different offsets, rows of the shares of every blocks-per-SM launch),
+// mixed ops and temperatures, inline and scratch tables, whole-vector rows
+// of more than 1024 vectors (the staged kernel's) among them.
 TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
   std::mt19937_64 rng(10);
   for (DType dtype : kDTypes) {
@@ -724,12 +728,12 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
       }
       const int described_count = static_cast<int>(described.size());
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count),
-                "flat_table,staged");
+                "flat_table,row_staged,staged");
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count, false),
                 "on_chip,staged");
-      described.back().n = 8192 * v + 1;  // beyond the flat table kernel: the cluster path
+      described.back().n = 8192 * v + 1;  // beyond row_staged: the cluster path
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count),
-                "flat_table,on_chip,staged");
+                "flat_table,row_staged,on_chip,staged");
       for (bool allow_flat : {true, false}) {
         RunAndCheck(dtype, problems,
                     std::string(allow_flat ? "flat table " : "on-chip table ") +
@@ -753,12 +757,12 @@ TEST_F(SoftmaxCudaTest, OverlappingLaunchesKeepStreamOrder) {
   for (DType dtype : kDTypes) {
     const int64_t v = VecWidth(dtype);
     std::vector<Problem> problems;
-    problems.push_back(MakeProblem(dtype, 4096, 300 * v + 1, 1, rng));  // flat_table, 512 threads
-    problems.push_back(MakeProblem(dtype, 64, 8000 * v + 1, 1, rng));   // flat_table, 1024 threads
-    problems.push_back(MakeProblem(dtype, 2, 2048 * v, 1, rng));        // staged
+    problems.push_back(MakeProblem(dtype, 4096, 300 * v + 1, 1, rng));  // flat_table
+    problems.push_back(MakeProblem(dtype, 64, 8000 * v + 1, 1, rng));   // row_staged
+    problems.push_back(MakeProblem(dtype, 2, 4100 * v, 1, rng));        // staged
     std::string kernels, schedule;
     EXPECT_EQ(OverlappingLaunches(dtype, problems, &kernels, &schedule), 2u) << schedule;
-    ASSERT_EQ(kernels, "flat_table,staged");
+    ASSERT_EQ(kernels, "flat_table,row_staged,staged");
     for (int round = 0; round < 5; ++round) {
       RunAndCheck(dtype, problems, "overlapping launches, round " + std::to_string(round), true,
                   stream);

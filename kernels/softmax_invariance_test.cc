@@ -153,7 +153,7 @@ std::string SoftmaxInvarianceTest::skip_reason_;
 bool SoftmaxInvarianceTest::create_failed_ = false;
 
 // The probes of one dtype: both sides of every boundary between paths and
-// kernels (warp, block, flat, flat table, cluster, staged, split_staged,
+// kernels (warp, block, flat, flat table, row_staged, cluster, staged, split_staged,
 // split_fused, two-pass split), strided shapes, and the shapes that came
 // back with other bits under load on the H200 before the rule in plan.cu.
 std::vector<Probe> MakeProbes(const LaunchPlan& plan, DType dtype, std::mt19937_64& rng) {

@@ -61,6 +61,7 @@ long long RowsWritten(const Schedule& schedule) {
     switch (step.kernel) {
       case SoftmaxKernel::kFlat: rows += step.flat.rows; break;
       case SoftmaxKernel::kFlatTable:
+      case SoftmaxKernel::kRowStaged:
       case SoftmaxKernel::kOnChip:
       case SoftmaxKernel::kStaged:
         for (const RowSegment& r : step.table) rows += r.rows;

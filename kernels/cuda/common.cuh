@@ -459,7 +459,7 @@ __device__ __forceinline__ void WaitForPrevious() {
 }
 
 // The table entry holding unit u (entries are sorted by first unit; the
-// flat table and staged kernels).
+// flat table, row_staged and staged kernels).
 __device__ __forceinline__ int TableSegmentOf(const RowSegment* table, int count, int u) {
   int lo = 0;
   int hi = count - 1;

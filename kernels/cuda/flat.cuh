@@ -1,8 +1,8 @@
-// The flat kernels: rows held by a group of threads with few vectors per
-// thread (2..8), so that many warps per SM keep the memory busy; the row's
-// max is reduced first and exp2 taken once per element.
-//   flat        launches of ONE last-axis segment with rows of <= 1024 V.
-//   flat_table  ragged tables whose rows all hold <= 8192 V, in one launch.
+// The flat kernels: rows of <= 1024 V held by a group of threads with 2
+// vectors per thread, so that many warps per SM keep the memory busy; the
+// row's max is reduced first and exp2 taken once per element.
+//   flat        launches of ONE last-axis segment.
+//   flat_table  the rows of ragged tables, in one launch.
 #ifndef SOFTMAX_KERNELS_CUDA_FLAT_CUH_
 #define SOFTMAX_KERNELS_CUDA_FLAT_CUH_
 
@@ -143,18 +143,14 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
 }
 
 // Flat table kernel: the flat kernel's way (a group of threads per row, max
-// first, few vectors per thread, one pass of the grid) for a ragged table of
-// last-axis segments whose rows hold at most 8192 vectors, in one launch.
-// A segment's rows get the geometry TableShapeOf gives (rows of <= 1024
-// vectors: the flat kernel's, R threads of 2 vectors; longer ones: R =
-// 256..1024 threads of up to 8 vectors) and run in blocks of 512 threads
-// (two resident per SM) where R <= 512, of 1024 otherwise (TableThreadsOf;
-// a launch each); a unit is one block's worth of a segment's rows (blockDim
-// / R groups of 2 rows for the flat geometry, of 1 row for the other;
-// kTableFlatRows). Table entries are
-// RowSegment with `first_worker` holding the segment's first unit, the shape
-// bits log2 R and the slots bits the vectors per thread. Blocks find their
-// segment by binary search.
+// first, 2 vectors per thread, one pass of the grid) for the rows of <= 1024
+// vectors of a ragged table, in one launch. A segment's rows get the flat
+// kernel's geometry (FlatShapeOf: R = 1..512 threads) and run in blocks of
+// 512 threads, two resident per SM; a unit is one block's worth of a
+// segment's rows (512 / R groups of kTableFlatRows rows). Table entries are
+// RowSegment with `first_worker` holding the segment's first unit and the
+// shape bits log2 R. Blocks find their segment by binary search. (Longer
+// rows of a table: row_staged.cuh, staged.cuh.)
 //
 // Every row is reduced in the order of its elements' indices (thread t
 // holds vectors j * R + t of the row), whatever its address: rows of a
@@ -170,21 +166,21 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
 // of 2; the same for every thread of a row): one funnel shift per word.
 // Unaligned rows move through shared memory as whole aligned granules
 // (16-byte accesses, no bank conflicts) and are shifted in registers.
+template <int kQuad>
+__device__ __forceinline__ uint4 ShiftQuad(uint4 lo, uint4 hi, unsigned bits) {
+  const unsigned w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  return MakeVector(__funnelshift_r(w[kQuad], w[kQuad + 1], bits),
+                    __funnelshift_r(w[kQuad + 1], w[kQuad + 2], bits),
+                    __funnelshift_r(w[kQuad + 2], w[kQuad + 3], bits),
+                    __funnelshift_r(w[kQuad + 3], w[kQuad + 4], bits));
+}
 __device__ __forceinline__ uint4 ShiftBytes(uint4 lo, uint4 hi, int shift) {
   const unsigned bits = static_cast<unsigned>(shift & 3) * 8;
   switch (shift >> 2) {
-    case 0:
-      return MakeVector(__funnelshift_r(lo.x, lo.y, bits), __funnelshift_r(lo.y, lo.z, bits),
-                        __funnelshift_r(lo.z, lo.w, bits), __funnelshift_r(lo.w, hi.x, bits));
-    case 1:
-      return MakeVector(__funnelshift_r(lo.y, lo.z, bits), __funnelshift_r(lo.z, lo.w, bits),
-                        __funnelshift_r(lo.w, hi.x, bits), __funnelshift_r(hi.x, hi.y, bits));
-    case 2:
-      return MakeVector(__funnelshift_r(lo.z, lo.w, bits), __funnelshift_r(lo.w, hi.x, bits),
-                        __funnelshift_r(hi.x, hi.y, bits), __funnelshift_r(hi.y, hi.z, bits));
-    default:
-      return MakeVector(__funnelshift_r(lo.w, hi.x, bits), __funnelshift_r(hi.x, hi.y, bits),
-                        __funnelshift_r(hi.y, hi.z, bits), __funnelshift_r(hi.z, hi.w, bits));
+    case 0: return ShiftQuad<0>(lo, hi, bits);
+    case 1: return ShiftQuad<1>(lo, hi, bits);
+    case 2: return ShiftQuad<2>(lo, hi, bits);
+    default: return ShiftQuad<3>(lo, hi, bits);
   }
 }
 
@@ -226,7 +222,7 @@ __device__ __forceinline__ void GroupReduceRows(float (&v)[kRows], int r_threads
 }
 
 // One unit of the flat table kernel: kRows rows per group of R threads,
-// kSlots vectors per thread and row (rows j*R + t). Row r of group g is row
+// kSlots vectors per thread and row (vectors j*R + t). Row r of group g is row
 // (unit's first) + r * groups + g, so that one load instruction of a warp
 // covers neighbouring rows.
 template <typename T, int kThreads, int kRows, int kSlots>
@@ -400,9 +396,10 @@ __device__ __forceinline__ void FlatTableUnit(const RowSegment& seg, int u, uint
   }
 }
 
-template <typename T, int kThreads>
-__global__ void __launch_bounds__(kThreads, kTableThreads / kThreads) FlatTableKernel(
+template <typename T>
+__global__ void __launch_bounds__(kTableThreads, kTableBlocks) FlatTableKernel(
     const __grid_constant__ TableArgs args) {
+  constexpr int kThreads = kTableThreads;
   using Bits = typename Traits<T>::Bits;
   extern __shared__ uint4 regions[];  // unaligned segments: S * R + 1 granules per row
   __shared__ float max_slots[kTableFlatRows][32];
@@ -417,18 +414,13 @@ __global__ void __launch_bounds__(kThreads, kTableThreads / kThreads) FlatTableK
     const int ahead = u + args.prefetch_units;
     if (threadIdx.x == 0 && args.prefetch_units > 0 && ahead < total_units) {
       const RowSegment& next = table[TableSegmentOf(table, args.count, ahead)];
-      const int next_rows = (kThreads >> ((next.config >> kShapeShift) & 0xf)) *
-                            (((next.config >> kSlotsShift) & 0xf) == kFlatSlots ? kTableFlatRows : 1);
+      const int next_rows = (kThreads >> ((next.config >> kShapeShift) & 0xf)) * kTableFlatRows;
       const int first = (ahead - next.first_worker) * next_rows;
       PrefetchL2(static_cast<const Bits*>(next.input) + static_cast<long long>(first) * next.n,
                  static_cast<size_t>(min(next_rows, next.rows - first)) * next.n * sizeof(Bits));
     }
     const RowSegment seg = table[TableSegmentOf(table, args.count, u)];
-    if (((seg.config >> kSlotsShift) & 0xf) == kFlatSlots) {
-      FlatTableUnit<T, kThreads, kTableFlatRows, kFlatSlots>(seg, u, regions, max_slots, sum_slots);
-    } else {
-      FlatTableUnit<T, kThreads, 1, kTableSlots>(seg, u, regions, max_slots, sum_slots);
-    }
+    FlatTableUnit<T, kThreads, kTableFlatRows, kFlatSlots>(seg, u, regions, max_slots, sum_slots);
     // Group shapes may change with the next unit's segment: no warp may
     // write a slot or a region that another group of this unit still reads.
     __syncthreads();

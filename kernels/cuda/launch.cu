@@ -10,6 +10,7 @@
 #include "kernels/cuda/flat.cuh"
 #include "kernels/cuda/on_chip.cuh"
 #include "kernels/cuda/plan.h"
+#include "kernels/cuda/row_staged.cuh"
 #include "kernels/cuda/split.cuh"
 #include "kernels/cuda/staged.cuh"
 #include "kernels/cuda/strided.cuh"
@@ -115,17 +116,25 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
                     FlatProbeName(threads), "flat", dtype, multiprocessors, &flat, threads));
     probes->push_back(flat);
   }
-  for (const int threads : {kTableSmallThreads, kTableThreads}) {
-    const void* kernel = threads == kTableThreads
-                             ? reinterpret_cast<const void*>(&FlatTableKernel<T, kTableThreads>)
-                             : reinterpret_cast<const void*>(&FlatTableKernel<T, kTableSmallThreads>);
+  {
+    const void* kernel = reinterpret_cast<const void*>(&FlatTableKernel<T>);
     SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(TableMaxSharedBytes(threads))));
+        static_cast<int>(kTableMaxSharedBytes)));
     KernelProbe table;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(kernel, TableProbeName(threads), "flat_table", dtype,
-                                             multiprocessors, &table, threads));
+    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(kernel, "flat_table", "flat_table", dtype,
+                                             multiprocessors, &table, kTableThreads));
     probes->push_back(table);
+  }
+  {
+    const void* kernel = reinterpret_cast<const void*>(&RowStagedKernel<T>);
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(kRowStagedMaxShareBytes)));
+    KernelProbe row_staged;
+    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(kernel, "row_staged", "row_staged", dtype,
+                                             multiprocessors, &row_staged, kRowStagedThreads));
+    probes->push_back(row_staged);
   }
   int best = 1;
   if (clusters) {
@@ -276,11 +285,11 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
                      : (step.log ? FlatKernel<T, false, true> : FlatKernel<T, false, false>),
             step, stream, step.flat));
         break;
+      case SoftmaxKernel::kRowStaged:
+        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(RowStagedKernel<T>, step, stream, table));
+        break;
       case SoftmaxKernel::kFlatTable:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(
-            step.threads == kTableThreads
-                ? LaunchStepKernel(FlatTableKernel<T, kTableThreads>, step, stream, table)
-                : LaunchStepKernel(FlatTableKernel<T, kTableSmallThreads>, step, stream, table));
+        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(FlatTableKernel<T>, step, stream, table));
         break;
       case SoftmaxKernel::kOnChip:
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(OnChipKernel<T>, step, stream, table));

@@ -9,7 +9,7 @@
 //                pairs exchanged through distributed shared memory.
 // With allow_flat (the default) it takes only the cluster path's rows of
 // more than 8192 V that are not 16-byte aligned: flat.cuh's kernels take
-// the shorter ones, staged.cuh's the aligned ones beyond 1024 V.
+// rows up to 1024 V, row_staged.cuh's and staged.cuh's the longer ones.
 #ifndef SOFTMAX_KERNELS_CUDA_ON_CHIP_CUH_
 #define SOFTMAX_KERNELS_CUDA_ON_CHIP_CUH_
 

@@ -30,9 +30,6 @@ FlatShape FlatShapeOf(long long vectors) {
 
 std::string FlatProbeName(int threads) { return "flat.t" + std::to_string(threads); }
 
-std::string TableProbeName(int threads) {
-  return threads == kTableThreads ? "flat_table" : "flat_table.t" + std::to_string(threads);
-}
 
 const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, int count,
                                   bool allow_flat) {
@@ -46,13 +43,6 @@ const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, i
   if (only == nullptr || only->inner != 1) return nullptr;
   if (CeilDiv(only->n, Vectors(dtype)) > kFlatMaxVectors) return nullptr;
   return only;
-}
-
-TableShape TableShapeOf(long long vectors) {
-  if (vectors <= kFlatMaxVectors) return {FlatShapeOf(vectors).group_log2, kFlatSlots};
-  // At most kTableSlots vectors per thread, no 64-thread groups.
-  const int group_log2 = CeilLog2(CeilDiv(vectors, kTableSlots));
-  return {group_log2 > 5 && group_log2 < 7 ? 7 : group_log2, kTableSlots};
 }
 
 int ClusterLog2(long long vectors) { return CeilLog2(CeilDiv(vectors, kBlockVectors)); }
@@ -162,7 +152,7 @@ bool StridedStagedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
 size_t TableEntries(RowKernel kernel, const SoftmaxSegment& s) {
   switch (kernel) {
     case RowKernel::kFlat:
-    case RowKernel::kFlatTable:
+    case RowKernel::kRowStaged:
     case RowKernel::kOnChipCluster:
       return static_cast<size_t>(CeilDiv(s.outer, kMaxPieceRows));
     case RowKernel::kStaged:  // pieces, and one more where a launch fills up
@@ -208,7 +198,7 @@ long long ClusterMaxVectors(const LaunchPlan& plan) {
 // Longest row (in vectors) the staged path takes; 0 when it is not used.
 long long StagedMaxVectors(const LaunchPlan& plan, DType dtype) {
   StagedShape shape;
-  long long lo = kTableMaxVectors;  // the floor; find the largest length that fits
+  long long lo = kRowStagedMaxVectors;  // the floor; find the largest length that fits
   long long hi = kMaxClusterSize * kStagedMaxBytes / 16;
   if (!StagedShapeOf(plan, dtype, lo + 1, &shape)) return 0;
   while (lo < hi) {
@@ -220,6 +210,15 @@ long long StagedMaxVectors(const LaunchPlan& plan, DType dtype) {
     }
   }
   return lo;
+}
+
+// Whether the staged kernel can take the rows of a last-axis segment: 16-byte
+// rows of more than 1024 vectors that the plan can stage.
+bool Stageable(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  const long long vectors = CeilDiv(s.n, Vectors(dtype));
+  StagedShape staged;
+  return vectors > kFlatMaxVectors && VectorAligned(dtype, s) &&
+         StagedShapeOf(plan, dtype, vectors, &staged);
 }
 
 }  // namespace
@@ -240,7 +239,8 @@ long long StagedMaxVectors(const LaunchPlan& plan, DType dtype) {
 // kernel this rule names. Rows that are not 16-byte aligned are computed in
 // the order of their elements' indices, whatever their address; rows of more
 // than 1024 vectors take the staged kernel when aligned (its copies need
-// 16-byte rows), so alignment is part of a row's identity there. The server's
+// 16-byte rows; in the 16-bit types from 4097 vectors, row_staged below),
+// so alignment is part of a row's identity there. The server's
 // staging keeps every segment 256-byte aligned, so for it that is a function
 // of n and the dtype. softmax_invariance_test checks the rule: on the H200,
 // 0 of 1467 probe pieces in random launches differ from the same rows alone
@@ -261,11 +261,12 @@ RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment&
   }
   const long long vectors = CeilDiv(segment.n, Vectors(dtype));
   if (vectors <= kFlatMaxVectors) return RowKernel::kFlat;
-  StagedShape staged;
-  if (VectorAligned(dtype, segment) && StagedShapeOf(plan, dtype, vectors, &staged)) {
-    return RowKernel::kStaged;
+  const bool aligned = VectorAligned(dtype, segment);
+  if (aligned && ItemSize(dtype) == 2 && vectors <= kRowStagedAlignedMaxVectors) {
+    return RowKernel::kRowStaged;
   }
-  if (vectors <= kTableMaxVectors) return RowKernel::kFlatTable;
+  if (Stageable(plan, dtype, segment)) return RowKernel::kStaged;
+  if (vectors <= kRowStagedMaxVectors) return RowKernel::kRowStaged;
   if (vectors <= ClusterMaxVectors(plan)) return RowKernel::kOnChipCluster;
   const SplitShape split = SplitShapeOf(plan, dtype, segment);
   if (split.staged) return RowKernel::kSplitStaged;
@@ -275,7 +276,7 @@ RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment&
 const char* RowKernelName(RowKernel kernel) {
   switch (kernel) {
     case RowKernel::kFlat: return "flat";
-    case RowKernel::kFlatTable: return "flat_table";
+    case RowKernel::kRowStaged: return "row_staged";
     case RowKernel::kStaged: return "staged";
     case RowKernel::kOnChipCluster: return "on_chip";
     case RowKernel::kSplitStaged: return "split_staged";
@@ -333,14 +334,13 @@ LaunchStep FlatStep(DType dtype, const SoftmaxSegment& s) {
   return step;
 }
 
-// The flat table entries of a segment (RowKernel kFlat or kFlatTable): its
-// rows' geometry (TableShapeOf) in the config word.
+// The flat table entries of a segment (RowKernel kFlat): its rows' group
+// (FlatShapeOf) in the config word.
 void AppendFlatTable(DType dtype, const SoftmaxSegment& s, std::vector<RowSegment>* rows) {
-  const TableShape shape = TableShapeOf(CeilDiv(s.n, Vectors(dtype)));
+  const int group_log2 = FlatShapeOf(CeilDiv(s.n, Vectors(dtype))).group_log2;
   const int config = (s.log ? kLogBit : 0) | (VectorAligned(dtype, s) ? kVecBit : 0) |
-                     (shape.group_log2 << kShapeShift) | (shape.slots << kSlotsShift);
-  const long long rows_per_unit =
-      (TableThreadsOf(shape.group_log2) >> shape.group_log2) * TableRowsPerGroup(shape.slots);
+                     (group_log2 << kShapeShift);
+  const long long rows_per_unit = (kTableThreads >> group_log2) * kTableFlatRows;
   ForEachPiece(dtype, s, [&](RowSegment r) {
     r.config = config;
     r.units = static_cast<int>(CeilDiv(r.rows, rows_per_unit));
@@ -348,44 +348,36 @@ void AppendFlatTable(DType dtype, const SoftmaxSegment& s, std::vector<RowSegmen
   });
 }
 
-// The flat table kernel over `rows`: the rows of 1024-thread blocks, then
-// those of 512-thread blocks (TableThreadsOf), each in as few launches as
-// keep its unit indices in int, with a one-pass grid; each unit prefetches
-// the unit one wave of resident blocks ahead. Dynamic shared memory only
-// where a segment's rows are not 16-byte aligned.
+// The flat table kernel over `rows`, in as few launches as keep its unit
+// indices in int, each with a one-pass grid; each unit prefetches the unit
+// one wave of resident blocks ahead. Dynamic shared memory only where a
+// segment's rows are not 16-byte aligned.
 void FlatTableSteps(const LaunchPlan& plan, DType dtype, const std::vector<RowSegment>& rows,
                     std::vector<LaunchStep>* steps) {
-  for (const int threads : {kTableThreads, kTableSmallThreads}) {
-    std::vector<RowSegment> mine;
-    for (const RowSegment& r : rows) {
-      if (TableThreadsOf((r.config >> kShapeShift) & 0xf) == threads) mine.push_back(r);
-    }
-    size_t begin = 0;
-    while (begin < mine.size()) {
-      LaunchStep step;
-      step.kernel = SoftmaxKernel::kFlatTable;
-      step.threads = threads;
-      long long units = 0;
-      for (; begin < mine.size(); ++begin) {
-        RowSegment r = mine[begin];
-        if (!step.table.empty() && units + r.units > 0x7fffffffLL) break;
-        r.first_worker = static_cast<int>(units);
-        units += r.units;
-        if ((r.config & kVecBit) == 0) {
-          const int group_log2 = (r.config >> kShapeShift) & 0xf;
-          const int slots = (r.config >> kSlotsShift) & 0xf;
-          step.shared_bytes =
-              std::max(step.shared_bytes, static_cast<size_t>(TableRowsPerGroup(slots)) *
-                                              (static_cast<size_t>(slots) * threads +
-                                               (threads >> group_log2)) * 16);
-        }
-        step.table.push_back(r);
+  size_t begin = 0;
+  while (begin < rows.size()) {
+    LaunchStep step;
+    step.kernel = SoftmaxKernel::kFlatTable;
+    step.threads = kTableThreads;
+    long long units = 0;
+    for (; begin < rows.size(); ++begin) {
+      RowSegment r = rows[begin];
+      if (!step.table.empty() && units + r.units > 0x7fffffffLL) break;
+      r.first_worker = static_cast<int>(units);
+      units += r.units;
+      if ((r.config & kVecBit) == 0) {
+        const int group_log2 = (r.config >> kShapeShift) & 0xf;
+        step.shared_bytes = std::max(
+            step.shared_bytes, static_cast<size_t>(kTableFlatRows) *
+                                   (static_cast<size_t>(kFlatSlots) * kTableThreads +
+                                    (kTableThreads >> group_log2)) * 16);
       }
-      step.grid = static_cast<unsigned>(units);
-      step.table_word = static_cast<int>(units);
-      step.prefetch_units = GridOf(plan, TableProbeName(threads), dtype);
-      steps->push_back(std::move(step));
+      step.table.push_back(r);
     }
+    step.grid = static_cast<unsigned>(units);
+    step.table_word = static_cast<int>(units);
+    step.prefetch_units = GridOf(plan, "flat_table", dtype);
+    steps->push_back(std::move(step));
   }
 }
 
@@ -477,6 +469,49 @@ bool StagedSteps(const LaunchPlan& plan, DType dtype,
     flush();
   }
   return true;
+}
+
+// The row_staged kernel over `rows` (entries of one piece each, rows and n
+// set): a block per row, one launch per number of blocks per SM that the
+// rows' shares allow (RowStagedBlocks, up to what its registers allow; the
+// largest share of a launch is its dynamic shared memory), so that short
+// rows are not held to the longest one's occupancy.
+int RowStagedBlocks(long long vectors, int most) {
+  const long long per_block = static_cast<long long>(RowStagedShareBytes(vectors)) +
+                              kRowStagedBlockReserve;
+  return static_cast<int>(std::max(1LL, std::min<long long>(most, kRowStagedSmBytes / per_block)));
+}
+
+void RowStagedSteps(const LaunchPlan& plan, DType dtype, const std::vector<RowSegment>& rows,
+                    std::vector<LaunchStep>* steps) {
+  const int V = Vectors(dtype);
+  const KernelProbe* probe = plan.Find("row_staged", dtype);
+  const int most = probe != nullptr && probe->blocks_per_sm > 0 ? probe->blocks_per_sm
+                                                                : kRowStagedMinBlocks;
+  for (int blocks = most; blocks >= 1; --blocks) {
+    LaunchStep step;
+    long long launch_rows = 0;
+    auto flush = [&]() {
+      if (step.table.empty()) return;
+      step.kernel = SoftmaxKernel::kRowStaged;
+      step.grid = static_cast<unsigned>(launch_rows);
+      step.threads = kRowStagedThreads;
+      steps->push_back(std::move(step));
+      step = LaunchStep();
+      launch_rows = 0;
+    };
+    for (RowSegment r : rows) {
+      const long long vectors = CeilDiv(r.n, V);
+      if (RowStagedBlocks(vectors, most) != blocks) continue;
+      if (launch_rows + r.rows > 0x7fffffffLL) flush();
+      r.first_worker = static_cast<int>(launch_rows);
+      r.units = r.rows;
+      launch_rows += r.rows;
+      step.shared_bytes = std::max(step.shared_bytes, RowStagedShareBytes(vectors));
+      step.table.push_back(r);
+    }
+    flush();
+  }
 }
 
 // Puts a segment's scratch regions at *offset on (SegmentScratch's layout)
@@ -615,10 +650,15 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
     kernels[i] = RowKernelOf(plan, dtype, s);
+    // Without the flat kernels (a test hook) the staged kernel takes the
+    // aligned rows that row_staged would, the on-chip kernel the others.
+    if (!allow_flat && kernels[i] == RowKernel::kRowStaged && Stageable(plan, dtype, s)) {
+      kernels[i] = RowKernel::kStaged;
+    }
     table_entries += TableEntries(kernels[i], s);
     const bool on_chip = kernels[i] == RowKernel::kOnChipCluster ||
                          (!allow_flat && (kernels[i] == RowKernel::kFlat ||
-                                          kernels[i] == RowKernel::kFlatTable));
+                                          kernels[i] == RowKernel::kRowStaged));
     if (on_chip && ChoosePath(plan, dtype, s) == SoftmaxPath::kClusterRows) {
       launch_cluster =
           std::max(launch_cluster, 1 << ClusterLog2(CeilDiv(s.n, Vectors(dtype))));
@@ -636,6 +676,7 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   // rotation across segments.
   const int grid = GridOf(plan, "on_chip", dtype, launch_cluster);
   std::vector<RowSegment> flat_rows;
+  std::vector<RowSegment> row_staged_rows;
   std::vector<RowSegment> on_chip_rows;
   std::vector<const SoftmaxSegment*> staged;
   long long unit_counter = 0;
@@ -643,8 +684,18 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
     switch (kernels[i]) {
+      case RowKernel::kRowStaged:
+        if (allow_flat) {
+          ForEachPiece(dtype, s, [&](RowSegment r) {
+            r.config = s.log ? kLogBit : 0;
+            row_staged_rows.push_back(r);
+          });
+        } else {
+          AppendOnChip(dtype, s, ChoosePath(plan, dtype, s), grid, launch_cluster, &unit_counter,
+                       &on_chip_rows);
+        }
+        break;
       case RowKernel::kFlat:
-      case RowKernel::kFlatTable:
         if (allow_flat) {
           AppendFlatTable(dtype, s, &flat_rows);
         } else {
@@ -664,6 +715,7 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
     }
   }
   FlatTableSteps(plan, dtype, flat_rows, &out.steps);
+  RowStagedSteps(plan, dtype, row_staged_rows, &out.steps);
   if (!on_chip_rows.empty()) {
     LaunchStep step;
     step.kernel = SoftmaxKernel::kOnChip;
@@ -704,7 +756,8 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   // pass's tail too: it loads its first unit, then waits for the first pass
   // to complete before it reads the partials. H200, 16 x 2^24 fp16: 1.014x.
   const auto overlaps = [](SoftmaxKernel k) {
-    return k == SoftmaxKernel::kFlatTable || k == SoftmaxKernel::kStaged;
+    return k == SoftmaxKernel::kFlatTable || k == SoftmaxKernel::kStaged ||
+           k == SoftmaxKernel::kRowStaged;
   };
   const auto second_pass = [](SoftmaxKernel first, SoftmaxKernel second) {
     return (first == SoftmaxKernel::kSplitStats && second == SoftmaxKernel::kSplitNormalize) ||
@@ -809,6 +862,7 @@ const char* SoftmaxKernelName(SoftmaxKernel kernel) {
     case SoftmaxKernel::kStridedStats: return "strided_stats";
     case SoftmaxKernel::kStridedNormalize: return "strided_normalize";
     case SoftmaxKernel::kStridedStaged: return "strided_staged";
+    case SoftmaxKernel::kRowStaged: return "row_staged";
   }
   return "unknown";
 }
@@ -948,13 +1002,18 @@ SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment
     case RowKernel::kStrided:
     case RowKernel::kStridedStaged: return SoftmaxPath::kStrided;
     case RowKernel::kStaged: return SoftmaxPath::kStagedRows;
+    case RowKernel::kRowStaged:
+      // Aligned rows that row_staged takes in the 16-bit types are still
+      // staged rows by class: the path names rows, not kernels.
+      if (Stageable(plan, dtype, segment)) return SoftmaxPath::kStagedRows;
+      break;
     case RowKernel::kSplitStaged:
     case RowKernel::kSplitFused:
     case RowKernel::kSplitTwoPass: return SoftmaxPath::kSplitRows;
     default: break;
   }
-  // Register rows, named by length: the path the on-chip kernel takes them
-  // by (allow_flat false, or the cluster path beyond the flat table kernel).
+  // Other rows, named by length: the path the on-chip kernel takes them by
+  // (allow_flat false, or the cluster path beyond row_staged).
   if (vectors <= kWarpVectors) return SoftmaxPath::kWarpRows;
   if (vectors <= kBlockVectors) return SoftmaxPath::kBlockRows;
   return SoftmaxPath::kClusterRows;

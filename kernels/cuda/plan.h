@@ -5,7 +5,7 @@
 // Path and kernel names, used the same way in code, probes, logs and docs:
 //   paths (SoftmaxPath):  warp_rows, block_rows, cluster_rows, staged_rows,
 //                         split_rows, strided
-//   kernels (probes, LaunchKernels): flat, flat_table, on_chip, staged,
+//   kernels (probes, LaunchKernels): flat, flat_table, row_staged, on_chip, staged,
 //                         split_staged, split_fused, split_stats, split_normalize,
 //                         strided_stats, strided_normalize
 #ifndef SOFTMAX_KERNELS_CUDA_PLAN_H_
@@ -41,33 +41,45 @@ constexpr int kMaxUsedClusterSize = 8;
 constexpr int kInlineSegments = 64;  // on-chip table entries passed in the kernel parameters
 constexpr long long kMaxPieceRows = 1LL << 30;  // on-chip segments are cut into pieces of this
 
-// Flat table kernel: at most 8 vectors per thread, in blocks of 1024
-// threads, or of 512 (two resident per SM: one block's loads overlap the
-// other's reductions and stores) for every row whose group fits in 512.
-// H200, ragged tables of 64 half tensors: 1.12-1.20x (float32 0.96-0.99x).
-constexpr int kTableThreads = 1024;
-constexpr int kTableSmallThreads = 512;
-constexpr int kTableSlots = 8;
-constexpr long long kTableMaxVectors = static_cast<long long>(kTableThreads) * kTableSlots;
-// Rows of <= 1024 vectors (2 per thread, the flat kernel's geometry): each
-// group holds this many rows at once, 4 vectors per thread in flight (4 rows
-// spilled 60-84 bytes per thread at the 64-register cap of 1024-thread blocks).
+// Flat table kernel: rows of <= 1024 vectors (kFlatMaxVectors) of a table,
+// in the flat kernel's geometry and order, in blocks of 512 threads, two
+// resident per SM (one block's loads overlap the other's reductions and
+// stores). Each group holds this many rows at once, 4 vectors per thread in
+// flight (4 rows spilled 60-84 bytes per thread at the 64-register cap).
+constexpr int kTableThreads = 512;
+constexpr int kTableBlocks = 2;
 constexpr int kTableFlatRows = 2;
-inline int TableRowsPerGroup(int slots) { return slots == 2 ? kTableFlatRows : 1; }
-// Threads of the blocks that run rows of groups of 2^group_log2 threads.
-inline int TableThreadsOf(int group_log2) {
-  return (1 << group_log2) <= kTableSmallThreads ? kTableSmallThreads : kTableThreads;
+// Its dynamic shared memory for segments whose rows are not 16-byte
+// aligned: per row, S * R + 1 granules (a row may span one granule more
+// than its vectors), at most 3 per thread and row (rows of 1..2 vectors).
+constexpr size_t kTableMaxSharedBytes = 16 * static_cast<size_t>(kTableFlatRows) * 3 * kTableThreads;
+
+// row_staged kernel (kernels/cuda/row_staged.cuh): a row of 1025..8192
+// vectors per block, its covering granules staged in shared memory. It
+// takes the rows the staged kernel cannot (not 16-byte aligned) and, in the
+// 16-bit types, aligned rows up to kRowStagedAlignedMaxVectors. H200, against
+// the staged kernel there: ragged mixes of 64 half tensors 1.12-1.21x (24
+// tensors of up to 65,536 columns 0.96-0.97x), sweep N = 16384-32768
+// 0.99-1.01x; float32 32768 x 8192 0.98x (it keeps the staged kernel), half
+// 4096 x 65536 0.84x (one 128 KiB share per SM).
+constexpr long long kRowStagedMaxVectors = 8192;
+constexpr long long kRowStagedAlignedMaxVectors = 4096;
+constexpr int kRowStagedThreads = 256;
+// 52 registers in the half types, 4 blocks per SM: 6 blocks (40 registers)
+// ran the half ragged mixes 0.90-0.98x, 512-thread blocks 0.84-1.04x.
+constexpr int kRowStagedMinBlocks = 4;
+// Shared memory of one SM that row_staged blocks share (the H100's and
+// H200's 228 KiB, less 1 KiB per block that the driver reserves): rows go
+// into one launch per number of blocks per SM their share allows. Only
+// which launch takes a row depends on it, never its bits.
+constexpr long long kRowStagedSmBytes = 228 * 1024;
+constexpr long long kRowStagedBlockReserve = 1024;
+// Its share: the row's vectors and the two granules a row may straddle.
+inline size_t RowStagedShareBytes(long long vectors) {
+  return static_cast<size_t>((vectors + 2) * 16 + 127) & ~static_cast<size_t>(127);
 }
-// Its dynamic shared memory for segments whose rows are not 16-byte aligned:
-// per row, S * R + 1 granules (a row may span one granule more than its
-// vectors): rows of 1..2 vectors (R = 1) 2 x (2 + 1) granules per thread,
-// rows of 8 vectors per thread (R >= 256) 8 per thread and one per group.
-constexpr size_t TableMaxSharedBytes(int threads) {
-  return 16 * (static_cast<size_t>(kTableFlatRows) * 3 * threads >
-                       static_cast<size_t>(kTableSlots) * threads + 8
-                   ? static_cast<size_t>(kTableFlatRows) * 3 * threads
-                   : static_cast<size_t>(kTableSlots) * threads + 8);
-}
+constexpr size_t kRowStagedMaxShareBytes =
+    ((static_cast<size_t>(kRowStagedMaxVectors) + 2) * 16 + 127) & ~static_cast<size_t>(127);
 
 // Flat kernel: one-segment launches of rows of up to 1024 vectors, 2 per
 // thread. Longer aligned rows of such launches go to the staged kernel: H200,
@@ -150,11 +162,11 @@ enum Config : int {
                        // (block path), blocks per row (cluster path), threads
                        // per row (flat table kernel)
   kColumnsShift = 12,  // log2 of vectors per lane per row (warp path)
-  kSlotsShift = 12,    // flat table kernel: vectors per thread (2 or 8)
 };
 
-// One segment of the on-chip and flat table kernels' table (48 bytes). The
-// host splits segments so that rows < 2^30: loop indices are 32-bit.
+// One segment of the table of the on-chip, flat table, row_staged and staged
+// kernels (48 bytes). The host splits segments so that rows < 2^30: loop
+// indices are 32-bit.
 struct RowSegment {
   const void* input;
   void* output;
@@ -162,14 +174,16 @@ struct RowSegment {
   int units;         // work units of this segment
   int n;
   int first_worker;  // on_chip: the worker that takes unit 0 (rotates across
-                     // segments); flat_table: the segment's first unit
+                     // segments); flat_table: the segment's first unit;
+                     // row_staged, staged: its first row in the launch
   float scale;       // log2(e) / temperature
   int config;        // Config bits
   int unused[2];
 };
 static_assert(sizeof(RowSegment) == 48, "RowSegment layout");
 
-// Kernel argument of the on-chip and flat table kernels: the table travels
+// Kernel argument of the table kernels (on-chip, flat table, row_staged,
+// staged): the table travels
 // inline (<= kInlineSegments entries, no copy) or in device memory.
 struct TableArgs {
   const RowSegment* table;  // null: use inline_segments
@@ -267,7 +281,6 @@ struct FlatShape {
 };
 FlatShape FlatShapeOf(long long vectors);
 std::string FlatProbeName(int threads);  // "flat" + block size, e.g. "flat.t256"
-std::string TableProbeName(int threads);  // "flat_table", or with the block size: "flat_table.t512"
 
 // The one non-empty segment of a launch that the flat kernel takes, or null.
 // The flat kernel computes each row in the order the flat table kernel gives
@@ -281,8 +294,8 @@ const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, i
 enum class RowKernel : int {
   kFlat,          // <= 1024 vectors: a group of R threads, 2 vectors each (FlatShapeOf);
                   // the flat kernel (launches of one segment) or the flat table kernel
-  kFlatTable,     // 1025..8192 vectors that the staged kernel does not take: a group
-                  // of R threads, up to 8 vectors each (TableShapeOf); flat table kernel
+  kRowStaged,     // 1025..8192 vectors that the staged kernel does not take: a block
+                  // of 256 threads, vectors t, t + 256, ... each; row_staged kernel
   kStaged,        // 16-byte aligned rows of 1025 vectors .. 512 KiB: staged kernel
   kOnChipCluster, // other rows of 8193..16384 vectors: on-chip kernel, cluster path
   kSplitStaged,   // aligned rows up to what the grid stages at once: split_staged
@@ -294,14 +307,6 @@ enum class RowKernel : int {
 };
 const char* RowKernelName(RowKernel kernel);
 RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
-
-// The flat table kernel's row geometry: a group of 2^group_log2 threads
-// holds a row, thread t holding vectors j * 2^group_log2 + t for j < slots.
-struct TableShape {
-  int group_log2;
-  int slots;  // 2 (the flat kernel's geometry) or kTableSlots
-};
-TableShape TableShapeOf(long long vectors);
 
 // Cluster path (registers): log2 of the blocks per row.
 int ClusterLog2(long long vectors);
@@ -349,9 +354,10 @@ bool StridedStagedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
 // within 2^31 - 1 blocks.
 constexpr long long kStagedPieceRows = 0x7fffffffLL / kMaxClusterSize;
 
-// Entries a segment may take in the tables of the flat table, on-chip and
-// staged kernels (at most; 0 for split and strided segments). The launch's
-// table area in the scratch holds them all when they exceed kInlineSegments.
+// Entries a segment may take in the tables of the flat table, row_staged,
+// on-chip and staged kernels (at most; 0 for split and strided segments).
+// The launch's table area in the scratch holds them all when they exceed
+// kInlineSegments.
 size_t TableEntries(RowKernel kernel, const SoftmaxSegment& s);
 
 // Scratch of one split or strided segment, in this order, each region
@@ -382,7 +388,7 @@ struct LaunchStep {
   bool cooperative = false;  // every block resident at once (split_staged, split_fused)
   bool vec = false;          // flat, split, strided: 16-byte accesses
   bool log = false;          // flat: log-softmax
-  // flat_table, on_chip, staged: the table. It travels in the kernel
+  // flat_table, row_staged, on_chip, staged: the table. It travels in the kernel
   // parameters up to kInlineSegments entries, else in the scratch's table
   // area (Schedule::table_bytes), copied there just before this launch.
   std::vector<RowSegment> table;
@@ -397,8 +403,8 @@ struct LaunchStep {
   size_t zero_bytes = 0;  // counters zeroed (one memset) before this launch
   // Launched as a programmatic dependent of the step before: its blocks
   // start as that launch's blocks drain (DependentsMayStart, WaitForPrevious
-  // in common.cuh). Table launches (both flat_table or staged, this table
-  // inline) wait for it to complete before they exit; a second pass
+  // in common.cuh). Table launches (flat_table, row_staged or staged after
+  // one of them, this table inline) wait for it to complete before they exit; a second pass
   // (split_normalize after split_stats, strided_normalize after
   // strided_stats) waits before it reads the first pass's partials. Either
   // way it completes after the step before, so stream order holds.
