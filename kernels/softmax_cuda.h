@@ -152,7 +152,8 @@ enum class SoftmaxKernel : int {
   // 256 threads, its 16-byte granules staged in shared memory with cp.async
   // (no registers held while they land), read shifted into element order:
   // one read and one write. Wins for ragged tables (a short-lived block per
-  // row, blocks per SM as the shares allow). Needs sm_80.
+  // row, blocks per SM as the shares allow). Needs sm_80 and 128 KiB of
+  // shared memory per block; without them the split path takes those rows.
   kRowStaged = 11,
 };
 const char* SoftmaxKernelName(SoftmaxKernel kernel);

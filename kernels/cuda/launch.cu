@@ -101,6 +101,29 @@ cudaError_t ProbeClusters(const void* kernel, const std::string& name, const cha
   return cudaSuccess;
 }
 
+// Probes a table kernel that takes up to `shared` bytes of dynamic shared
+// memory and appends its entry, only where a block may have that much (the
+// row_staged kernel's 128 KiB rows: not on GPUs of 99 KiB per block, where
+// the planner sends those rows on).
+cudaError_t ProbeTableKernel(const void* kernel, const char* name, int threads, size_t shared,
+                             DType dtype, int multiprocessors, std::vector<KernelProbe>* probes) {
+  int device = 0;
+  int optin = 0;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  SOFTMAX_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attributes;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, kernel));
+  if (shared + attributes.sharedSizeBytes > static_cast<size_t>(optin)) return cudaSuccess;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+  KernelProbe probe;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(
+      ProbeKernel(kernel, name, name, dtype, multiprocessors, &probe, threads));
+  probes->push_back(probe);
+  return cudaSuccess;
+}
+
 template <typename T>
 cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
                        std::vector<KernelProbe>* probes, int* max_cluster) {
@@ -116,26 +139,13 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
                     FlatProbeName(threads), "flat", dtype, multiprocessors, &flat, threads));
     probes->push_back(flat);
   }
-  {
-    const void* kernel = reinterpret_cast<const void*>(&FlatTableKernel<T>);
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(kTableMaxSharedBytes)));
-    KernelProbe table;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(kernel, "flat_table", "flat_table", dtype,
-                                             multiprocessors, &table, kTableThreads));
-    probes->push_back(table);
-  }
-  {
-    const void* kernel = reinterpret_cast<const void*>(&RowStagedKernel<T>);
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(kRowStagedMaxShareBytes)));
-    KernelProbe row_staged;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(kernel, "row_staged", "row_staged", dtype,
-                                             multiprocessors, &row_staged, kRowStagedThreads));
-    probes->push_back(row_staged);
-  }
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeTableKernel(reinterpret_cast<const void*>(&FlatTableKernel<T>),
+                                                "flat_table", kTableThreads, kTableMaxSharedBytes,
+                                                dtype, multiprocessors, probes));
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeTableKernel(reinterpret_cast<const void*>(&RowStagedKernel<T>),
+                                                "row_staged", kRowStagedThreads,
+                                                kRowStagedMaxShareBytes, dtype, multiprocessors,
+                                                probes));
   int best = 1;
   if (clusters) {
     for (int size = 2; size <= kMaxClusterSize; size *= 2) {

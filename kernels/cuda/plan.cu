@@ -262,11 +262,12 @@ RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment&
   const long long vectors = CeilDiv(segment.n, Vectors(dtype));
   if (vectors <= kFlatMaxVectors) return RowKernel::kFlat;
   const bool aligned = VectorAligned(dtype, segment);
-  if (aligned && ItemSize(dtype) == 2 && vectors <= kRowStagedAlignedMaxVectors) {
+  const bool row_staged = plan.Find("row_staged", dtype) != nullptr;
+  if (row_staged && aligned && ItemSize(dtype) == 2 && vectors <= kRowStagedAlignedMaxVectors) {
     return RowKernel::kRowStaged;
   }
   if (Stageable(plan, dtype, segment)) return RowKernel::kStaged;
-  if (vectors <= kRowStagedMaxVectors) return RowKernel::kRowStaged;
+  if (row_staged && vectors <= kRowStagedMaxVectors) return RowKernel::kRowStaged;
   if (vectors <= ClusterMaxVectors(plan)) return RowKernel::kOnChipCluster;
   const SplitShape split = SplitShapeOf(plan, dtype, segment);
   if (split.staged) return RowKernel::kSplitStaged;
@@ -484,6 +485,7 @@ int RowStagedBlocks(long long vectors, int most) {
 
 void RowStagedSteps(const LaunchPlan& plan, DType dtype, const std::vector<RowSegment>& rows,
                     std::vector<LaunchStep>* steps) {
+  if (rows.empty()) return;
   const int V = Vectors(dtype);
   const KernelProbe* probe = plan.Find("row_staged", dtype);
   const int most = probe != nullptr && probe->blocks_per_sm > 0 ? probe->blocks_per_sm

@@ -19,9 +19,11 @@
 // twice the instructions: H200, ragged mixes of 64 tensors 1.33-1.37x
 // float32, 1.25-1.34x half.
 //
-// Needs sm_80 (cp.async). Shared memory: (vectors + 2) granules, at most
-// 128 KiB + 32 bytes; the planner puts rows into launches by the blocks per
-// SM their share allows (RowStagedBlocks).
+// Needs sm_80 (cp.async) and a block's opt-in shared memory to hold a row of
+// 8192 vectors (the probe lists the kernel only then: H100, H200, A100;
+// elsewhere RowKernelOf sends its rows to the split path). Shared memory:
+// (vectors + 2) granules, at most 128 KiB + 128 bytes; the planner puts rows
+// into launches by the blocks per SM their share allows (RowStagedBlocks).
 #ifndef SOFTMAX_KERNELS_CUDA_ROW_STAGED_CUH_
 #define SOFTMAX_KERNELS_CUDA_ROW_STAGED_CUH_
 
