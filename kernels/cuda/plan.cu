@@ -30,7 +30,6 @@ FlatShape FlatShapeOf(long long vectors) {
 
 std::string FlatProbeName(int threads) { return "flat.t" + std::to_string(threads); }
 
-
 const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, int count,
                                   bool allow_flat) {
   if (!allow_flat) return nullptr;
@@ -686,23 +685,18 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
     switch (kernels[i]) {
+      case RowKernel::kFlat:
       case RowKernel::kRowStaged:
-        if (allow_flat) {
+        if (!allow_flat) {
+          AppendOnChip(dtype, s, ChoosePath(plan, dtype, s), grid, launch_cluster, &unit_counter,
+                       &on_chip_rows);
+        } else if (kernels[i] == RowKernel::kFlat) {
+          AppendFlatTable(dtype, s, &flat_rows);
+        } else {
           ForEachPiece(dtype, s, [&](RowSegment r) {
             r.config = s.log ? kLogBit : 0;
             row_staged_rows.push_back(r);
           });
-        } else {
-          AppendOnChip(dtype, s, ChoosePath(plan, dtype, s), grid, launch_cluster, &unit_counter,
-                       &on_chip_rows);
-        }
-        break;
-      case RowKernel::kFlat:
-        if (allow_flat) {
-          AppendFlatTable(dtype, s, &flat_rows);
-        } else {
-          AppendOnChip(dtype, s, ChoosePath(plan, dtype, s), grid, launch_cluster, &unit_counter,
-                       &on_chip_rows);
         }
         break;
       case RowKernel::kOnChipCluster:

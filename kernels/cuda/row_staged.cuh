@@ -37,26 +37,6 @@ namespace softmax {
 namespace gpu {
 namespace detail {
 
-// Reduces v over the block (op: max or sum): a butterfly within each warp,
-// then every thread folds the warps' values in warp order. The same tree for
-// every row of a length.
-template <bool kMax>
-__device__ __forceinline__ float RowStagedReduce(float v, float* slots) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float o = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = kMax ? fmaxf(v, o) : __fadd_rn(v, o);
-  }
-  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = slots[0];
-#pragma unroll
-  for (int w = 1; w < kRowStagedThreads / 32; ++w) {
-    v = kMax ? fmaxf(v, slots[w]) : __fadd_rn(v, slots[w]);
-  }
-  return v;
-}
-
 // Bytes [a * 16 + 4 * kQuad + bits / 8, + 16) of the share (kQuad -1: the
 // aligned granule a): a vector shifted out of granules a and a + 1.
 template <int kQuad>
@@ -131,7 +111,7 @@ __global__ void __launch_bounds__(kRowStagedThreads, kRowStagedMinBlocks)
       m = fmaxf(m, VectorMax<T>(MaskLanes<T>(ShareVector<kQuad>(share, whole, bits), 0, tail)));
     }
   });
-  m = RowStagedReduce<true>(m, max_slots);
+  m = GroupReduce<true>(m, kT, 0, max_slots);  // the block is one group
   // With m == -inf every value is -inf (-> 0) or NaN: shift by 0.
   if (m == -INFINITY) m = 0.0f;
   float d = 0.0f;
@@ -147,7 +127,7 @@ __global__ void __launch_bounds__(kRowStagedThreads, kRowStagedMinBlocks)
     for (int i = threadIdx.x; i < whole; i += kT) add(ShareVector<kQuad>(share, i, bits));
     if (has_tail) add(MaskLanes<T>(ShareVector<kQuad>(share, whole, bits), 0, tail));
   });
-  d = RowStagedReduce<false>(d, sum_slots);
+  d = GroupReduce<false>(d, kT, 0, sum_slots);
   const float factor = OutputFactor(log, d);
   // Output granule G holds elements G * V - lead_out ..: bytes [G * 16 +
   // delta, + 16) of the share, delta = (lead - lead_out) * sizeof(T), that
