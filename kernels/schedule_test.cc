@@ -145,6 +145,8 @@ class ScheduleTest : public ::testing::Test {
     return schedule;
   }
 
+  void CheckRowOrders(uint64_t seed, int trials, int* checked) const;
+
   LaunchPlan plan_;
 };
 
@@ -286,10 +288,9 @@ SoftmaxSegment Filler(DType dtype, int slot, std::mt19937_64& rng) {
 
 // The rule, at the plan: a probe's rows (any run of them) get the orders
 // they get alone, inside random tables of up to 40 other segments, and
-// within their alignment class at any address.
-TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunch) {
-  std::mt19937_64 rng(32);
-  int checked = 0;
+// within their alignment class at any address. *checked counts the tables.
+void ScheduleTest::CheckRowOrders(uint64_t seed, int trials, int* checked) const {
+  std::mt19937_64 rng(seed);
   for (DType dtype : kDTypes) {
     const std::vector<SoftmaxSegment> probes = Probes(plan_, dtype);
     for (size_t p = 0; p < probes.size(); ++p) {
@@ -300,7 +301,7 @@ TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunch) {
       for (const auto& entry : alone) {
         ASSERT_EQ(entry.second, probe.outer) << "probe " << p << ": " << Describe(alone);
       }
-      for (int trial = 0; trial < 12; ++trial) {
+      for (int trial = 0; trial < trials; ++trial) {
         // A run of the probe's rows, moved by whole 16-byte vectors (same
         // alignment class), among fillers in a random position.
         SoftmaxSegment piece = probe;
@@ -329,11 +330,52 @@ TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunch) {
               << Describe(alone) << "\ninside: " << Describe(inside);
           EXPECT_EQ(it->second, piece.outer) << order.ToString();
         }
-        ++checked;
+        ++*checked;
       }
     }
   }
+}
+
+TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunch) {
+  int checked = 0;
+  CheckRowOrders(32, 12, &checked);
   EXPECT_GT(checked, 1000);
+}
+
+// A GPU whose blocks cannot hold a row_staged row (99 KiB of opt-in shared
+// memory per block) has no row_staged probe: its rows go to the staged
+// kernel (aligned) or the on-chip cluster path, alone and in tables alike.
+TEST_F(ScheduleTest, PlansWithoutRowStaged) {
+  std::string text;
+  std::istringstream lines(kH200Plan + 1);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("row_staged<") == std::string::npos) text += line + "\n";
+  }
+  ASSERT_TRUE(LaunchPlan::Parse(text, &plan_));
+  for (DType dtype : kDTypes) ASSERT_EQ(plan_.Find("row_staged", dtype), nullptr);
+  struct Case {
+    DType dtype;
+    int64_t n, misalign;
+    const char* kernels;
+  };
+  const Case cases[] = {
+      {DType::kFloat32, 4097, 0, "on_chip"},
+      {DType::kFloat32, 4100, 1, "on_chip"},
+      {DType::kFloat32, 4100, 0, "staged"},
+      {DType::kFloat16, 8 * 1025, 0, "staged"},
+      {DType::kFloat16, 8 * 4096, 3, "on_chip"},
+      {DType::kBFloat16, 8 * 8192 - 1, 0, "on_chip"},
+  };
+  for (const Case& c : cases) {
+    const std::vector<SoftmaxSegment> one = {At(c.dtype, 0, 8, c.n, 1, c.misalign)};
+    const Schedule schedule = Plan(c.dtype, one);
+    EXPECT_EQ(schedule.Kernels(), c.kernels) << DTypeName(c.dtype) << " n=" << c.n << "\n"
+                                             << schedule.ToString();
+    EXPECT_EQ(LaunchKernels(plan_, c.dtype, one.data(), 1), schedule.Kernels());
+  }
+  int checked = 0;
+  CheckRowOrders(33, 3, &checked);
+  EXPECT_GT(checked, 250);
 }
 
 // Scratch: the schedule's size is SoftmaxScratchBytes; every split and

@@ -24,7 +24,7 @@ int GridOf(const LaunchPlan& plan, std::string_view kernel, DType dtype, int clu
 
 FlatShape FlatShapeOf(long long vectors) {
   const int group_log2 = CeilLog2(CeilDiv(vectors, kFlatSlots));
-  const int threads = group_log2 <= 5 ? 256 : std::max(64, 1 << group_log2);
+  const int threads = group_log2 <= 5 ? kFlatSmallRowThreads : std::max(64, 1 << group_log2);
   return {threads, group_log2};
 }
 

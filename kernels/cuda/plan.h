@@ -86,6 +86,11 @@ constexpr size_t kRowStagedMaxShareBytes =
 // M x N = 2^28, N = 2048-4096 vectors: 0.96-0.97 of copy against 0.91-0.95 flat.
 constexpr long long kFlatMaxVectors = 1024;
 constexpr int kFlatSlots = 2;
+// Block size of the flat kernel for rows of <= 64 vectors (groups of <= 32
+// threads, several rows per block; short blocks, up to 32 per SM): H200,
+// M x N = 2^28, N = 32-512: 1.016-1.025x over 256 threads (0.997-1.012 of
+// copy); 128 threads 0.996-1.002x of 64, 1024 threads 1.00-1.02x of 256.
+constexpr int kFlatSmallRowThreads = 64;
 
 // Staged kernels (kernels/cuda/staged.cuh): a row per cluster of 1..16
 // blocks (staged) or per group of blocks of a cooperative grid
@@ -276,7 +281,7 @@ int GridOf(const LaunchPlan& plan, std::string_view kernel, DType dtype, int clu
 
 // Flat kernel: block size and group size for rows of `vectors`.
 struct FlatShape {
-  int threads;     // block size: 256 for groups of <= 32 threads, else the group
+  int threads;     // block size: kFlatSmallRowThreads for groups of <= 32 threads, else the group
   int group_log2;  // log2 of the threads holding a row
 };
 FlatShape FlatShapeOf(long long vectors);
