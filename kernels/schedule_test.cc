@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 #include <sstream>
@@ -452,6 +453,34 @@ TEST_F(ScheduleTest, StepsFitTheDevice) {
       }
     }
   }
+}
+
+// row_staged launches take the longest rows first, across launches and
+// within each, so that each ends on its shortest blocks; every launch's
+// shared memory holds its longest row.
+TEST_F(ScheduleTest, RowStagedTakesTheLongestRowsFirst) {
+  std::mt19937_64 rng(17);
+  int launches = 0;
+  for (DType dtype : kDTypes) {
+    for (int trial = 0; trial < 100; ++trial) {
+      std::vector<SoftmaxSegment> table;
+      const int count = std::uniform_int_distribution<int>(2, 40)(rng);
+      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      const Schedule schedule = Plan(dtype, table);
+      long long previous = std::numeric_limits<long long>::max();
+      for (const LaunchStep& step : schedule.steps) {
+        if (step.kernel != SoftmaxKernel::kRowStaged) continue;
+        ++launches;
+        for (const RowSegment& r : step.table) {
+          EXPECT_LE(r.n, previous) << schedule.ToString();
+          previous = r.n;
+          EXPECT_GE(step.shared_bytes, RowStagedShareBytes((r.n + VecWidth(dtype) - 1) /
+                                                           VecWidth(dtype)));
+        }
+      }
+    }
+  }
+  EXPECT_GT(launches, 100);
 }
 
 // A launch overlaps the tail of the one before only where nothing passes
