@@ -291,7 +291,7 @@ size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSeg
 // up to 1024 vectors (any mix of n, temperature and op) share one flat table
 // launch; longer rows up to 8192 vectors that the staged path does not take
 // share row_staged launches (one per number of blocks per SM their shares
-// allow); one on-chip launch takes rows of more than 8192 vectors that are
+// allow, longest rows first); one on-chip launch takes rows of more than 8192 vectors that are
 // not 16-byte aligned; the staged segments one launch per cluster size;
 // each split-row or strided segment adds a memset and one launch (two where
 // its rows are read twice). A launch whose only non-empty
