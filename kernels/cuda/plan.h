@@ -88,8 +88,8 @@ constexpr long long kFlatMaxVectors = 1024;
 constexpr int kFlatSlots = 2;
 // Block size of the flat kernel for rows of <= 64 vectors (groups of <= 32
 // threads, several rows per block; short blocks, up to 32 per SM): H200,
-// M x N = 2^28, N = 32-512: 1.016-1.025x over 256 threads (0.997-1.012 of
-// copy); 128 threads 0.996-1.002x of 64, 1024 threads 1.00-1.02x of 256.
+// M x N = 2^28, float32 N = 32-128 and half N = 32-512: 1.016-1.025x over
+// 256 threads (0.997-1.012 of copy); 128 threads 0.996-1.002x of 64.
 constexpr int kFlatSmallRowThreads = 64;
 
 // Staged kernels (kernels/cuda/staged.cuh): a row per cluster of 1..16
