@@ -21,7 +21,8 @@
 //
 // Needs sm_80 (cp.async) and a block's opt-in shared memory to hold a row of
 // 8192 vectors (the probe lists the kernel only then: H100, H200, A100;
-// elsewhere RowKernelOf sends its rows to the split path). Shared memory:
+// elsewhere RowKernelOf sends its rows to the staged kernel when aligned,
+// else to the on-chip cluster path). Shared memory:
 // (vectors + 2) granules, at most 128 KiB + 128 bytes; the planner puts rows
 // into launches by the blocks per SM their share allows (RowStagedBlocks).
 #ifndef SOFTMAX_KERNELS_CUDA_ROW_STAGED_CUH_
