@@ -101,6 +101,7 @@ std::map<RowOrder, long long> OrdersOf(const Schedule& schedule, uintptr_t begin
       case SoftmaxKernel::kSplitStaged:
       case SoftmaxKernel::kSplitFused:
       case SoftmaxKernel::kSplitStats:
+      case SoftmaxKernel::kSplitMerge:
       case SoftmaxKernel::kSplitNormalize:
         if (Within(step.split.input, begin, end)) {
           out[{name, {step.split.parts, step.split.part_vectors, step.split.vec, step.split.log,
@@ -213,7 +214,8 @@ TEST_F(ScheduleTest, KernelsOfOneSegment) {
       {DType::kFloat32, 10, 32768 + 5, 1, 0, "on_chip"},
       {DType::kFloat32, 4, 1 << 20, 1, 0, "split_staged"},
       {DType::kFloat32, 4, (1 << 20) + 1, 1, 0, "split_fused"},
-      {DType::kFloat32, 4, 1 << 24, 1, 0, "split_stats,split_normalize"},
+      {DType::kFloat32, 4, 1 << 24, 1, 0, "split_stats,split_merge,split_normalize"},
+      {DType::kFloat32, 4, 1 << 24, 1, 1, "split_stats,split_normalize"},
       {DType::kFloat16, 4, 1 << 18, 1, 0, "staged"},
       {DType::kFloat16, 8, 8 * 1025, 1, 0, "row_staged"},
       {DType::kFloat16, 8, 8 * 4096, 1, 0, "row_staged"},
@@ -486,9 +488,10 @@ TEST_F(ScheduleTest, RowStagedTakesTheLongestRowsFirst) {
 // A launch overlaps the tail of the one before only where nothing passes
 // between them (both table launches of other segments, flat_table or
 // staged, no memset or table copy before it) or where it is a second pass
-// right after its own first pass (split_normalize after split_stats,
-// strided_normalize after strided_stats, same partials: it waits for the
-// first pass before it reads them); never the first launch, never a first
+// right after the pass before it (split_merge after split_stats,
+// split_normalize after split_merge or split_stats, strided_normalize after strided_stats,
+// same scratch: it waits for that pass before it reads what it wrote); never
+// the first launch, never a first
 // pass or a one-launch split or strided segment.
 TEST_F(ScheduleTest, OnlyIndependentTableLaunchesAndSecondPassesOverlap) {
   std::mt19937_64 rng(13);
@@ -514,6 +517,10 @@ TEST_F(ScheduleTest, OnlyIndependentTableLaunchesAndSecondPassesOverlap) {
           const bool second_pass =
               i > 0 && step.zero_bytes == 0 &&
               ((schedule.steps[i - 1].kernel == SoftmaxKernel::kSplitStats &&
+                step.kernel == SoftmaxKernel::kSplitMerge) ||
+               (schedule.steps[i - 1].kernel == SoftmaxKernel::kSplitStats &&
+                step.kernel == SoftmaxKernel::kSplitNormalize) ||
+               (schedule.steps[i - 1].kernel == SoftmaxKernel::kSplitMerge &&
                 step.kernel == SoftmaxKernel::kSplitNormalize) ||
                (schedule.steps[i - 1].kernel == SoftmaxKernel::kStridedStats &&
                 step.kernel == SoftmaxKernel::kStridedNormalize)) &&

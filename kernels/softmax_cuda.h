@@ -133,8 +133,9 @@ enum class SoftmaxKernel : int {
   // Other long rows up to what the grid holds in registers: one pass. Needs
   // a cooperative launch and scratch.
   kSplitFused = 5,
-  // Longer rows: (max, sum) partials of 64 KiB parts (split_stats), then a
-  // re-read in reverse order that writes (split_normalize): two reads.
+  // Longer rows: (max, sum) partials of 64 KiB parts (split_stats), each
+  // row's merged once (split_merge), then a re-read in reverse order that
+  // writes (split_normalize): two reads. Blocks of one unit or chunk each.
   kSplitStats = 6,
   kSplitNormalize = 7,
   // inner > 1 (a non-last axis): coalesced over inner, n split across
@@ -155,6 +156,8 @@ enum class SoftmaxKernel : int {
   // row, blocks per SM as the shares allow). Needs sm_80 and 128 KiB of
   // shared memory per block; without them the split path takes those rows.
   kRowStaged = 11,
+  // Between split_stats and split_normalize: a block per row.
+  kSplitMerge = 12,
 };
 const char* SoftmaxKernelName(SoftmaxKernel kernel);
 
@@ -252,7 +255,7 @@ int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path);
 
 // The kernels a LaunchSoftmax call with these arguments runs, comma-separated,
 // in launch order, each once (SoftmaxKernelName: flat, flat_table, row_staged,
-// on_chip, staged, split_staged, split_fused, split_stats, split_normalize,
+// on_chip, staged, split_staged, split_fused, split_stats, split_merge, split_normalize,
 // strided_stats, strided_normalize, strided_staged); empty on a bad argument.
 std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, bool allow_flat = true);

@@ -771,9 +771,9 @@ TEST_F(SoftmaxCudaTest, OverlappingLaunchesKeepStreamOrder) {
   cudaStreamDestroy(stream);
 }
 
-// A second pass (split_normalize, strided_normalize) is a programmatic
-// dependent of its first pass: it loads before the first pass completes and
-// must still read complete partials; a copy queued right after, with no
+// A later pass (split_merge, split_normalize, strided_normalize) is a
+// programmatic dependent of the pass before: it loads before that pass
+// completes and must still read what it wrote; a copy queued right after, with no
 // synchronization, must see every output. In place too, where the second
 // pass's early loads read what it then overwrites.
 TEST_F(SoftmaxCudaTest, SecondPassesOverlapTheirFirstPass) {
@@ -782,17 +782,22 @@ TEST_F(SoftmaxCudaTest, SecondPassesOverlapTheirFirstPass) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   constexpr int64_t kLong = (int64_t{1} << 23) + 1;  // unaligned: split_stats, split_normalize
   for (DType dtype : kDTypes) {
+    // 32 MiB aligned rows: split_stats, split_merge, split_normalize.
+    const int64_t aligned = (int64_t{1} << 25) / static_cast<int64_t>(ItemSize(dtype));
     std::vector<Problem> problems;
     problems.push_back(MakeProblem(dtype, 2, kLong, 1, rng));
+    problems.push_back(MakeProblem(dtype, 2, aligned, 1, rng, 0.5f, true));
     problems.push_back(MakeProblem(dtype, 3, 5000, 300, rng));  // strided_stats, strided_normalize
     problems.push_back(MakeProblem(dtype, 1, 70000, 3, rng, 0.5f, true));
     std::string kernels, schedule;
-    EXPECT_EQ(OverlappingLaunches(dtype, problems, &kernels, &schedule), 3u) << schedule;
-    ASSERT_EQ(kernels, "split_stats,split_normalize,strided_stats,strided_normalize");
+    EXPECT_EQ(OverlappingLaunches(dtype, problems, &kernels, &schedule), 5u) << schedule;
+    ASSERT_EQ(kernels, "split_stats,split_normalize,split_merge,strided_stats,strided_normalize")
+        << schedule;
     for (int round = 0; round < 3; ++round) {
-      RunAndCheck(dtype, problems, "second passes, round " + std::to_string(round), true, stream);
+      RunAndCheck(dtype, problems, "later passes, round " + std::to_string(round), true, stream);
     }
     CheckInPlace(dtype, 2, kLong, SoftmaxPath::kSplitRows, rng, "split_stats in place");
+    CheckInPlace(dtype, 1, aligned, SoftmaxPath::kSplitRows, rng, "split_merge in place");
   }
   cudaStreamDestroy(stream);
 }

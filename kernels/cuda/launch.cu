@@ -200,7 +200,7 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
                                            "split_stats", "split", dtype, multiprocessors, &probe));
   probes->push_back(probe);
   SOFTMAX_CUDA_RETURN_IF_ERROR(
-      ProbeKernel(reinterpret_cast<const void*>(&SplitNormalizeKernel<T, true>), "split_normalize",
+      ProbeKernel(reinterpret_cast<const void*>(&SplitNormalizeUnitsKernel<T>), "split_normalize",
                   "split", dtype, multiprocessors, &probe));
   probes->push_back(probe);
   SOFTMAX_CUDA_RETURN_IF_ERROR(
@@ -280,7 +280,7 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
     SplitArgs split = step.split;
     StridedArgs strided = step.strided;
     split.partials = strided.partials = reinterpret_cast<float2*>(scratch + step.partials_offset);
-    strided.finals = reinterpret_cast<float2*>(scratch + step.finals_offset);
+    split.totals = strided.finals = reinterpret_cast<float2*>(scratch + step.finals_offset);
     split.counters = strided.counters = reinterpret_cast<unsigned*>(scratch + step.counters_offset);
     TableArgs table;
     if (!step.table.empty()) {
@@ -318,10 +318,13 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
             step.vec ? SplitStatsKernel<T, true> : SplitStatsKernel<T, false>, step, stream, split));
         break;
+      case SoftmaxKernel::kSplitMerge:
+        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(SplitMergeKernel, step, stream, split));
+        break;
       case SoftmaxKernel::kSplitNormalize:
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
-            step.vec ? SplitNormalizeKernel<T, true> : SplitNormalizeKernel<T, false>, step,
-            stream, split));
+            step.vec ? SplitNormalizeKernel<T> : SplitNormalizeUnitsKernel<T>, step, stream,
+            split));
         break;
       case SoftmaxKernel::kStridedStats:
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(

@@ -6,7 +6,7 @@
 //   paths (SoftmaxPath):  warp_rows, block_rows, cluster_rows, staged_rows,
 //                         split_rows, strided
 //   kernels (probes, LaunchKernels): flat, flat_table, row_staged, on_chip, staged,
-//                         split_staged, split_fused, split_stats, split_normalize,
+//                         split_staged, split_fused, split_stats, split_merge, split_normalize,
 //                         strided_stats, strided_normalize
 #ifndef SOFTMAX_KERNELS_CUDA_PLAN_H_
 #define SOFTMAX_KERNELS_CUDA_PLAN_H_
@@ -122,7 +122,7 @@ constexpr long long kStagedMaxRowBytes = 512 * 1024;
 constexpr int kSplitStagedStages = 4;
 constexpr long long kSplitStagedPartBytes = kSplitStagedStages * kStagedStageVectors * 16LL;
 constexpr int kSplitStagedBlocks = 3;
-// split_stats + split_normalize: parts of this many blocks' worth of vectors
+// split_stats: parts of this many blocks' worth of vectors
 // (64 KiB), whatever the number of rows, so that a row's partials do not
 // depend on the rest of its launch.
 constexpr long long kSplitPartChunks = 2;
@@ -225,6 +225,7 @@ struct SplitArgs {
   int log;
   int vec;
   float2* partials;         // rows * parts
+  float2* totals;           // rows: (max, sum) per row (split_merge -> split_normalize)
   unsigned int* counters;   // rows, zero on entry; left zero (split_fused, split_staged)
 };
 
@@ -305,7 +306,7 @@ enum class RowKernel : int {
   kOnChipCluster, // other rows of 8193..16384 vectors: on-chip kernel, cluster path
   kSplitStaged,   // aligned rows up to what the grid stages at once: split_staged
   kSplitFused,    // rows up to what the grid holds in registers: split_fused
-  kSplitTwoPass,  // longer rows: split_stats + split_normalize
+  kSplitTwoPass,  // longer rows: split_stats + split_merge + split_normalize
   kStridedStaged, // inner > 1, 16-byte aligned, 128-byte rows, columns that fit a
                   // cluster's shared memory: strided_staged (one pass)
   kStrided,       // other inner > 1: strided_stats + strided_normalize
@@ -409,9 +410,10 @@ struct LaunchStep {
   // Launched as a programmatic dependent of the step before: its blocks
   // start as that launch's blocks drain (DependentsMayStart, WaitForPrevious
   // in common.cuh). Table launches (flat_table, row_staged or staged after
-  // one of them, this table inline) wait for it to complete before they exit; a second pass
-  // (split_normalize after split_stats, strided_normalize after
-  // strided_stats) waits before it reads the first pass's partials. Either
+  // one of them, this table inline) wait for it to complete before they exit; a later pass
+  // (split_merge after split_stats, split_normalize after split_merge or
+  // split_stats, strided_normalize after strided_stats) waits before it reads what the
+  // pass before wrote. Either
   // way it completes after the step before, so stream order holds.
   bool overlap_previous = false;
 };
