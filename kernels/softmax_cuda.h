@@ -63,7 +63,8 @@
 // reference and the GPU, and with allow_flat false.
 //
 // Every path vectorises with 16-byte accesses when the segment's pointers and
-// row pitch are 16-byte aligned, and falls back to element accesses otherwise.
+// row pitch are 16-byte aligned; otherwise float32 falls back to element
+// accesses and the 16-bit types to aligned granules shifted into place.
 // Arithmetic is float32 (exp2 with a log2(e)/temperature prescale).
 // Semantics match kernels/cpu_softmax.h: a NaN or +inf in a row, or a row of
 // all -inf, gives a row of NaN.
@@ -108,7 +109,7 @@ enum class SoftmaxKernel : int {
   // Launches of one segment of last-axis rows of up to 1024 vectors: a group
   // of 1..512 threads per row, 2 vectors each, max first, one exp2 per
   // element; few registers, full occupancy. Computes rows in the flat table
-  // kernel's order. Needs nothing (element accesses when unaligned).
+  // kernel's order. Needs nothing (unaligned rows: see above).
   kFlat = 0,
   // Every last-axis row of up to 1024 vectors of a table, in one launch of
   // 512-thread blocks, in the flat kernel's order. Wins for tables: one

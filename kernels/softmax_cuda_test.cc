@@ -254,6 +254,15 @@ class SoftmaxCudaTest : public ::testing::Test {
                           << SoftmaxPathName(ChoosePath(*plan_, dtype, segments[i])) << ":"
                           << first.str();
       }
+      // Nothing outside the outputs is written: the bytes between them (padding
+      // and element offsets) keep the fill.
+      size_t cursor = 0;
+      int64_t written_outside = 0;
+      for (size_t i = 0; i < problems.size(); ++i) {
+        for (size_t b = cursor; b < out_offsets[i]; ++b) written_outside += host[b] != 0x7B;
+        cursor = out_offsets[i] + problems[i].input.size();
+      }
+      EXPECT_EQ(written_outside, 0) << label << " " << DTypeName(dtype) << " run " << run;
     }
     cudaFreeHost(pinned);
     cudaFree(scratch);
@@ -406,6 +415,48 @@ TEST_F(SoftmaxCudaTest, MisalignedPointersAndOddLengths) {
     s.input_offset_elements = 1;
     problems.push_back(std::move(s));
     RunAndCheck(dtype, problems, "misaligned");
+  }
+}
+
+// Rows at every element offset in and out (16-bit types: every 2-byte
+// position in a 16-byte granule), through each kernel that reads and writes
+// unaligned rows a vector at a time: values right, nothing written outside
+// the outputs (RunAndCheck), the kernel the one meant.
+TEST_F(SoftmaxCudaTest, EveryElementOffsetOfUnalignedRows) {
+  std::mt19937_64 rng(21);
+  struct Case {
+    SoftmaxShape shape;  // n in vectors, plus one element
+    const char* kernels;
+    bool every_offset;
+  };
+  const Case cases[] = {
+      {{37, 250, 1}, "flat", true},
+      {{5, 8750, 1}, "on_chip", true},
+      {{2, 25000, 1}, "split_fused", true},
+      {{1, 900000, 1}, "split_stats,split_normalize", false},
+  };
+  for (DType dtype : kDTypes) {
+    const int v = VecWidth(dtype);
+    std::vector<Case> shaped;
+    for (const Case& c : cases) {
+      shaped.push_back({{c.shape.outer, c.shape.n * v + 1, 1}, c.kernels, c.every_offset});
+    }
+    shaped.push_back({{3, 300, 301}, "strided_stats,strided_normalize", true});
+    for (const Case& c : shaped) {
+      for (int offset = 0; offset < v; ++offset) {
+        if (!c.every_offset && offset % 3 != 1) continue;
+        std::vector<Problem> one;
+        one.push_back(MakeProblem(dtype, c.shape.outer, c.shape.n, c.shape.inner, rng, 1.0f,
+                                  offset % 2 == 1));
+        one.back().input_offset_elements = static_cast<size_t>(offset);
+        one.back().output_offset_elements = static_cast<size_t>((offset * 3 + 1) % v);
+        std::string kernels, schedule;
+        OverlappingLaunches(dtype, one, &kernels, &schedule);
+        // LaunchKernels there sees aligned pointers; the odd lengths decide.
+        EXPECT_EQ(kernels, c.kernels) << DTypeName(dtype) << "\n" << schedule;
+        RunAndCheck(dtype, one, "offset " + std::to_string(offset) + " " + c.kernels);
+      }
+    }
   }
 }
 

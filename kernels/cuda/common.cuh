@@ -185,39 +185,99 @@ __device__ __forceinline__ uint4 LoadGlobal16(const uint4* p) { return __ldg(p);
 __device__ __forceinline__ void StoreGlobal16(uint4* p, uint4 v) { *p = v; }
 
 // Element-wise load of V elements starting at p[e0]; positions >= limit read -inf.
+// Vector access at any element address (a row whose start or length is not
+// a multiple of 16 bytes), the same elements either way. float32: a load or
+// store per element. 16-bit types: the one or two aligned 16-byte granules
+// that hold the vector, shifted into place, and 1-4 aligned stores (H200,
+// unaligned half rows 1.12-1.91x; the same form in float32 0.55-1.06x). A
+// granule that holds one of the row's bytes never crosses a page, so its
+// other bytes can be read; the second granule is read only when it holds one
+// of the row's elements. Loaded elements at or past `limit` are -inf; stores
+// write only elements e0 .. min(e0+V, limit)-1.
 template <typename T>
 __device__ __forceinline__ uint4 LoadElements(const typename Traits<T>::Bits* p, long long e0,
                                               long long limit) {
   constexpr int V = VecWidth<T>();
-  constexpr int P = Traits<T>::kPerWord;
-  using Bits = typename Traits<T>::Bits;
-  constexpr Bits kNegInf = static_cast<Bits>(Traits<T>::kNegInfWord);
-  unsigned w[4];
+  constexpr int S = static_cast<int>(sizeof(typename Traits<T>::Bits));
+  if constexpr (S == 4) {
+    unsigned w[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    Bits e[P];
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
-      const long long idx = e0 + i * P + k;
-      e[k] = idx < limit ? __ldg(p + idx) : kNegInf;
-    }
-    w[i] = Traits<T>::ElementsToWord(e);
+    for (int i = 0; i < 4; ++i) w[i] = e0 + i < limit ? __ldg(p + e0 + i) : Traits<T>::kNegInfWord;
+    return MakeVector(w[0], w[1], w[2], w[3]);
   }
-  (void)V;
+  if (e0 >= limit) return NegInfVector<T>();
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p + e0);
+  const int shift = static_cast<int>(address & 15u);  // bytes, a multiple of S
+  const uint4* granule = reinterpret_cast<const uint4*>(address - shift);
+  const uint4 a = LoadGlobal16(granule);
+  uint4 b = a;  // lanes taken from b when it is not read are masked below
+  if (shift != 0 && e0 + (16 - shift) / S < limit) b = LoadGlobal16(granule + 1);
+  const unsigned c[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  const int q = shift >> 2;
+  unsigned w[5];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) w[i] = q == 0 ? c[i] : q == 1 ? c[i + 1] : q == 2 ? c[i + 2] : c[i + 3];
+  if (shift & 2) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = __funnelshift_r(w[i], w[i + 1], 16);
+  }
+  if (e0 + V > limit) {
+    constexpr int P = Traits<T>::kPerWord;
+    using Bits = typename Traits<T>::Bits;
+    constexpr Bits kNegInf = static_cast<Bits>(Traits<T>::kNegInfWord);
+    const long long valid = limit - e0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      Bits e[P];
+#pragma unroll
+      for (int k = 0; k < P; ++k) e[k] = i * P + k < valid ? Traits<T>::Element(w[i], k) : kNegInf;
+      w[i] = Traits<T>::ElementsToWord(e);
+    }
+  }
   return MakeVector(w[0], w[1], w[2], w[3]);
 }
 
 template <typename T>
 __device__ __forceinline__ void StoreElements(typename Traits<T>::Bits* p, long long e0,
                                               long long limit, uint4 v) {
+  constexpr int V = VecWidth<T>();
   constexpr int P = Traits<T>::kPerWord;
+  if (P == 1 || e0 + V > limit) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 4; ++i) {
 #pragma unroll
-    for (int k = 0; k < P; ++k) {
-      const long long idx = e0 + i * P + k;
-      if (idx < limit) p[idx] = Traits<T>::Element(Word(v, i), k);
+      for (int k = 0; k < P; ++k) {
+        const long long idx = e0 + i * P + k;
+        if (idx < limit) p[idx] = Traits<T>::Element(Word(v, i), k);
+      }
     }
+    return;
+  }
+  char* const at = reinterpret_cast<char*>(p + e0);
+  const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(at) & 15u);
+  if (shift == 0) {
+    *reinterpret_cast<uint4*>(at) = v;
+  } else if (shift == 8) {
+    *reinterpret_cast<uint2*>(at) = make_uint2(v.x, v.y);
+    *reinterpret_cast<uint2*>(at + 8) = make_uint2(v.z, v.w);
+  } else if ((shift & 3) == 0) {  // 4 or 12: a word, two words at an 8-byte boundary, a word
+    *reinterpret_cast<unsigned*>(at) = v.x;
+    *reinterpret_cast<uint2*>(at + 4) = make_uint2(v.y, v.z);
+    *reinterpret_cast<unsigned*>(at + 12) = v.w;
+  } else {  // 16-bit elements at 2 bytes past a word: an element, 3 words, an element
+    using Bits = typename Traits<T>::Bits;
+    const unsigned u0 = __funnelshift_r(v.x, v.y, 16);
+    const unsigned u1 = __funnelshift_r(v.y, v.z, 16);
+    const unsigned u2 = __funnelshift_r(v.z, v.w, 16);
+    *reinterpret_cast<Bits*>(at) = static_cast<Bits>(v.x & 0xffffu);
+    if ((shift & 7) == 6) {  // at + 2 is 8-byte aligned
+      *reinterpret_cast<uint2*>(at + 2) = make_uint2(u0, u1);
+      *reinterpret_cast<unsigned*>(at + 10) = u2;
+    } else {  // at + 10 is 8-byte aligned
+      *reinterpret_cast<unsigned*>(at + 2) = u0;
+      *reinterpret_cast<uint2*>(at + 6) = make_uint2(u1, u2);
+    }
+    *reinterpret_cast<Bits*>(at + 14) = static_cast<Bits>(v.w >> 16);
   }
 }
 
