@@ -56,8 +56,9 @@ __global__ void __launch_bounds__(kThreads, kSplitStatsBlocks) SplitStatsKernel(
   }
 }
 
-// Between the passes: each row's partials merged once (MergePartials: the
-// order every split form uses) into totals[row], for split_normalize.
+// Between the passes (aligned rows): each row's partials merged once, by
+// MergePartials as the unaligned rows' split_normalize merges them, into
+// totals[row] for split_normalize.
 __global__ void __launch_bounds__(kThreads) SplitMergeKernel(const SplitArgs a) {
   __shared__ float2 slots[kWarps];
   DependentsMayStart();
