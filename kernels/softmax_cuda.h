@@ -134,9 +134,11 @@ enum class SoftmaxKernel : int {
   // Other long rows up to what the grid holds in registers: one pass. Needs
   // a cooperative launch and scratch.
   kSplitFused = 5,
-  // Longer rows: (max, sum) partials of 64 KiB parts (split_stats), each
-  // row's merged once (split_merge), then a re-read in reverse order that
-  // writes (split_normalize): two reads. Blocks of one unit or chunk each.
+  // Longer rows: (max, sum) partials of 64 KiB parts (split_stats), then a
+  // re-read in reverse order that writes (split_normalize): two reads.
+  // Aligned rows: a block per part, each row's partials merged once
+  // (split_merge), a block per 32 KiB chunk. Others: grids walking the parts,
+  // split_normalize merging the partials of each row it meets.
   kSplitStats = 6,
   kSplitNormalize = 7,
   // inner > 1 (a non-last axis): coalesced over inner, n split across
@@ -157,7 +159,7 @@ enum class SoftmaxKernel : int {
   // row, blocks per SM as the shares allow). Needs sm_80 and 128 KiB of
   // shared memory per block; without them the split path takes those rows.
   kRowStaged = 11,
-  // Between split_stats and split_normalize: a block per row.
+  // Between split_stats and split_normalize, for aligned rows: a block per row.
   kSplitMerge = 12,
 };
 const char* SoftmaxKernelName(SoftmaxKernel kernel);
@@ -298,7 +300,7 @@ size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSeg
 // allow, longest rows first); one on-chip launch takes rows of more than 8192 vectors that are
 // not 16-byte aligned; the staged segments one launch per cluster size;
 // each split-row or strided segment adds a memset and one launch (two where
-// its rows are read twice). A launch whose only non-empty
+// its rows are read twice, three with split_merge). A launch whose only non-empty
 // segment has last-axis rows of up to 1024 vectors (4096 float32, 8192
 // float16) runs the flat kernel (FlatKernelTakes), which computes them in
 // the flat table kernel's order. Every row's bits are those of the same row

@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kThreads) SplitNormalizeKernel(const SplitArgs
   }
 }
 
-// Pass 2 of rows that are not 16-byte aligned (element accesses), without
+// Pass 2 of rows that are not 16-byte aligned (LoadElements), without
 // split_merge: a grid of 2 blocks per SM walks the units and chunks in
 // reverse order, and a block merges a row's partials (MergePartials, as
 // split_merge does) when it first meets the row, while its unit's last chunk

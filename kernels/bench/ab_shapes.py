@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Times builds of the library side by side on a named set of shapes; bits against the first.
+
+    python3 kernels/bench/ab_shapes.py SET A.so B.so ...
+
+SET is `unaligned` (rows that do not start on 16 bytes, with aligned controls) or
+`split` (long rows of the split path, one to sixteen at a time). Each line: the kernels
+the first build runs, then per build GB/s (2 x bytes / time), its fraction of a copy of
+the same bytes timed in the same call, its speed against the first build (xN) and, where
+any element's bits differ from the first build's output or fails the float64 check,
+`!bB dD` (B invalid, D differing). Timer: softmax_bench.py's (median, L2 flushed).
+Needs a GPU and torch.
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import softmax_bench as sb  # noqa: E402
+
+# (dtype, rows, n[, 0 for softmax over dim 0 of [rows, n]])
+SETS = {
+    "unaligned": [
+        ("float32", 4096, 50257), ("float16", 4096, 50257), ("bfloat16", 4096, 50257),
+        ("float32", 4096, 50256), ("float16", 4096, 50256),
+        ("float32", 1024, 100003), ("float16", 2048, 100003), ("float32", 1024, 100000),
+        ("float16", 2048, 100000),
+        ("float32", 16384, 4097), ("float16", 16384, 4097), ("float16", 65536, 1001),
+        ("float32", 65536, 1001),
+        ("float32", 4, 16777217), ("float16", 4, 16777217), ("float32", 100000, 301, 0),
+        ("float16", 100000, 300, 0),
+        ("float32", 64, 1000003), ("float16", 64, 1000003), ("float32", 64, 1000000),
+    ],
+    "split": [
+        ("float32", 1, 16777216), ("float16", 1, 16777216), ("float32", 1, 8388608),
+        ("float32", 4, 8388608), ("bfloat16", 2, 33554432), ("float32", 2, 8388609),
+        ("float32", 16, 16777215),
+    ],
+}
+
+
+def bits(t):
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def main():
+    if len(sys.argv) < 3 or sys.argv[1] not in SETS:
+        sys.exit(__doc__)
+    libs = [(os.path.basename(p).split(".")[0], sb.Ours(p)) for p in sys.argv[2:]]
+    print("%-9s %-16s %-28s" % ("dtype", "shape", "kernels") +
+          "".join("%16s" % n for n, _ in libs) + "   copy")
+    for shape in SETS[sys.argv[1]]:
+        dt, m, n = shape[:3]
+        dim = shape[3] if len(shape) > 3 else -1
+        torch_dtype, code, rtol = sb.DTYPES[dt]
+        x = torch.randn(m, n, device="cuda").to(torch_dtype)
+        nbytes = x.numel() * x.element_size()
+        cells, first, kernels = [], None, ""
+        for _, lib in libs:
+            y = torch.full_like(x, float("nan"))
+            run, _ = lib.prepare(code, [(x, y, m, n, 1)] if dim == -1 else [(x, y, 1, m, n)])
+            kernels = kernels or (run.kernels or "")
+            run()
+            torch.cuda.synchronize()
+            _, bad = sb.check(y, x, dim, rtol)
+            diff = 0 if first is None else int((bits(y) != bits(first)).sum())
+            if first is None:
+                first = y.clone()
+            cells.append((sb.median_ms(run), bad, diff))
+            del y
+        z = torch.empty_like(x)
+        copy_ms = sb.median_ms(lambda: z.copy_(x))
+        line = "%-9s %-16s %-28s" % (dt, "%dx%d%s" % (m, n, "" if dim == -1 else " d0"), kernels[:28])
+        for i, (ms, bad, diff) in enumerate(cells):
+            line += "%9.1f %5.3f" % (2 * nbytes / ms / 1e6, copy_ms / ms)
+            line += (" x%5.3f" % (cells[0][0] / ms)) if i else ""
+            line += "" if bad == 0 and diff == 0 else "!b%d d%d" % (bad, diff)
+        line += "  %7.1f" % (2 * nbytes / copy_ms / 1e6)
+        print(line, flush=True)
+        del x, z, first
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
