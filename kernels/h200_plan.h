@@ -18,6 +18,7 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   flat.t512<float32>           flat                       512    29      0     256          4        1         0    528
   flat_table<float32>          flat_table                 512    64      0     512          2        1         0    264
   row_staged<float32>          row_staged                 256    48      0     128          5        1         0    660
+  row_staged.long<float32>     row_staged.long            256    48      0     128          5        1         0    660
   on_chip<float32>             warp,block,cluster         256   128      0     256          2        2       132    264
   on_chip<float32>             warp,block,cluster         256   128      0     256          2        4        62    248
   on_chip<float32>             warp,block,cluster         256   128      0     256          2        8        30    240
@@ -45,6 +46,7 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   flat.t512<float16>           flat                       512    32      0     256          4        1         0    528
   flat_table<float16>          flat_table                 512    64      0     512          2        1         0    264
   row_staged<float16>          row_staged                 256    52      0     128          4        1         0    528
+  row_staged.long<float16>     row_staged.long            256    52      0     128          4        1         0    528
   on_chip<float16>             warp,block,cluster         256   128      0     256          2        2       132    264
   on_chip<float16>             warp,block,cluster         256   128      0     256          2        4        62    248
   on_chip<float16>             warp,block,cluster         256   128      0     256          2        8        30    240
@@ -72,6 +74,7 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   flat.t512<bfloat16>          flat                       512    32      0     256          4        1         0    528
   flat_table<bfloat16>         flat_table                 512    64      0     512          2        1         0    264
   row_staged<bfloat16>         row_staged                 256    52      0     128          4        1         0    528
+  row_staged.long<bfloat16>    row_staged.long            256    52      0     128          4        1         0    528
   on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2        2       132    264
   on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2        4        62    248
   on_chip<bfloat16>            warp,block,cluster         256   128      0     256          2        8        30    240

@@ -431,7 +431,8 @@ TEST_F(SoftmaxCudaTest, EveryElementOffsetOfUnalignedRows) {
   };
   const Case cases[] = {
       {{37, 250, 1}, "flat", true},
-      {{5, 8750, 1}, "on_chip", true},
+      {{3, 12000, 1}, "row_staged", true},  // a share of up to 220 KiB
+      {{5, 14500, 1}, "on_chip", true},
       {{2, 25000, 1}, "split_fused", true},
       {{1, 900000, 1}, "split_stats,split_normalize", false},
   };
@@ -782,7 +783,7 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
                 "flat_table,row_staged,staged");
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count, false),
                 "on_chip,staged");
-      described.back().n = 8192 * v + 1;  // beyond row_staged: the cluster path
+      described.back().n = 14080 * v + 1;  // beyond row_staged (14,080 vectors): on_chip
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count),
                 "flat_table,row_staged,on_chip,staged");
       for (bool allow_flat : {true, false}) {

@@ -3,14 +3,16 @@
 
     python3 kernels/bench/ab_shapes.py SET A.so B.so ...
 
-SET is `unaligned` (rows that do not start on 16 bytes, with aligned controls) or
-`split` (long rows of the split path, one to sixteen at a time). Each line: the kernels
+SET is `unaligned` (rows that do not start on 16 bytes, with aligned controls),
+`split` (long rows of the split path, one to sixteen at a time) or `axis` (softmax over
+a non-last axis). Each line: the kernels
 the first build runs, then per build GB/s (2 x bytes / time), its fraction of a copy of
 the same bytes timed in the same call, its speed against the first build (xN) and, where
 any element's bits differ from the first build's output or fails the float64 check,
 `!bB dD` (B invalid, D differing). Timer: softmax_bench.py's (median, L2 flushed).
 Needs a GPU and torch.
 """
+import math
 import os
 import sys
 
@@ -19,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import softmax_bench as sb  # noqa: E402
 
-# (dtype, rows, n[, 0 for softmax over dim 0 of [rows, n]])
+# (dtype, rows, n[, 0 for softmax over dim 0 of [rows, n]]) or (dtype, (shape), dim)
 SETS = {
     "unaligned": [
         ("float32", 4096, 50257), ("float16", 4096, 50257), ("bfloat16", 4096, 50257),
@@ -31,6 +33,14 @@ SETS = {
         ("float32", 4, 16777217), ("float16", 4, 16777217), ("float32", 100000, 301, 0),
         ("float16", 100000, 300, 0),
         ("float32", 64, 1000003), ("float16", 64, 1000003), ("float32", 64, 1000000),
+    ],
+    "axis": [
+        ("float32", (4096, 65536), 0), ("float16", (4096, 65536), 0),
+        ("float32", (8192, 32768), 0), ("float32", (16384, 4096), 0),
+        ("float16", (16384, 4096), 0), ("float32", (65536, 4096), 0),
+        ("float16", (65536, 4096), 0), ("bfloat16", (65536, 4096), 0),
+        ("float32", (200000, 512), 0), ("float16", (8, 30000, 1024), 1),
+        ("float32", (4, 20000, 2048), 1), ("float32", (1048576, 256), 0),
     ],
     "split": [
         ("float32", 1, 16777216), ("float16", 1, 16777216), ("float32", 1, 8388608),
@@ -48,18 +58,26 @@ def main():
     if len(sys.argv) < 3 or sys.argv[1] not in SETS:
         sys.exit(__doc__)
     libs = [(os.path.basename(p).split(".")[0], sb.Ours(p)) for p in sys.argv[2:]]
-    print("%-9s %-16s %-28s" % ("dtype", "shape", "kernels") +
+    compare(SETS[sys.argv[1]], libs)
+
+
+def compare(shapes, libs):
+    print("%-9s %-20s %-28s" % ("dtype", "shape", "kernels") +
           "".join("%16s" % n for n, _ in libs) + "   copy")
-    for shape in SETS[sys.argv[1]]:
-        dt, m, n = shape[:3]
-        dim = shape[3] if len(shape) > 3 else -1
+    for entry in shapes:
+        if isinstance(entry[1], tuple):
+            dt, dims, dim = entry
+        else:
+            dt, dims, dim = entry[0], entry[1:3], entry[3] if len(entry) > 3 else 1
+        dim %= len(dims)
+        outer, n, inner = math.prod(dims[:dim]), dims[dim], math.prod(dims[dim + 1:])
         torch_dtype, code, rtol = sb.DTYPES[dt]
-        x = torch.randn(m, n, device="cuda").to(torch_dtype)
+        x = torch.randn(*dims, device="cuda").to(torch_dtype)
         nbytes = x.numel() * x.element_size()
         cells, first, kernels = [], None, ""
         for _, lib in libs:
             y = torch.full_like(x, float("nan"))
-            run, _ = lib.prepare(code, [(x, y, m, n, 1)] if dim == -1 else [(x, y, 1, m, n)])
+            run, _ = lib.prepare(code, [(x, y, outer, n, inner)])
             kernels = kernels or (run.kernels or "")
             run()
             torch.cuda.synchronize()
@@ -71,7 +89,8 @@ def main():
             del y
         z = torch.empty_like(x)
         copy_ms = sb.median_ms(lambda: z.copy_(x))
-        line = "%-9s %-16s %-28s" % (dt, "%dx%d%s" % (m, n, "" if dim == -1 else " d0"), kernels[:28])
+        label = "x".join(str(d) for d in dims) + ("" if dim == len(dims) - 1 else " d%d" % dim)
+        line = "%-9s %-20s %-28s" % (dt, label, kernels[:28])
         for i, (ms, bad, diff) in enumerate(cells):
             line += "%9.1f %5.3f" % (2 * nbytes / ms / 1e6, copy_ms / ms)
             line += (" x%5.3f" % (cells[0][0] / ms)) if i else ""

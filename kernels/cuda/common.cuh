@@ -184,32 +184,7 @@ __device__ __forceinline__ uint4 Pack(const float* y) {
 __device__ __forceinline__ uint4 LoadGlobal16(const uint4* p) { return __ldg(p); }
 __device__ __forceinline__ void StoreGlobal16(uint4* p, uint4 v) { *p = v; }
 
-// Rows whose start is not 16-byte aligned (odd lengths in a ragged table, a
-// view at an offset) are read as the aligned 16-byte granules that cover them:
-// granule g of a row starting `lead` elements into its first granule holds the
-// row's elements g*V - lead .. g*V - lead + V-1. A granule holding at least one
-// of the row's bytes never crosses a page, so reading its other lanes (a
-// neighbour's elements, or past the buffer) cannot fault; they are masked on
-// load and never written. Lanes of `v` outside [lo, hi) become -inf.
-template <typename T>
-__device__ __forceinline__ uint4 MaskLanes(uint4 v, int lo, int hi) {
-  constexpr int P = Traits<T>::kPerWord;
-  using Bits = typename Traits<T>::Bits;
-  constexpr Bits kNegInf = static_cast<Bits>(Traits<T>::kNegInfWord);
-  unsigned w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    Bits e[P];
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
-      const int lane = i * P + k;
-      e[k] = lane >= lo && lane < hi ? Traits<T>::Element(Word(v, i), k) : kNegInf;
-    }
-    w[i] = Traits<T>::ElementsToWord(e);
-  }
-  return MakeVector(w[0], w[1], w[2], w[3]);
-}
-
+// Element-wise load of V elements starting at p[e0]; positions >= limit read -inf.
 // Vector access at any element address (a row whose start or length is not
 // a multiple of 16 bytes), the same elements either way. float32: a load or
 // store per element. 16-bit types: the one or two aligned 16-byte granules
@@ -246,8 +221,20 @@ __device__ __forceinline__ uint4 LoadElements(const typename Traits<T>::Bits* p,
 #pragma unroll
     for (int i = 0; i < 4; ++i) w[i] = __funnelshift_r(w[i], w[i + 1], 16);
   }
-  const uint4 v = MakeVector(w[0], w[1], w[2], w[3]);
-  return e0 + V > limit ? MaskLanes<T>(v, 0, static_cast<int>(limit - e0)) : v;
+  if (e0 + V > limit) {
+    constexpr int P = Traits<T>::kPerWord;
+    using Bits = typename Traits<T>::Bits;
+    constexpr Bits kNegInf = static_cast<Bits>(Traits<T>::kNegInfWord);
+    const long long valid = limit - e0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      Bits e[P];
+#pragma unroll
+      for (int k = 0; k < P; ++k) e[k] = i * P + k < valid ? Traits<T>::Element(w[i], k) : kNegInf;
+      w[i] = Traits<T>::ElementsToWord(e);
+    }
+  }
+  return MakeVector(w[0], w[1], w[2], w[3]);
 }
 
 template <typename T>
@@ -315,6 +302,32 @@ __device__ __forceinline__ void StoreVector(void* row, long long vi, long long n
     return;
   }
   StoreElements<T>(static_cast<typename Traits<T>::Bits*>(row), vi * V, n, v);
+}
+
+// Rows whose start is not 16-byte aligned (odd lengths in a ragged table, a
+// view at an offset) are read as the aligned 16-byte granules that cover them:
+// granule g of a row starting `lead` elements into its first granule holds the
+// row's elements g*V - lead .. g*V - lead + V-1. A granule holding at least one
+// of the row's bytes never crosses a page, so reading its other lanes (a
+// neighbour's elements, or past the buffer) cannot fault; they are masked on
+// load and never written. Lanes of `v` outside [lo, hi) become -inf.
+template <typename T>
+__device__ __forceinline__ uint4 MaskLanes(uint4 v, int lo, int hi) {
+  constexpr int P = Traits<T>::kPerWord;
+  using Bits = typename Traits<T>::Bits;
+  constexpr Bits kNegInf = static_cast<Bits>(Traits<T>::kNegInfWord);
+  unsigned w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    Bits e[P];
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const int lane = i * P + k;
+      e[k] = lane >= lo && lane < hi ? Traits<T>::Element(Word(v, i), k) : kNegInf;
+    }
+    w[i] = Traits<T>::ElementsToWord(e);
+  }
+  return MakeVector(w[0], w[1], w[2], w[3]);
 }
 
 // Stores the lanes of v as elements e0 .. e0+V-1 of a row of n elements,

@@ -146,6 +146,10 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
                                                 "row_staged", kRowStagedThreads,
                                                 kRowStagedMaxShareBytes, dtype, multiprocessors,
                                                 probes));
+  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeTableKernel(reinterpret_cast<const void*>(&RowStagedKernel<T>),
+                                                "row_staged.long", kRowStagedThreads,
+                                                kRowStagedLongMaxShareBytes, dtype,
+                                                multiprocessors, probes));
   int best = 1;
   if (clusters) {
     for (int size = 2; size <= kMaxClusterSize; size *= 2) {

@@ -269,6 +269,10 @@ RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment&
   }
   if (Stageable(plan, dtype, segment)) return RowKernel::kStaged;
   if (row_staged && vectors <= kRowStagedMaxVectors) return RowKernel::kRowStaged;
+  if (row_staged && vectors <= kRowStagedLongMaxVectors &&
+      plan.Find("row_staged.long", dtype) != nullptr) {
+    return RowKernel::kRowStaged;
+  }
   if (vectors <= ClusterMaxVectors(plan)) return RowKernel::kOnChipCluster;
   const SplitShape split = SplitShapeOf(plan, dtype, segment);
   if (split.staged) return RowKernel::kSplitStaged;

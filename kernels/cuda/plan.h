@@ -80,6 +80,15 @@ inline size_t RowStagedShareBytes(long long vectors) {
 }
 constexpr size_t kRowStagedMaxShareBytes =
     ((static_cast<size_t>(kRowStagedMaxVectors) + 2) * 16 + 127) & ~static_cast<size_t>(127);
+// Rows that the staged kernel cannot take (not 16-byte aligned) take
+// row_staged up to this many vectors, one 220 KiB share per SM, where a
+// block may have that much shared memory (the "row_staged.long" probe: the
+// H100's and H200's 227 KiB; elsewhere they stay on the cluster path).
+// H200: fp32 4096 x 50257 0.87 of copy (0.43 on the cluster path), fp16
+// 2048 x 100003 0.74 (0.30).
+constexpr long long kRowStagedLongMaxVectors = 14080;
+constexpr size_t kRowStagedLongMaxShareBytes =
+    ((static_cast<size_t>(kRowStagedLongMaxVectors) + 2) * 16 + 127) & ~static_cast<size_t>(127);
 
 // Flat kernel: one-segment launches of rows of up to 1024 vectors, 2 per
 // thread. Longer aligned rows of such launches go to the staged kernel: H200,
@@ -300,10 +309,11 @@ const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, i
 enum class RowKernel : int {
   kFlat,          // <= 1024 vectors: a group of R threads, 2 vectors each (FlatShapeOf);
                   // the flat kernel (launches of one segment) or the flat table kernel
-  kRowStaged,     // 1025..8192 vectors that the staged kernel does not take: a block
-                  // of 256 threads, vectors t, t + 256, ... each; row_staged kernel
+  kRowStaged,     // 1025..8192 vectors that the staged kernel does not take (to
+                  // 14,080 where the device allows it): a block of 256 threads,
+                  // vectors t, t + 256, ... each; row_staged kernel
   kStaged,        // 16-byte aligned rows of 1025 vectors .. 512 KiB: staged kernel
-  kOnChipCluster, // other rows of 8193..16384 vectors: on-chip kernel, cluster path
+  kOnChipCluster, // other rows of up to 16384 vectors: on-chip kernel, cluster path
   kSplitStaged,   // aligned rows up to what the grid stages at once: split_staged
   kSplitFused,    // rows up to what the grid holds in registers: split_fused
   kSplitTwoPass,  // longer rows: split_stats + split_merge + split_normalize

@@ -1,6 +1,7 @@
 // The row_staged kernel: last-axis rows of 1025..8192 vectors that the
 // staged kernel does not take (not 16-byte aligned: odd lengths in a ragged
-// table, views at an offset) and, in the 16-bit types, aligned rows of up
+// table, views at an offset; up to 14,080 vectors where a block may have a
+// 220 KiB share, kRowStagedLongMaxVectors) and, in the 16-bit types, aligned rows of up
 // to 4096 vectors (RowKernelOf); a row per block of kRowStagedThreads, a
 // launch of a table's rows whatever their segments.
 //
@@ -23,7 +24,8 @@
 // 8192 vectors (the probe lists the kernel only then: H100, H200, A100;
 // elsewhere RowKernelOf sends its rows to the staged kernel when aligned,
 // else to the on-chip cluster path). Shared memory:
-// (vectors + 2) granules, at most 128 KiB + 128 bytes; the planner puts rows
+// (vectors + 2) granules, at most 128 KiB + 128 bytes (220 KiB + 128 where the
+// "row_staged.long" probe found room); the planner puts rows
 // into launches by the blocks per SM their share allows (RowStagedBlocks).
 #ifndef SOFTMAX_KERNELS_CUDA_ROW_STAGED_CUH_
 #define SOFTMAX_KERNELS_CUDA_ROW_STAGED_CUH_
