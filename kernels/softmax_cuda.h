@@ -30,8 +30,9 @@
 //                              registers, (max, sum) pairs crossing blocks
 //                              through distributed shared memory. (on_chip.cuh)
 //   SoftmaxPath::kStagedRows   16-byte aligned rows of more than 1024 V, up to
-//                              512 KiB (without split_staged: up to what 16
-//                              blocks hold in shared memory, 224 KiB each).
+//                              512 KiB, float32 also 768 KiB..1 MiB (without
+//                              split_staged: up to what 16 blocks hold in
+//                              shared memory, 224 KiB each).
 //                              A row per cluster of 1..16 blocks, each
 //                              staging its share in shared memory with
 //                              cp.async copies (several stages in flight),
@@ -121,7 +122,8 @@ enum class SoftmaxKernel : int {
   // shared memory. Needs clusters (sm_90). Also every register row with
   // allow_flat false (a test hook).
   kOnChip = 2,
-  // 16-byte aligned rows of 1025 vectors up to 512 KiB: a row per cluster of
+  // 16-byte aligned rows of 1025 vectors up to 512 KiB (float32: also
+  // 768 KiB..1 MiB, 16 shares of 48-64 KiB): a row per cluster of
   // 1..16 blocks, each staging its share in shared memory with cp.async, one
   // read and one write. Wins from 1025 vectors (0.96-0.97 of copy against
   // 0.91-0.95 flat on the H200). Needs 16-byte rows and clusters.

@@ -636,6 +636,15 @@ TEST_F(SoftmaxCudaTest, SplitStagedRows) {
     SoftmaxSegment beyond;
     beyond.n = longest + v;
     EXPECT_NE(LaunchKernels(*plan_, dtype, &beyond, 1), "split_staged");
+    // float32 rows between the staged path's two ranges (512 KiB .. 768 KiB).
+    const bool gap = dtype == DType::kFloat32 && staged > 32768 * v;
+    if (gap) {
+      for (int64_t n : {32769 * v, 49151 * v}) {
+        SoftmaxSegment s;
+        s.n = n;
+        EXPECT_EQ(LaunchKernels(*plan_, dtype, &s, 1), "split_staged") << "n=" << n;
+      }
+    }
     for (bool log : {false, true}) {
       std::vector<Problem> problems;
       // Rows just beyond the staged path, more than two steps of the grid hold.
@@ -652,6 +661,7 @@ TEST_F(SoftmaxCudaTest, SplitStagedRows) {
       problems.push_back(std::move(special));
       problems.push_back(MakeProblem(dtype, 2, longest, 1, rng, 1.1f, log));
       problems.push_back(MakeProblem(dtype, 3, 3000 * v, 1, rng, 1.0f, log));  // another path
+      if (gap) problems.push_back(MakeProblem(dtype, 5, 40000 * v, 1, rng, 1.0f, log));
       RunAndCheck(dtype, problems, "split_staged");
       std::vector<Problem> misaligned;
       misaligned.push_back(MakeProblem(dtype, 3, lengths[0] + 1, 1, rng, 1.0f, log));
@@ -676,11 +686,11 @@ TEST_F(SoftmaxCudaTest, StagedRows) {
       continue;
     }
     std::vector<int64_t> lengths = {1025 * v,  2048 * v,  4097 * v,   8192 * v,  12289 * v,
-                                    16384 * v, 32769 * v, 65536 * v, 131071 * v, staged};
+                                    16384 * v, 32767 * v, 49152 * v, 65536 * v, 131071 * v, staged};
     for (bool log : {false, true}) {
       std::vector<Problem> problems;
       for (int64_t n : lengths) {
-        if (n > staged) continue;
+        if (n > staged || (dtype == DType::kFloat32 && n > 32768 * v && n < 49152 * v)) continue;
         SoftmaxSegment s;
         s.n = n;
         // Whole-vector rows of more than 1024 vectors: the staged kernel,

@@ -180,7 +180,9 @@ std::vector<Probe> MakeProbes(const LaunchPlan& plan, DType dtype, std::mt19937_
   // The shapes of the H200 probe that differed (per dtype).
   if (dtype == DType::kFloat32) {
     for (Shape s : {Shape{2, 1024, 1, 0}, Shape{2, 2049, 1, 0}, Shape{16, 4096, 1, 0},
-                    Shape{64, 32000, 1, 0}}) {
+                    Shape{64, 32000, 1, 0},
+                    // around the gap between the staged path's two ranges
+                    Shape{1, 131076, 1, 0}, Shape{1, 196604, 1, 0}, Shape{1, 196608, 1, 0}}) {
       shapes.push_back(s);
     }
   } else {

@@ -4,8 +4,9 @@
     python3 kernels/bench/ab_shapes.py SET A.so B.so ...
 
 SET is `unaligned` (rows that do not start on 16 bytes, with aligned controls),
-`split` (long rows of the split path, one to sixteen at a time) or `axis` (softmax over
-a non-last axis). Each line: the kernels
+`split` (long rows of the split path, one to sixteen at a time), `long` (aligned rows
+around the staged and split_staged kernels' border) or `axis` (softmax over a non-last
+axis). Each line: the kernels
 the first build runs, then per build GB/s (2 x bytes / time), its fraction of a copy of
 the same bytes timed in the same call, its speed against the first build (xN) and, where
 any element's bits differ from the first build's output or fails the float64 check,
@@ -42,6 +43,12 @@ SETS = {
         ("float16", (65536, 4096), 0), ("bfloat16", (65536, 4096), 0),
         ("float32", (200000, 512), 0), ("float16", (8, 30000, 1024), 1),
         ("float32", (4, 20000, 2048), 1), ("float32", (1048576, 256), 0),
+    ],
+    "long": [
+        ("float32", 1024, 262144), ("float32", 512, 262144), ("float32", 2048, 196608),
+        ("float32", 1024, 229376), ("float32", 1024, 163840), ("float32", 4096, 65536),
+        ("float32", 256, 1048576), ("float16", 1024, 262144), ("float16", 512, 524288),
+        ("bfloat16", 512, 524288),
     ],
     "split": [
         ("float32", 1, 16777216), ("float16", 1, 16777216), ("float32", 1, 8388608),

@@ -55,12 +55,18 @@ bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, Stage
     if (p != nullptr && p->max_active_clusters > 0) largest = c;
   }
   if (largest == 0) return false;
-  // Longer rows go to split_staged where the plan has it.
-  if (vectors * 16 > kStagedMaxRowBytes && plan.Find("split_staged", dtype) != nullptr) return false;
+  // Longer rows go to split_staged where the plan has it, but for float32
+  // rows of 768 KiB..1 MiB that shares of at most kStagedTargetBytes hold.
+  const bool split = plan.Find("split_staged", dtype) != nullptr;
+  const long long row_bytes = vectors * 16;
+  const bool long_float32 = dtype == DType::kFloat32 && row_bytes >= kStagedLongMinRowBytes &&
+                            row_bytes <= kStagedLongMaxRowBytes;
+  if (row_bytes > kStagedMaxRowBytes && !long_float32 && split) return false;
   int cluster = 1;
   while (cluster < largest && CeilDiv(vectors, cluster) * 16 > kStagedTargetBytes) cluster *= 2;
   const long long chunk = CeilDiv(vectors, cluster);
   if (chunk * 16 > kStagedMaxBytes) return false;
+  if (row_bytes > kStagedMaxRowBytes && split && chunk * 16 > kStagedTargetBytes) return false;
   shape->cluster = cluster;
   shape->chunk_vectors = static_cast<int>(chunk);
   shape->shared_bytes = static_cast<size_t>(chunk) * 16;
@@ -202,6 +208,10 @@ long long StagedMaxVectors(const LaunchPlan& plan, DType dtype) {
   long long lo = kRowStagedMaxVectors;  // the floor; find the largest length that fits
   long long hi = kMaxClusterSize * kStagedMaxBytes / 16;
   if (!StagedShapeOf(plan, dtype, lo + 1, &shape)) return 0;
+  // float32's longest staged rows lie past a gap (StagedShapeOf).
+  if (StagedShapeOf(plan, dtype, kStagedLongMaxRowBytes / 16, &shape)) {
+    lo = std::max(lo, kStagedLongMaxRowBytes / 16);
+  }
   while (lo < hi) {
     const long long mid = (lo + hi + 1) / 2;
     if (StagedShapeOf(plan, dtype, mid, &shape)) {

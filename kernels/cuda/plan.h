@@ -121,9 +121,15 @@ constexpr long long kStagedTargetBytes = 65536;
 constexpr long long kStagedMaxBytes = 224 * 1024;
 // Longest row the staged path takes when split_staged is there to take
 // longer ones (rows that would need 16-block clusters). H200, one run:
-// fp32 N = 262144 3,611 GB/s on split_staged against 3,530 staged; rows
-// from 256 KiB or 128 KiB on split_staged were 3-24% slower.
+// rows from 256 KiB or 128 KiB on split_staged were 3-24% slower.
 constexpr long long kStagedMaxRowBytes = 512 * 1024;
+// float32 rows of kStagedLongMinRowBytes..kStagedLongMaxRowBytes take the
+// staged path too, where 16-block clusters hold them in shares of 48-64 KiB.
+// H200, one run, against split_staged: fp32 N = 262144 (1 MiB rows) 1.115x
+// (0.97 of copy), 768 KiB rows 1.03x, 640 KiB (40 KiB shares) 0.93x; half
+// rows of 1 MiB 0.94x (they stay on split_staged).
+constexpr long long kStagedLongMinRowBytes = 768 * 1024;
+constexpr long long kStagedLongMaxRowBytes = 1024 * 1024;
 // split_staged: parts of at most kSplitStagedStages stages (64 KiB), 3
 // blocks per SM. H200, fp32 N = 2^20: 3,321 GB/s against 3,263 with two
 // 32 KiB buffers per block (the next part landing while one is written),
@@ -312,7 +318,8 @@ enum class RowKernel : int {
   kRowStaged,     // 1025..8192 vectors that the staged kernel does not take (to
                   // 14,080 where the device allows it): a block of 256 threads,
                   // vectors t, t + 256, ... each; row_staged kernel
-  kStaged,        // 16-byte aligned rows of 1025 vectors .. 512 KiB: staged kernel
+  kStaged,        // 16-byte aligned rows of 1025 vectors .. 512 KiB (float32 also
+                  // 768 KiB..1 MiB): staged kernel
   kOnChipCluster, // other rows of up to 16384 vectors: on-chip kernel, cluster path
   kSplitStaged,   // aligned rows up to what the grid stages at once: split_staged
   kSplitFused,    // rows up to what the grid holds in registers: split_fused

@@ -2,7 +2,8 @@
 //
 // staged (staged_rows path): a 16-byte aligned last-axis row of more than
 // 1024 vectors (4096 in the 16-bit types, whose shorter rows row_staged
-// takes) and up to 512 KiB is split evenly over a thread-block cluster
+// takes) and up to 512 KiB (float32 also 768 KiB..1 MiB, kStagedLongMinRowBytes)
+// is split evenly over a thread-block cluster
 // of C = 1..16 blocks (one row per cluster, grid = rows x C; the segments of
 // one cluster size share a launch, a table like the flat table kernel's). Each block stages its share of the row in
 // shared memory with per-thread asynchronous copies (cp.async, 16 bytes each,
