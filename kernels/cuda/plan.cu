@@ -57,16 +57,15 @@ bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, Stage
   if (largest == 0) return false;
   // Longer rows go to split_staged where the plan has it, but for float32
   // rows of 768 KiB..1 MiB that shares of at most kStagedTargetBytes hold.
-  const bool split = plan.Find("split_staged", dtype) != nullptr;
   const long long row_bytes = vectors * 16;
+  const bool beyond = row_bytes > kStagedMaxRowBytes && plan.Find("split_staged", dtype) != nullptr;
   const bool long_float32 = dtype == DType::kFloat32 && row_bytes >= kStagedLongMinRowBytes &&
                             row_bytes <= kStagedLongMaxRowBytes;
-  if (row_bytes > kStagedMaxRowBytes && !long_float32 && split) return false;
+  if (beyond && !long_float32) return false;
   int cluster = 1;
   while (cluster < largest && CeilDiv(vectors, cluster) * 16 > kStagedTargetBytes) cluster *= 2;
   const long long chunk = CeilDiv(vectors, cluster);
-  if (chunk * 16 > kStagedMaxBytes) return false;
-  if (row_bytes > kStagedMaxRowBytes && split && chunk * 16 > kStagedTargetBytes) return false;
+  if (chunk * 16 > kStagedMaxBytes || (beyond && chunk * 16 > kStagedTargetBytes)) return false;
   shape->cluster = cluster;
   shape->chunk_vectors = static_cast<int>(chunk);
   shape->shared_bytes = static_cast<size_t>(chunk) * 16;
