@@ -460,6 +460,14 @@ TEST_F(ScheduleTest, StepsFitTheDevice) {
             EXPECT_NE(plan_.Find(family, dtype, step.cluster), nullptr) << schedule.ToString();
             EXPECT_EQ(step.grid % static_cast<unsigned>(step.cluster), 0u);
           }
+          // The short instantiation's stages cover every share of its launch.
+          EXPECT_TRUE(!step.short_shares || step.kernel == SoftmaxKernel::kStaged);
+          for (const RowSegment& r : step.table) {
+            if (step.short_shares) {
+              EXPECT_LE(r.unused[kStagedChunkSlot], kStagedShortStages * kStagedStageVectors)
+                  << schedule.ToString();
+            }
+          }
           if (!allow_flat) {
             EXPECT_NE(step.kernel, SoftmaxKernel::kFlat);
             EXPECT_NE(step.kernel, SoftmaxKernel::kFlatTable);
@@ -469,6 +477,34 @@ TEST_F(ScheduleTest, StepsFitTheDevice) {
       }
     }
   }
+}
+
+// Which staged launches run the 4-stage instantiation: shares of up to 64
+// KiB, but not float32 on one-block clusters.
+TEST_F(ScheduleTest, StagedShortInstantiation) {
+  struct Case {
+    DType dtype;
+    int64_t n;
+    int cluster;
+    bool short_shares;
+  };
+  const Case cases[] = {
+      {DType::kFloat16, 1 << 18, 8, true},    {DType::kBFloat16, 1 << 16, 2, true},
+      {DType::kFloat32, 1 << 18, 16, true},   {DType::kFloat32, 1 << 16, 4, true},
+      {DType::kFloat32, 8192, 1, false},      {DType::kFloat32, 16384, 1, false},
+      {DType::kFloat16, 8 * 4097, 2, true},
+  };
+  for (const Case& c : cases) {
+    const std::vector<SoftmaxSegment> table = {At(c.dtype, 0, 4, c.n, 1)};
+    const Schedule schedule = Plan(c.dtype, table, true);
+    ASSERT_EQ(schedule.steps.size(), 1u) << schedule.ToString();
+    const LaunchStep& step = schedule.steps[0];
+    EXPECT_EQ(step.kernel, SoftmaxKernel::kStaged) << schedule.ToString();
+    EXPECT_EQ(step.cluster, c.cluster) << schedule.ToString();
+    EXPECT_EQ(step.short_shares, c.short_shares) << schedule.ToString();
+  }
+  // Shares beyond 64 KiB (no split_staged: 16 shares of a 3 MiB row) run 14 stages.
+  EXPECT_FALSE(StagedShortShares(DType::kFloat16, 16, 192 * 1024));
 }
 
 // row_staged launches take the longest rows first, across launches and

@@ -126,7 +126,9 @@ enum class SoftmaxKernel : int {
   // 768 KiB..1 MiB, 16 shares of 48-64 KiB): a row per cluster of
   // 1..16 blocks, each staging its share in shared memory with cp.async, one
   // read and one write. Wins from 1025 vectors (0.96-0.97 of copy against
-  // 0.91-0.95 flat on the H200). Needs 16-byte rows and clusters.
+  // 0.91-0.95 flat on the H200). Needs 16-byte rows and clusters. Launches
+  // whose shares fit 64 KiB run an instantiation with 4 unrolled stages
+  // instead of 14 (StagedShortShares; same bits).
   kStaged = 3,
   // Aligned rows beyond the staged kernel, up to what a cooperative grid
   // stages at once (24.75 MiB on the H200): parts of 64 KiB in shared memory,

@@ -5,8 +5,8 @@
 
 SET is `unaligned` (rows that do not start on 16 bytes, with aligned controls),
 `split` (long rows of the split path, one to sixteen at a time), `long` (aligned rows
-around the staged and split_staged kernels' border) or `axis` (softmax over a non-last
-axis). Each line: the kernels
+around the staged and split_staged kernels' border), `staged` (the sweep's staged and
+split_staged points) or `axis` (softmax over a non-last axis). Each line: the kernels
 the first build runs, then per build GB/s (2 x bytes / time), its fraction of a copy of
 the same bytes timed in the same call, its speed against the first build (xN) and, where
 any element's bits differ from the first build's output or fails the float64 check,
@@ -49,6 +49,13 @@ SETS = {
         ("float32", 1024, 229376), ("float32", 1024, 163840), ("float32", 4096, 65536),
         ("float32", 256, 1048576), ("float16", 1024, 262144), ("float16", 512, 524288),
         ("bfloat16", 512, 524288),
+    ],
+    "staged": [
+        ("float32", 32768, 8192), ("float32", 16384, 16384), ("float32", 8192, 32768),
+        ("float32", 4096, 65536), ("float32", 1024, 262144), ("float16", 4096, 65536),
+        ("float16", 1024, 262144), ("bfloat16", 4096, 65536), ("bfloat16", 1024, 262144),
+        ("bfloat16", 16384, 16384), ("float32", 256, 1048576), ("float16", 256, 1048576),
+        ("bfloat16", 256, 1048576), ("float32", 128, 2097152),
     ],
     "split": [
         ("float32", 1, 16777216), ("float16", 1, 16777216), ("float32", 1, 8388608),

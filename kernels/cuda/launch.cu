@@ -180,11 +180,18 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
     if (split_probe.blocks_per_sm > 0) probes->push_back(split_probe);
     // Staged: probed at the largest share; one entry per cluster size that
     // fits at least once.
-    const void* staged = reinterpret_cast<const void*>(&StagedKernel<T>);
+    const void* staged = reinterpret_cast<const void*>(&StagedKernel<T, kStagedMaxStages>);
     SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         staged, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedMaxBytes)));
     SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeClusters(staged, "staged", "staged", dtype, multiprocessors,
                                                kStagedMaxBytes, probes));
+    // Its short-share instantiation runs the same geometries, shares of at most kStagedTargetBytes.
+    const void* staged_short = reinterpret_cast<const void*>(&StagedKernel<T, kStagedShortStages>);
+    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        staged_short, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedTargetBytes)));
+    if (cudaFuncSetAttribute(staged_short, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      cudaGetLastError();
+    }
   }
   if (clusters) {
     // strided_staged: probed at its largest share and column pairs; one
@@ -309,7 +316,9 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(OnChipKernel<T>, step, stream, table));
         break;
       case SoftmaxKernel::kStaged:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(StagedKernel<T>, step, stream, table));
+        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
+            step.short_shares ? StagedKernel<T, kStagedShortStages> : StagedKernel<T, kStagedMaxStages>,
+            step, stream, table));
         break;
       case SoftmaxKernel::kSplitStaged:
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(SplitStagedKernel<T>, step, stream, split));

@@ -72,6 +72,11 @@ bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, Stage
   return true;
 }
 
+bool StagedShortShares(DType dtype, int cluster, size_t shared_bytes) {
+  return shared_bytes <= static_cast<size_t>(kStagedTargetBytes) &&
+         (dtype != DType::kFloat32 || cluster > 1);
+}
+
 SplitShape SplitShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
   const long long vectors = CeilDiv(s.n, Vectors(dtype));
   if (VectorAligned(dtype, s)) {
@@ -451,6 +456,7 @@ bool StagedSteps(const LaunchPlan& plan, DType dtype,
     auto flush = [&]() {
       if (step.table.empty()) return;
       step.kernel = SoftmaxKernel::kStaged;
+      step.short_shares = StagedShortShares(dtype, cluster, step.shared_bytes);
       step.grid = static_cast<unsigned>(clusters * cluster);
       step.threads = kStagedThreads;
       step.cluster = cluster;
@@ -831,6 +837,7 @@ std::string Schedule::ToString() const {
                   step.shared_bytes, step.cooperative ? "  cooperative" : "",
                   step.vec ? "  vec" : "", step.overlap_previous ? "  overlaps" : "");
     out << line;
+    if (step.short_shares) out << "  short";
     if (!step.table.empty()) {
       out << "  table " << step.table.size()
           << (table_bytes > 0 ? " entries (scratch)" : " entries (inline)");

@@ -322,7 +322,7 @@ __device__ __forceinline__ void WriteStagesThenCopy(uint4* share, uint4* out, in
 template <typename T>
 constexpr int kStagedBlocks = sizeof(T) == 2 ? 4 : 1;
 
-template <typename T>
+template <typename T, int kMaxStages>
 __global__ void __launch_bounds__(kStagedThreads, kStagedBlocks<T>) StagedKernel(const __grid_constant__ TableArgs args) {
 #if !SOFTMAX_SM90_DEVICE_CODE
   __trap();  // never planned below sm_90 (its probe finds no cluster)
@@ -354,12 +354,12 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocks<T>) StagedKernel
   const bool log = (seg.config & kLogBit) != 0;
   DependentsMayStart();
   if (blocks > 1 && threadIdx.x == 0) ExchangeInit(&exchange_bar, blocks * sizeof(float2));
-  IssueCopies<kStagedMaxStages>(share, in, count);
+  IssueCopies<kMaxStages>(share, in, count);
   __syncthreads();
   // A block may write into a peer's shared memory only once every block of
   // the cluster has started: arrive now, wait before the first remote store.
   if (blocks > 1) ClusterArriveRelaxed();
-  float stage_max[kStagedMaxStages];
+  float stage_max[kMaxStages];
   MaxSum total = ReduceStages<T>(share, warp_slots, count, scale, log, stage_max);
   if (blocks > 1) {
     ClusterWait();
