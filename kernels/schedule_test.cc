@@ -479,8 +479,9 @@ TEST_F(ScheduleTest, StepsFitTheDevice) {
   }
 }
 
-// Which staged launches run the 4-stage instantiation: shares of up to 64
-// KiB, but not float32 on one-block clusters.
+// Which staged launches run the 4-stage instantiation (shares of up to 64
+// KiB, but not float32 on one-block clusters), on which clusters (16-bit rows
+// of 120-128 KiB on 4 blocks).
 TEST_F(ScheduleTest, StagedShortInstantiation) {
   struct Case {
     DType dtype;
@@ -489,7 +490,9 @@ TEST_F(ScheduleTest, StagedShortInstantiation) {
     bool short_shares;
   };
   const Case cases[] = {
-      {DType::kFloat16, 1 << 18, 8, true},    {DType::kBFloat16, 1 << 16, 2, true},
+      {DType::kFloat16, 1 << 18, 8, true},    {DType::kBFloat16, 1 << 16, 4, true},
+      {DType::kFloat16, 61440, 4, true},      {DType::kFloat16, 61432, 2, true},
+      {DType::kFloat32, 1 << 15, 2, true},
       {DType::kFloat32, 1 << 18, 16, true},   {DType::kFloat32, 1 << 16, 4, true},
       {DType::kFloat32, 8192, 1, false},      {DType::kFloat32, 16384, 1, false},
       {DType::kFloat16, 8 * 4097, 2, true},

@@ -685,7 +685,7 @@ TEST_F(SoftmaxCudaTest, StagedRows) {
       std::printf("staged path unavailable for %s (no clusters)\n", DTypeName(dtype));
       continue;
     }
-    std::vector<int64_t> lengths = {1025 * v,  2048 * v,  4097 * v,   8192 * v,  12289 * v,
+    std::vector<int64_t> lengths = {1025 * v,  2048 * v,  4097 * v,  7679 * v, 7680 * v, 8192 * v, 12289 * v,
                                     16384 * v, 32767 * v, 49152 * v, 65536 * v, 131071 * v, staged};
     for (bool log : {false, true}) {
       std::vector<Problem> problems;

@@ -186,7 +186,11 @@ std::vector<Probe> MakeProbes(const LaunchPlan& plan, DType dtype, std::mt19937_
       shapes.push_back(s);
     }
   } else {
-    for (Shape s : {Shape{2, 40000, 1, 0}, Shape{64, 32000, 1, 0}}) shapes.push_back(s);
+    // and both sides of the 4-block clusters' rows (120 KiB).
+    for (Shape s : {Shape{2, 40000, 1, 0}, Shape{64, 32000, 1, 0}, Shape{2, 61432, 1, 0},
+                    Shape{2, 61440, 1, 0}, Shape{2, 65536, 1, 0}}) {
+      shapes.push_back(s);
+    }
   }
   if (staged > 0) {
     shapes.push_back({2, staged, 1, 0});

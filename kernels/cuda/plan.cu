@@ -64,6 +64,10 @@ bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, Stage
   if (beyond && !long_float32) return false;
   int cluster = 1;
   while (cluster < largest && CeilDiv(vectors, cluster) * 16 > kStagedTargetBytes) cluster *= 2;
+  if (ItemSize(dtype) == 2 && row_bytes >= kStagedQuadMinRowBytes &&
+      row_bytes <= kStagedQuadMaxRowBytes && largest >= 4) {
+    cluster = 4;
+  }
   const long long chunk = CeilDiv(vectors, cluster);
   if (chunk * 16 > kStagedMaxBytes || (beyond && chunk * 16 > kStagedTargetBytes)) return false;
   shape->cluster = cluster;

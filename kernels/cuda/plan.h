@@ -116,6 +116,13 @@ constexpr int kStagedMaxStages = 14;  // 224 KiB / 16 KiB
 // run, geometric mean over 16 staged points: 0.884 of copy at 64 KiB, 0.850
 // at 128 KiB, 0.807 at 32 KiB (fp32 N = 65536: 0.944 / 0.915 / 0.845).
 constexpr long long kStagedTargetBytes = 65536;
+// 16-bit rows of kStagedQuadMinRowBytes..kStagedQuadMaxRowBytes run on
+// 4-block clusters (shares of 30-32 KiB, 4 blocks per SM by registers)
+// instead of 2 (60-64 KiB, 3 per SM by shared memory). H200, half, against
+// 2: 128 KiB rows 1.017x (0.985 of copy), 120 KiB 1.008x, 112 KiB 0.99x,
+// 96 KiB 0.92x, 80 KiB 0.82x.
+constexpr long long kStagedQuadMinRowBytes = 120 * 1024;
+constexpr long long kStagedQuadMaxRowBytes = 128 * 1024;
 // The staged kernel's instantiation for launches whose shares all fit
 // kStagedTargetBytes (StagedShortShares): its stage loops unrolled 4 times
 // instead of 14, 3,088 SASS instructions instead of 9,432 in half (the same
