@@ -227,7 +227,9 @@ TEST_F(ScheduleTest, KernelsOfOneSegment) {
       {DType::kFloat32, 4, 1 << 24, 1, 1, "split_stats,split_normalize"},
       {DType::kFloat16, 4, 1 << 18, 1, 0, "staged"},
       {DType::kFloat16, 8, 8 * 1025, 1, 0, "row_staged"},
-      {DType::kFloat16, 8, 8 * 4096, 1, 0, "row_staged"},
+      {DType::kFloat16, 8, 8 * 3839, 1, 0, "row_staged"},
+      {DType::kFloat16, 8, 8 * 3840, 1, 0, "staged"},  // 60-64 KiB: 2 shares of 30-32 KiB
+      {DType::kFloat16, 8, 8 * 4096, 1, 0, "staged"},
       {DType::kFloat16, 8, 8 * 4097, 1, 0, "staged"},
       {DType::kBFloat16, 8, 8 * 8192 + 1, 1, 0, "row_staged"},
       {DType::kBFloat16, 8, 8 * 14080 - 1, 1, 0, "row_staged"},
@@ -481,7 +483,7 @@ TEST_F(ScheduleTest, StepsFitTheDevice) {
 
 // Which staged launches run the 4-stage instantiation (shares of up to 64
 // KiB, but not float32 on one-block clusters), on which clusters (16-bit rows
-// of 120-128 KiB on 4 blocks).
+// of 60-64 KiB on 2 blocks, of 120-128 KiB on 4).
 TEST_F(ScheduleTest, StagedShortInstantiation) {
   struct Case {
     DType dtype;
@@ -492,6 +494,7 @@ TEST_F(ScheduleTest, StagedShortInstantiation) {
   const Case cases[] = {
       {DType::kFloat16, 1 << 18, 8, true},    {DType::kBFloat16, 1 << 16, 4, true},
       {DType::kFloat16, 61440, 4, true},      {DType::kFloat16, 61432, 2, true},
+      {DType::kFloat16, 32768, 2, true},      {DType::kBFloat16, 30720, 2, true},
       {DType::kFloat32, 1 << 15, 2, true},
       {DType::kFloat32, 1 << 18, 16, true},   {DType::kFloat32, 1 << 16, 4, true},
       {DType::kFloat32, 8192, 1, false},      {DType::kFloat32, 16384, 1, false},

@@ -38,7 +38,7 @@
 //                              cp.async copies (several stages in flight),
 //                              (max, sum) exchanged through distributed shared
 //                              memory; one launch per cluster size. (staged.cuh)
-//                              In the 16-bit types rows of up to 4096 V run
+//                              In the 16-bit types rows of up to 3839 V run
 //                              row_staged instead.
 //   SoftmaxPath::kSplitRows    Longer rows, split across the blocks of a
 //                              persistent cooperative grid, one pass each:
@@ -128,7 +128,8 @@ enum class SoftmaxKernel : int {
   // read and one write. Wins from 1025 vectors (0.96-0.97 of copy against
   // 0.91-0.95 flat on the H200). Needs 16-byte rows and clusters. Launches
   // whose shares fit 64 KiB run an instantiation with 4 unrolled stages
-  // instead of 14 (StagedShortShares; same bits).
+  // instead of 14 (StagedShortShares; same bits). 16-bit rows of 60-64 and
+  // 120-128 KiB run on 2 and 4 blocks (shares of 30-32 KiB).
   kStaged = 3,
   // Aligned rows beyond the staged kernel, up to what a cooperative grid
   // stages at once (24.75 MiB on the H200): parts of 64 KiB in shared memory,
@@ -156,7 +157,7 @@ enum class SoftmaxKernel : int {
   // read. Needs 16-byte pointers, rows of a multiple of 128 bytes, clusters.
   kStridedStaged = 10,
   // Last-axis rows of 1025..8192 vectors that are not 16-byte aligned, and
-  // aligned ones up to 4096 vectors in the 16-bit types: a row per block of
+  // aligned ones up to 3839 vectors in the 16-bit types: a row per block of
   // 256 threads, its 16-byte granules staged in shared memory with cp.async
   // (no registers held while they land), read shifted into element order:
   // one read and one write. Wins for ragged tables (a short-lived block per

@@ -685,7 +685,7 @@ TEST_F(SoftmaxCudaTest, StagedRows) {
       std::printf("staged path unavailable for %s (no clusters)\n", DTypeName(dtype));
       continue;
     }
-    std::vector<int64_t> lengths = {1025 * v,  2048 * v,  4097 * v,  7679 * v, 7680 * v, 8192 * v, 12289 * v,
+    std::vector<int64_t> lengths = {1025 * v,  2048 * v,  3839 * v, 3840 * v, 4097 * v,  7679 * v, 7680 * v, 8192 * v, 12289 * v,
                                     16384 * v, 32767 * v, 49152 * v, 65536 * v, 131071 * v, staged};
     for (bool log : {false, true}) {
       std::vector<Problem> problems;
@@ -695,10 +695,10 @@ TEST_F(SoftmaxCudaTest, StagedRows) {
         s.n = n;
         // Whole-vector rows of more than 1024 vectors: the staged kernel,
         // alone or in a table (the rule in plan.cu, RowKernelOf), but for
-        // those of up to 4096 vectors of the 16-bit types (row_staged).
+        // those of up to 3839 vectors of the 16-bit types (row_staged).
         EXPECT_EQ(ChoosePath(*plan_, dtype, s), SoftmaxPath::kStagedRows) << "n=" << n;
         s.outer = 3;
-        const bool row_staged = ItemSize(dtype) == 2 && n <= 4096 * v;
+        const bool row_staged = ItemSize(dtype) == 2 && n < 3840 * v;
         EXPECT_EQ(LaunchKernels(*plan_, dtype, &s, 1), row_staged ? "row_staged" : "staged")
             << "n=" << n;
         problems.push_back(MakeProblem(dtype, RowsFor(n, 1 << 21), n, 1, rng, 0.9f, log));

@@ -186,8 +186,9 @@ std::vector<Probe> MakeProbes(const LaunchPlan& plan, DType dtype, std::mt19937_
       shapes.push_back(s);
     }
   } else {
-    // and both sides of the 4-block clusters' rows (120 KiB).
-    for (Shape s : {Shape{2, 40000, 1, 0}, Shape{64, 32000, 1, 0}, Shape{2, 61432, 1, 0},
+    // and both sides of the 2- and 4-block clusters' rows (60 and 120 KiB).
+    for (Shape s : {Shape{2, 40000, 1, 0}, Shape{64, 32000, 1, 0}, Shape{2, 30712, 1, 0},
+                    Shape{2, 30720, 1, 0}, Shape{2, 32768, 1, 0}, Shape{2, 61432, 1, 0},
                     Shape{2, 61440, 1, 0}, Shape{2, 65536, 1, 0}}) {
       shapes.push_back(s);
     }

@@ -64,16 +64,25 @@ bool StagedShapeOf(const LaunchPlan& plan, DType dtype, long long vectors, Stage
   if (beyond && !long_float32) return false;
   int cluster = 1;
   while (cluster < largest && CeilDiv(vectors, cluster) * 16 > kStagedTargetBytes) cluster *= 2;
-  if (ItemSize(dtype) == 2 && row_bytes >= kStagedQuadMinRowBytes &&
-      row_bytes <= kStagedQuadMaxRowBytes && largest >= 4) {
-    cluster = 4;
-  }
+  const int small = StagedSmallShareCluster(dtype, row_bytes);
+  if (small > 0 && small <= largest) cluster = small;
   const long long chunk = CeilDiv(vectors, cluster);
   if (chunk * 16 > kStagedMaxBytes || (beyond && chunk * 16 > kStagedTargetBytes)) return false;
   shape->cluster = cluster;
   shape->chunk_vectors = static_cast<int>(chunk);
   shape->shared_bytes = static_cast<size_t>(chunk) * 16;
   return true;
+}
+
+int StagedSmallShareCluster(DType dtype, long long row_bytes) {
+  if (ItemSize(dtype) != 2) return 0;
+  for (int cluster : {2, 4}) {
+    if (row_bytes >= cluster * kStagedSmallShareMinBytes &&
+        row_bytes <= cluster * kStagedSmallShareMaxBytes) {
+      return cluster;
+    }
+  }
+  return 0;
 }
 
 bool StagedShortShares(DType dtype, int cluster, size_t shared_bytes) {
@@ -258,8 +267,9 @@ bool Stageable(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
 // kernel this rule names. Rows that are not 16-byte aligned are computed in
 // the order of their elements' indices, whatever their address; rows of more
 // than 1024 vectors take the staged kernel when aligned (its copies need
-// 16-byte rows; in the 16-bit types from 4097 vectors, row_staged below),
-// so alignment is part of a row's identity there. The server's
+// 16-byte rows; in the 16-bit types rows of 60-64 KiB and from 4097
+// vectors, row_staged below), so alignment is part of a row's identity
+// there. The server's
 // staging keeps every segment 256-byte aligned, so for it that is a function
 // of n and the dtype. softmax_invariance_test checks the rule: on the H200,
 // 0 of 1467 probe pieces in random launches differ from the same rows alone
@@ -282,7 +292,9 @@ RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment&
   if (vectors <= kFlatMaxVectors) return RowKernel::kFlat;
   const bool aligned = VectorAligned(dtype, segment);
   const bool row_staged = plan.Find("row_staged", dtype) != nullptr;
-  if (row_staged && aligned && ItemSize(dtype) == 2 && vectors <= kRowStagedAlignedMaxVectors) {
+  const bool small_shares = StagedSmallShareCluster(dtype, vectors * 16) > 0;
+  if (row_staged && aligned && ItemSize(dtype) == 2 && vectors <= kRowStagedAlignedMaxVectors &&
+      !(small_shares && Stageable(plan, dtype, segment))) {
     return RowKernel::kRowStaged;
   }
   if (Stageable(plan, dtype, segment)) return RowKernel::kStaged;

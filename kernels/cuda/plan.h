@@ -57,7 +57,8 @@ constexpr size_t kTableMaxSharedBytes = 16 * static_cast<size_t>(kTableFlatRows)
 // row_staged kernel (kernels/cuda/row_staged.cuh): a row of 1025..8192
 // vectors per block, its covering granules staged in shared memory. It
 // takes the rows the staged kernel cannot (not 16-byte aligned) and, in the
-// 16-bit types, aligned rows up to kRowStagedAlignedMaxVectors. H200, against
+// 16-bit types, aligned rows up to kRowStagedAlignedMaxVectors but those of
+// 60-64 KiB (kStagedSmallShareMinBytes, below). H200, against
 // the staged kernel there: ragged mixes of 64 half tensors 1.12-1.21x (24
 // tensors of up to 65,536 columns 0.96-0.97x), sweep N = 16384-32768
 // 0.99-1.01x; float32 32768 x 8192 0.98x (it keeps the staged kernel), half
@@ -116,13 +117,15 @@ constexpr int kStagedMaxStages = 14;  // 224 KiB / 16 KiB
 // run, geometric mean over 16 staged points: 0.884 of copy at 64 KiB, 0.850
 // at 128 KiB, 0.807 at 32 KiB (fp32 N = 65536: 0.944 / 0.915 / 0.845).
 constexpr long long kStagedTargetBytes = 65536;
-// 16-bit rows of kStagedQuadMinRowBytes..kStagedQuadMaxRowBytes run on
-// 4-block clusters (shares of 30-32 KiB, 4 blocks per SM by registers)
-// instead of 2 (60-64 KiB, 3 per SM by shared memory). H200, half, against
-// 2: 128 KiB rows 1.017x (0.985 of copy), 120 KiB 1.008x, 112 KiB 0.99x,
-// 96 KiB 0.92x, 80 KiB 0.82x.
-constexpr long long kStagedQuadMinRowBytes = 120 * 1024;
-constexpr long long kStagedQuadMaxRowBytes = 128 * 1024;
+// 16-bit rows whose shares on a cluster of 2 or 4 blocks would be
+// kStagedSmallShareMinBytes..kStagedSmallShareMaxBytes (rows of 60-64 and
+// 120-128 KiB) take that cluster (4 blocks per SM by registers), instead of
+// row_staged (a 60-64 KiB row per block) or 2 blocks of 60-64 KiB (3 per SM
+// by shared memory). H200, half and bf16: 64 KiB rows on 2 blocks 1.015-1.017x
+// over row_staged (0.98 of copy), 60-62 KiB 1.015-1.019x; 4 blocks against 2:
+// 128 KiB 1.017x, 120 KiB 1.008x, 112 KiB 0.99x, 96 KiB 0.92x, 80 KiB 0.82x.
+constexpr long long kStagedSmallShareMinBytes = 30 * 1024;
+constexpr long long kStagedSmallShareMaxBytes = 32 * 1024;
 // The staged kernel's instantiation for launches whose shares all fit
 // kStagedTargetBytes (StagedShortShares): its stage loops unrolled 4 times
 // instead of 14, 3,088 SASS instructions instead of 9,432 in half (the same
@@ -367,6 +370,10 @@ struct SplitShape {
   int grid;     // split_staged: blocks of the cooperative launch, a multiple of parts
 };
 SplitShape SplitShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s);
+
+// The cluster (2 or 4) that gives a 16-bit row of `row_bytes` shares of
+// kStagedSmallShareMinBytes..kStagedSmallShareMaxBytes; 0 for other rows.
+int StagedSmallShareCluster(DType dtype, long long row_bytes);
 
 // Whether a staged launch of `cluster`-block clusters whose largest share is
 // `shared_bytes` runs the kStagedShortStages instantiation.

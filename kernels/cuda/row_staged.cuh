@@ -2,7 +2,7 @@
 // staged kernel does not take (not 16-byte aligned: odd lengths in a ragged
 // table, views at an offset; up to 14,080 vectors where a block may have a
 // 220 KiB share, kRowStagedLongMaxVectors) and, in the 16-bit types, aligned rows of up
-// to 4096 vectors (RowKernelOf); a row per block of kRowStagedThreads, a
+// to 3839 vectors (RowKernelOf); a row per block of kRowStagedThreads, a
 // launch of a table's rows whatever their segments.
 //
 // The block copies the aligned 16-byte granules that cover its row into
