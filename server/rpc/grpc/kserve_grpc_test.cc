@@ -76,8 +76,10 @@ struct Harness {
     stub = inference::GRPCInferenceService::NewStub(channel);
   }
   ~Harness() {
-    front_ends.reset();
+    // The batcher first: what it still holds is answered while the front-ends
+    // (and the admission whose tickets those requests hold) are alive.
     if (batcher != nullptr) batcher->Stop();
+    front_ends.reset();
   }
 
   std::unique_ptr<Metrics> metrics;

@@ -154,8 +154,10 @@ struct Harness {
     stub = v1::SoftmaxService::NewStub(channel);
   }
   ~Harness() {
-    front_ends.reset();
+    // The batcher first: what it still holds is answered while the front-ends
+    // (and the admission whose tickets those requests hold) are alive.
     if (batcher) batcher->Stop();
+    front_ends.reset();
   }
 
   std::unique_ptr<Metrics> metrics;
