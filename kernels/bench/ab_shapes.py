@@ -6,7 +6,8 @@
 SET is `unaligned` (rows that do not start on 16 bytes, with aligned controls),
 `split` (long rows of the split path, one to sixteen at a time), `long` (aligned rows
 around the staged and split_staged kernels' border), `staged` (the sweep's staged and
-split_staged points) or `axis` (softmax over a non-last axis). Each line: the kernels
+split_staged points), `shares` (16-bit rows of 60-128 KiB, around the clusters of 30-32
+KiB shares) or `axis` (softmax over a non-last axis). Each line: the kernels
 the first build runs, then per build GB/s (2 x bytes / time), its fraction of a copy of
 the same bytes timed in the same call, its speed against the first build (xN) and, where
 any element's bits differ from the first build's output or fails the float64 check,
@@ -56,6 +57,13 @@ SETS = {
         ("float16", 1024, 262144), ("bfloat16", 4096, 65536), ("bfloat16", 1024, 262144),
         ("bfloat16", 16384, 16384), ("float32", 256, 1048576), ("float16", 256, 1048576),
         ("bfloat16", 256, 1048576), ("float32", 128, 2097152),
+    ],
+    "shares": [
+        ("float16", 8192, 32768), ("bfloat16", 8192, 32768), ("float16", 8738, 30720),
+        ("bfloat16", 8456, 31744), ("float16", 8738, 30712), ("float16", 8190, 32776),
+        ("float16", 6553, 40960), ("float16", 5965, 45000), ("float16", 5461, 49152),
+        ("float16", 4681, 57344), ("float16", 4369, 61440), ("float16", 4096, 65536),
+        ("bfloat16", 4096, 65536), ("bfloat16", 6144, 45000),
     ],
     "split": [
         ("float32", 1, 16777216), ("float16", 1, 16777216), ("float32", 1, 8388608),
