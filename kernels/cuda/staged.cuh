@@ -322,6 +322,9 @@ __device__ __forceinline__ void WriteStagesThenCopy(uint4* share, uint4* out, in
 template <typename T>
 constexpr int kStagedBlocks = sizeof(T) == 2 ? 4 : 1;
 
+// kMaxStages: the most stages a share of the launch holds, the number of
+// times the stage loops are unrolled (kStagedShortStages or kStagedMaxStages;
+// the plan picks, StagedShortShares).
 template <typename T, int kMaxStages>
 __global__ void __launch_bounds__(kStagedThreads, kStagedBlocks<T>) StagedKernel(const __grid_constant__ TableArgs args) {
 #if !SOFTMAX_SM90_DEVICE_CODE
