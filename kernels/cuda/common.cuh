@@ -184,7 +184,6 @@ __device__ __forceinline__ uint4 Pack(const float* y) {
 __device__ __forceinline__ uint4 LoadGlobal16(const uint4* p) { return __ldg(p); }
 __device__ __forceinline__ void StoreGlobal16(uint4* p, uint4 v) { *p = v; }
 
-// Element-wise load of V elements starting at p[e0]; positions >= limit read -inf.
 // Vector access at any element address (a row whose start or length is not
 // a multiple of 16 bytes), the same elements either way. float32: a load or
 // store per element. 16-bit types: the one or two aligned 16-byte granules
@@ -222,6 +221,8 @@ __device__ __forceinline__ uint4 LoadElements(const typename Traits<T>::Bits* p,
     for (int i = 0; i < 4; ++i) w[i] = __funnelshift_r(w[i], w[i + 1], 16);
   }
   if (e0 + V > limit) {
+    // Masked here, not through MaskLanes (below): that form made
+    // on_chip<bfloat16> spill 16 bytes on the H200.
     constexpr int P = Traits<T>::kPerWord;
     using Bits = typename Traits<T>::Bits;
     constexpr Bits kNegInf = static_cast<Bits>(Traits<T>::kNegInfWord);

@@ -1,8 +1,8 @@
 // Rows staged in shared memory, each element read once and written once.
 //
 // staged (staged_rows path): a 16-byte aligned last-axis row of more than
-// 1024 vectors (4096 in the 16-bit types, whose shorter rows row_staged
-// takes) and up to 512 KiB (float32 also 768 KiB..1 MiB, kStagedLongMinRowBytes)
+// 1024 vectors (in the 16-bit types rows of 60-64 KiB and from 4097 vectors:
+// row_staged takes the others) and up to 512 KiB (float32 also 768 KiB..1 MiB, kStagedLongMinRowBytes)
 // is split evenly over a thread-block cluster
 // of C = 1..16 blocks (one row per cluster, grid = rows x C; the segments of
 // one cluster size share a launch, a table like the flat table kernel's). Each block stages its share of the row in
