@@ -542,5 +542,7 @@ def test_each_try_gets_the_callers_deadline_or_the_per_try_timeout():
         stand_in.stop(0)
     print(f"per-try timeout: a 3 s caller deadline reached the replica as {seen[0]:.2f} s, "
           f"a 20 s one as {seen[1]:.2f} s")
-    assert 2.0 < seen[0] <= 3.0, seen
+    # gRPC writes a grpc-timeout of 1-10 s in 10 ms units, rounded up: a 3 s
+    # deadline may leave the caller as 3.01 s (a replica saw 3.009 s).
+    assert 2.0 < seen[0] <= 3.02, seen
     assert 4.0 < seen[1] <= 5.0, seen
