@@ -4,7 +4,9 @@
     python3 kernels/bench/ab_shapes.py SET A.so B.so ...
 
 SET is `unaligned` (rows that do not start on 16 bytes, with aligned controls),
-`split` (long rows of the split path, one to sixteen at a time), `long` (aligned rows
+`split` (long rows of the split path, one to sixteen at a time), `cached` (aligned rows
+of 640 KiB-24 MiB, beyond the staged path), `persistent` (one tensor of many rows of
+1025-3584 vectors, row_staged's), `long` (aligned rows
 around the staged and split_staged kernels' border), `staged` (the sweep's staged and
 split_staged points), `shares` (16-bit rows of 60-128 KiB, around the clusters of 30-32
 KiB shares) or `axis` (softmax over a non-last axis). Each line: the kernels
@@ -64,6 +66,17 @@ SETS = {
         ("float16", 6553, 40960), ("float16", 5965, 45000), ("float16", 5461, 49152),
         ("float16", 4681, 57344), ("float16", 4369, 61440), ("float16", 4096, 65536),
         ("bfloat16", 4096, 65536), ("bfloat16", 6144, 45000),
+    ],
+    "cached": [
+        ("float32", 1024, 163840), ("float32", 2048, 196604), ("float32", 512, 524288),
+        ("float32", 256, 1048576), ("float32", 128, 2097152), ("float32", 64, 4194304),
+        ("float32", 32, 6291456), ("float16", 512, 524288), ("float16", 256, 1048576),
+        ("bfloat16", 256, 1048576), ("float16", 64, 8388608), ("float32", 1024, 262144),
+    ],
+    "persistent": [
+        ("float32", 16384, 4097), ("float32", 8192, 8193), ("float32", 4096, 14335),
+        ("float16", 16384, 16384), ("bfloat16", 16384, 16384), ("bfloat16", 8192, 24576),
+        ("float16", 8192, 20001), ("float16", 4096, 28671), ("float32", 1000, 4097),
     ],
     "split": [
         ("float32", 1, 16777216), ("float16", 1, 16777216), ("float32", 1, 8388608),
