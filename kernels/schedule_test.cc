@@ -110,7 +110,8 @@ std::map<RowOrder, long long> OrdersOf(const Schedule& schedule, uintptr_t begin
         break;
       case SoftmaxKernel::kStridedStaged:
         if (Within(step.strided.input, begin, end)) {
-          out[{name, {step.cluster, step.strided.part_rows, step.strided.strips, step.strided.log,
+          out[{name, {step.cluster, step.strided.tile_vectors, step.strided.part_rows,
+                      step.strided.strips, step.strided.log,
                       step.strided.n, step.strided.inner, ScaleBits(step.strided.scale)}}] +=
               step.strided.outer;
         }
@@ -511,6 +512,32 @@ TEST_F(ScheduleTest, StagedShortInstantiation) {
   }
   // Shares beyond 64 KiB (no split_staged: 16 shares of a 3 MiB row) run 14 stages.
   EXPECT_FALSE(StagedShortShares(DType::kFloat16, 16, 192 * 1024));
+}
+
+// strided_staged tiles: 256 bytes of each row for float32 columns that fit
+// at most 8 shares of 64 KiB, else 128 bytes.
+TEST_F(ScheduleTest, StridedStagedWideTiles) {
+  struct Case {
+    DType dtype;
+    int64_t n, inner;
+    int tile_bytes;
+    int cluster;
+  };
+  const Case cases[] = {
+      {DType::kFloat32, 2048, 65536, 256, 8},  {DType::kFloat32, 2049, 65536, 128, 8},
+      {DType::kFloat32, 4096, 65536, 128, 8},  {DType::kFloat32, 1000, 64, 256, 4},
+      {DType::kFloat32, 33, 256, 256, 1},      {DType::kFloat32, 2048, 96, 128, 4},
+      {DType::kFloat16, 2048, 65536, 128, 4},  {DType::kBFloat16, 1024, 128, 128, 2},
+  };
+  for (const Case& c : cases) {
+    const std::vector<SoftmaxSegment> one = {At(c.dtype, 0, 2, c.n, c.inner)};
+    const Schedule schedule = Plan(c.dtype, one);
+    ASSERT_EQ(schedule.steps.size(), 1u) << schedule.ToString();
+    const LaunchStep& step = schedule.steps[0];
+    EXPECT_EQ(step.kernel, SoftmaxKernel::kStridedStaged) << schedule.ToString();
+    EXPECT_EQ(step.strided.tile_vectors * 16, c.tile_bytes) << schedule.ToString();
+    EXPECT_EQ(step.cluster, c.cluster) << schedule.ToString();
+  }
 }
 
 // row_staged launches take the longest rows first, across launches and

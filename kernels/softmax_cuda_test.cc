@@ -873,7 +873,9 @@ TEST_F(SoftmaxCudaTest, NonLastAxis) {
                {1, 4096, 64}, {3, 17, 5}, {2, 1000, 130}, {4, 33, 256}, {1, 70000, 3},
                {5, 7, 1000}, {1, 2, 4096}, {2, 1, 9}, {1, 300, 8}, {1, 20000, 40},
                // strided_staged: every cluster size, uneven shares, its longest columns
-               {2, 513, 96}, {3, 2049, 64}, {1, 9000, 128}, {1, 26624, 64}, {1, 26625, 64}}) {
+               {2, 513, 96}, {3, 2049, 64}, {1, 9000, 128}, {1, 26624, 64}, {1, 26625, 64},
+               // float32 tiles of 256 bytes (columns of up to 2,048 rows), and beyond
+               {2, 2048, 128}, {3, 1500, 64}, {2, 3000, 512}}) {
         problems.push_back(MakeProblem(dtype, outer, n, inner, rng, 0.8f, log));
       }
       RunAndCheck(dtype, problems, "strided");

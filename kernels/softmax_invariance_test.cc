@@ -175,7 +175,8 @@ std::vector<Probe> MakeProbes(const LaunchPlan& plan, DType dtype, std::mt19937_
       {2, 14080 * v - 1, 1, 0}, {2, 14080 * v + 1, 1, 0}, {3, 50257, 1, 0},
       {2, 16384 * v + 1, 1, 0}, {3, 300, 5, 0},        {4, 1000, 64, 0},
       {2, 20000, 3, 1},       {6, 33, 256, 0},         {2, 4096, 64, 0},
-      {1, 26624, 64, 0},      {2, 513, 96, 0},
+      {1, 26624, 64, 0},      {2, 513, 96, 0},         {2, 2048, 64, 0},
+      {2, 2049, 256, 0},
   };
   // The shapes of the H200 probe that differed (per dtype).
   if (dtype == DType::kFloat32) {

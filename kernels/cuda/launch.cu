@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -196,12 +197,21 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
   if (clusters) {
     // strided_staged: probed at its largest share and column pairs; one
     // entry per cluster size that fits at least once.
-    const void* strided_staged = reinterpret_cast<const void*>(&StridedStagedKernel<T>);
+    const void* strided_staged =
+        reinterpret_cast<const void*>(&StridedStagedKernel<T, kStridedTileVectors>);
     const size_t largest = static_cast<size_t>(kStridedStagedMaxBytes) + kStridedStagedSlotBytes;
     SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         strided_staged, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(largest)));
     SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeClusters(strided_staged, "strided_staged", "strided", dtype,
                                                multiprocessors, largest, probes));
+    // Its wide tiles (float32) run clusters of up to kStridedWideMaxCluster,
+    // shares of at most kStagedTargetBytes.
+    if constexpr (std::is_same<T, float>::value) {
+      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+          reinterpret_cast<const void*>(&StridedStagedKernel<T, kStridedWideTileVectors>),
+          cudaFuncAttributeMaxDynamicSharedMemorySize,
+          static_cast<int>(kStagedTargetBytes + StridedStagedSlotBytes(kStridedWideTileVectors))));
+    }
   }
   *max_cluster = std::min(*max_cluster, best);
   SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(reinterpret_cast<const void*>(&SplitFusedKernel<T, true>),
@@ -345,8 +355,15 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
             strided));
         break;
       case SoftmaxKernel::kStridedStaged:
+        if constexpr (std::is_same<T, float>::value) {
+          if (strided.tile_vectors == kStridedWideTileVectors) {
+            SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
+                StridedStagedKernel<T, kStridedWideTileVectors>, step, stream, strided));
+            break;
+          }
+        }
         SOFTMAX_CUDA_RETURN_IF_ERROR(
-            LaunchStepKernel(StridedStagedKernel<T>, step, stream, strided));
+            LaunchStepKernel(StridedStagedKernel<T, kStridedTileVectors>, step, stream, strided));
         break;
       case SoftmaxKernel::kStridedNormalize:
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(

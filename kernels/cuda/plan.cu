@@ -144,11 +144,7 @@ StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSe
 
 bool StridedStagedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
                           StridedStagedShape* shape) {
-  const long long row_bytes = kStridedTileVectors * 16;
-  if (s.inner <= 1 || !Aligned16(s.input) || !Aligned16(s.output) ||
-      (s.inner * ItemSize(dtype)) % row_bytes != 0) {
-    return false;
-  }
+  if (s.inner <= 1 || !Aligned16(s.input) || !Aligned16(s.output)) return false;
   // Largest cluster the probe could launch at the largest share.
   int largest = 0;
   for (int c = 1; c <= kMaxClusterSize; c *= 2) {
@@ -156,20 +152,33 @@ bool StridedStagedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
     if (p != nullptr && p->max_active_clusters > 0) largest = c;
   }
   if (largest == 0) return false;
-  constexpr long long kPass = kStagedThreads / kStridedTileVectors;
-  int cluster = 1;
-  while (cluster < largest && CeilDiv(s.n, cluster) * row_bytes > kStagedTargetBytes) cluster *= 2;
-  const long long part_rows = CeilDiv(CeilDiv(s.n, cluster), kPass) * kPass;
-  if (part_rows * row_bytes > kStridedStagedMaxBytes) return false;
-  const long long tiles = s.inner * static_cast<long long>(ItemSize(dtype)) / row_bytes;
-  if (s.outer * tiles * cluster > 0x7fffffffLL) return false;
-  const size_t columns = static_cast<size_t>(kStridedTileVectors) * Vectors(dtype);
-  shape->cluster = cluster;
-  shape->part_rows = part_rows;
-  shape->tiles = tiles;
-  shape->shared_bytes = static_cast<size_t>(part_rows * row_bytes) +
-                        (kStagedThreads / 32 + cluster) * columns * sizeof(float2);
-  return true;
+  const long long inner_bytes = s.inner * static_cast<long long>(ItemSize(dtype));
+  // Wide tiles first (float32 only); n, inner and the dtype alone decide the
+  // tile, and with it the order of every reduction.
+  for (const int l : {kStridedWideTileVectors, kStridedTileVectors}) {
+    const bool wide = l == kStridedWideTileVectors;
+    const long long row_bytes = l * 16LL;
+    if (inner_bytes % row_bytes != 0 || (wide && dtype != DType::kFloat32)) continue;
+    const long long pass = kStagedThreads / l;
+    int cluster = 1;
+    while (cluster < largest && CeilDiv(s.n, cluster) * row_bytes > kStagedTargetBytes) cluster *= 2;
+    const long long part_rows = CeilDiv(CeilDiv(s.n, cluster), pass) * pass;
+    if (wide && (cluster > kStridedWideMaxCluster || part_rows * row_bytes > kStagedTargetBytes)) {
+      continue;
+    }
+    if (part_rows * row_bytes > kStridedStagedMaxBytes) return false;
+    const long long tiles = inner_bytes / row_bytes;
+    if (s.outer * tiles * cluster > 0x7fffffffLL) return false;
+    const size_t columns = static_cast<size_t>(l) * Vectors(dtype);
+    shape->cluster = cluster;
+    shape->tile_vectors = l;
+    shape->part_rows = part_rows;
+    shape->tiles = tiles;
+    shape->shared_bytes = static_cast<size_t>(part_rows * row_bytes) +
+                          (kStagedThreads / 32 + cluster) * columns * sizeof(float2);
+    return true;
+  }
+  return false;
 }
 
 size_t TableEntries(RowKernel kernel, const SoftmaxSegment& s) {
@@ -680,6 +689,7 @@ LaunchStep StridedStagedStep(const LaunchPlan& plan, DType dtype, const SoftmaxS
   a.strips = shape.tiles;
   a.part_rows = shape.part_rows;
   a.parts = shape.cluster;
+  a.tile_vectors = shape.tile_vectors;
   a.scale = Log2Scale(s);
   a.log = s.log;
   a.vec = 1;
@@ -881,6 +891,9 @@ std::string Schedule::ToString() const {
         out << "  [" << step.strided.outer << ", " << step.strided.n << ", "
             << step.strided.inner << "] strips " << step.strided.strips << " parts "
             << step.strided.parts << " x " << step.strided.part_rows << " rows";
+        if (step.kernel == SoftmaxKernel::kStridedStaged) {
+          out << " tile " << step.strided.tile_vectors * 16 << " bytes";
+        }
         break;
       default:
         break;

@@ -384,27 +384,28 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocks<T>) StagedKernel
 }
 
 // The strided_staged kernel: a non-last axis ([outer, n, inner], inner > 1)
-// in one pass where a tile of columns (kStridedTileVectors 16-byte vectors:
-// 128 bytes of each row) over all n rows fits a cluster's shared memory.
+// in one pass where a tile of columns (L 16-byte vectors: 128 bytes of each
+// row, kStridedTileVectors, or 256 for float32 columns of up to 8 shares,
+// kStridedWideTileVectors) over all n rows fits a cluster's shared memory.
 // Unit = (outer index, tile), one per cluster of 1..16 blocks; block `rank`
 // stages rows rank * part_rows .. with per-thread cp.async copies, takes
 // each column's (max, sum) over its rows (max first, then exp2 once per
 // element, e kept in shared memory for softmax), pushes its column pairs
 // into every peer's shared memory, waits for its peers' on its mbarrier, merges the cluster's
 // pairs in rank order and writes from shared memory: one read and one write
-// per element. Thread t holds column vector t % 8 of rows t / 8 + 32 j; the
-// order of every reduction follows from n and the cluster size alone.
-// Dynamic shared memory: the share (part_rows x 8 vectors), then the warps'
+// per element. Thread t holds column vector t % L of rows t / L + (256 / L) j;
+// the order of every reduction follows from n, L and the cluster size alone.
+// Dynamic shared memory: the share (part_rows x L vectors), then the warps'
 // column pairs (8 x C) and the cluster's (cluster x C), C columns per tile.
-template <typename T>
+template <typename T, int L>
 __global__ void __launch_bounds__(kStagedThreads, 1) StridedStagedKernel(const __grid_constant__ StridedArgs a) {
 #if !SOFTMAX_SM90_DEVICE_CODE
   __trap();  // never planned below sm_90 (its probe finds no cluster)
 #else
   constexpr int V = VecWidth<T>();
-  constexpr int L = kStridedTileVectors;
   constexpr int C = L * V;                   // columns of a tile
   constexpr int kPass = kStagedThreads / L;  // rows per pass of the block
+  static_assert(L >= 8 && L <= 32 && C <= kStagedThreads, "a thread merges each column");
   constexpr int kStagedWarps = kStagedThreads / 32;
   using Bits = typename Traits<T>::Bits;
   extern __shared__ __align__(kShareAlign) uint4 share[];
@@ -471,14 +472,14 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StridedStagedKernel(const _
     }
     if (!log) share[r * L + c] = Pack<T>(x);
   }
-  // The lanes of a warp that hold one column vector (lane % 8), then the
+  // The lanes of a warp that hold one column vector (lane % L), then the
   // warps in order, then the cluster's blocks in rank order.
   MaxSum own[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     own[k] = MaxSum{m[k], d[k]};
 #pragma unroll
-    for (int offset = 8; offset < 32; offset <<= 1) {
+    for (int offset = L; offset < 32; offset <<= 1) {
       const MaxSum other{__shfl_xor_sync(0xffffffffu, own[k].m, offset),
                          __shfl_xor_sync(0xffffffffu, own[k].d, offset)};
       own[k] = Merge(own[k], other, scale);
