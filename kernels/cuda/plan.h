@@ -403,8 +403,8 @@ StridedShape StridedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSe
 // per outer slice. Returns false where the kernel does not take `s`.
 struct StridedStagedShape {
   int cluster;
-  int tile_vectors;     // 16-byte vectors of each row in a tile (kStridedTileVectors or kStridedWideTileVectors)
-  long long part_rows;  // a multiple of the block's rows per pass (32)
+  int tile_vectors;     // 16-byte vectors of each row: kStridedTileVectors or kStridedWideTileVectors
+  long long part_rows;  // a multiple of the block's rows per pass (256 / tile_vectors)
   long long tiles;
   size_t shared_bytes;  // dynamic: the share and the column pairs
 };
