@@ -269,7 +269,7 @@ struct SplitArgs {
   int vec;
   float2* partials;         // rows * parts
   float2* totals;           // rows: (max, sum) per row (split_merge -> split_normalize)
-  unsigned int* counters;   // rows, zero on entry; left zero (split_fused, split_staged)
+  unsigned int* counters;   // rows: parts counted in (split_fused, split_staged); zeroed first
 };
 
 // Strided: softmax along n of [outer, n, inner], inner > 1 (strided.cuh).
