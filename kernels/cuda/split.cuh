@@ -21,8 +21,8 @@ namespace detail {
 // (SplitArgs: plan.h.)
 
 // Pass 1: (max, sum) per part into partials[unit]. No block waits on
-// another: merging a row's partials is left to split_merge. H200, 16 x 2^24
-// (kernels/bench/results): 2,567 -> 2,659 GB/s fp32, 2,347 -> 2,445 fp16
+// another: merging a row's partials is left to split_merge. H200, 16 x 2^24:
+// 2,567 -> 2,659 GB/s fp32, 2,347 -> 2,445 fp16
 // against a last-part merge behind a returning atomic.
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads, kSplitStatsBlocks) SplitStatsKernel(const SplitArgs a) {

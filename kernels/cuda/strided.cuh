@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 2) StridedStatsKernel(const StridedA
       // Loads in batches, merged in the same order (p = slice, slice +
       // slices, ...), so the bits are those of one load at a time, which made
       // this block's merge a chain of L2 round trips. H200, fp16 dim 0 of
-      // [1048576, 256] (264 parts; kernels/bench/results): 2,171 -> 2,299 GB/s.
+      // [1048576, 256] (264 parts): 2,171 -> 2,299 GB/s.
       MaxSum column{-INFINITY, 0.0f};
       if (slice < slices) {
         for (int p0 = slice; p0 < a.parts; p0 += kStridedMergeBatch * slices) {
