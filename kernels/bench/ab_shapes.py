@@ -9,8 +9,9 @@ of 640 KiB-24 MiB, beyond the staged path), `persistent` (one tensor of many row
 1025-3584 vectors, row_staged's), `long` (aligned rows
 around the staged and split_staged kernels' border), `staged` (the sweep's staged and
 split_staged points), `shares` (16-bit rows of 60-128 KiB, around the clusters of 30-32
-KiB shares), `axis` (softmax over a non-last axis) or `wide` (float32 columns around
-strided_staged's 256-byte tiles). Each line: the kernels
+KiB shares), `axis` (softmax over a non-last axis), `onepass` (the axis set's
+strided_staged shapes, and columns that take several tiles per cluster) or `wide`
+(float32 columns around strided_staged's 256-byte tiles). Each line: the kernels
 the first build runs, then per build GB/s (2 x bytes / time), its fraction of a copy of
 the same bytes timed in the same call, its speed against the first build (xN) and, where
 any element's bits differ from the first build's output or fails the float64 check,
@@ -49,6 +50,14 @@ SETS = {
         ("float32", (4, 20000, 2048), 1), ("float32", (1048576, 256), 0),
         ("bfloat16", (4096, 65536), 0), ("float16", (8192, 32768), 0),
         ("float32", (2048, 65536), 0), ("float16", (1024, 262144), 0),
+    ],
+    "onepass": [
+        ("float32", (4096, 65536), 0), ("float16", (4096, 65536), 0), ("bfloat16", (4096, 65536), 0),
+        ("float32", (8192, 32768), 0), ("float16", (8192, 32768), 0),
+        ("float32", (16384, 4096), 0), ("float16", (16384, 4096), 0),
+        ("float32", (2048, 65536), 0), ("float16", (1024, 262144), 0),
+        ("float32", (4, 20000, 2048), 1), ("float16", (300, 262144), 0),
+        ("float16", (2048, 131072), 0), ("float32", (1024, 65536), 0),
     ],
     "wide": [
         ("float32", (2048, 65536), 0), ("float32", (1024, 65536), 0),
