@@ -37,8 +37,8 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   split_fused<float32>         split                      256   108      0     128          2        1         0    264
   split_stats<float32>         split                      256    57      0     128          4        1         0    528
   split_normalize<float32>     split                      256   114      0     128          2        1         0    264
-  strided_stats<float32>       strided                    256   123      0    8320          2        1         0    264
-  strided_normalize<float32>   strided                    256   110      0       0          2        1         0    264
+  strided_stats<float32>       strided                    256   125      0    8320          2        1         0    264
+  strided_normalize<float32>   strided                    256   121      0       0          2        1         0    264
   on_chip<float16>             warp,block                 256   128      0     256          2        1         0    264
   flat.t64<float16>            flat                        64    32      0     256         32        1         0   4224
   flat.t128<float16>           flat                       128    32      0     256         16        1         0   2112
@@ -66,7 +66,7 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   split_stats<float16>         split                      256    63      0     128          4        1         0    528
   split_normalize<float16>     split                      256   128      0     128          2        1         0    264
   strided_stats<float16>       strided                    256   128      0   16512          2        1         0    264
-  strided_normalize<float16>   strided                    256   124      0       0          2        1         0    264
+  strided_normalize<float16>   strided                    256   128      0       0          2        1         0    264
   on_chip<bfloat16>            warp,block                 256   128      0     256          2        1         0    264
   flat.t64<bfloat16>           flat                        64    32      0     256         32        1         0   4224
   flat.t128<bfloat16>          flat                       128    32      0     256         16        1         0   2112
@@ -94,7 +94,7 @@ softmax launch plan: device 0 (NVIDIA H200), 132 SMs, L2 60 MiB, clusters up to 
   split_stats<bfloat16>        split                      256    63      0     128          4        1         0    528
   split_normalize<bfloat16>    split                      256   128      0     128          2        1         0    264
   strided_stats<bfloat16>      strided                    256   128      0   16512          2        1         0    264
-  strided_normalize<bfloat16>  strided                    256   124      0       0          2        1         0    264
+  strided_normalize<bfloat16>  strided                    256   128      0       0          2        1         0    264
 )";
 
 }  // namespace gpu

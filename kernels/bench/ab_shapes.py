@@ -10,7 +10,8 @@ of 640 KiB-24 MiB, beyond the staged path), `persistent` (one tensor of many row
 around the staged and split_staged kernels' border), `staged` (the sweep's staged and
 split_staged points), `shares` (16-bit rows of 60-128 KiB, around the clusters of 30-32
 KiB shares), `axis` (softmax over a non-last axis), `onepass` (the axis set's
-strided_staged shapes, and columns that take several tiles per cluster) or `wide`
+strided_staged shapes, and columns that take several tiles per cluster), `twopass` (the
+axis shapes of strided_stats and strided_normalize, unaligned ones among them) or `wide`
 (float32 columns around strided_staged's 256-byte tiles). Each line: the kernels
 the first build runs, then per build GB/s (2 x bytes / time), its fraction of a copy of
 the same bytes timed in the same call, its speed against the first build (xN) and, where
@@ -58,6 +59,13 @@ SETS = {
         ("float32", (2048, 65536), 0), ("float16", (1024, 262144), 0),
         ("float32", (4, 20000, 2048), 1), ("float16", (300, 262144), 0),
         ("float16", (2048, 131072), 0), ("float32", (1024, 65536), 0),
+    ],
+    "twopass": [
+        ("float32", (65536, 4096), 0), ("float16", (65536, 4096), 0), ("bfloat16", (65536, 4096), 0),
+        ("float32", (1048576, 256), 0), ("float16", (1048576, 256), 0),
+        ("bfloat16", (1048576, 256), 0), ("float32", (200000, 512), 0),
+        ("float16", (262144, 1024), 0), ("float32", (100000, 301), 0),
+        ("float16", (100000, 300), 0), ("float16", (8, 30000, 1024), 1),
     ],
     "wide": [
         ("float32", (2048, 65536), 0), ("float32", (1024, 65536), 0),

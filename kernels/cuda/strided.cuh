@@ -40,6 +40,17 @@ __device__ __forceinline__ void StoreColumns(char* base, long long col0, long lo
   StoreElements<T>(reinterpret_cast<Bits*>(base), col0, inner, v);
 }
 
+// A batch whose rows all lie in the part, at 16-byte aligned columns: one
+// pointer stepping by a fixed stride, no bound per row (H200, half dim 0 of
+// [1048576, 256]: strided_stats 82.6 -> 68.2 M instructions, 215.7 -> 202.4 us).
+__device__ __forceinline__ void LoadBatch(const char* p, long long slot_bytes, uint4* raw) {
+#pragma unroll
+  for (int j = 0; j < kStridedSlots; ++j) {
+    raw[j] = LoadGlobal16(reinterpret_cast<const uint4*>(p));
+    p += slot_bytes;
+  }
+}
+
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads, 2) StridedStatsKernel(const StridedArgs a) {
   constexpr int V = VecWidth<T>();
@@ -56,6 +67,7 @@ __global__ void __launch_bounds__(kThreads, 2) StridedStatsKernel(const StridedA
   const int rows_per_pass = kWarps * rows_per_warp;
   const int strip_columns = lanes * V;
   const long long row_pitch = a.inner * static_cast<long long>(sizeof(Bits));
+  const long long slot_bytes = rows_per_pass * row_pitch;  // a thread's rows, one slot apart
   const long long units = a.outer * a.strips * a.parts;
   // strided_normalize is launched as a dependent: its blocks load while
   // these drain (it waits for this launch before it reads finals).
@@ -75,7 +87,13 @@ __global__ void __launch_bounds__(kThreads, 2) StridedStatsKernel(const StridedA
       d[k] = 0.0f;
     }
     const long long step = static_cast<long long>(kStridedSlots) * rows_per_pass;
+    const bool whole_vector = kVec && col0 < a.inner;
     const auto load = [&](long long r0, uint4* raw) {
+      if (whole_vector && r0 + (kStridedSlots - 1) * rows_per_pass < row_end) {
+        LoadBatch(base + r0 * row_pitch + col0 * static_cast<long long>(sizeof(Bits)), slot_bytes,
+                  raw);
+        return;
+      }
 #pragma unroll
       for (int j = 0; j < kStridedSlots; ++j) {
         const long long r = r0 + static_cast<long long>(j) * rows_per_pass;
@@ -206,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, 2) StridedNormalizeKernel(const Stri
   const int rows_per_pass = kWarps * rows_per_warp;
   const int strip_columns = lanes * V;
   const long long row_pitch = a.inner * static_cast<long long>(sizeof(Bits));
+  const long long slot_bytes = rows_per_pass * row_pitch;  // a thread's rows, one slot apart
   const long long units = a.outer * a.strips * a.parts;
   for (long long i = blockIdx.x; i < units; i += gridDim.x) {
     const long long u = units - 1 - i;
@@ -220,8 +239,17 @@ __global__ void __launch_bounds__(kThreads, 2) StridedNormalizeKernel(const Stri
     const long long row_end = min(a.n, row_begin + a.part_rows);
     const long long step = static_cast<long long>(kStridedSlots) * rows_per_pass;
     const long long passes = (row_end - row_begin + step - 1) / step;
+    const bool whole_vector = kVec && col0 < a.inner;
+    const auto whole_batch = [&](long long r0) {
+      return whole_vector && r0 + (kStridedSlots - 1) * rows_per_pass < row_end;
+    };
+    const long long column_bytes = col0 * static_cast<long long>(sizeof(Bits));
     const auto load = [&](long long p, uint4* raw) {
       const long long r0 = row_begin + p * step + row_in_pass;
+      if (whole_batch(r0)) {
+        LoadBatch(in + r0 * row_pitch + column_bytes, slot_bytes, raw);
+        return;
+      }
 #pragma unroll
       for (int j = 0; j < kStridedSlots; ++j) {
         const long long r = r0 + static_cast<long long>(j) * rows_per_pass;
@@ -230,19 +258,34 @@ __global__ void __launch_bounds__(kThreads, 2) StridedNormalizeKernel(const Stri
       }
     };
     float m[V], factor[V];
+    const auto normalize = [&](uint4 raw, float* y) {
+      float x[V];
+      Unpack<T>(raw, x);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        y[k] = a.log ? ((x[k] - m[k]) * a.scale - factor[k]) * kLn2
+                     : FastExp2((x[k] - m[k]) * a.scale) * factor[k];
+      }
+    };
     const auto store = [&](long long p, const uint4* raw) {
       const long long r0 = row_begin + p * step + row_in_pass;
+      if (whole_batch(r0)) {
+        char* q = out + r0 * row_pitch + column_bytes;
+#pragma unroll
+        for (int j = 0; j < kStridedSlots; ++j) {
+          float y[V];
+          normalize(raw[j], y);
+          StoreGlobal16(reinterpret_cast<uint4*>(q), Pack<T>(y));
+          q += slot_bytes;
+        }
+        return;
+      }
 #pragma unroll
       for (int j = 0; j < kStridedSlots; ++j) {
         const long long r = r0 + static_cast<long long>(j) * rows_per_pass;
         if (r < row_end) {
-          float x[V], y[V];
-          Unpack<T>(raw[j], x);
-#pragma unroll
-          for (int k = 0; k < V; ++k) {
-            y[k] = a.log ? ((x[k] - m[k]) * a.scale - factor[k]) * kLn2
-                         : FastExp2((x[k] - m[k]) * a.scale) * factor[k];
-          }
+          float y[V];
+          normalize(raw[j], y);
           StoreColumns<T, kVec>(out + r * row_pitch, col0, a.inner, y);
         }
       }
