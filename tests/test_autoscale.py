@@ -38,7 +38,7 @@ about 60 s x 0.275 / (the share of the budget held) of overload.
 An open loop at three times what the replicas sustain (measured first)
 with a 64 MiB budget, as this test once ran, left both signals at their
 targets: refusals kept the queue under one batch, so queue to compute read
-0.47-0.51 after its first second and each decision hung on the held-bytes
+0.47-0.51 from its fifth second on and each decision hung on the held-bytes
 mean; it missed the bounds in 2 of 7 clean-clone CI runs.
 """
 
