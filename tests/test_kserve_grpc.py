@@ -261,6 +261,7 @@ def test_bytes_that_are_no_message_are_refused(server):
         unary(b"\xff\xff\xff", timeout=10)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "ModelInferRequest" in error.value.details()
+    assert "wire format" in error.value.details(), error.value.details()
     stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
     good = infer_request(np.zeros((1, 2))).SerializeToString()
     replies = [service_pb2.ModelStreamInferResponse.FromString(r)

@@ -26,6 +26,15 @@ void ReleaseOwner(void* owner) { delete static_cast<std::shared_ptr<const void>*
 
 }  // namespace
 
+absl::Status UnparsableMessage(absl::string_view type, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the request is not a valid ", type, " message (",
+      problem.empty() ? "bytes that are not protobuf's wire format, or a string field that is "
+                        "not UTF-8"
+                      : problem,
+      ")"));
+}
+
 absl::Status ParseRequestMessage(grpc::ByteBuffer* buffer, TensorBufferPool* pool,
                                  v1::SoftmaxRequest* request) {
   const size_t length = buffer->Length();  // gRPC bounds it by INT_MAX
@@ -50,8 +59,7 @@ absl::Status ParseRequestMessage(grpc::ByteBuffer* buffer, TensorBufferPool* poo
   }
   buffer->Clear();
   if (!parsed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the request is not a valid softmax.v1.SoftmaxRequest message (", problem, ")"));
+    return UnparsableMessage("softmax.v1.SoftmaxRequest", problem);
   }
   return absl::OkStatus();
 }

@@ -12,11 +12,17 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "server/rpc/tensor_buffer_pool.h"
 #include "server/scheduling/backend.h"
 #include "softmax/v1/softmax.pb.h"
 
 namespace softmax::server {
+
+// INVALID_ARGUMENT: the request's bytes are not a `type` message. `problem`
+// says why; protobuf's parser gives no reason for proto3 messages, so an
+// empty one names what it refuses.
+absl::Status UnparsableMessage(absl::string_view type, absl::string_view problem);
 
 // Parses a softmax.v1.SoftmaxRequest out of `buffer` (consumed: it is left
 // empty) into `request`, which must be newly constructed. A tensor of

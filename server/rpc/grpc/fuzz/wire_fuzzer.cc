@@ -1,21 +1,28 @@
 // libFuzzer target for the wire path: raw bytes as a front-end receives
 // them, through parsing, validation, the batcher and a CPU backend, back to
 // the bytes of the response. The first byte picks the front-end:
-//   even: a softmax.v1.SoftmaxRequest message, as gRPC hands it
-//         (ParseRequestMessage on a grpc::ByteBuffer; and ReadLaterChunk,
-//         checked against protobuf's parse);
-//   odd:  a KServe v2 HTTP infer body; the next two bytes give
-//         Inference-Header-Content-Length (modulo the body's size + 1).
+//   even:      a softmax.v1.SoftmaxRequest message, as gRPC hands it
+//              (ParseRequestMessage on a grpc::ByteBuffer; and
+//              ReadLaterChunk, checked against protobuf's parse);
+//   1 mod 4:   a KServe v2 HTTP infer body; the next two bytes give
+//              Inference-Header-Content-Length (modulo the body's size + 1);
+//   3 mod 4:   a KServe v2 gRPC inference.ModelInferRequest message, as
+//              ModelInfer (bit 2 clear) or ModelStreamInfer (set) hands it
+//              over (ParseInferRequest, PrepareInfer), with one system
+//              shared-memory region registered, "fuzz" (kRegionBytes).
 // Checks: every refusal is a client error (INVALID_ARGUMENT, or
-// RESOURCE_EXHAUSTED / UNAVAILABLE from the queue) with a message; every
-// accepted request is answered exactly once, within seconds; an answer
-// serialises, parses back and carries the request's id, dtype, shape and
-// byte count; softmax outputs of finite float32 inputs lie in [0, 1].
+// RESOURCE_EXHAUSTED / UNAVAILABLE from the queue; NOT_FOUND for a KServe
+// model or region) with a message; every accepted request is answered
+// exactly once, within seconds; an answer serialises, parses back and
+// carries the request's id, dtype, shape and byte count (in the region
+// when the request names one for its output); softmax outputs of finite
+// float32 inputs lie in [0, 1].
 // AddressSanitizer and UBSan watch the rest.
 //
 // With clang (-DSOFTMAX_BUILD_FUZZERS=ON) this is a libFuzzer binary; in
 // other builds fuzz_replay_main.cc drives it over the corpus and a bounded
 // number of mutations (the ctest smoke run). See README.md.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -25,6 +32,10 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/support/byte_buffer.h>
@@ -36,16 +47,22 @@
 #include "server/cpu/cpu_backend.h"
 #include "server/rpc/kserve.h"
 #include "server/rpc/http/kserve_http.h"
+#include "server/rpc/grpc/kserve_infer.h"
 #include "server/rpc/grpc/service.h"
 #include "server/rpc/grpc/wire.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
+#include "server/shm/shared_memory.h"
 
 namespace softmax::server {
 namespace {
 
 // Small limits keep every accepted request cheap to compute.
 constexpr int64_t kMaxTensorBytes = 1 << 16;
+// The shared-memory region KServe gRPC requests may name: room for an
+// input and an output of the largest tensor.
+constexpr int64_t kRegionBytes = 2 * kMaxTensorBytes;
+constexpr char kRegionName[] = "fuzz";
 // Far longer than any answer of a 64 KiB tensor takes, even under ASan.
 constexpr absl::Duration kAnswerWithin = absl::Seconds(20);
 
@@ -70,12 +87,25 @@ struct Harness {
     admission = std::make_unique<Admission>(AdmissionOptions{}, batcher.get());
     front_end.admission = admission.get();
     front_end.limits.max_tensor_bytes = kMaxTensorBytes;
+    shared_memory = std::make_unique<SharedMemoryManager>(SharedMemoryMode::kSystem, nullptr);
+    // A POSIX shared-memory object of this process, unlinked once mapped.
+    const std::string key = "/softmax_wire_fuzzer_" + std::to_string(getpid());
+    const int fd = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    Check(fd >= 0 && ftruncate(fd, kRegionBytes) == 0, "a shared-memory object is made");
+    close(fd);
+    const absl::Status registered =
+        shared_memory->RegisterSystem(kRegionName, key, 0, kRegionBytes);
+    shm_unlink(key.c_str());
+    Check(registered.ok(), "the shared-memory region registers");
+    Check(shared_memory->Resolve(kRegionName, 0, kRegionBytes, "region").ok(),
+          "the shared-memory region resolves");
   }
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<Batcher> batcher;
   std::unique_ptr<Admission> admission;
   FrontEnd front_end;
+  std::unique_ptr<SharedMemoryManager> shared_memory;
 };
 
 Harness& GetHarness() {
@@ -101,73 +131,98 @@ void CheckRefusal(const absl::Status& status) {
   Check(!status.message().empty(), "a refusal says why");
 }
 
-// Dispatches `request` and checks its one answer.
-void DispatchAndCheck(v1::SoftmaxRequest* request) {
-  // What the answer must match (Dispatch may move the input away).
-  const std::string request_id = request->request_id();
-  const v1::Tensor input_meta = [&] {
-    v1::Tensor meta;
-    meta.set_dtype(request->input().dtype());
-    *meta.mutable_shape() = request->input().shape();
-    return meta;
-  }();
-  const int64_t input_bytes = static_cast<int64_t>(request->input().data().size());
-  const bool log = request->log();
-  std::vector<float> finite_inputs;
-  if (request->input().dtype() == v1::DTYPE_FLOAT32 && input_bytes > 0 && input_bytes % 4 == 0) {
-    finite_inputs.resize(static_cast<size_t>(input_bytes / 4));
-    std::memcpy(finite_inputs.data(), request->input().data().data(),
-                static_cast<size_t>(input_bytes));
+// What an answer must carry, taken from a request before Dispatch (which
+// may move its input away). `external` (may be null): its shared-memory
+// tensors.
+struct Expected {
+  Expected(const v1::SoftmaxRequest& request, const ExternalTensors* external)
+      : request_id(request.request_id()),
+        dtype(request.input().dtype()),
+        shape(request.input().shape().begin(), request.input().shape().end()),
+        log(request.log()) {
+    const bool in_region = external != nullptr && external->input != nullptr;
+    const char* data = in_region ? external->input : request.input().data().data();
+    input_bytes = in_region ? external->input_bytes
+                            : static_cast<int64_t>(request.input().data().size());
+    if (dtype == v1::DTYPE_FLOAT32 && input_bytes > 0 && input_bytes % 4 == 0) {
+      finite_inputs.resize(static_cast<size_t>(input_bytes / 4));
+      std::memcpy(finite_inputs.data(), data, static_cast<size_t>(input_bytes));
+    }
   }
 
-  v1::SoftmaxResponse response;
-  OutputView view;
+  // `output`: the answer's output bytes, of `dtype` and `shape`.
+  void CheckOutput(const std::string& id, v1::DType output_dtype,
+                   const std::vector<int64_t>& output_shape, absl::string_view output) const {
+    Check(id == request_id, "the answer carries the request's id");
+    Check(output_dtype == dtype, "the output has the input's dtype");
+    Check(output_shape == shape, "the output has the input's shape");
+    Check(static_cast<int64_t>(output.size()) == input_bytes,
+          "the output has the input's byte count");
+    if (log || finite_inputs.empty()) return;
+    for (float x : finite_inputs) {
+      if (!std::isfinite(x)) return;
+    }
+    for (size_t i = 0; i < finite_inputs.size(); ++i) {
+      float y;
+      std::memcpy(&y, output.data() + 4 * i, 4);
+      Check(y >= 0.0f && y <= 1.0f, "softmax of finite inputs lies in [0, 1]");
+    }
+  }
+
+  std::string request_id;
+  v1::DType dtype;
+  std::vector<int64_t> shape;
+  bool log;
+  int64_t input_bytes = 0;
+  std::vector<float> finite_inputs;
+};
+
+// Dispatches `request` and waits for its one answer: true when it is OK
+// (then `response` / `view` hold it), false for a checked refusal.
+bool DispatchAndWait(v1::SoftmaxRequest* request, v1::SoftmaxResponse* response,
+                     OutputView* view, const ExternalTensors* external = nullptr,
+                     std::shared_ptr<const void>* held = nullptr,
+                     absl::string_view data_field = {}) {
   absl::Notification done;
   int answers = 0;
   absl::Status outcome;
-  const absl::Status accepted = Dispatch(
-      GetHarness().front_end, request, &response, &view, std::chrono::system_clock::now() + std::chrono::seconds(10),
-      [] { return false; },
+  absl::Status accepted = Dispatch(
+      GetHarness().front_end, request, response, view,
+      std::chrono::system_clock::now() + std::chrono::seconds(10), [] { return false; },
       [&](const absl::Status& status) {
         outcome = status;
         ++answers;
         done.Notify();
-      });
+      },
+      external, held);
+  if (!data_field.empty()) accepted = kserve::RenameInputFields(accepted, data_field);
   if (!accepted.ok()) {
     CheckRefusal(accepted);
     Check(answers == 0, "a refused request gets no answer");
-    return;
+    return false;
   }
   Check(done.WaitForNotificationWithTimeout(kAnswerWithin), "an accepted request is answered");
   Check(answers == 1, "an accepted request is answered once");
   if (!outcome.ok()) {
     CheckRefusal(outcome);
-    return;
+    return false;
   }
+  return true;
+}
+
+// A softmax.v1 request: dispatched, and its answer serialised and parsed back.
+void DispatchAndCheck(v1::SoftmaxRequest* request) {
+  const Expected expected(*request, nullptr);
+  v1::SoftmaxResponse response;
+  OutputView view;
+  if (!DispatchAndWait(request, &response, &view)) return;
   grpc::ByteBuffer wire;
   Check(SerializeResponse(&response, std::move(view), &wire).ok(), "the answer serialises");
   v1::SoftmaxResponse parsed;
   Check(parsed.ParseFromString(BufferBytes(wire)), "the answer parses back");
-  Check(parsed.request_id() == request_id, "the answer carries the request's id");
-  Check(parsed.output().dtype() == input_meta.dtype(), "the output has the input's dtype");
-  Check(parsed.output().shape_size() == input_meta.shape_size(),
-        "the output has the input's rank");
-  for (int i = 0; i < input_meta.shape_size(); ++i) {
-    Check(parsed.output().shape(i) == input_meta.shape(i), "the output has the input's shape");
-  }
-  Check(static_cast<int64_t>(parsed.output().data().size()) == input_bytes,
-        "the output has the input's byte count");
-  if (!log && !finite_inputs.empty()) {
-    bool all_finite = true;
-    for (float x : finite_inputs) all_finite = all_finite && std::isfinite(x);
-    if (all_finite) {
-      for (size_t i = 0; i < finite_inputs.size(); ++i) {
-        float y;
-        std::memcpy(&y, parsed.output().data().data() + 4 * i, 4);
-        Check(y >= 0.0f && y <= 1.0f, "softmax of finite inputs lies in [0, 1]");
-      }
-    }
-  }
+  expected.CheckOutput(parsed.request_id(), parsed.output().dtype(),
+                       {parsed.output().shape().begin(), parsed.output().shape().end()},
+                       parsed.output().data());
 }
 
 // The stream's reading of a later chunk without a full parse
@@ -226,6 +281,57 @@ void KServeHttp(const uint8_t* data, size_t size) {
   DispatchAndCheck(&request);
 }
 
+// A KServe gRPC ModelInferRequest: parsed, converted, dispatched, and its
+// answer serialised (`in_stream`: as ModelStreamInfer's) and parsed back.
+void KServeGrpc(const uint8_t* data, size_t size, bool in_stream) {
+  grpc::Slice slice(data, size);
+  grpc::ByteBuffer buffer(&slice, 1);
+  InferCall call;
+  absl::Status status = ParseInferRequest(&buffer, nullptr, &call.message);
+  if (status.ok()) status = PrepareInfer(&call.message, GetHarness().shared_memory.get(), &call);
+  if (!status.ok()) {
+    if (status.code() != absl::StatusCode::kNotFound) CheckRefusal(status);
+    Check(!status.message().empty(), "a refusal says why");
+    return;
+  }
+  const ExternalTensors* external = call.has_external ? &call.external : nullptr;
+  const Expected expected(call.request, external);
+  if (!DispatchAndWait(&call.request, &call.response, &call.view, external, &call.held,
+                       call.data_field)) {
+    return;
+  }
+  inference::ModelInferResponse answer;
+  OutputView view = FillInferResponse(&call, &answer);
+  grpc::ByteBuffer wire;
+  Check(SerializeInferResponse(&answer, std::move(view), in_stream, &wire).ok(),
+        "the answer serialises");
+  inference::ModelInferResponse parsed;
+  if (in_stream) {
+    inference::ModelStreamInferResponse stream_response;
+    Check(stream_response.ParseFromString(BufferBytes(wire)), "the stream answer parses back");
+    Check(stream_response.error_message().empty(), "an answer has no error message");
+    parsed = stream_response.infer_response();
+  } else {
+    Check(parsed.ParseFromString(BufferBytes(wire)), "the answer parses back");
+  }
+  Check(parsed.outputs_size() == 1 && parsed.raw_output_contents_size() == 1,
+        "an answer has one output and one raw_output_contents entry");
+  const auto& output = parsed.outputs(0);
+  const absl::StatusOr<DType> dtype = kserve::ParseDatatype(output.datatype(), "datatype");
+  Check(dtype.ok(), "the output's datatype is FP32, FP16 or BF16");
+  std::string bytes = parsed.raw_output_contents(0);
+  if (call.output_region.has_value()) {
+    Check(bytes.empty(), "an output written into a region is not in the answer");
+    Check(output.parameters().at("shared_memory_region").string_param() == kRegionName,
+          "the answer names the output's region");
+    // The output's bytes: the first input_bytes of the part the request named.
+    bytes.assign(call.external.output, static_cast<size_t>(std::min(
+                                           call.external.output_bytes, expected.input_bytes)));
+  }
+  expected.CheckOutput(parsed.id(), static_cast<v1::DType>(static_cast<int>(*dtype)),
+                       {output.shape().begin(), output.shape().end()}, bytes);
+}
+
 }  // namespace
 }  // namespace softmax::server
 
@@ -233,8 +339,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   if (data[0] % 2 == 0) {
     softmax::server::SoftmaxV1(data + 1, size - 1);
-  } else {
+  } else if (data[0] % 4 == 1) {
     softmax::server::KServeHttp(data + 1, size - 1);
+  } else {
+    softmax::server::KServeGrpc(data + 1, size - 1, (data[0] & 4) != 0);
   }
   return 0;
 }
