@@ -8,8 +8,9 @@
 //              Inference-Header-Content-Length (modulo the body's size + 1);
 //   3 mod 4:   a KServe v2 gRPC inference.ModelInferRequest message, as
 //              ModelInfer (bit 2 clear) or ModelStreamInfer (set) hands it
-//              over (ParseInferRequest, PrepareInfer), with one system
-//              shared-memory region registered, "fuzz" (kRegionBytes).
+//              over (ParseInferRequest, PrepareInfer).
+// Both KServe front-ends may name one registered system shared-memory
+// region, "fuzz" (kRegionBytes), for their input and output.
 // Checks: every refusal is a client error (INVALID_ARGUMENT, or
 // RESOURCE_EXHAUSTED / UNAVAILABLE from the queue; NOT_FOUND for a KServe
 // model or region) with a message; every accepted request is answered
@@ -131,6 +132,20 @@ void CheckRefusal(const absl::Status& status) {
   Check(!status.message().empty(), "a refusal says why");
 }
 
+// A KServe front-end's refusal: as CheckRefusal, or NOT_FOUND for an
+// unknown model or shared-memory region.
+void CheckKServeRefusal(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kNotFound) CheckRefusal(status);
+  Check(!status.message().empty(), "a refusal says why");
+}
+
+// The output a request with shared-memory tensors wrote into its region
+// (its first input_bytes), or else the answer's.
+std::string RegionOutput(const ExternalTensors& external, int64_t input_bytes) {
+  return std::string(external.output,
+                     static_cast<size_t>(std::min(external.output_bytes, input_bytes)));
+}
+
 // What an answer must carry, taken from a request before Dispatch (which
 // may move its input away). `external` (may be null): its shared-memory
 // tensors.
@@ -156,6 +171,12 @@ struct Expected {
     Check(id == request_id, "the answer carries the request's id");
     Check(output_dtype == dtype, "the output has the input's dtype");
     Check(output_shape == shape, "the output has the input's shape");
+    CheckBytes(output);
+  }
+
+  // The output's bytes alone: the input's count, and softmax of finite
+  // float32 inputs in [0, 1].
+  void CheckBytes(absl::string_view output) const {
     Check(static_cast<int64_t>(output.size()) == input_bytes,
           "the output has the input's byte count");
     if (log || finite_inputs.empty()) return;
@@ -263,6 +284,8 @@ void SoftmaxV1(const uint8_t* data, size_t size) {
   DispatchAndCheck(&request);
 }
 
+// A KServe HTTP infer body, as the server's handler takes it: parsed,
+// built, its shared-memory tensors bound, dispatched.
 void KServeHttp(const uint8_t* data, size_t size) {
   if (size < 2) return;
   const std::string body(reinterpret_cast<const char*>(data) + 2, size - 2);
@@ -274,11 +297,32 @@ void KServeHttp(const uint8_t* data, size_t size) {
   v1::SoftmaxRequest request;
   kserve::Model model = kserve::Model::kSoftmax;
   if (status.ok()) status = kserve::BuildSoftmaxRequest(&parts, &model, &request);
+  ExternalTensors external;
+  std::vector<std::shared_ptr<const void>> leases;
+  if (status.ok()) {
+    status = kserve::BindRegions(parts, GetHarness().shared_memory.get(), &external, &leases);
+  }
   if (!status.ok()) {
-    CheckRefusal(status);
+    CheckKServeRefusal(status);
     return;
   }
-  DispatchAndCheck(&request);
+  if (!parts.input_region.has_value() && !parts.output_region.has_value()) {
+    DispatchAndCheck(&request);
+    return;
+  }
+  // The handler builds its JSON from the request; here the bytes are checked.
+  const Expected expected(request, &external);
+  v1::SoftmaxResponse response;
+  OutputView view;
+  if (!DispatchAndWait(&request, &response, &view, &external, nullptr, parts.data_field)) return;
+  if (external.output != nullptr) {
+    expected.CheckBytes(RegionOutput(external, expected.input_bytes));
+  } else {
+    Check(response.request_id() == expected.request_id, "the answer carries the request's id");
+    expected.CheckBytes(view.data != nullptr
+                            ? absl::string_view(view.data, static_cast<size_t>(view.bytes))
+                            : absl::string_view(response.output().data()));
+  }
 }
 
 // A KServe gRPC ModelInferRequest: parsed, converted, dispatched, and its
@@ -290,8 +334,7 @@ void KServeGrpc(const uint8_t* data, size_t size, bool in_stream) {
   absl::Status status = ParseInferRequest(&buffer, nullptr, &call.message);
   if (status.ok()) status = PrepareInfer(&call.message, GetHarness().shared_memory.get(), &call);
   if (!status.ok()) {
-    if (status.code() != absl::StatusCode::kNotFound) CheckRefusal(status);
-    Check(!status.message().empty(), "a refusal says why");
+    CheckKServeRefusal(status);
     return;
   }
   const ExternalTensors* external = call.has_external ? &call.external : nullptr;
@@ -324,9 +367,7 @@ void KServeGrpc(const uint8_t* data, size_t size, bool in_stream) {
     Check(bytes.empty(), "an output written into a region is not in the answer");
     Check(output.parameters().at("shared_memory_region").string_param() == kRegionName,
           "the answer names the output's region");
-    // The output's bytes: the first input_bytes of the part the request named.
-    bytes.assign(call.external.output, static_cast<size_t>(std::min(
-                                           call.external.output_bytes, expected.input_bytes)));
+    bytes = RegionOutput(call.external, expected.input_bytes);
   }
   expected.CheckOutput(parsed.id(), static_cast<v1::DType>(static_cast<int>(*dtype)),
                        {output.shape().begin(), output.shape().end()}, bytes);
