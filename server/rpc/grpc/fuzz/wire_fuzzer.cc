@@ -60,8 +60,8 @@ namespace {
 
 // Small limits keep every accepted request cheap to compute.
 constexpr int64_t kMaxTensorBytes = 1 << 16;
-// The shared-memory region KServe gRPC requests may name: room for an
-// input and an output of the largest tensor.
+// The shared-memory region KServe requests may name: room for an input and
+// an output of the largest tensor.
 constexpr int64_t kRegionBytes = 2 * kMaxTensorBytes;
 constexpr char kRegionName[] = "fuzz";
 // Far longer than any answer of a 64 KiB tensor takes, even under ASan.
@@ -139,8 +139,8 @@ void CheckKServeRefusal(const absl::Status& status) {
   Check(!status.message().empty(), "a refusal says why");
 }
 
-// The output a request with shared-memory tensors wrote into its region
-// (its first input_bytes), or else the answer's.
+// What a request wrote into its output region: the region's first
+// input_bytes (all of it when smaller; the answer's count check then fails).
 std::string RegionOutput(const ExternalTensors& external, int64_t input_bytes) {
   return std::string(external.output,
                      static_cast<size_t>(std::min(external.output_bytes, input_bytes)));
