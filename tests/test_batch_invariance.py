@@ -55,6 +55,11 @@ except Exception as error:  # noqa: BLE001 - any failure to load means "not here
 ROUNDS = int(os.environ.get("SOFTMAX_INVARIANCE_ROUNDS", "5"))
 SECONDS = float(os.environ.get("SOFTMAX_INVARIANCE_SECONDS", "0")) or None
 QUEUE_DELAY_US = 200
+# tritonclient's CUDA shared-memory helpers create one global CUDA stream on
+# first use without a lock: two threads there can each make one and one of
+# them destroys it under the other's copy (segfaults in 3 of 4 probing
+# processes on an H100). Every call to those helpers holds this lock.
+CUDA_SHM_LOCK = threading.Lock()
 DATATYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 BITS = {"float32": "<u4", "float16": "<u2", "bfloat16": "<u2"}
 LOG_ATOL = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}
@@ -265,7 +270,8 @@ class Prober:
         if cuda:
             for side in ("in", "out"):
                 name = f"invariance-cuda-{side}-{os.getpid()}-{index}"
-                handle = cuda_shm.create_shared_memory_region(name, region_bytes // 2, 0)
+                with CUDA_SHM_LOCK:
+                    handle = cuda_shm.create_shared_memory_region(name, region_bytes // 2, 0)
                 self.cuda_regions.append((name, handle))
                 self.grpc.register_cuda_shared_memory(
                     name, cuda_shm.get_raw_handle(handle), 0, region_bytes // 2)
@@ -278,7 +284,8 @@ class Prober:
                     self.grpc.unregister_cuda_shared_memory(name)
             finally:
                 for _, handle in self.cuda_regions:
-                    cuda_shm.destroy_shared_memory_region(handle)
+                    with CUDA_SHM_LOCK:
+                        cuda_shm.destroy_shared_memory_region(handle)
                 system_shm.destroy_shared_memory_region(self.region)
                 self.grpc.close()
                 self.http.close()
@@ -310,15 +317,17 @@ class Prober:
         if protocol.startswith("cudashm"):
             # Input and output in device memory, the output poisoned first.
             (name_in, h_in), (name_out, h_out) = self.cuda_regions
-            cuda_shm.set_shared_memory_region(h_in, [np.frombuffer(probe.data, dtype=np.uint8)])
-            cuda_shm.set_shared_memory_region(h_out, [np.full(probe.nbytes, 0xA5, dtype=np.uint8)])
+            with CUDA_SHM_LOCK:
+                cuda_shm.set_shared_memory_region(h_in, [np.frombuffer(probe.data, dtype=np.uint8)])
+                cuda_shm.set_shared_memory_region(h_out, [np.full(probe.nbytes, 0xA5, dtype=np.uint8)])
             tensor = module.InferInput("INPUT", list(probe.shape), DATATYPES[probe.dtype])
             tensor.set_shared_memory(name_in, probe.nbytes)
             output = module.InferRequestedOutput("OUTPUT")
             output.set_shared_memory(name_out, probe.nbytes)
             client.infer(probe.model(), [tensor], outputs=[output],
                          parameters=probe.kserve_parameters(), **kwargs)
-            got = cuda_shm.get_contents_as_numpy(h_out, np.uint8, [probe.nbytes])
+            with CUDA_SHM_LOCK:
+                got = cuda_shm.get_contents_as_numpy(h_out, np.uint8, [probe.nbytes])
             return [(got.tobytes(), None)]
         # shm-grpc / shm-http: input at the region's start, output at the
         # next page, poisoned first so that a missing write cannot pass.

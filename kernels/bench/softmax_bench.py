@@ -534,7 +534,7 @@ def summarize(results):
     return lines
 
 
-def plot(results, path):
+def plot(results, path, device):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -552,7 +552,7 @@ def plot(results, path):
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("N (row length), M*N = 2^28")
-        ax.set_title(f"softmax {dtype_name}, H200")
+        ax.set_title(f"softmax {dtype_name}, {device}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("GB/s (read + write)")
     axes[0].legend(fontsize=8)
@@ -604,6 +604,7 @@ def main():
     json_path = os.path.join(args.out, "softmax_bench.json")
 
     def show(row):  # print, and keep the JSON current so a cut-off run still reports
+        row["device"] = torch.cuda.get_device_name()
         print_row(row)
         with open(json_path, "w") as f:
             json.dump(results, f, indent=1)
@@ -640,7 +641,7 @@ def main():
     with open(json_path, "w") as f:
         json.dump(results, f, indent=1)
     try:
-        plot(results, os.path.join(args.out, "softmax_bench.png"))
+        plot(results, os.path.join(args.out, "softmax_bench.png"), torch.cuda.get_device_name())
     except Exception as e:  # the numbers matter more than the chart
         print(f"plot failed: {e}")
     print(f"done in {time.time() - start:.0f} s; invalid providers: {len(invalid)}")
