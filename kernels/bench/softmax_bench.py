@@ -585,7 +585,8 @@ def main():
         name, path = spec.split("=", 1)
         VARIANTS[name] = Ours(path)
     print(ours.plan(), flush=True)
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    device = torch.cuda.get_device_name()
+    print(f"device: {device}  torch {torch.__version__}  triton {triton.__version__}")
     setup_peers([p for p in args.peers.split(",") if p])
     versions = {}
     for dist in ("quack-kernels", "nvidia-cutlass-dsl", "liger-kernel", "flashinfer-python",
@@ -604,7 +605,7 @@ def main():
     json_path = os.path.join(args.out, "softmax_bench.json")
 
     def show(row):  # print, and keep the JSON current so a cut-off run still reports
-        row["device"] = torch.cuda.get_device_name()
+        row["device"] = device
         print_row(row)
         with open(json_path, "w") as f:
             json.dump(results, f, indent=1)
@@ -641,7 +642,7 @@ def main():
     with open(json_path, "w") as f:
         json.dump(results, f, indent=1)
     try:
-        plot(results, os.path.join(args.out, "softmax_bench.png"), torch.cuda.get_device_name())
+        plot(results, os.path.join(args.out, "softmax_bench.png"), device)
     except Exception as e:  # the numbers matter more than the chart
         print(f"plot failed: {e}")
     print(f"done in {time.time() - start:.0f} s; invalid providers: {len(invalid)}")
