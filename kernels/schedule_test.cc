@@ -82,7 +82,9 @@ std::map<RowOrder, long long> OrdersOf(const Schedule& schedule, uintptr_t begin
         for (const RowSegment& r : step.table) {
           if (!Within(r.input, begin, end)) continue;
           RowOrder order;
-          if (step.kernel == SoftmaxKernel::kFlatTable) {
+          // A flat row in a row_staged launch is summed in the flat order.
+          if (step.kernel == SoftmaxKernel::kFlatTable ||
+              (step.kernel == SoftmaxKernel::kRowStaged && (r.config & kFlatOrderBit) != 0)) {
             order = {"flat order",
                      {(r.config >> kShapeShift) & 0xf, kFlatSlots, (r.config & kVecBit) != 0,
                       (r.config & kLogBit) != 0, r.n, ScaleBits(r.scale)}};
@@ -359,6 +361,32 @@ TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunch) {
   int checked = 0;
   CheckRowOrders(32, 12, &checked);
   EXPECT_GT(checked, 1000);
+}
+
+// A table's flat rows join its row_staged launch where they are no more than
+// its row_staged rows, with the flat table's shape bits and summed in the flat
+// order (RowOrdersDoNotDependOnTheLaunch keys them so); else, and in tables
+// without row_staged rows, they keep the flat table launch.
+TEST_F(ScheduleTest, FlatRowsJoinATablesRowStagedLaunch) {
+  for (DType dtype : kDTypes) {
+    const int64_t v = VecWidth(dtype);
+    const SoftmaxSegment long_rows = At(dtype, 0, 50, 2000 * v + 1, 1);
+    const Schedule joined = Plan(dtype, {long_rows, At(dtype, 1, 30, 33 * v, 1, 1, 0.5f, true),
+                                         At(dtype, 2, 20, 1, 1)});
+    EXPECT_EQ(joined.Kernels(), "row_staged") << joined.ToString();
+    std::vector<int> shapes;
+    for (const RowSegment& r : joined.steps.back().table) {
+      if ((r.config & kFlatOrderBit) == 0) continue;
+      shapes.push_back((r.config >> kShapeShift) & 0xf);
+      EXPECT_EQ(r.config & (kLogBit | kVecBit), r.n == 1 ? 0 : kLogBit) << r.n;
+    }
+    // Longest rows first: 33 vectors (R = 32 threads), then 1 element (R = 1).
+    EXPECT_EQ(shapes, (std::vector<int>{5, 0}));
+    EXPECT_EQ(Plan(dtype, {long_rows, At(dtype, 1, 51, 33 * v, 1)}).Kernels(),
+              "flat_table,row_staged");
+    EXPECT_EQ(Plan(dtype, {At(dtype, 0, 3, 1000 * v, 1), At(dtype, 1, 2, 33 * v, 1)}).Kernels(),
+              "flat_table");
+  }
 }
 
 // A GPU whose blocks cannot hold a row_staged row (99 KiB of opt-in shared

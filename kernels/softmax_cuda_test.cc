@@ -65,6 +65,20 @@ Problem MakeProblem(DType dtype, int64_t outer, int64_t n, int64_t inner, std::m
   return p;
 }
 
+// The last-axis segments of `problems` as the planner sees them (no buffers):
+// an input offset makes the rows unaligned.
+std::vector<SoftmaxSegment> Described(const std::vector<Problem>& problems) {
+  std::vector<SoftmaxSegment> described(problems.size());
+  for (size_t i = 0; i < problems.size(); ++i) {
+    described[i].outer = problems[i].shape.outer;
+    described[i].n = problems[i].shape.n;
+    if (problems[i].input_offset_elements > 0) {
+      described[i].input = reinterpret_cast<const void*>(uintptr_t{2});
+    }
+  }
+  return described;
+}
+
 class SoftmaxCudaTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -772,6 +786,9 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
         problems.push_back(MakeProblem(dtype, outer, n, 1, rng, temperature(rng), i % 2 == 0));
         if (i % 4 == 1) problems.back().input_offset_elements = 3;
       }
+      // More flat rows than row_staged rows: the flat table launch keeps them
+      // (FlatRowsInARowStagedLaunch has the other case).
+      problems.push_back(MakeProblem(dtype, 500, 32 * v, 1, rng));
       // The table's limit, 8192 vectors, aligned (the staged kernel takes
       // those) and not (granules one more than vectors).
       problems.push_back(MakeProblem(dtype, 2, 8192 * v, 1, rng));
@@ -780,14 +797,7 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
       problems.back().output_offset_elements = 2;  // and the output at another offset
       problems.push_back(MakeProblem(dtype, 2, 8192 * v - 1, 1, rng));
       problems.back().input_offset_elements = 3;
-      std::vector<SoftmaxSegment> described(problems.size());
-      for (size_t i = 0; i < problems.size(); ++i) {
-        described[i].outer = problems[i].shape.outer;
-        described[i].n = problems[i].shape.n;
-        if (problems[i].input_offset_elements > 0) {
-          described[i].input = reinterpret_cast<const void*>(uintptr_t{2});
-        }
-      }
+      std::vector<SoftmaxSegment> described = Described(problems);
       const int described_count = static_cast<int>(described.size());
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count),
                 "flat_table,row_staged,staged");
@@ -803,6 +813,33 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
                     allow_flat);
       }
     }
+  }
+}
+
+// A table whose row_staged rows outnumber its flat rows runs them all in one
+// row_staged launch, the flat rows summed in the flat order: every group
+// shape (1..512 threads), aligned and not, both ops, several temperatures.
+// (softmax_invariance_test compares their bits with the same rows alone.)
+TEST_F(SoftmaxCudaTest, FlatRowsInARowStagedLaunch) {
+  std::mt19937_64 rng(13);
+  for (DType dtype : kDTypes) {
+    const int64_t v = VecWidth(dtype);
+    std::vector<Problem> problems;
+    int64_t flat_rows = 0;
+    int i = 0;
+    for (int64_t n : {int64_t{1}, int64_t{5}, v, 3 * v + 1, 17 * v, 33 * v - 1, 64 * v,
+                      100 * v + 3, 256 * v, 257 * v, 512 * v + 1, 1000 * v, 1024 * v}) {
+      problems.push_back(MakeProblem(dtype, 3, n, 1, rng, i % 3 == 0 ? 0.6f : 1.0f, i % 2 == 0));
+      if (i % 3 == 1) problems.back().input_offset_elements = 1;
+      if (i % 4 == 2) problems.back().output_offset_elements = 3;
+      flat_rows += 3;
+      ++i;
+    }
+    problems.push_back(MakeProblem(dtype, flat_rows, 1500 * v + 1, 1, rng));  // row_staged
+    const std::vector<SoftmaxSegment> described = Described(problems);
+    EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), static_cast<int>(described.size())),
+              "row_staged");
+    RunAndCheck(dtype, problems, "flat rows in a row_staged launch");
   }
 }
 

@@ -2,7 +2,8 @@
 // the rest of its launch. Each probe tensor (every path boundary of every
 // dtype, aligned and not) is launched alone once; then pieces of it (any run
 // of its rows) go into many random launches: ragged tables of other segments
-// of every path, at other offsets in the buffers (in the same alignment
+// of every path (among them tables whose flat rows run in their row_staged
+// launch), at other offsets in the buffers (in the same alignment
 // class: 16-byte aligned rows stay aligned, the others move to any element
 // offset), on other streams with other scratch, with a second launch plan of
 // the same device, and alone with fewer rows. Every piece must come back
@@ -95,10 +96,11 @@ class SoftmaxInvarianceTest : public ::testing::Test {
 
   // Runs `placed` as one LaunchSoftmax call over buffers of in_total /
   // out_total bytes (inputs: the probes' rows, fillers a constant pattern)
-  // and returns the output buffer.
+  // and returns the output buffer (and, with `kernels`, the kernels it ran).
   static void Run(const LaunchPlan& plan, DType dtype, const std::vector<Probe>& probes,
                   const std::vector<Placed>& placed, size_t in_total, size_t out_total,
-                  cudaStream_t stream, std::vector<uint8_t>* host_out) {
+                  cudaStream_t stream, std::vector<uint8_t>* host_out,
+                  std::string* kernels = nullptr) {
     char* d_in = nullptr;
     char* d_out = nullptr;
     ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_in), in_total), cudaSuccess);
@@ -125,6 +127,7 @@ class SoftmaxInvarianceTest : public ::testing::Test {
       segments.push_back(s);
     }
     const int count = static_cast<int>(segments.size());
+    if (kernels != nullptr) *kernels = LaunchKernels(plan, dtype, segments.data(), count);
     const size_t scratch_bytes = SoftmaxScratchBytes(plan, dtype, segments.data(), count);
     void* scratch = nullptr;
     if (scratch_bytes > 0) {
@@ -238,6 +241,7 @@ TEST_F(SoftmaxInvarianceTest, RowBitsDoNotDependOnTheRestOfTheLaunch) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&streams[1], cudaStreamNonBlocking), cudaSuccess);
   int64_t compared = 0;
   int64_t differing = 0;
+  int joined_launches = 0;
   std::ostringstream first;
   for (DType dtype : kDTypes) {
     const size_t item = ItemSize(dtype);
@@ -265,6 +269,8 @@ TEST_F(SoftmaxInvarianceTest, RowBitsDoNotDependOnTheRestOfTheLaunch) {
       std::vector<Placed> placed;
       // Every few trials a probe piece alone (fewer rows than its reference).
       const bool single = trial % 5 == 4;
+      // and every few a table whose flat rows run in its row_staged launch.
+      const bool joined = trial % 5 == 1;
       std::uniform_real_distribution<double> uniform(0.0, 1.0);
       for (size_t i = 0; i < probes.size(); ++i) {
         if (!single && uniform(rng) > 0.6) continue;
@@ -299,6 +305,15 @@ TEST_F(SoftmaxInvarianceTest, RowBitsDoNotDependOnTheRestOfTheLaunch) {
           placed.push_back(filler);
         }
         std::shuffle(placed.begin(), placed.end(), rng);
+        if (joined) {
+          // More row_staged rows than flat ones: the flat rows join that launch.
+          Placed long_rows;
+          long_rows.n = 1025 * v + 1;
+          for (const Placed& p : placed) {
+            if (p.inner == 1 && p.n <= 1024 * v) long_rows.outer += p.outer;
+          }
+          placed.push_back(long_rows);
+        }
       }
       // Offsets: every segment starts at a random 16-byte step past a 256-byte
       // boundary, plus its elements off the boundary: a probe's own for rows of
@@ -322,8 +337,14 @@ TEST_F(SoftmaxInvarianceTest, RowBitsDoNotDependOnTheRestOfTheLaunch) {
       }
       const LaunchPlan& plan = trial % 3 == 2 ? *second_plan_ : *plan_;
       std::vector<uint8_t> out;
-      Run(plan, dtype, probes, placed, in_total + 256, out_total + 256, streams[trial % 2], &out);
+      std::string kernels;
+      Run(plan, dtype, probes, placed, in_total + 256, out_total + 256, streams[trial % 2], &out,
+          &kernels);
       if (HasFatalFailure()) return;
+      if (joined) {
+        EXPECT_EQ(kernels.find("flat_table"), std::string::npos) << kernels;
+        joined_launches += kernels.find("row_staged") != std::string::npos;
+      }
       for (const Placed& p : placed) {
         if (p.probe < 0) continue;
         const Probe& probe = probes[p.probe];
@@ -351,6 +372,7 @@ TEST_F(SoftmaxInvarianceTest, RowBitsDoNotDependOnTheRestOfTheLaunch) {
   std::printf("batch invariance: %lld probe pieces compared, %lld with other bits\n",
               static_cast<long long>(compared), static_cast<long long>(differing));
   EXPECT_GT(compared, 0);
+  EXPECT_EQ(joined_launches, 9);  // 3 trials of each dtype
   EXPECT_EQ(differing, 0) << "pieces whose bits differ from the same rows launched alone:"
                           << first.str();
 }

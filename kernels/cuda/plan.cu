@@ -731,6 +731,20 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
           std::max(launch_cluster, 1 << ClusterLog2(CeilDiv(s.n, Vectors(dtype))));
     }
   }
+  // A table's flat rows join its row_staged launch, a block per row summed in
+  // the flat order (kFlatOrderBit: the bits of the flat kernels), where they
+  // are no more than its row_staged rows: one launch whose tail the short rows
+  // fill, instead of a flat table launch beside it. Many more short rows than
+  // long ones keep the flat table launch, which packs them many to a block.
+  // Which launch computes a row changes its schedule, never its bits.
+  long long flat_count = 0;
+  long long row_staged_count = 0;
+  for (int i = 0; i < count; ++i) {
+    if (Empty(segments[i])) continue;
+    if (kernels[i] == RowKernel::kFlat) flat_count += segments[i].outer;
+    if (kernels[i] == RowKernel::kRowStaged) row_staged_count += segments[i].outer;
+  }
+  const bool flat_joins = allow_flat && row_staged_count > 0 && flat_count <= row_staged_count;
   // Every table launch uses the one table area at the start of the scratch,
   // one after the other (stream order: a copy lands after the launch before
   // it ran).
@@ -756,11 +770,17 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
         if (!allow_flat) {
           AppendOnChip(dtype, s, ChoosePath(plan, dtype, s), grid, launch_cluster, &unit_counter,
                        &on_chip_rows);
-        } else if (kernels[i] == RowKernel::kFlat) {
+        } else if (kernels[i] == RowKernel::kFlat && !flat_joins) {
           AppendFlatTable(dtype, s, &flat_rows);
         } else {
+          int config = s.log ? kLogBit : 0;
+          if (kernels[i] == RowKernel::kFlat) {
+            // The flat table's shape bits (kVecBit only names the row's flat order).
+            config |= kFlatOrderBit | (VectorAligned(dtype, s) ? kVecBit : 0) |
+                      (FlatShapeOf(CeilDiv(s.n, Vectors(dtype))).group_log2 << kShapeShift);
+          }
           ForEachPiece(dtype, s, [&](RowSegment r) {
-            r.config = s.log ? kLogBit : 0;
+            r.config = config;
             row_staged_rows.push_back(r);
           });
         }

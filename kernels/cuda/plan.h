@@ -66,9 +66,10 @@ constexpr size_t kTableMaxSharedBytes = 16 * static_cast<size_t>(kTableFlatRows)
 constexpr long long kRowStagedMaxVectors = 8192;
 constexpr long long kRowStagedAlignedMaxVectors = 4096;
 constexpr int kRowStagedThreads = 256;
-// 52 registers in the half types, 4 blocks per SM: 6 blocks (40 registers)
-// ran the half ragged mixes 0.90-0.98x, 512-thread blocks 0.84-1.04x.
-constexpr int kRowStagedMinBlocks = 4;
+// 48 registers (no spills), 5 blocks per SM: H100, half and bfloat16 ragged
+// mixes 1.02-1.05x against 4 blocks at 52 registers; 6 blocks (40 registers)
+// ran the half mixes 0.90-0.98x, 512-thread blocks 0.84-1.04x.
+constexpr int kRowStagedMinBlocks = 5;
 // Shared memory of one SM that row_staged blocks share (the H100's and
 // H200's 228 KiB, less 1 KiB per block that the driver reserves): rows go
 // into one launch per number of blocks per SM their share allows. Only
@@ -206,6 +207,7 @@ enum Config : int {
   kPathMask = 0xf,     // SoftmaxPath
   kLogBit = 1 << 4,    // log-softmax
   kVecBit = 1 << 5,    // 16-byte accesses
+  kFlatOrderBit = 1 << 6,  // row_staged: a flat row, summed in the flat order (shape bits: log2 R)
   kShapeShift = 8,     // log2 of: lanes per row (warp path), warps per row
                        // (block path), blocks per row (cluster path), threads
                        // per row (flat table kernel)
