@@ -165,7 +165,9 @@ enum class SoftmaxKernel : int {
   // shared memory per block; without them the split path takes those rows.
   // Where a block may have 220 KiB (H100, H200), unaligned rows of up to
   // 14,080 vectors too (one row per SM; e.g. float32 rows of GPT-2's 50,257
-  // words: 0.87 of copy on the H200, 0.43 on the cluster path).
+  // words: 0.87 of copy on the H200, 0.43 on the cluster path). A table's
+  // rows of up to 1024 vectors join its launch where they are no more than
+  // its row_staged rows, summed in the flat order (the flat kernels' bits).
   kRowStaged = 11,
   // Between split_stats and split_normalize, for aligned rows: a block per row.
   kSplitMerge = 12,
@@ -303,7 +305,7 @@ size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSeg
 
 // Enqueues softmax for `count` segments of `dtype` on `stream`. The rows of
 // up to 1024 vectors (any mix of n, temperature and op) share one flat table
-// launch; longer rows up to 8192 vectors that the staged path does not take
+// launch, or the row_staged launch where they are no more than its rows; longer rows up to 8192 vectors that the staged path does not take
 // share row_staged launches (one per number of blocks per SM their shares
 // allow, longest rows first); one on-chip launch takes rows of more than 8192 vectors that are
 // not 16-byte aligned; the staged segments one launch per cluster size;

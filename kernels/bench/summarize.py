@@ -72,7 +72,8 @@ def main(path):
         print(f"- where QuACK, Liger or FlashInfer runs ({len(vs)} points): ours / best of them min "
               f"{worst[0]:.3f} ({worst[1]['dtype']} N={worst[1]['N']}), geometric mean "
               f"{geomean([v for v, _ in vs]):.3f}; below 0.98 at "
-              + ", ".join(f"{r['dtype']} {r['N']} ({v:.2f})" for v, r in vs if v < 0.98))
+              + (", ".join(f"{r['dtype']} {r['N']} ({v:.2f})" for v, r in vs if v < 0.98)
+                 or "no point"))
     for r in rows:
         if r["case"] == "ragged" and r.get("torch_ms"):
             print(f"- ragged {r['dtype']}: ours {r['ours_ms'] * 1000:.1f} us in one launch, "
