@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/plan.h"
 #include "kernels/dtype.h"
+#include "kernels/h100_plan.h"
 #include "kernels/h200_plan.h"
 #include "kernels/softmax_cuda.h"
 
@@ -308,8 +309,9 @@ SoftmaxSegment Filler(DType dtype, int slot, std::mt19937_64& rng) {
 }
 
 // The rule, at the plan: a probe's rows (any run of them) get the orders
-// they get alone, inside random tables of up to 40 other segments, and
-// within their alignment class at any address. *checked counts the tables.
+// they get alone, inside random tables of up to 40 other segments (a third of
+// them with their flat rows in the row_staged launch), and within their
+// alignment class at any address. *checked counts the tables.
 void ScheduleTest::CheckRowOrders(uint64_t seed, int trials, int* checked) const {
   std::mt19937_64 rng(seed);
   for (DType dtype : kDTypes) {
@@ -337,7 +339,20 @@ void ScheduleTest::CheckRowOrders(uint64_t seed, int trials, int* checked) const
         const int others = std::uniform_int_distribution<int>(0, 40)(rng);
         for (int i = 0; i < others; ++i) table.push_back(Filler(dtype, 100 + i, rng));
         table.insert(table.begin() + std::uniform_int_distribution<int>(0, others)(rng), piece);
+        // Every third table has more row_staged rows than flat ones: its flat
+        // rows run in the row_staged launch.
+        const bool joined = trial % 3 == 1;
+        if (joined) {
+          long long flat = 0;
+          for (const SoftmaxSegment& s : table) {
+            if (s.inner == 1 && CeilDiv(s.n, VecWidth(dtype)) <= kFlatMaxVectors) flat += s.outer;
+          }
+          table.push_back(At(dtype, 99, flat + 1, 1025 * VecWidth(dtype) + 1, 1));
+        }
         const Schedule schedule = Plan(dtype, table);
+        if (joined && plan_.Find("row_staged", dtype) != nullptr) {
+          EXPECT_EQ(schedule.Kernels().find("flat_table"), std::string::npos) << schedule.Kernels();
+        }
         const std::map<RowOrder, long long> inside =
             OrdersOf(schedule, Begin(piece), End(dtype, piece));
         ASSERT_EQ(inside.size(), alone.size())
@@ -360,6 +375,18 @@ void ScheduleTest::CheckRowOrders(uint64_t seed, int trials, int* checked) const
 TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunch) {
   int checked = 0;
   CheckRowOrders(32, 12, &checked);
+  EXPECT_GT(checked, 1000);
+}
+
+// The same on an H100's plan recorded with these kernels (row_staged at 5
+// blocks per SM in every dtype, 50 MiB of L2).
+TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunchOnAnH100) {
+  ASSERT_TRUE(LaunchPlan::Parse(kH100Plan + 1, &plan_));
+  EXPECT_EQ(plan_.ToString(), std::string(kH100Plan + 1));
+  ASSERT_NE(plan_.Find("row_staged", DType::kFloat16), nullptr);
+  EXPECT_EQ(plan_.Find("row_staged", DType::kFloat16)->blocks_per_sm, 5);
+  int checked = 0;
+  CheckRowOrders(33, 12, &checked);
   EXPECT_GT(checked, 1000);
 }
 
