@@ -305,7 +305,8 @@ size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSeg
 
 // Enqueues softmax for `count` segments of `dtype` on `stream`. The rows of
 // up to 1024 vectors (any mix of n, temperature and op) share one flat table
-// launch, or the row_staged launch where they are no more than its rows; longer rows up to 8192 vectors that the staged path does not take
+// launch, or the row_staged launch where they are no more than its rows;
+// longer rows up to 8192 vectors that the staged path does not take
 // share row_staged launches (one per number of blocks per SM their shares
 // allow, longest rows first); one on-chip launch takes rows of more than 8192 vectors that are
 // not 16-byte aligned; the staged segments one launch per cluster size;

@@ -380,12 +380,19 @@ LaunchStep FlatStep(DType dtype, const SoftmaxSegment& s) {
   return step;
 }
 
-// The flat table entries of a segment (RowKernel kFlat): its rows' group
-// (FlatShapeOf) in the config word.
-void AppendFlatTable(DType dtype, const SoftmaxSegment& s, std::vector<RowSegment>* rows) {
+// The config word of a flat row's table entry: the op, its alignment and
+// its group (FlatShapeOf), which fix its flat order in the flat table and
+// row_staged (kFlatOrderBit) kernels alike.
+int FlatConfig(DType dtype, const SoftmaxSegment& s) {
   const int group_log2 = FlatShapeOf(CeilDiv(s.n, Vectors(dtype))).group_log2;
-  const int config = (s.log ? kLogBit : 0) | (VectorAligned(dtype, s) ? kVecBit : 0) |
-                     (group_log2 << kShapeShift);
+  return (s.log ? kLogBit : 0) | (VectorAligned(dtype, s) ? kVecBit : 0) |
+         (group_log2 << kShapeShift);
+}
+
+// The flat table entries of a segment (RowKernel kFlat).
+void AppendFlatTable(DType dtype, const SoftmaxSegment& s, std::vector<RowSegment>* rows) {
+  const int config = FlatConfig(dtype, s);
+  const int group_log2 = (config >> kShapeShift) & 0xf;
   const long long rows_per_unit = (kTableThreads >> group_log2) * kTableFlatRows;
   ForEachPiece(dtype, s, [&](RowSegment r) {
     r.config = config;
@@ -773,12 +780,10 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
         } else if (kernels[i] == RowKernel::kFlat && !flat_joins) {
           AppendFlatTable(dtype, s, &flat_rows);
         } else {
-          int config = s.log ? kLogBit : 0;
-          if (kernels[i] == RowKernel::kFlat) {
-            // The flat table's shape bits (kVecBit only names the row's flat order).
-            config |= kFlatOrderBit | (VectorAligned(dtype, s) ? kVecBit : 0) |
-                      (FlatShapeOf(CeilDiv(s.n, Vectors(dtype))).group_log2 << kShapeShift);
-          }
+          // A flat row keeps the flat table's config word (row_staged reads
+          // its group; kVecBit only names its flat order).
+          const int config = kernels[i] == RowKernel::kFlat ? FlatConfig(dtype, s) | kFlatOrderBit
+                                                            : (s.log ? kLogBit : 0);
           ForEachPiece(dtype, s, [&](RowSegment r) {
             r.config = config;
             row_staged_rows.push_back(r);

@@ -67,8 +67,9 @@ constexpr long long kRowStagedMaxVectors = 8192;
 constexpr long long kRowStagedAlignedMaxVectors = 4096;
 constexpr int kRowStagedThreads = 256;
 // 48 registers (no spills), 5 blocks per SM: H100, half and bfloat16 ragged
-// mixes 1.02-1.05x against 4 blocks at 52 registers; 6 blocks (40 registers)
-// ran the half mixes 0.90-0.98x, 512-thread blocks 0.84-1.04x.
+// tables 1.00-1.06x (the benchmark's mix 1.02-1.04x) against 4 blocks at 52
+// registers; 6 blocks (40 registers) ran the half mixes 0.90-0.98x,
+// 512-thread blocks 0.84-1.04x.
 constexpr int kRowStagedMinBlocks = 5;
 // Shared memory of one SM that row_staged blocks share (the H100's and
 // H200's 228 KiB, less 1 KiB per block that the driver reserves): rows go
