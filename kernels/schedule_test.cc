@@ -624,8 +624,8 @@ TEST_F(ScheduleTest, RowStagedTakesTheLongestRowsFirst) {
 }
 
 // A launch overlaps the tail of the one before only where nothing passes
-// between them (both table launches of other segments, flat_table or
-// staged, no memset or table copy before it) or where it is a second pass
+// between them (both table launches of other segments: flat_table,
+// row_staged, on_chip or staged; no memset or table copy before it) or where it is a second pass
 // right after the pass before it (split_merge after split_stats,
 // split_normalize after split_merge or split_stats, strided_normalize after strided_stats,
 // same scratch: it waits for that pass before it reads what it wrote); never
@@ -636,7 +636,7 @@ TEST_F(ScheduleTest, OnlyIndependentTableLaunchesAndSecondPassesOverlap) {
   int second_passes = 0;
   const auto table_kernel = [](SoftmaxKernel k) {
     return k == SoftmaxKernel::kFlatTable || k == SoftmaxKernel::kStaged ||
-           k == SoftmaxKernel::kRowStaged;
+           k == SoftmaxKernel::kRowStaged || k == SoftmaxKernel::kOnChip;
   };
   int overlapping = 0;
   for (DType dtype : kDTypes) {

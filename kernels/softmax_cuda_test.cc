@@ -858,10 +858,11 @@ TEST_F(SoftmaxCudaTest, OverlappingLaunchesKeepStreamOrder) {
     std::vector<Problem> problems;
     problems.push_back(MakeProblem(dtype, 4096, 300 * v + 1, 1, rng));  // flat_table
     problems.push_back(MakeProblem(dtype, 64, 8000 * v + 1, 1, rng));   // row_staged
+    problems.push_back(MakeProblem(dtype, 3, 15000 * v + 1, 1, rng));   // on_chip (clusters)
     problems.push_back(MakeProblem(dtype, 2, 4100 * v, 1, rng));        // staged
     std::string kernels, schedule;
-    EXPECT_EQ(OverlappingLaunches(dtype, problems, &kernels, &schedule), 2u) << schedule;
-    ASSERT_EQ(kernels, "flat_table,row_staged,staged");
+    EXPECT_EQ(OverlappingLaunches(dtype, problems, &kernels, &schedule), 3u) << schedule;
+    ASSERT_EQ(kernels, "flat_table,row_staged,on_chip,staged");
     for (int round = 0; round < 5; ++round) {
       RunAndCheck(dtype, problems, "overlapping launches, round " + std::to_string(round), true,
                   stream);

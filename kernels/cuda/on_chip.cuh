@@ -271,6 +271,7 @@ __global__ void __launch_bounds__(kThreads, 2) OnChipKernel(const __grid_constan
   // cluster, since they all pass the same rounds.
   int cluster_parity = 0;
   const RowSegment* table = args.table != nullptr ? args.table : args.inline_segments;
+  DependentsMayStart();
   for (int i = 0; i < args.count; ++i) {
     const RowSegment& seg = table[i];
     const int path = seg.config & kPathMask;
@@ -296,6 +297,7 @@ __global__ void __launch_bounds__(kThreads, 2) OnChipKernel(const __grid_constan
       }
     }
   }
+  WaitForPrevious();
   // No block may leave while a peer can still read its shared memory.
 #if SOFTMAX_SM90_DEVICE_CODE
   if (args.launch_cluster > 1) cg::this_cluster().sync();

@@ -468,8 +468,8 @@ struct LaunchStep {
   size_t zero_bytes = 0;  // counters zeroed (one memset) before this launch
   // Launched as a programmatic dependent of the step before: its blocks
   // start as that launch's blocks drain (DependentsMayStart, WaitForPrevious
-  // in common.cuh). Table launches (flat_table, row_staged or staged after
-  // one of them, this table inline) wait for it to complete before they exit; a later pass
+  // in common.cuh). Table launches (flat_table, row_staged, on_chip or staged
+  // after one of them, this table inline) wait for it to complete before they exit; a later pass
   // (split_merge after split_stats, split_normalize after split_merge or
   // split_stats, strided_normalize after strided_stats) waits before it reads what the
   // pass before wrote. Either
