@@ -410,7 +410,7 @@ TEST_F(ScheduleTest, FlatRowsJoinATablesRowStagedLaunch) {
     // Longest rows first: 33 vectors (R = 32 threads), then 1 element (R = 1).
     EXPECT_EQ(shapes, (std::vector<int>{5, 0}));
     EXPECT_EQ(Plan(dtype, {long_rows, At(dtype, 1, 51, 33 * v, 1)}).Kernels(),
-              "flat_table,row_staged");
+              "row_staged,flat_table");
     EXPECT_EQ(Plan(dtype, {At(dtype, 0, 3, 1000 * v, 1), At(dtype, 1, 2, 33 * v, 1)}).Kernels(),
               "flat_table");
   }
@@ -592,6 +592,43 @@ TEST_F(ScheduleTest, StridedStagedWideTiles) {
     EXPECT_EQ(step.kernel, SoftmaxKernel::kStridedStaged) << schedule.ToString();
     EXPECT_EQ(step.strided.tile_vectors * 16, c.tile_bytes) << schedule.ToString();
     EXPECT_EQ(step.cluster, c.cluster) << schedule.ToString();
+  }
+}
+
+// A table's launches run its longest rows first: staged, then on_chip, then
+// row_staged, then flat_table, whatever order the segments came in; split
+// and strided launches of its own segment come after them.
+TEST_F(ScheduleTest, TableLaunchesTakeTheLongestRowsFirst) {
+  std::mt19937_64 rng(19);
+  const auto rank = [](SoftmaxKernel k) {
+    switch (k) {
+      case SoftmaxKernel::kStaged: return 0;
+      case SoftmaxKernel::kOnChip: return 1;
+      case SoftmaxKernel::kRowStaged: return 2;
+      case SoftmaxKernel::kFlatTable: return 3;
+      default: return 4;
+    }
+  };
+  std::map<std::string, int> seen;
+  for (DType dtype : kDTypes) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<SoftmaxSegment> table;
+      const int count = std::uniform_int_distribution<int>(2, 40)(rng);
+      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      const Schedule schedule = Plan(dtype, table);
+      int previous = 0;
+      for (const LaunchStep& step : schedule.steps) {
+        EXPECT_GE(rank(step.kernel), previous) << schedule.ToString();
+        previous = std::max(previous, rank(step.kernel));
+      }
+      ++seen[schedule.Kernels()];
+    }
+  }
+  // The random tables do hold every table kernel, several in one launch.
+  for (const char* kernels : {"staged,on_chip,row_staged", "staged,row_staged,flat_table"}) {
+    bool found = false;
+    for (const auto& [name, n] : seen) found = found || name.rfind(kernels, 0) == 0;
+    EXPECT_TRUE(found) << kernels;
   }
 }
 

@@ -800,12 +800,12 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
       std::vector<SoftmaxSegment> described = Described(problems);
       const int described_count = static_cast<int>(described.size());
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count),
-                "flat_table,row_staged,staged");
+                "staged,row_staged,flat_table");
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count, false),
-                "on_chip,staged");
+                "staged,on_chip");
       described.back().n = 14080 * v + 1;  // beyond row_staged (14,080 vectors): on_chip
       EXPECT_EQ(LaunchKernels(*plan_, dtype, described.data(), described_count),
-                "flat_table,row_staged,on_chip,staged");
+                "staged,on_chip,row_staged,flat_table");
       for (bool allow_flat : {true, false}) {
         RunAndCheck(dtype, problems,
                     std::string(allow_flat ? "flat table " : "on-chip table ") +
@@ -846,9 +846,9 @@ TEST_F(SoftmaxCudaTest, FlatRowsInARowStagedLaunch) {
 // A table whose later launches overlap the tail of the ones before
 // (programmatic dependent launch): what follows on the stream (here a copy
 // back, with no synchronization in between) must still see every launch's
-// output, not only the last one's. The first launch is the longest, the
-// last one short, so that a last launch that did not wait would let the
-// copy read poison.
+// output, not only the last one's. The first launch (staged) is the
+// longest, the last one (flat_table) short, so that a last launch that did
+// not wait would let the copy read poison.
 TEST_F(SoftmaxCudaTest, OverlappingLaunchesKeepStreamOrder) {
   std::mt19937_64 rng(12);
   cudaStream_t stream;
@@ -856,13 +856,13 @@ TEST_F(SoftmaxCudaTest, OverlappingLaunchesKeepStreamOrder) {
   for (DType dtype : kDTypes) {
     const int64_t v = VecWidth(dtype);
     std::vector<Problem> problems;
-    problems.push_back(MakeProblem(dtype, 4096, 300 * v + 1, 1, rng));  // flat_table
+    problems.push_back(MakeProblem(dtype, 96, 30 * v + 1, 1, rng));     // flat_table
     problems.push_back(MakeProblem(dtype, 64, 8000 * v + 1, 1, rng));   // row_staged
     problems.push_back(MakeProblem(dtype, 3, 15000 * v + 1, 1, rng));   // on_chip (clusters)
-    problems.push_back(MakeProblem(dtype, 2, 4100 * v, 1, rng));        // staged
+    problems.push_back(MakeProblem(dtype, 512, 4100 * v, 1, rng));      // staged
     std::string kernels, schedule;
     EXPECT_EQ(OverlappingLaunches(dtype, problems, &kernels, &schedule), 3u) << schedule;
-    ASSERT_EQ(kernels, "flat_table,row_staged,on_chip,staged");
+    ASSERT_EQ(kernels, "staged,on_chip,row_staged,flat_table");
     for (int round = 0; round < 5; ++round) {
       RunAndCheck(dtype, problems, "overlapping launches, round " + std::to_string(round), true,
                   stream);

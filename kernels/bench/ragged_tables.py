@@ -3,10 +3,12 @@
 
     python3 kernels/bench/ragged_tables.py A.so B.so [...]
 
-Six tables per dtype: the benchmark's mix (64 tensors of 1..63 rows and 16..20,000
+Seven tables per dtype: the benchmark's mix (64 tensors of 1..63 rows and 16..20,000
 columns, softmax_bench.py's ragged case), the same with columns rounded up to 16
 bytes, 64 views at odd element offsets (input and output apart), another seed,
-64 tensors of up to 4,000 columns, 24 of up to 65,536. Each build's launch is
+64 tensors of up to 4,000 columns, 24 of up to 65,536, and 60 tensors of up to 2,000
+columns beside 4 of 1..8 rows and 20,000..65,536 columns (a flat table launch beside the
+long rows' launches). Each build's launch is
 validated against float64 (elements off), its output bits compared with the first
 build's (elements that differ), then timed (triton.testing.do_bench, median, L2
 flushed) beside a device copy of the same bytes. Prints one line per table:
@@ -49,9 +51,18 @@ def build(shapes, dtype_name, rng):
     return xs, ys, code, rtol
 
 
+def short_and_long(seed):
+    """Many short tensors and a few long ones: more flat rows than row_staged rows."""
+    rng = random.Random(seed)
+    shapes = [(rng.randint(1, 63), rng.randint(16, 2000)) for _ in range(60)]
+    shapes += [(rng.randint(1, 8), rng.randint(20000, 65536)) for _ in range(4)]
+    return shapes, None
+
+
 TABLES = [("mix0", mix(0)), ("mix0_aligned", mix(0, align=True)),
           ("mix1_offsets", mix(1, offsets=True)), ("mix2", mix(2)),
-          ("short_mix3", mix(3, max_n=4000)), ("long_mix4", mix(4, max_n=65536, count=24))]
+          ("short_mix3", mix(3, max_n=4000)), ("long_mix4", mix(4, max_n=65536, count=24)),
+          ("short_long5", short_and_long(5))]
 
 
 def main():

@@ -801,8 +801,13 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
         break;
     }
   }
-  FlatTableSteps(plan, dtype, flat_rows, &out.steps);
-  RowStagedSteps(plan, dtype, std::move(row_staged_rows), &out.steps);
+  // A table's launches, longest rows first: the staged launches (clusters,
+  // which need whole sets of free SMs and find them on the idle GPU), the
+  // on-chip launch, row_staged (its longest rows first), and last the flat
+  // table, whose short rows fill the tail. H100, ragged tables against the
+  // reverse order: 60 short tensors beside 4 long ones 1.06-1.22x, 24
+  // tensors of up to 65,536 columns 1.05-1.09x, the rest 0.99-1.03x.
+  if (!StagedSteps(plan, dtype, staged, &out.steps)) return cudaErrorInvalidValue;
   if (!on_chip_rows.empty()) {
     LaunchStep step;
     step.kernel = SoftmaxKernel::kOnChip;
@@ -813,7 +818,8 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
     step.table_word = launch_cluster;
     out.steps.push_back(std::move(step));
   }
-  if (!StagedSteps(plan, dtype, staged, &out.steps)) return cudaErrorInvalidValue;
+  RowStagedSteps(plan, dtype, std::move(row_staged_rows), &out.steps);
+  FlatTableSteps(plan, dtype, flat_rows, &out.steps);
   // One launch (two for rows read twice) per split or strided segment.
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
