@@ -846,7 +846,7 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   // where the plan found clusters (sm_90, which programmatic launches need).
   // H200, ragged tables of 64 tensors: 1.08-1.19x; half long rows 1.38-1.39x.
   // The on-chip launch too: H100, 24 float32 tensors of up to 65,536 columns
-  // (on-chip cluster rows between row_staged and staged launches) 1.08x.
+  // (on-chip cluster rows beside staged and row_staged launches) 1.07-1.08x.
   // A later pass (split_merge, split_normalize, strided_normalize) overlaps
   // the tail of the pass before too: it loads its first unit, then waits for
   // that pass to complete before it reads what it wrote. H200, 16 x 2^24
