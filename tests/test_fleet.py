@@ -357,13 +357,14 @@ OVERLOAD_SHAPE = "16x1024"
 REFUSED_WITHIN_MS = 1000
 ACCEPTED_P99_MS = 2000
 # Callers of the sustained load, and the most calls the fleet holds at once
-# (_size_for_small_replicas: 2 Envoy workers, each with 8 in flight on each of
-# the 3 replicas and 16 waiting). An accepted call waits behind at most the
-# latter, so on a host where the replicas run slower than stated above (one
-# 2-core run: 48 calls/s sustained, p99 1.09 s; accepted p99 2.78 s), its p99
-# is bounded by the sustained p99 scaled by their ratio instead.
+# (_size_for_small_replicas: 2 Envoy workers with 8 in flight on each of the 3
+# replicas, and 16 waiting in Envoy's cluster-wide pending limit). An accepted
+# call waits behind at most the latter, so on a host where the replicas run
+# slower than stated above (one 2-core run: 48 calls/s sustained, p99 1.09 s;
+# accepted p99 2.78 s), its p99 is bounded by the sustained p99 scaled by
+# their ratio instead.
 SUSTAINED_CALLERS = 24
-OVERLOAD_CAPACITY = 2 * (3 * 8 + 16)
+OVERLOAD_CAPACITY = 2 * 3 * 8 + 16
 
 
 def _quantile(values, q):
