@@ -470,7 +470,10 @@ TEST_F(ScheduleTest, ScratchRegionsFitAndDoNotOverlap) {
       EXPECT_EQ(LaunchKernels(plan_, dtype, table.data(), count), schedule.Kernels());
       std::vector<std::pair<size_t, size_t>> regions;
       for (const LaunchStep& step : schedule.steps) {
-        if (step.table.size() > static_cast<size_t>(kInlineSegments)) {
+        // The planner says which tables go through the scratch: exactly those
+        // too long for the kernel parameters, each within the table area.
+        EXPECT_EQ(step.table_in_scratch, step.table.size() > static_cast<size_t>(kInlineSegments));
+        if (step.table_in_scratch) {
           EXPECT_LE(step.table.size() * sizeof(RowSegment), schedule.table_bytes);
         }
         // A segment's first launch: the one that zeroes its counters, or
@@ -493,6 +496,37 @@ TEST_F(ScheduleTest, ScratchRegionsFitAndDoNotOverlap) {
 // Every launch's geometry is something the device runs: grids within the
 // probe's persistent grid where it waits across blocks, clusters the probe
 // found, shared memory within the opt-in limit.
+// The launch-plan log prints where each table went as the planner chose it,
+// also where the launch reserves a table area that only some tables use.
+TEST_F(ScheduleTest, TheLogSaysWhichTablesGoThroughTheScratch) {
+  std::mt19937_64 rng(11);
+  int mixed = 0;  // schedules with a table area and an inline table
+  for (DType dtype : kDTypes) {
+    for (int trial = 0; trial < 100; ++trial) {
+      std::vector<SoftmaxSegment> table;
+      const int count = std::uniform_int_distribution<int>(20, 120)(rng);
+      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      const Schedule schedule = Plan(dtype, table);
+      const std::string log = schedule.ToString();
+      size_t in_scratch = 0;
+      size_t inline_tables = 0;
+      for (const LaunchStep& step : schedule.steps) {
+        if (step.table.empty()) continue;
+        ++(step.table_in_scratch ? in_scratch : inline_tables);
+      }
+      const auto occurrences = [&log](const std::string& word) {
+        size_t n = 0;
+        for (size_t at = log.find(word); at != std::string::npos; at = log.find(word, at + 1)) ++n;
+        return n;
+      };
+      EXPECT_EQ(occurrences("entries (scratch)"), in_scratch) << log;
+      EXPECT_EQ(occurrences("entries (inline)"), inline_tables) << log;
+      if (schedule.table_bytes > 0 && inline_tables > 0) ++mixed;
+    }
+  }
+  EXPECT_GT(mixed, 0);
+}
+
 TEST_F(ScheduleTest, StepsFitTheDevice) {
   std::mt19937_64 rng(11);
   for (DType dtype : kDTypes) {

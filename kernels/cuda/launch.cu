@@ -235,13 +235,14 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
   return cudaSuccess;
 }
 
-// Copies an on-chip or flat table into the kernel argument (inline) or into
-// `table_scratch` (more than kInlineSegments entries).
-cudaError_t FillTable(const std::vector<RowSegment>& rows, void* table_scratch,
-                      cudaStream_t stream, TableArgs* args) {
+// Copies a step's table into the kernel argument (inline) or into
+// `table_scratch`, as the planner chose (LaunchStep::table_in_scratch).
+cudaError_t FillTable(const LaunchStep& step, void* table_scratch, cudaStream_t stream,
+                      TableArgs* args) {
   std::memset(args, 0, sizeof(*args));
+  const std::vector<RowSegment>& rows = step.table;
   args->count = static_cast<int>(rows.size());
-  if (rows.size() <= static_cast<size_t>(kInlineSegments)) {
+  if (!step.table_in_scratch) {
     std::copy(rows.begin(), rows.end(), args->inline_segments);
     return cudaSuccess;
   }
@@ -305,7 +306,7 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
     split.counters = strided.counters = reinterpret_cast<unsigned*>(scratch + step.counters_offset);
     TableArgs table;
     if (!step.table.empty()) {
-      SOFTMAX_CUDA_RETURN_IF_ERROR(FillTable(step.table, table_scratch, stream, &table));
+      SOFTMAX_CUDA_RETURN_IF_ERROR(FillTable(step, table_scratch, stream, &table));
       table.launch_cluster = step.table_word;
       table.prefetch_units = step.prefetch_units;
     }

@@ -457,6 +457,7 @@ struct LaunchStep {
   // parameters up to kInlineSegments entries, else in the scratch's table
   // area (Schedule::table_bytes), copied there just before this launch.
   std::vector<RowSegment> table;
+  bool table_in_scratch = false;  // the table goes through the scratch's table area
   int table_word = 0;      // TableArgs::launch_cluster (flat_table: units; on_chip: cluster)
   int prefetch_units = 0;  // TableArgs::prefetch_units
   FlatArgs flat = {};
@@ -482,7 +483,11 @@ struct LaunchStep {
 // the same arguments always give the same schedule.
 struct Schedule {
   std::vector<LaunchStep> steps;
-  size_t table_bytes = 0;    // scratch bytes at offset 0 for tables; 0: all inline
+  // Scratch bytes at offset 0 for the tables that do not travel inline; 0
+  // where every one does. Reserved for all the launch's table entries
+  // (SoftmaxScratchBytes reckons it without planning the launches), so it
+  // may exceed the largest table copied there.
+  size_t table_bytes = 0;
   size_t scratch_bytes = 0;  // scratch the launch needs (SoftmaxScratchBytes)
   std::string Kernels() const;   // the kernels' names in launch order, once each
   std::string ToString() const;  // one line per launch
