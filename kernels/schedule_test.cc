@@ -470,10 +470,7 @@ TEST_F(ScheduleTest, ScratchRegionsFitAndDoNotOverlap) {
       EXPECT_EQ(LaunchKernels(plan_, dtype, table.data(), count), schedule.Kernels());
       std::vector<std::pair<size_t, size_t>> regions;
       for (const LaunchStep& step : schedule.steps) {
-        // The planner says which tables go through the scratch: exactly those
-        // too long for the kernel parameters, each within the table area.
-        EXPECT_EQ(step.table_in_scratch, step.table.size() > static_cast<size_t>(kInlineSegments));
-        if (step.table_in_scratch) {
+        if (step.TableInScratch()) {
           EXPECT_LE(step.table.size() * sizeof(RowSegment), schedule.table_bytes);
         }
         // A segment's first launch: the one that zeroes its counters, or
@@ -493,10 +490,7 @@ TEST_F(ScheduleTest, ScratchRegionsFitAndDoNotOverlap) {
   }
 }
 
-// Every launch's geometry is something the device runs: grids within the
-// probe's persistent grid where it waits across blocks, clusters the probe
-// found, shared memory within the opt-in limit.
-// The launch-plan log prints where each table went as the planner chose it,
+// The launch-plan log prints where each table goes (LaunchStep::TableInScratch),
 // also where the launch reserves a table area that only some tables use.
 TEST_F(ScheduleTest, TheLogSaysWhichTablesGoThroughTheScratch) {
   std::mt19937_64 rng(11);
@@ -512,7 +506,7 @@ TEST_F(ScheduleTest, TheLogSaysWhichTablesGoThroughTheScratch) {
       size_t inline_tables = 0;
       for (const LaunchStep& step : schedule.steps) {
         if (step.table.empty()) continue;
-        ++(step.table_in_scratch ? in_scratch : inline_tables);
+        ++(step.TableInScratch() ? in_scratch : inline_tables);
       }
       const auto occurrences = [&log](const std::string& word) {
         size_t n = 0;
@@ -527,6 +521,9 @@ TEST_F(ScheduleTest, TheLogSaysWhichTablesGoThroughTheScratch) {
   EXPECT_GT(mixed, 0);
 }
 
+// Every launch's geometry is something the device runs: grids within the
+// probe's persistent grid where it waits across blocks, clusters the probe
+// found, shared memory within the opt-in limit.
 TEST_F(ScheduleTest, StepsFitTheDevice) {
   std::mt19937_64 rng(11);
   for (DType dtype : kDTypes) {

@@ -236,13 +236,13 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
 }
 
 // Copies a step's table into the kernel argument (inline) or into
-// `table_scratch`, as the planner chose (LaunchStep::table_in_scratch).
+// `table_scratch`, as the schedule says (LaunchStep::TableInScratch).
 cudaError_t FillTable(const LaunchStep& step, void* table_scratch, cudaStream_t stream,
                       TableArgs* args) {
   std::memset(args, 0, sizeof(*args));
   const std::vector<RowSegment>& rows = step.table;
   args->count = static_cast<int>(rows.size());
-  if (!step.table_in_scratch) {
+  if (!step.TableInScratch()) {
     std::copy(rows.begin(), rows.end(), args->inline_segments);
     return cudaSuccess;
   }

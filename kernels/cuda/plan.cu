@@ -820,9 +820,6 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   }
   RowStagedSteps(plan, dtype, std::move(row_staged_rows), &out.steps);
   FlatTableSteps(plan, dtype, flat_rows, &out.steps);
-  for (LaunchStep& step : out.steps) {
-    step.table_in_scratch = step.table.size() > static_cast<size_t>(kInlineSegments);
-  }
   // One launch (two for rows read twice) per split or strided segment.
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
@@ -867,7 +864,7 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   for (size_t i = 1; i < out.steps.size() && plan.max_cluster_size() > 1; ++i) {
     LaunchStep& step = out.steps[i];
     const SoftmaxKernel before = out.steps[i - 1].kernel;
-    step.overlap_previous = (overlaps(before) && overlaps(step.kernel) && !step.table_in_scratch) ||
+    step.overlap_previous = (overlaps(before) && overlaps(step.kernel) && !step.TableInScratch()) ||
                             second_pass(before, step.kernel);
   }
   out.scratch_bytes = offset;
@@ -901,7 +898,7 @@ std::string Schedule::ToString() const {
     if (step.short_shares) out << "  short";
     if (!step.table.empty()) {
       out << "  table " << step.table.size()
-          << (step.table_in_scratch ? " entries (scratch)" : " entries (inline)");
+          << (step.TableInScratch() ? " entries (scratch)" : " entries (inline)");
     }
     if (step.zero_bytes > 0 || step.partials_offset > 0 || step.finals_offset > 0) {
       out << "  partials @" << step.partials_offset << " finals @" << step.finals_offset

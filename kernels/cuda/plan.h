@@ -457,7 +457,6 @@ struct LaunchStep {
   // parameters up to kInlineSegments entries, else in the scratch's table
   // area (Schedule::table_bytes), copied there just before this launch.
   std::vector<RowSegment> table;
-  bool table_in_scratch = false;  // the table goes through the scratch's table area
   int table_word = 0;      // TableArgs::launch_cluster (flat_table: units; on_chip: cluster)
   int prefetch_units = 0;  // TableArgs::prefetch_units
   FlatArgs flat = {};
@@ -476,6 +475,9 @@ struct LaunchStep {
   // pass before wrote. Either
   // way it completes after the step before, so stream order holds.
   bool overlap_previous = false;
+  // The table goes through the scratch's table area (too long to travel
+  // inline): the one rule the executor, the overlap rule and the log read.
+  bool TableInScratch() const { return table.size() > static_cast<size_t>(kInlineSegments); }
 };
 
 // What a LaunchSoftmax call runs, in order. A value: planning needs no
