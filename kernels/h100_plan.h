@@ -1,8 +1,8 @@
 // A launch plan recorded on an H100 80GB HBM3 with these kernels (the log of
 // the 2026-12-05 benchmark run in kernels/bench/results), for planning
 // without a GPU: schedule_test checks the batch-invariance rule on it as on
-// the H200's (kernels/h200_plan.h), whose row_staged probe predates the
-// 5-block form. Read it with LaunchPlan::Parse(kH100Plan + 1, &plan).
+// the H200's (kernels/h200_plan.h, the same kernels).
+// Read it with LaunchPlan::Parse(kH100Plan + 1, &plan).
 #ifndef SOFTMAX_KERNELS_H100_PLAN_H_
 #define SOFTMAX_KERNELS_H100_PLAN_H_
 
