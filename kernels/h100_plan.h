@@ -1,5 +1,5 @@
-// A launch plan recorded on an H100 80GB HBM3 with these kernels (the log of
-// the 2026-12-05 benchmark run in kernels/bench/results), for planning
+// A launch plan recorded on an H100 80GB HBM3 with these kernels (its
+// benchmark run of 2026-12-05), for planning
 // without a GPU: schedule_test checks the batch-invariance rule on it as on
 // the H200's (kernels/h200_plan.h, the same kernels).
 // Read it with LaunchPlan::Parse(kH100Plan + 1, &plan).

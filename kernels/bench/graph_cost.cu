@@ -19,19 +19,11 @@
 //   ./graph_cost
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
-#define CK(x)                                                          \
-  do {                                                                 \
-    cudaError_t e = (x);                                               \
-    if (e != cudaSuccess) {                                            \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      exit(1);                                                         \
-    }                                                                  \
-  } while (0)
+#include "cuda_bench.h"
 
 namespace {
 
@@ -207,39 +199,23 @@ void Time(Way way) {
     CK(cudaGraphInstantiate(&g.from, from, 0));
     CK(cudaGraphDestroy(from));
   }
-  cudaEvent_t start, stop;
-  CK(cudaEventCreate(&start));
-  CK(cudaEventCreate(&stop));
   int call = 1;
   for (int i = 0; i < 20; ++i) Call(way, g, out, ++call, stream);
   CK(cudaStreamSynchronize(stream));
-  double host_us = 0, stream_us = 0;
-  for (int r = 0; r < kRepetitions; ++r) {
-    CK(cudaEventRecord(start, stream));
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kCalls; ++i) Call(way, g, out, ++call, stream);
-    host_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    CK(cudaEventRecord(stop, stream));
-    CK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, start, stop));
-    stream_us += ms * 1000.0;
-  }
+  const BackToBack t = TimeBackToBack(stream, kCalls, kRepetitions, [&] { Call(way, g, out, ++call, stream); });
   int seen[kLaunches];
   CK(cudaMemcpy(seen, out, sizeof(seen), cudaMemcpyDeviceToHost));
   const int expected = way == Way::kReplay ? 1 : call;
   bool right = true;
   for (int k = 0; k < kLaunches; ++k) right = right && seen[k] == expected;
   const double calls = double(kCalls) * kRepetitions;
-  printf("| %-7s | %6.2f | %6.2f | %s |\n", Name(way), host_us / calls, stream_us / calls,
+  printf("| %-7s | %6.2f | %6.2f | %s |\n", Name(way), t.host_us / calls, t.stream_us / calls,
          right ? "yes" : "NO");
   CK(cudaGraphExecDestroy(g.exec));
   CK(cudaGraphExecDestroy(g.from));
   CK(cudaFreeHost(g.pinned));
   CK(cudaFree(g.device_args));
   CK(cudaGraphDestroy(g.graph));
-  CK(cudaEventDestroy(start));
-  CK(cudaEventDestroy(stop));
   CK(cudaFree(out));
   CK(cudaStreamDestroy(stream));
 }

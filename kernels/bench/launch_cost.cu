@@ -10,18 +10,9 @@
 //   ./launch_cost
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 
-#define CK(x)                                                          \
-  do {                                                                 \
-    cudaError_t e = (x);                                               \
-    if (e != cudaSuccess) {                                            \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      exit(1);                                                         \
-    }                                                                  \
-  } while (0)
+#include "cuda_bench.h"
 
 struct Small {
   int* out;
@@ -74,30 +65,16 @@ void Time(const char* name, bool pdl, unsigned cluster) {
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   A a = {};
   CK(cudaMalloc(&a.out, 4096));
-  cudaEvent_t start, stop;
-  CK(cudaEventCreate(&start));
-  CK(cudaEventCreate(&stop));
   for (int i = 0; i < 20; ++i) {
     for (int k = 0; k < kLaunches; ++k) Launch(a, pdl && k > 0, cluster, stream);
   }
   CK(cudaStreamSynchronize(stream));
-  double host_us = 0, stream_us = 0;
-  for (int r = 0; r < kRepetitions; ++r) {
-    CK(cudaEventRecord(start, stream));
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kIterations; ++i) {
-      for (int k = 0; k < kLaunches; ++k) Launch(a, pdl && k > 0, cluster, stream);
-    }
-    host_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    CK(cudaEventRecord(stop, stream));
-    CK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, start, stop));
-    stream_us += ms * 1000.0;
-  }
+  const BackToBack t = TimeBackToBack(stream, kIterations, kRepetitions, [&] {
+    for (int k = 0; k < kLaunches; ++k) Launch(a, pdl && k > 0, cluster, stream);
+  });
   const double launches = double(kLaunches) * kIterations * kRepetitions;
   printf("| %-5s | %5zu | %d | %u | %5.2f | %5.2f |\n", name, sizeof(A), pdl ? 1 : 0, cluster,
-         host_us / launches, stream_us / launches);
+         t.host_us / launches, t.stream_us / launches);
   CK(cudaFree(a.out));
   CK(cudaStreamDestroy(stream));
 }

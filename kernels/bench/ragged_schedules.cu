@@ -20,14 +20,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e = (x);                                                              \
-    if (e != cudaSuccess) {                                                           \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                \
-      exit(1);                                                                        \
-    }                                                                                 \
-  } while (0)
+#include "cuda_bench.h"
 
 struct CSeg { uint64_t input, output; int64_t outer, n, inner; float temperature; int32_t log; };
 typedef int (*LaunchFn)(int, const CSeg*, int, void*, size_t, void*);
