@@ -67,10 +67,19 @@ ABSL_FLAG(int, max_concurrent_streams, kDefaults.max_concurrent_streams,
           "calls one client connection may have open at once (HTTP/2 "
           "SETTINGS_MAX_CONCURRENT_STREAMS); bounds what one connection can hold");
 ABSL_FLAG(int64_t, max_connection_age_s, kDefaults.max_connection_age_s,
-          "a gRPC connection older than this (+-10%) gets a GOAWAY and a stream a retryable "
-          "UNAVAILABLE once its read messages are answered, so callers reconnect and spread over "
-          "replicas added since (a balancer or round_robin over a headless Service); the age "
-          "bounds how long a new replica waits for its share. 0 = connections live forever");
+          "opt-in connection rotation, for callers that balance over the replicas themselves "
+          "(round_robin over a headless Service): a gRPC connection older than this (+-10%) gets "
+          "a GOAWAY, so such callers open their next calls on a new connection, to a replica "
+          "added since if there is one; calls and streams open on the old one live on until they "
+          "end. Its cost: a unary call racing the GOAWAY can be reset, uncomputed (callers "
+          "without a retry policy see UNAVAILABLE). 0 = connections live as long as their "
+          "callers keep them");
+ABSL_FLAG(int64_t, max_stream_age_s, kDefaults.max_stream_age_s,
+          "opt-in: a SoftmaxStream or ModelStreamInfer older than this answers the messages it "
+          "has read and ends with a retryable UNAVAILABLE, so that long streams move to replicas "
+          "added since. Its cost: streaming clients that do not reopen (tritonclient, plain "
+          "grpcio) fail there; the project's clients reopen and resend what had no answer. "
+          "0 = a stream lives as long as its caller keeps it");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM certificate chain (with --tls_key_file): gRPC and the HTTP endpoint then "
           "serve TLS only (HTTPS); empty = plaintext");
@@ -114,6 +123,7 @@ ServerOptions OptionsFromFlags() {
   options.max_held_bytes = absl::GetFlag(FLAGS_max_held_bytes);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.max_connection_age_s = absl::GetFlag(FLAGS_max_connection_age_s);
+  options.max_stream_age_s = absl::GetFlag(FLAGS_max_stream_age_s);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
@@ -175,6 +185,11 @@ int Run(const ServerOptions& options) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--max_connection_age_s: 0 (no maximum) to ", kMaxConnectionAgeS, ", got ",
         options.max_connection_age_s)));
+  }
+  if (options.max_stream_age_s < 0 || options.max_stream_age_s > kMaxConnectionAgeS) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--max_stream_age_s: 0 (no maximum) to ", kMaxConnectionAgeS, ", got ",
+        options.max_stream_age_s)));
   }
   if (options.max_held_bytes < 0) {
     return Fail(absl::InvalidArgumentError("--max_held_bytes: must be >= 0 (0: no bound)"));

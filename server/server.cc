@@ -162,7 +162,7 @@ absl::Status Server::Start() {
   front_end_.authenticator = authenticator_.get();
   front_end_.reset_guard = &reset_guard_;
   front_end_.limits.max_tensor_bytes = options_.max_tensor_bytes;
-  front_end_.max_stream_age = std::chrono::seconds(options_.max_connection_age_s);
+  front_end_.max_stream_age = std::chrono::seconds(options_.max_stream_age_s);
   service_ = std::make_unique<SoftmaxServiceImpl>(front_end_);
 
   // The Open Inference Protocol (KServe v2): gRPC beside softmax.v1, HTTP on

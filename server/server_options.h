@@ -26,7 +26,8 @@ struct ServerOptions {
   int64_t max_queued_requests = 8192;
   int64_t max_held_bytes = int64_t{8} << 30;
   int max_concurrent_streams = 1024;
-  int64_t max_connection_age_s = 30;
+  int64_t max_connection_age_s = 0;
+  int64_t max_stream_age_s = 0;
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;

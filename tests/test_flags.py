@@ -19,7 +19,7 @@ import flags_table  # noqa: E402
 EXPECTED = {
     "grpc_address", "http_address", "metrics_address", "device", "max_tensor_bytes",
     "max_batch_rows", "max_batch_bytes", "max_queue_delay_us", "max_queued_requests",
-    "max_held_bytes", "max_concurrent_streams", "max_connection_age_s", "tls_cert_file", "tls_key_file",
+    "max_held_bytes", "max_concurrent_streams", "max_connection_age_s", "max_stream_age_s", "tls_cert_file", "tls_key_file",
     "tls_client_ca_file", "auth_tokens_file", "reflection", "shared_memory", "shutdown_grace_s",
     "log_format", "access_log_one_in",
 }
@@ -93,12 +93,13 @@ def test_removed_flags_are_refused_from_a_flagfile(tmp_path):
     assert "Unknown command line flag 'lame_duck_ms'" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("flag", ["max_connection_age_s", "max_stream_age_s"])
 @pytest.mark.parametrize("value", ["-1", "2073601"])
-def test_connection_age_out_of_range_is_refused_naming_the_flag(value):
-    result = subprocess.run([e2e_util.SERVER_BIN, f"--max_connection_age_s={value}",
+def test_connection_age_out_of_range_is_refused_naming_the_flag(flag, value):
+    result = subprocess.run([e2e_util.SERVER_BIN, f"--{flag}={value}",
                              "--device=cpu", "--grpc_address=127.0.0.1:0", "--http_address=",
                              "--metrics_address="],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 1, result.stderr
-    assert "--max_connection_age_s: 0 (no maximum) to 2073600" in result.stderr, result.stderr
+    assert f"--{flag}: 0 (no maximum) to 2073600" in result.stderr, result.stderr
     assert "listening" not in result.stderr

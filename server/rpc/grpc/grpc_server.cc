@@ -100,10 +100,9 @@ absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
     builder.AddChannelArgument(
         GRPC_ARG_MAX_CONNECTION_AGE_MS,
         static_cast<int>(std::min<int64_t>(INT_MAX, options.max_connection_age_ms)));
-    builder.AddChannelArgument(
-        GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
-        static_cast<int>(std::min<int64_t>(
-            INT_MAX, options.max_connection_age_ms + kMaxConnectionAgeGraceMs)));
+    // No grace bound (INT_MAX: unlimited): a stream open on an aged
+    // connection lives on until its caller or its own age ends it.
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, INT_MAX);
   }
   // Compression off: gRPC 1.51 inflates a whole message before it checks the
   // receive limit, so 254 KiB of gzip would become a 256 MiB allocation. A

@@ -53,9 +53,10 @@ struct GrpcServerOptions {
   // Server reflection (grpcurl and friends can list and describe services).
   bool reflection = true;
   // A connection older than this (gRPC adds +-10% jitter) is sent a GOAWAY:
-  // its open calls finish, new ones go to a new connection, which a client
-  // or proxy balancing over several replicas may open to another replica
-  // (one added since, say). 0: connections live forever.
+  // its open calls (streams too) live on until they end, new ones go to a
+  // new connection, which a client or proxy balancing over several replicas
+  // may open to another replica (one added since, say). 0: connections live
+  // as long as their clients keep them.
   int64_t max_connection_age_ms = 0;
   // Counts premature resets of every method whose handler does not (the
   // services' own methods count theirs); may be null. Must outlive the server.
@@ -76,14 +77,6 @@ inline constexpr int kMaxConnectionIdleMs = 5 * 60 * 1000;
 // its socket and calls until TCP gives up, hours later).
 inline constexpr int kKeepaliveTimeMs = 60 * 1000;
 inline constexpr int kKeepaliveTimeoutMs = 20 * 1000;
-
-// After a connection's max age (GrpcServerOptions::max_connection_age_ms),
-// the calls still open on it get the age again plus this long before the
-// connection is closed under them. A stream ends itself once it is as old as
-// the age (FrontEnd::max_stream_age), which a stream opened just
-// before the connection's GOAWAY reaches within that; a unary call gets 60 s,
-// the KServe HTTP front's own bound on a request.
-inline constexpr int kMaxConnectionAgeGraceMs = 60 * 1000;
 
 struct RunningServer {
   std::unique_ptr<grpc::Server> server;

@@ -36,8 +36,8 @@
 // Age (FrontEnd::max_stream_age): the first message read once the
 // stream is that old, at a message boundary (no chunked request half read),
 // is its last; once it is answered the stream finishes with UNAVAILABLE,
-// telling the client to reopen it (on a new connection: the server has sent
-// this one a GOAWAY at the same age). Messages never read were not computed.
+// telling the client to reopen it (--max_stream_age_s, opt-in). Messages
+// never read were not computed.
 //
 // A Handler provides:
 //   using Entry = ...;  // one message; has grpc::ByteBuffer incoming, outgoing
