@@ -6,7 +6,7 @@
 # Usage (from the checkout root, with the bundle built by `make gpu-bundle`):
 #   scripts/gpu-check.sh BUNDLE_DIR OUT_DIR [steps]
 # steps: any of unit,roundtrip,e2e,shm,scrape,protocols,batching,small,service,service-small,
-# multi-gpu
+# soak,multi-gpu
 # (default: unit,e2e,batching,service); they run in the order listed here.
 # multi-gpu wants a machine with two GPUs or more.
 # SERVICE_DURATION / SERVICE_WARMUP (seconds, default 3 / 1) set the service
@@ -22,6 +22,10 @@
 # TEST_TIMEOUT (seconds, default 300) bounds each test step, so that a hang
 # ends its step (with pytest's stack dump of every thread after 4/5 of it)
 # and the later steps and the logs still come back.
+# SOAK_DURATION (seconds, default 600) sets the soak step's length: the
+# server with its default flags on --device=cuda, every protocol, a
+# tritonclient stream and a grpcio stream open the whole time, no call may fail
+# (bench/soak/soak.py --no-abuse; tritonclient is used when it imports).
 # Needs python3 with grpcio, protobuf, numpy and pytest (matplotlib for plots).
 # Everything lands in OUT_DIR/gpu-check.tgz plus a summary in OUT_DIR/summary.txt;
 # both are rewritten after every step, so a run stopped at a time limit keeps
@@ -206,6 +210,16 @@ if step service-small; then
     --duration="${SERVICE_DURATION:-3}" --warmup="${SERVICE_WARMUP:-1}" \
     --rounds="${SERVICE_ROUNDS:-3}" 2>&1 \
     | tee "$work/service-small.log" | tail -14 | tee -a "$work/summary.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  snapshot
+fi
+
+if step soak; then
+  note "soak of default flags, ${SOAK_DURATION:-600} s on --device=cuda"
+  PYTHONPATH="$bundle/python:${PYTHONPATH:-}" timeout $(( ${SOAK_DURATION:-600} + 300 )) \
+    python3 -m bench.soak.soak --bundle="$bundle" --device=cuda --no-abuse \
+    --duration="${SOAK_DURATION:-600}" --callers=8 --bulk-callers=32 --out="$work/soak" 2>&1 \
+    | tee "$work/soak.log" | tail -30 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   snapshot
 fi

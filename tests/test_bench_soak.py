@@ -43,6 +43,43 @@ def test_soak_smoke(tmp_path):
     assert report["verdicts"]["pinned_bytes"]["ok"] is None  # no allocator on the CPU
 
 
+# The soak of default flags: long enough for four of the 30 s connection ages
+# the server had by default before (a stream then died at 30 s).
+DEFAULTS_SOAK_S = 130
+
+
+def test_soak_of_default_flags_fails_no_call_and_keeps_every_stream(tmp_path):
+    """The server with its default flags under unary, stream, KServe gRPC and
+    KServe HTTP callers that never retry, a plain grpcio SoftmaxStream and a
+    tritonclient stream that stay open the whole soak, and softmax-client
+    load (unary and --stream): every call answered right, none failed, and
+    neither long stream ended by the server."""
+    out = tmp_path / "soak"
+    command = [sys.executable, "-m", "bench.soak.soak", f"--server={e2e_util.SERVER_BIN}",
+               "--device=cpu", f"--duration={DEFAULTS_SOAK_S}", "--warmup=30", "--no-abuse",
+               "--sample-every=2", "--callers=4", "--bulk-callers=2", "--tolerance=100",
+               f"--out={out}"]
+    result = subprocess.run(command, capture_output=True, text=True,
+                            timeout=DEFAULTS_SOAK_S + 150, cwd=REPO)
+    print(result.stdout[-3000:])
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    report = json.loads((out / "soak.json").read_text())
+    assert report["failures"] == [] and report["wrong"] == 0
+    assert report["settings"]["abuse"] is False and report["bursts"] == 0
+    # Default flags: the soak added none of its own.
+    assert not [a for a in report["settings"]["server_args"]
+                if a.startswith(("--max_", "--shutdown"))], report["settings"]["server_args"]
+    for name, row in report["by_protocol"].items():
+        assert row["ok"] > 0, name
+        assert all(not codes for codes in row["errors"].values()), (name, row["errors"])
+    streams = report["long_streams"]
+    assert set(streams) == {"v1-long-stream", "kserve-grpc-stream"}, streams
+    for name, entry in streams.items():
+        assert entry["ended_early"] is None, (name, entry)
+        assert entry["lived_s"] >= DEFAULTS_SOAK_S - 5, (name, entry)
+        assert entry["answered"] == entry["sent"] > 50, (name, entry)
+
+
 def _samples(values, every=2.0):
     return [{"t": i * every, "rss_bytes": v} for i, v in enumerate(values)]
 

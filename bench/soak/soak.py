@@ -96,6 +96,9 @@ def parse_args():
                         help="each caller's pause between calls (to leave cores to others)")
     parser.add_argument("--burst-every", type=seconds, default=60.0,
                         help="seconds between the starts of abuse bursts")
+    parser.add_argument("--no-abuse", action="store_true",
+                        help="no abuse bursts, and the server with its default limits: every "
+                             "call of every caller must then succeed (the soak of default flags)")
     parser.add_argument("--sample-every", type=seconds, default=2.0)
     parser.add_argument("--tolerance", type=float, default=0.05,
                         help="growth allowed after the warm-up (0.05 = 5%%)")
@@ -191,7 +194,9 @@ def print_report(report):
     settings = report["settings"]
     print(f"\nsoak: {settings['device']}, {settings['duration_s'] / 60:.1f} min "
           f"(warm-up {settings['warmup_s'] / 60:.1f} min), {settings['callers']} callers, "
-          f"{report['bursts']} abuse bursts, {len(report['samples'])} samples")
+          f"{report['bursts']} abuse bursts"
+          f"{'' if settings.get('abuse', True) else ' (none asked for: default flags)'}, "
+          f"{len(report['samples'])} samples")
     print("\n| series | level after warm-up | level at the end | growth | peak: warm-up, after "
           "| verdict |")
     print("| --- | ---: | ---: | ---: | ---: | --- |")
@@ -218,6 +223,11 @@ def print_report(report):
             continue
         print(f"| {protocol} | {row['ok']:,} | {row['wrong']:,} | {codes('burst')} | "
               f"{codes('steady')} |")
+    for protocol, entry in report.get("long_streams", {}).items():
+        print(f"\n{protocol}: one stream, open {entry['lived_s']} s, {entry['sent']:,} requests "
+              f"sent, {entry['answered']:,} answered"
+              + (f"; ENDED EARLY: {entry['ended_early']}" if entry["ended_early"] else
+                 ", never ended by the server"))
     extremes = report["extremes"]
     print(f"\nRSS {fmt_bytes(extremes['rss_first'])} at the first sample, "
           f"{fmt_bytes(extremes['rss_at_warmup'])} at the end of the warm-up, "
@@ -250,7 +260,7 @@ def main():
         if missing:
             with_kserve = False
             notes.append(f"KServe traffic skipped: tritonclient unusable ({missing})")
-    server_args = SERVER_ARGS + args.server_arg
+    server_args = ([] if args.no_abuse else SERVER_ARGS) + args.server_arg
     held_limit = int(flag_value(server_args, "max_held_bytes") or 0)
 
     log_path = os.path.join(args.out, "server.log")
@@ -269,13 +279,19 @@ def main():
     endpoints = {"grpc": server.grpc_address, "http": server.http_address}
     callers = traffic.start_callers(args.callers, endpoints, tally, stop,
                                     args.pause_ms / 1e3, with_kserve, args.seed)
+    # In the soak of default flags, one stream per streaming protocol lives
+    # the whole soak and is never reopened (with bursts, an in-band refusal
+    # on tritonclient's stream names no request, so it could not be told apart).
+    long_streams = (traffic.start_long_streams(endpoints, tally, stop, with_kserve)
+                    if args.no_abuse else [])
     bulk = None
     if args.bulk_callers:
         bulk = traffic.BulkLoad(client_bin, server.grpc_address, args.bulk_callers, args.duration,
                                 args.out)
     abuser = abuse.Abuser(Context(server, held_limit), bursts, stop,
                           first_s=args.warmup / 2, every_s=args.burst_every)
-    abuser.start()
+    if not args.no_abuse:
+        abuser.start()
 
     failures = []
     next_report = started + 60
@@ -309,8 +325,9 @@ def main():
             raise
         finally:
             stop.set()
-            stuck = traffic.wait_callers(callers, traffic.CALL_TIMEOUT_S + 10)
-            abuser.join(timeout=120)
+            stuck = traffic.wait_callers(callers + long_streams, traffic.CALL_TIMEOUT_S + 10)
+            if abuser.is_alive():
+                abuser.join(timeout=120)
             sampler.join(timeout=30)
             bulk_results = bulk.finish(traffic.CALL_TIMEOUT_S + 30) if bulk else []
         if stuck:
@@ -354,6 +371,12 @@ def main():
         entry["ok"] = bulk_report["ok"] - bulk_report["mismatches"]
         entry["wrong"] = bulk_report["mismatches"]
         entry["errors"]["any"] = dict(bulk_report["errors_by_code"])
+        if args.no_abuse and bulk_report["errors"]:
+            failures.append(f"{protocol}: {bulk_report['errors']} failed calls "
+                            f"({bulk_report['errors_by_code']})")
+        if code != 0:
+            failures.append(f"{protocol}: softmax-client load exited {code}: "
+                            f"{output.strip()[-300:]}")
         if bulk_report["mismatches"]:
             failures.append(f"{protocol}: {bulk_report['mismatches']} wrong answers "
                             f"({bulk_report['first_mismatch']})")
@@ -378,13 +401,19 @@ def main():
                     failures.append(f"{protocol}: {n} x {code} ({phase})")
                 elif phase == "steady":  # ("any": the bulk load's, phase unknown)
                     failures.append(f"{protocol}: {n} x {code} outside the abuse bursts")
-    for protocol in traffic.protocols(with_kserve) + [r[0] for r in bulk_results]:
+    long_protocols = [s.protocol for s in long_streams]
+    for protocol in traffic.protocols(with_kserve) + [r[0] for r in bulk_results] + long_protocols:
         if not by_protocol.get(protocol, {}).get("ok"):
             failures.append(f"{protocol}: no right answer at all")
     failures += [f"abuse {text}" for text in abuser.unexpected()]
-    if not bursts.windows:
+    if not bursts.windows and not args.no_abuse:
         failures.append("no abuse burst ran")
-    for name, thread in [("sampler", sampler), ("abuse", abuser)] + [(c.name, c) for c in callers]:
+    for stream in long_streams:
+        if stream.ended_early:
+            failures.append(f"{stream.protocol}: the stream ended before the soak: "
+                            f"{stream.ended_early}")
+    for name, thread in ([("sampler", sampler), ("abuse", abuser)] + [(c.name, c) for c in callers]
+                         + [(s.name, s) for s in long_streams]):
         if thread.crashed:
             failures.append(f"{name} crashed: {thread.crashed}")
     failures += [f"/metrics scrape failed at {text}" for text in sampler.failed_scrapes]
@@ -422,13 +451,15 @@ def main():
             "device": args.device, "duration_s": args.duration, "warmup_s": args.warmup,
             "callers": args.callers, "pause_ms": args.pause_ms,
             "burst_every_s": args.burst_every, "sample_every_s": args.sample_every,
-            "tolerance": args.tolerance, "protocols": traffic.protocols(with_kserve),
+            "tolerance": args.tolerance, "abuse": not args.no_abuse,
+            "protocols": traffic.protocols(with_kserve) + long_protocols,
             "server_args": server.args[1:], "server_binary": server_bin,
             "command": " ".join(sys.argv),
             "host": platform.node(), "cpus": os.cpu_count(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         },
         "bursts": len(bursts.windows),
+        "long_streams": {s.protocol: s.summary() for s in long_streams},
         "burst_windows_s": burst_windows,
         "verdicts": verdicts,
         "by_protocol": by_protocol,

@@ -344,3 +344,220 @@ class BulkLoad:
                     report = json.load(f)
             results.append((protocol, report, process.returncode, output[-2000:]))
         return results
+
+
+# Requests a long-lived stream keeps unanswered at once.
+LONG_STREAM_WINDOW = 4
+
+
+class LongStream(threading.Thread):
+    """One stream opened when the soak starts and kept open until it ends,
+    as a Triton streaming caller keeps its stream: softmax.v1 SoftmaxStream
+    through plain grpcio ("v1-long-stream"), or tritonclient's
+    start_stream / async_stream_infer ("kserve-grpc-stream"). Neither
+    reopens anything: the server must not end the stream while its caller
+    keeps it. `LONG_STREAM_WINDOW` requests are kept unanswered; each answer
+    is checked; when the soak stops, the stream stops sending, waits for
+    what is unanswered and closes. A stream that ended early counts its
+    unanswered requests under its code, and `ended_early` says when."""
+
+    def __init__(self, protocol, endpoints, tally, stop, seed):
+        super().__init__(name=f"long-stream-{protocol}", daemon=True)
+        self.protocol = protocol
+        self.endpoints = endpoints
+        self.tally = tally
+        self.stop = stop
+        self.rng = np.random.default_rng(seed)
+        self.crashed = None
+        self.opened_at = None
+        self.ended_at = None
+        self.ended_early = None  # the stream's end before the soak stopped: why
+        self.sent = 0
+        self._cases = {}  # request_id -> Case, unanswered
+        self._seen = set()
+        self._lock = threading.Condition()
+        self._failed = None  # the stream's own failure, once it came
+
+    def run(self):
+        try:
+            self.opened_at = time.monotonic()
+            if self.protocol == "v1-long-stream":
+                self._run_v1()
+            else:
+                self._run_kserve()
+        except Exception as error:  # a bug of the soak itself: reported, fails the run
+            self.crashed = f"{type(error).__name__}: {error}"
+        finally:
+            self.ended_at = time.monotonic()
+
+    def summary(self):
+        lived = (self.ended_at or time.monotonic()) - (self.opened_at or time.monotonic())
+        return {"lived_s": round(lived, 1), "sent": self.sent, "answered": len(self._seen),
+                "ended_early": self.ended_early}
+
+    # Both: the window, and accounting of one answer.
+
+    def _next_case(self):
+        """Waits for room in the window; the next (request_id, Case), or None
+        once the soak stops or the stream failed."""
+        with self._lock:
+            while (len(self._cases) >= LONG_STREAM_WINDOW and not self.stop.is_set()
+                   and self._failed is None):
+                self._lock.wait(0.5)
+            if self.stop.is_set() or self._failed is not None:
+                return None
+            request_id = f"s{self.sent}"
+            self.sent += 1
+            case = Case(self.rng)
+            self._cases[request_id] = case
+            return request_id, case
+
+    def _answer(self, request_id, output=None, error_code=None, detail=None):
+        with self._lock:
+            case = self._cases.pop(request_id, None)
+            if case is None:
+                outcome = "duplicate" if request_id in self._seen else "unanswered"
+                self.tally.add(self.protocol, outcome, detail=f"answer to {request_id!r}")
+            self._seen.add(request_id)
+            self._lock.notify_all()
+        if case is None:
+            return
+        if error_code is not None:
+            self.tally.add(self.protocol, error_code, detail=detail)
+        else:
+            _answered(self.tally, self.protocol, case, output)
+
+    def _fail(self, code, detail):
+        """The stream itself ended with `code`: every unanswered request
+        counts under it."""
+        with self._lock:
+            if self._failed is not None:
+                return
+            self._failed = code
+            if not self.stop.is_set():
+                at = time.monotonic() - self.opened_at
+                self.ended_early = f"{code} after {at:.1f} s: {detail}"
+            missing = len(self._cases)
+            self._cases.clear()
+            self._lock.notify_all()
+        self.tally.add(self.protocol, code, n=max(1, missing), detail=detail)
+
+    def _drain(self, timeout):
+        """Waits until every request sent is answered (or the stream failed)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._cases and self._failed is None and time.monotonic() < deadline:
+                self._lock.wait(0.5)
+            return len(self._cases)
+
+    # softmax.v1 through plain grpcio.
+
+    def _run_v1(self):
+        import queue
+        channel = grpc.insecure_channel(self.endpoints["grpc"], options=tensors.CHANNEL_OPTIONS)
+        stub = softmax_pb2_grpc.SoftmaxServiceStub(channel)
+        outgoing = queue.Queue()
+
+        def requests():
+            while True:
+                item = outgoing.get()
+                if item is None:
+                    return
+                yield item
+
+        def sender():
+            while True:
+                item = self._next_case()
+                if item is None:
+                    break
+                request_id, case = item
+                outgoing.put(case.v1_request(request_id))
+            self._drain(CALL_TIMEOUT_S)
+            outgoing.put(None)  # half-close: the server ends the stream OK
+
+        writer = threading.Thread(target=sender, name=f"{self.name}-send", daemon=True)
+        writer.start()
+        try:
+            for response in stub.SoftmaxStream(requests()):
+                if response.HasField("error"):
+                    name = CODE_NAMES.get(response.error.code, str(response.error.code))
+                    self._answer(response.request_id, error_code=name,
+                                 detail=response.error.message)
+                else:
+                    self._answer(response.request_id, tensors.decode(response.output))
+        except grpc.RpcError as error:
+            self._fail(error.code().name, error.details())
+        else:
+            with self._lock:
+                missing = len(self._cases)
+            if missing or not self.stop.is_set():
+                self._fail("unanswered", f"the stream ended OK with {missing} requests "
+                                         "unanswered" + ("" if self.stop.is_set()
+                                                         else ", before the soak stopped"))
+        finally:
+            writer.join(CALL_TIMEOUT_S)
+            channel.close()
+
+    # KServe v2 gRPC through tritonclient's stream.
+
+    def _run_kserve(self):
+        import tritonclient.grpc as triton_grpc
+        client = triton_grpc.InferenceServerClient(self.endpoints["grpc"])
+
+        def callback(result, error):
+            if error is not None:
+                response = result.get_response() if result is not None else None
+                request_id = getattr(response, "id", "") if response is not None else ""
+                status = str(error.status() or "")
+                code = status.replace("StatusCode.", "") if status.startswith("StatusCode.") \
+                    else "UNKNOWN"
+                if request_id:
+                    self._answer(request_id, error_code=code, detail=error.message())
+                else:  # the stream itself broke (or an error naming no request)
+                    self._fail(code, error.message())
+                return
+            self._answer(result.get_response().id,
+                         result.as_numpy("OUTPUT").astype(np.float64))
+
+        client.start_stream(callback=callback)
+        try:
+            while True:
+                item = self._next_case()
+                if item is None:
+                    break
+                request_id, case = item
+                tensor = triton_grpc.InferInput("INPUT", list(case.shape),
+                                                KSERVE_DATATYPES[case.dtype])
+                data = case.values.astype(np.float16) if case.dtype == "float16" else case.values
+                if case.dtype == "bfloat16":
+                    data = _bf16_for(triton_grpc, data)
+                tensor.set_data_from_numpy(data)
+                try:
+                    client.async_stream_infer(
+                        "log_softmax" if case.log else "softmax", [tensor],
+                        request_id=request_id,
+                        parameters={"axis": case.axis, "temperature": case.temperature})
+                except Exception as error:  # the stream is closed: it ended early
+                    self._fail("UNAVAILABLE", f"{type(error).__name__}: {error}")
+                    break
+            self._drain(CALL_TIMEOUT_S)
+        finally:
+            with self._lock:
+                missing = len(self._cases)
+                failed = self._failed
+            client.stop_stream()
+            client.close()
+            if missing and failed is None:
+                self._fail("unanswered", f"{missing} requests unanswered when the soak stopped")
+
+
+def long_stream_protocols(with_kserve):
+    return ["v1-long-stream"] + (["kserve-grpc-stream"] if with_kserve else [])
+
+
+def start_long_streams(endpoints, tally, stop, with_kserve, seed=101):
+    streams = [LongStream(protocol, endpoints, tally, stop, seed + i)
+               for i, protocol in enumerate(long_stream_protocols(with_kserve))]
+    for stream in streams:
+        stream.start()
+    return streams
