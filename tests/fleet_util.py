@@ -69,6 +69,9 @@ import endpoints as envoy_endpoints  # noqa: E402  deploy/envoy/endpoints.py
 
 GRPC_CLUSTER = envoy_endpoints.GRPC_CLUSTER
 HTTP_CLUSTER = envoy_endpoints.HTTP_CLUSTER
+# envoy.yaml's cluster for the streaming methods: the replicas of GRPC_CLUSTER
+# (its endpoint file), on connections of their own.
+STREAM_CLUSTER = "softmax_grpc_streams"
 NAMESPACE_PREFIX = "softmax-fleet-"
 # The server's default ports, used by every replica in namespace mode.
 GRPC_PORT, HTTP_PORT, METRICS_PORT = 50051, 8000, 9464
@@ -517,6 +520,7 @@ class Envoy:
                           f"address: {listen}, port_value: 0", text)
             with open(self.config_path, "w") as f:
                 f.write(text)
+            self.clusters = re.findall(r"^  - name: (\S+)\n    type: EDS", text, re.MULTILINE)
         else:
             with open(ENVOY_CONFIG) as f:
                 config = yaml.safe_load(f)
@@ -532,6 +536,7 @@ class Envoy:
                 source["watched_directory"] = {"path": endpoints_dir}
             with open(self.config_path, "w") as f:
                 yaml.safe_dump(config, f, sort_keys=False)
+            self.clusters = [c["name"] for c in config["static_resources"]["clusters"]]
         self.binary = binary
         self.log_path = os.path.join(workdir, "envoy.log")
         admin_path = os.path.join(workdir, "envoy-admin-address")
@@ -701,18 +706,21 @@ class Fleet:
             return replica.stop(signal.SIGTERM)
         return None
 
-    def in_rotation(self, replica, clusters=(GRPC_CLUSTER, HTTP_CLUSTER)):
-        """True when Envoy holds `replica` healthy in every one of `clusters`."""
-        for cluster, port in ((GRPC_CLUSTER, replica.grpc_port),
-                              (HTTP_CLUSTER, replica.http_port)):
-            if cluster in clusters and self.envoy.hosts(cluster).get(
-                    f"{replica.address}:{port}") != "healthy":
+    def in_rotation(self, replica, clusters=None):
+        """True when Envoy holds `replica` healthy in every one of `clusters`
+        (default: every cluster of its configuration; each health-checks the
+        replica on its own)."""
+        ports = {GRPC_CLUSTER: replica.grpc_port, STREAM_CLUSTER: replica.grpc_port,
+                 HTTP_CLUSTER: replica.http_port}
+        for cluster in self.envoy.clusters if clusters is None else clusters:
+            if self.envoy.hosts(cluster).get(
+                    f"{replica.address}:{ports[cluster]}") != "healthy":
                 return False
         return True
 
-    def wait_in_rotation(self, replicas, timeout=30.0, clusters=(GRPC_CLUSTER, HTTP_CLUSTER)):
-        """Waits until Envoy holds every one of `replicas` healthy; returns
-        the seconds it took."""
+    def wait_in_rotation(self, replicas, timeout=30.0, clusters=None):
+        """Waits until Envoy holds every one of `replicas` healthy (in every
+        one of `clusters`, default all); returns the seconds it took."""
         started = time.monotonic()
         e2e_util.wait_for(lambda: all(self.in_rotation(r, clusters) for r in replicas),
                           timeout, f"replicas {[r.index for r in replicas]} healthy in Envoy",

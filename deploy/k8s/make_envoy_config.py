@@ -24,7 +24,7 @@ SOURCE = HERE.parent / "envoy" / "envoy.yaml"
 TARGET = HERE / "envoy-config.yaml"
 SERVICE = "softmax-serve.softmax-serve.svc.cluster.local"
 # Envoy cluster -> the replicas' port it reaches (the Deployment's grpc and http ports).
-PORTS = {"softmax_grpc": 50051, "softmax_http": 8000}
+PORTS = {"softmax_grpc": 50051, "softmax_grpc_streams": 50051, "softmax_http": 8000}
 
 EDS_BLOCK = re.compile(
     r"^  - name: (?P<name>\S+)\n    type: EDS\n    eds_cluster_config:\n(?:      .*\n)+",
