@@ -202,6 +202,19 @@ class LoadRun final : public LoadRunInterface {
               std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count());
   }
 
+  void StreamReopened(int64_t resent) override {
+    stream_reopens_.fetch_add(1, std::memory_order_relaxed);
+    resent_requests_.fetch_add(resent, std::memory_order_relaxed);
+  }
+
+  void Abort(const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> lock(mismatch_mutex_);
+      if (ended_early_.empty()) ended_early_ = why;
+    }
+    Stop();
+  }
+
   void RecordUnmatched(const std::string& request_id) override {
     stats_[0].mismatches.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mismatch_mutex_);
@@ -279,6 +292,8 @@ class LoadRun final : public LoadRunInterface {
   std::atomic<uint64_t> next_payload_{0};
   std::atomic<int64_t> outstanding_{0};
   std::atomic<bool> waiting_for_room_{false};
+  std::atomic<int64_t> stream_reopens_{0};
+  std::atomic<int64_t> resent_requests_{0};
 
   std::mutex done_mutex_;
   std::condition_variable done_cv_;
@@ -296,6 +311,7 @@ class LoadRun final : public LoadRunInterface {
 
   mutable std::mutex mismatch_mutex_;
   std::string first_mismatch_;  // GUARDED_BY(mismatch_mutex_)
+  std::string ended_early_;     // GUARDED_BY(mismatch_mutex_); Abort's reason
 
   // --protocol=http only.
   std::unique_ptr<HttpLoadLoop> http_loop_;
@@ -499,7 +515,8 @@ void LoadRun::Execute() {
       const int window = open_loop ? 0
                                    : options_.concurrency / connections +
                                          (c < options_.concurrency % connections ? 1 : 0);
-      workers.push_back(std::make_unique<LoadStreamWorker>(this, stub(c), c, window));
+      workers.push_back(
+          std::make_unique<LoadStreamWorker>(this, stub(c), options_.protocol, c, window));
     }
     {
       std::lock_guard<std::mutex> lock(done_mutex_);
@@ -571,7 +588,10 @@ LoadReport LoadRun::Report() const {
   {
     std::lock_guard<std::mutex> lock(mismatch_mutex_);
     report.first_mismatch = first_mismatch_;
+    report.ended_early = ended_early_;
   }
+  report.stream_reopens = stream_reopens_.load();
+  report.resent_requests = resent_requests_.load();
   const int64_t measure_begin_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(measure_begin_ - start_).count();
   if (report.requests > 0 && last_completion_ns > measure_begin_ns) {

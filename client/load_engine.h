@@ -58,7 +58,9 @@ struct LoadMonitor {
 // does not fit `axis`, or a progress callback comes without a finite,
 // positive interval; UNAVAILABLE when a connection is not up within
 // connect_timeout. Failures of individual calls are counted in the report,
-// not returned.
+// not returned. A run that cannot go on (a stream that ends for good while
+// there is load left to send, e.g. its server is gone for longer than
+// kStreamReopenPatience) stops and says why in the report's ended_early.
 absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options,
                                    const LoadMonitor& monitor = LoadMonitor());
 

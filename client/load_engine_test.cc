@@ -23,10 +23,22 @@
 namespace softmax::client {
 namespace {
 
-// Answers like softmax-server with batches of one, or echoes the input.
+// How the fake's streams end on their own, as softmax-server's do at their
+// maximum age (every request read is answered, then UNAVAILABLE) or as a
+// reset does (the last request read is lost, or half its answer).
+struct StreamEnding {
+  int after_requests = 0;  // 0: a stream ends only when the client half-closes
+  grpc::StatusCode code = grpc::StatusCode::UNAVAILABLE;
+  bool drop_last = false;         // the last request read gets no answer
+  bool half_answer_last = false;  // it gets the first of its two answer chunks only
+};
+
+// Answers like softmax-server with batches of one, or echoes the input. On
+// streams a request sent in chunks is answered in two chunks.
 class FakeSoftmaxService final : public v1::SoftmaxService::Service {
  public:
-  explicit FakeSoftmaxService(bool echo) : echo_(echo) {}
+  explicit FakeSoftmaxService(bool echo, StreamEnding ending = StreamEnding())
+      : echo_(echo), ending_(ending) {}
 
   grpc::Status Softmax(grpc::ServerContext*, const v1::SoftmaxRequest* request,
                        v1::SoftmaxResponse* response) override {
@@ -37,13 +49,63 @@ class FakeSoftmaxService final : public v1::SoftmaxService::Service {
   grpc::Status SoftmaxStream(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<v1::SoftmaxResponse, v1::SoftmaxRequest>* stream) override {
-    v1::SoftmaxRequest request;
-    while (stream->Read(&request)) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++streams_;
+    }
+    std::map<std::string, v1::SoftmaxRequest> assembling;
+    int complete = 0;
+    v1::SoftmaxRequest message;
+    while (stream->Read(&message)) {
+      const std::string id = message.request_id();
+      v1::SoftmaxRequest& whole = assembling[id];
+      const bool chunked = message.more_chunks() || message.chunk_offset() > 0;
+      if (message.chunk_offset() == 0) {
+        whole = message;
+      } else {
+        whole.mutable_input()->mutable_data()->append(message.input().data());
+        whole.set_more_chunks(message.more_chunks());
+      }
+      if (whole.more_chunks()) continue;
+      const v1::SoftmaxRequest request = std::move(whole);
+      assembling.erase(id);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++requests_read_;
+      }
+      const bool last = ending_.after_requests > 0 && ++complete == ending_.after_requests;
+      if (last && ending_.drop_last) return Ending();
       v1::SoftmaxResponse response;
       Answer(request, &response);
-      if (!stream->Write(response)) break;
+      if (!chunked) {
+        if (!stream->Write(response)) break;
+      } else {
+        // Two chunks: the first carries everything but the second half.
+        const std::string data = response.output().data();
+        const size_t half = data.size() / 2;
+        v1::SoftmaxResponse first = response;
+        first.mutable_output()->set_data(data.substr(0, half));
+        first.set_more_chunks(true);
+        if (!stream->Write(first)) break;
+        if (last && ending_.half_answer_last) return Ending();
+        v1::SoftmaxResponse second;
+        second.set_request_id(id);
+        second.mutable_output()->set_data(data.substr(half));
+        second.set_chunk_offset(static_cast<int64_t>(half));
+        if (!stream->Write(second)) break;
+      }
+      if (last) return Ending();
     }
     return grpc::Status::OK;
+  }
+
+  int streams() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return streams_;
+  }
+  int requests_read() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return requests_read_;
   }
 
   std::map<int, int> requests_by_dtype() {
@@ -72,15 +134,22 @@ class FakeSoftmaxService final : public v1::SoftmaxService::Service {
     response->mutable_timing()->set_batch_rows(view.rows());
   }
 
+  grpc::Status Ending() const {
+    return grpc::Status(ending_.code, "stream reached the server's maximum age; reopen it");
+  }
+
   const bool echo_;
+  const StreamEnding ending_;
   std::mutex mutex_;
   std::map<int, int> requests_by_dtype_;
+  int streams_ = 0;
+  int requests_read_ = 0;
 };
 
 class LoadTest : public ::testing::Test {
  protected:
-  void StartServer(bool echo) {
-    service_ = std::make_unique<FakeSoftmaxService>(echo);
+  void StartServer(bool echo, StreamEnding ending = StreamEnding()) {
+    service_ = std::make_unique<FakeSoftmaxService>(echo, ending);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -169,6 +238,118 @@ TEST_F(LoadTest, ClosedLoopStreamVerifies) {
   EXPECT_EQ(report->ok, 300);
   EXPECT_EQ(report->errors, 0);
   EXPECT_EQ(report->mismatches, 0) << report->first_mismatch;
+}
+
+// Streams the server ends with UNAVAILABLE are reopened, and exactly what
+// they left unanswered is sent again: every request is answered once.
+TEST_F(LoadTest, ClosedLoopStreamReopensAndResendsWhatWasUnanswered) {
+  StreamEnding ending;
+  ending.after_requests = 40;
+  ending.drop_last = true;  // so every end leaves at least one unanswered
+  StartServer(/*echo=*/false, ending);
+  LoadOptions options = BaseOptions();
+  options.stream = true;
+  options.concurrency = 6;
+  options.connections = 2;
+  options.requests = 600;
+  options.duration = absl::InfiniteDuration();
+  absl::StatusOr<LoadReport> report = RunLoad(options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ExpectConsistent(*report);
+  EXPECT_EQ(report->ok, 600);
+  EXPECT_EQ(report->errors, 0);
+  EXPECT_EQ(report->verified, 600);
+  // A duplicate answer would arrive for an id no longer in flight.
+  EXPECT_EQ(report->mismatches, 0) << report->first_mismatch;
+  EXPECT_EQ(report->ended_early, "");
+  // 600 requests over two connections' streams of 39 answers each (the
+  // last two of them end with the run, not the server).
+  EXPECT_GE(report->stream_reopens, 600 / 39 - 2);
+  EXPECT_EQ(report->stream_reopens, service_->streams() - 2);
+  EXPECT_GE(report->resent_requests, report->stream_reopens);
+  // Each dropped request was read once more than it was answered.
+  EXPECT_EQ(service_->requests_read(), 600 + report->stream_reopens);
+}
+
+TEST_F(LoadTest, ChunkedStreamDropsAHalfReceivedAnswerAndResendsItWhole) {
+  StreamEnding ending;
+  ending.after_requests = 10;
+  ending.half_answer_last = true;
+  StartServer(/*echo=*/false, ending);
+  LoadOptions options = BaseOptions();
+  options.stream = true;
+  options.chunk_bytes = 100;  // every payload is several chunks
+  options.concurrency = 3;
+  options.requests = 100;
+  options.duration = absl::InfiniteDuration();
+  absl::StatusOr<LoadReport> report = RunLoad(options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ExpectConsistent(*report);
+  EXPECT_EQ(report->ok, 100);
+  EXPECT_EQ(report->errors, 0);
+  EXPECT_EQ(report->mismatches, 0) << report->first_mismatch;
+  EXPECT_GE(report->stream_reopens, 100 / 10);
+  EXPECT_GE(report->resent_requests, report->stream_reopens);
+  EXPECT_EQ(service_->requests_read(), 100 + report->stream_reopens);
+}
+
+TEST_F(LoadTest, OpenLoopStreamRunsItsWholeDurationAcrossReopens) {
+  StreamEnding ending;
+  ending.after_requests = 50;
+  StartServer(/*echo=*/false, ending);
+  LoadOptions options = BaseOptions();
+  options.rate = 1000;
+  options.stream = true;
+  options.connections = 2;
+  options.duration = absl::Milliseconds(600);
+  absl::StatusOr<LoadReport> report = RunLoad(options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ExpectConsistent(*report);
+  // Constant arrivals: exactly rate * duration intended send times.
+  EXPECT_EQ(report->requests, 600);
+  EXPECT_EQ(report->errors, 0);
+  EXPECT_EQ(report->mismatches, 0) << report->first_mismatch;
+  EXPECT_GE(report->stream_reopens, 600 / 50 - 2);
+  EXPECT_EQ(service_->requests_read(), 600);
+}
+
+TEST_F(LoadTest, OpenLoopChunkedStreamHalfClosesAfterItsLastAnswer) {
+  // The last answer's last chunk is read without a full parse; the stream
+  // must still half-close then, not wait for the run to cancel it.
+  StartServer(/*echo=*/false);
+  LoadOptions options = BaseOptions();
+  options.rate = 500;
+  options.stream = true;
+  options.chunk_bytes = 100;
+  options.duration = absl::Milliseconds(300);
+  options.timeout = absl::Seconds(30);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<LoadReport> report = RunLoad(options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(report->requests, 150);
+  EXPECT_EQ(report->errors, 0);
+  EXPECT_EQ(report->mismatches, 0) << report->first_mismatch;
+}
+
+TEST_F(LoadTest, StreamEndingWithAnotherCodeStopsTheRunAndSaysWhy) {
+  StreamEnding ending;
+  ending.after_requests = 20;
+  ending.code = grpc::StatusCode::INTERNAL;
+  StartServer(/*echo=*/false, ending);
+  LoadOptions options = BaseOptions();
+  options.stream = true;
+  options.concurrency = 4;
+  options.duration = absl::Seconds(60);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<LoadReport> report = RunLoad(options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  ExpectConsistent(*report);
+  EXPECT_EQ(report->stream_reopens, 0);
+  EXPECT_NE(report->ended_early.find("ended with INTERNAL"), std::string::npos)
+      << report->ended_early;
+  EXPECT_GT(report->errors_by_code[static_cast<int>(grpc::StatusCode::INTERNAL)], 0);
 }
 
 TEST_F(LoadTest, MoreConnectionsThanConcurrencyStillFinishes) {

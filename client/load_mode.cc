@@ -57,6 +57,10 @@ int RunLoadMode(const LoadOptions& options, const LoadModeOutputs& outputs) {
       exit_code = ExitWithStatus(kExitRpcFailed, written);
     }
   }
+  if (!report->ended_early.empty()) {
+    std::cerr << "softmax-client: the run ended early: " << report->ended_early << "\n";
+    exit_code = kExitRpcFailed;
+  }
   if (options.verify) {
     const int64_t failed = report->errors + report->warmup_errors;
     if (report->mismatches > 0 || failed > 0 || report->verified == 0) {

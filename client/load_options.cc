@@ -158,7 +158,7 @@ absl::Status ValidateLoadOptions(const LoadOptions& options) {
       options.connect_timeout == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError("--connect_timeout must be finite and > 0");
   }
-  if (options.protocol != LoadProtocol::kSoftmaxV1 && options.stream) {
+  if (options.protocol == LoadProtocol::kHttp && options.stream) {
     return absl::InvalidArgumentError(absl::StrCat("--stream is not available with --protocol=",
                                                    AbslUnparseFlag(options.protocol)));
   }
@@ -167,6 +167,9 @@ absl::Status ValidateLoadOptions(const LoadOptions& options) {
   }
   if (options.chunk_bytes > 0 && !options.stream) {
     return absl::InvalidArgumentError("--chunk_bytes needs --stream");
+  }
+  if (options.chunk_bytes > 0 && options.protocol != LoadProtocol::kSoftmaxV1) {
+    return absl::InvalidArgumentError("--chunk_bytes needs --protocol=softmax.v1");
   }
   if (options.protocol == LoadProtocol::kHttp) {
     if (absl::Status target = ParseHttpTarget(options.target).status(); !target.ok()) {

@@ -62,7 +62,7 @@ std::string AbslUnparseFlag(Arrival arrival);
 // The API a load run calls.
 enum class LoadProtocol {
   kSoftmaxV1,  // softmax.v1.SoftmaxService (Softmax, SoftmaxStream)
-  kKserve,     // inference.GRPCInferenceService/ModelInfer (unary only)
+  kKserve,     // inference.GRPCInferenceService (ModelInfer, ModelStreamInfer)
   // POST /v2/models/{model}/infer, the Open Inference Protocol's HTTP/REST
   // endpoint, with binary tensor data both ways (client/load_http_wire.h),
   // over keep-alive HTTP/1.1 connections, one request at a time each.
@@ -105,10 +105,11 @@ struct LoadOptions {
   // figures (still verified, and counted as warmup_*).
   absl::Duration warmup = absl::Seconds(1);
   LoadProtocol protocol = LoadProtocol::kSoftmaxV1;
-  // true: SoftmaxStream, one stream per connection; false: unary Softmax.
+  // true: one stream per connection (SoftmaxStream, or ModelStreamInfer with
+  // kKserve), reopened when the server ends it; false: unary calls.
   bool stream = false;
-  // With `stream`: > 0 sends each tensor in chunks of at most this many
-  // bytes and reassembles the chunked answer; 0 sends it whole.
+  // With `stream` and kSoftmaxV1: > 0 sends each tensor in chunks of at most
+  // this many bytes and reassembles the chunked answer; 0 sends it whole.
   int64_t chunk_bytes = 0;
   // The payload mix; at least one entry.
   std::vector<LoadShape> shapes;

@@ -136,6 +136,10 @@ TEST(ValidateLoadOptionsTest, AcceptsARunnableSet) {
   http.protocol = LoadProtocol::kHttp;
   http.target = "127.0.0.1:8000";
   EXPECT_TRUE(ValidateLoadOptions(http).ok());
+  LoadOptions kserve_stream = Runnable();
+  kserve_stream.protocol = LoadProtocol::kKserve;
+  kserve_stream.stream = true;
+  EXPECT_TRUE(ValidateLoadOptions(kserve_stream).ok());
   LoadOptions options = Runnable();
   options.requests = 10;
   options.duration = absl::InfiniteDuration();
@@ -163,10 +167,11 @@ TEST(ValidateLoadOptionsTest, NamesTheFlagOfEachBadField) {
       {"--payloads_per_shape", [](LoadOptions* o) { o->payloads_per_shape = 0; }},
       {"--temperature", [](LoadOptions* o) { o->temperature = 0; }},
       {"--max_message_bytes", [](LoadOptions* o) { o->max_message_bytes = 0; }},
-      {"--stream is not available with --protocol=kserve",
+      {"--chunk_bytes needs --protocol=softmax.v1",
        [](LoadOptions* o) {
          o->protocol = LoadProtocol::kKserve;
          o->stream = true;
+         o->chunk_bytes = 1000;
        }},
       {"--stream is not available with --protocol=http",
        [](LoadOptions* o) {

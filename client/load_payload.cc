@@ -60,8 +60,8 @@ absl::StatusOr<std::vector<LoadPayload>> BuildLoadPayloads(const LoadOptions& op
           }
           break;
         case LoadProtocol::kKserve:
-          payload.prepared = std::make_unique<const PreparedRequest>(
-              KserveRequestOf(payload.request).SerializeAsString());
+          payload.prepared =
+              std::make_unique<const PreparedRequest>(KserveRequestOf(payload.request));
           break;
         case LoadProtocol::kHttp:
           payload.http = std::make_unique<const HttpPreparedRequest>(

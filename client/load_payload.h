@@ -42,7 +42,8 @@ struct LoadPayload {
   // `prepared` (gRPC) or `http`, which is what calls send. Its dtype and shape
   // stay, for the checks and messages.
   v1::SoftmaxRequest request;
-  // softmax.v1 without chunk_bytes, and kserve: the request as sent.
+  // softmax.v1 without chunk_bytes, and kserve: the request as sent (on a
+  // stream, with its id added).
   std::unique_ptr<const PreparedRequest> prepared;
   // With options.chunk_bytes: the request's chunks, sent instead of `prepared`.
   std::vector<std::unique_ptr<const PreparedRequest>> chunks;

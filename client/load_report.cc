@@ -67,7 +67,9 @@ const char* GrpcStatusCodeName(int code) {
 std::string FormatLoadReport(const LoadReport& report) {
   const LoadOptions& o = report.options;
   std::string text;
-  const char* call = o.protocol == LoadProtocol::kKserve ? " (kserve ModelInfer, unary)"
+  const char* call = o.protocol == LoadProtocol::kKserve
+                         ? (o.stream ? " (kserve ModelStreamInfer, stream)"
+                                     : " (kserve ModelInfer, unary)")
                      : o.protocol == LoadProtocol::kHttp
                          ? " (http POST /v2/models/{model}/infer, binary data)"
                      : o.stream ? " (stream)"
@@ -91,6 +93,13 @@ std::string FormatLoadReport(const LoadReport& report) {
       absl::StrAppend(&text, "  ", GrpcStatusCodeName(code), ": ", report.errors_by_code[code],
                       "\n");
     }
+  }
+  if (o.stream) {
+    absl::StrAppend(&text, "streams:      ", report.stream_reopens, " reopened, ",
+                    report.resent_requests, " request(s) resent\n");
+  }
+  if (!report.ended_early.empty()) {
+    absl::StrAppend(&text, "ended early:  ", report.ended_early, "\n");
   }
   absl::StrAppend(&text, "throughput:   ",
                   absl::StrFormat("%.1f requests/s, %.1f rows/s, %.4f GB/s payload\n",
@@ -156,6 +165,9 @@ std::string LoadReportJson(const LoadReport& report) {
   json["verified"] = report.verified;
   json["mismatches"] = report.mismatches;
   json["first_mismatch"] = report.first_mismatch;
+  json["stream_reopens"] = report.stream_reopens;
+  json["resent_requests"] = report.resent_requests;
+  json["ended_early"] = report.ended_early;
   json["elapsed_s"] = report.elapsed_seconds;
   json["requests_per_s"] = report.requests_per_second;
   json["rows"] = report.rows;

@@ -47,6 +47,15 @@ struct LoadReport {
   int64_t verified = 0;      // responses compared with the reference (all phases)
   int64_t mismatches = 0;    // responses with at least one element out of tolerance
   std::string first_mismatch;  // what was wrong with the first one
+  // --stream: gRPC streams reopened after the server ended them with
+  // UNAVAILABLE (maximum age, drain, reset), and the requests they left
+  // unanswered that were written again on the new ones (each still counted
+  // once above).
+  int64_t stream_reopens = 0;
+  int64_t resent_requests = 0;
+  // Why the run stopped before its end, empty when it ran its course (or was
+  // stopped by the caller).
+  std::string ended_early;
   double elapsed_seconds = 0.0;  // measured phase: its start to the last completion
   double offered_rate = 0.0;     // open loop: requests/s asked for
   double requests_per_second = 0.0;

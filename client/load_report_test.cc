@@ -95,6 +95,9 @@ TEST(LoadReportJsonTest, HasEveryFieldTheBenchmarksRead) {
   EXPECT_EQ(json["verified"], 0);
   EXPECT_EQ(json["mismatches"], 0);
   EXPECT_EQ(json["first_mismatch"], "");
+  EXPECT_EQ(json["stream_reopens"], 0);
+  EXPECT_EQ(json["resent_requests"], 0);
+  EXPECT_EQ(json["ended_early"], "");
   EXPECT_EQ(json["elapsed_s"], 2.0);
   EXPECT_EQ(json["requests_per_s"], 5.0);
   EXPECT_EQ(json["rows"], 90);
@@ -117,7 +120,7 @@ TEST(LoadReportJsonTest, HasEveryFieldTheBenchmarksRead) {
   for (const char* key : {"mean_compute_us", "mean_kernel_us", "mean_dispatch_us"}) {
     EXPECT_TRUE(batch.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 30u) << json.dump();
+  EXPECT_EQ(json.size(), 33u) << json.dump();
 }
 
 TEST(LoadReportJsonTest, OpenLoopAndUnlimitedDurationAndOddText) {
@@ -200,6 +203,28 @@ TEST(LoadReportTextTest, PrintsTheFiguresAndTheErrorCodes) {
   EXPECT_NE(text.find("p90 0.002"), std::string::npos) << text;
   EXPECT_NE(text.find("max 0.003"), std::string::npos) << text;
   EXPECT_EQ(text.find("verify:"), std::string::npos) << text;
+  EXPECT_EQ(text.find("streams:"), std::string::npos) << text;
+  EXPECT_EQ(text.find("ended early:"), std::string::npos) << text;
+}
+
+TEST(LoadReportTextTest, StreamReopensAndAnEarlyEndAreShown) {
+  LoadReport report = SampleReport();
+  report.options.stream = true;
+  report.options.protocol = LoadProtocol::kKserve;
+  report.stream_reopens = 4;
+  report.resent_requests = 17;
+  report.ended_early = "the stream on connection 1 got no answer";
+  const std::string text = FormatLoadReport(report);
+  EXPECT_NE(text.find("(kserve ModelStreamInfer, stream)"), std::string::npos) << text;
+  EXPECT_NE(text.find("streams:      4 reopened, 17 request(s) resent\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ended early:  the stream on connection 1 got no answer\n"),
+            std::string::npos)
+      << text;
+  const nlohmann::json json = nlohmann::json::parse(LoadReportJson(report));
+  EXPECT_EQ(json["stream_reopens"], 4);
+  EXPECT_EQ(json["resent_requests"], 17);
+  EXPECT_EQ(json["ended_early"], "the stream on connection 1 got no answer");
 }
 
 TEST(LoadReportTextTest, ProgressLineShowsThePhase) {

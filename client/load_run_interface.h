@@ -9,14 +9,17 @@
 // it is queued or sent; Complete accounts its answer (or failure) exactly
 // once; CallFinished counts it out after that. A transport unit (a stream, an
 // HTTP connection's thread) calls UnitDone once, after its last CallFinished,
-// and touches nothing of the run afterwards: the run may be destroyed as soon
-// as every unit is done and nothing is outstanding.
+// and touches nothing of the run afterwards on threads of its own: the run
+// may be destroyed as soon as every unit is done and nothing is outstanding.
+// A unit that cannot go on while the run still needs it calls Abort first:
+// the run then stops and says why, rather than end early unexplained.
 //
 // Thread-safety: every method may be called from any thread, concurrently.
 #ifndef SOFTMAX_CLIENT_LOAD_RUN_INTERFACE_H_
 #define SOFTMAX_CLIENT_LOAD_RUN_INTERFACE_H_
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "client/load_payload.h"
@@ -46,6 +49,13 @@ class LoadRunInterface {
   // A stream answered with a request_id it was never sent (counted as a
   // mismatch).
   virtual void RecordUnmatched(const std::string& request_id) = 0;
+
+  // A stream the server ended was reopened, `resent` requests that it left
+  // unanswered to be written again on the new one.
+  virtual void StreamReopened(int64_t resent) = 0;
+  // A unit cannot go on: the run stops sending (as Admit's no does) and
+  // reports `why` (the first reason given, when several are).
+  virtual void Abort(const std::string& why) = 0;
 
   // A request is sent or queued, and not yet accounted.
   virtual void CallStarted() = 0;

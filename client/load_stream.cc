@@ -1,31 +1,83 @@
 #include "client/load_stream.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/load_report.h"
 #include "client/load_wire.h"
 #include "common/chunk_wire.h"
 
 namespace softmax::client {
 
-LoadStreamWorker::LoadStreamWorker(LoadRunInterface* run, grpc::GenericStub* stub, int connection,
-                                   int window)
-    : run_(run), stub_(stub), connection_(connection), window_(window) {}
+// One gRPC stream of a worker. It holds itself (`self`) from its start until
+// OnDone, the last reaction gRPC runs, so the worker may drop it at any time;
+// Cancel holds it as well while it cancels.
+class LoadStreamWorker::Attempt final
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit Attempt(LoadStreamWorker* worker) : worker_(worker) {}
+
+  void OnWriteDone(bool ok) override { worker_->OnWriteDone(ok); }
+  void OnReadDone(bool ok) override {
+    if (ok) worker_->OnRead(&read_buffer, this);
+    // Else the stream is ending; OnDone follows.
+  }
+  void OnDone(const grpc::Status& status) override {
+    std::shared_ptr<Attempt> keep = std::move(self);
+    worker_->OnAttemptDone(status, answered);
+    // `keep` may be the last reference: nothing of this object is touched
+    // after the worker's reaction, which may even have ended the worker.
+  }
+
+  grpc::ClientContext context;
+  grpc::ByteBuffer read_buffer;  // read path only
+  bool answered = false;         // read path only: an answer matched a request
+  std::shared_ptr<Attempt> self;
+
+ private:
+  LoadStreamWorker* const worker_;
+};
+
+LoadStreamWorker::LoadStreamWorker(LoadRunInterface* run, grpc::GenericStub* stub,
+                                   LoadProtocol protocol, int connection, int window)
+    : run_(run),
+      stub_(stub),
+      kserve_(protocol == LoadProtocol::kKserve),
+      connection_(connection),
+      window_(window) {}
+
+LoadStreamWorker::~LoadStreamWorker() = default;
 
 void LoadStreamWorker::Start() {
-  stub_->PrepareBidiStreamingCall(&context_, kSoftmaxStreamMethod, grpc::StubOptions(), this);
-  StartRead(&read_buffer_);
-  StartCall();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    OpenLocked();
+  }
   for (int i = 0; i < window_; ++i) SendNextClosedLoop();
 }
 
 void LoadStreamWorker::Send(const LoadPayload* payload, LoadClock::time_point intended,
                             bool measured) {
-  std::lock_guard<std::mutex> lock(mutex_);
   run_->CallStarted();
-  pending_.push_back(InFlight{payload, intended, measured});
-  MaybeWriteLocked();
+  QueueOrFail(StreamRequest{payload, intended, measured});
+}
+
+void LoadStreamWorker::QueueOrFail(const StreamRequest& request) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!ended_) {
+      ledger_.Queue(request);
+      MaybeWriteLocked();
+      return;
+    }
+  }
+  // The worker ended for good (and stopped the run): only the open loop's
+  // sender can still be here, on the run's own thread.
+  run_->Complete(connection_, *request.payload, request.intended, request.measured,
+                 static_cast<int>(grpc::StatusCode::UNAVAILABLE), nullptr);
+  run_->CallFinished();
 }
 
 void LoadStreamWorker::Close() {
@@ -34,68 +86,96 @@ void LoadStreamWorker::Close() {
   MaybeWriteLocked();
 }
 
-void LoadStreamWorker::Cancel() { context_.TryCancel(); }
+void LoadStreamWorker::Cancel() {
+  std::shared_ptr<Attempt> attempt;
+  bool alarm = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelled_ = true;
+    attempt = attempt_;
+    alarm = reopen_alarm_ != nullptr && attempt_ == nullptr && !ended_;
+  }
+  // Outside the lock: either may run a reaction that takes it.
+  if (attempt != nullptr) attempt->context.TryCancel();
+  if (alarm) reopen_alarm_->Cancel();
+}
+
+void LoadStreamWorker::OpenLocked() {
+  auto attempt = std::make_shared<Attempt>(this);
+  attempt->self = attempt;
+  attempt_ = attempt;
+  writing_ = false;
+  writes_done_ = false;
+  broken_ = false;
+  sending_ = nullptr;
+  read_failure_.clear();
+  stub_->PrepareBidiStreamingCall(&attempt->context,
+                                  kserve_ ? kKserveStreamInferMethod : kSoftmaxStreamMethod,
+                                  grpc::StubOptions(), attempt.get());
+  attempt->StartRead(&attempt->read_buffer);
+  MaybeWriteLocked();
+  attempt->StartCall();
+}
 
 void LoadStreamWorker::OnWriteDone(bool ok) {
   std::lock_guard<std::mutex> lock(mutex_);
   writing_ = false;
   if (!ok) {
-    // The stream is broken; OnDone accounts what is left.
+    // The stream is broken; OnAttemptDone takes what is left.
     broken_ = true;
     return;
   }
   MaybeWriteLocked();
 }
 
-void LoadStreamWorker::OnReadDone(bool ok) {
-  if (!ok) return;  // the stream is ending; OnDone follows
+bool LoadStreamWorker::FindInFlight(uint64_t id, StreamRequest* request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const StreamRequest* found = ledger_.Find(id);
+  if (found == nullptr) return false;
+  *request = *found;
+  return true;
+}
+
+void LoadStreamWorker::OnRead(grpc::ByteBuffer* buffer, Attempt* attempt) {
   ChunkView chunk;
-  if (!assembling_.empty() && ReadLaterChunk(read_buffer_, kResponseChunkFields, &chunk)) {
+  if (!assembling_.empty() && ReadLaterChunk(*buffer, kResponseChunkFields, &chunk)) {
     // A later chunk of an answer being assembled: its data is appended
     // from the message as it lies, without parsing it first.
     uint64_t id = 0;
     auto it =
         absl::SimpleAtoi(chunk.request_id, &id) ? assembling_.find(id) : assembling_.end();
-    InFlight call;
-    bool found = false;
-    if (it != assembling_.end()) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto entry = in_flight_.find(id);
-      if (entry != in_flight_.end()) {
-        call = entry->second;
-        found = true;
-      }
-    }
-    if (found) {
+    StreamRequest call;
+    if (it != assembling_.end() && FindInFlight(id, &call)) {
       const bool appended = AppendLaterChunk(chunk, it->second.get());
       const bool more = chunk.more_chunks;
       chunk = ChunkView{};  // its references to the buffer's slices
-      read_buffer_.Clear();
+      buffer->Clear();
       if (!appended || !more) {
-        FinishAnswer(id, call, appended ? 0 : static_cast<int>(grpc::StatusCode::INTERNAL),
+        attempt->answered = true;
+        FinishAnswer(id, appended ? 0 : static_cast<int>(grpc::StatusCode::INTERNAL),
                      it->second.get());
       }
-      ReadNext();
+      ReadNext(attempt);
       return;
     }
   }
-  if (!ParseResponseReusingBuffers(&read_buffer_, &read_)) {
-    // As a typed stream would: the call ends, and OnDone fails whatever
-    // is in flight.
-    context_.TryCancel();
+  const bool parsed = kserve_ ? ParseKserveStreamResponse(buffer, &kserve_read_, &read_)
+                              : ParseResponseReusingBuffers(buffer, &read_);
+  if (!parsed) {
+    // As a typed stream would: the call ends, and so does the worker.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      read_failure_ = absl::StrCat("the stream on connection ", connection_,
+                                   " answered a message that does not parse as ",
+                                   kserve_ ? "a ModelStreamInferResponse with an output"
+                                           : "a SoftmaxResponse");
+    }
+    attempt->context.TryCancel();
     return;
   }
-  InFlight call;
-  bool found = false;
+  StreamRequest call;
   uint64_t id = 0;
-  if (absl::SimpleAtoi(read_.request_id(), &id)) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = in_flight_.find(id);
-    if (it != in_flight_.end()) {
-      call = it->second;
-      found = true;
-    }
-  }
+  const bool found = absl::SimpleAtoi(read_.request_id(), &id) && FindInFlight(id, &call);
   const v1::SoftmaxResponse* answer = &read_;
   int code = read_.has_error() ? read_.error().code() : 0;
   bool whole = true;
@@ -113,35 +193,28 @@ void LoadStreamWorker::OnReadDone(bool ok) {
   if (!found) {
     run_->RecordUnmatched(read_.request_id());
   } else if (whole) {
-    FinishAnswer(id, call, code, answer);
+    attempt->answered = true;
+    FinishAnswer(id, code, answer);
   }
-  ReadNext();
+  ReadNext(attempt);
 }
 
-void LoadStreamWorker::OnDone(const grpc::Status& status) {
-  // Whatever was never answered failed with the stream's status.
-  const int code = status.ok() ? static_cast<int>(grpc::StatusCode::INTERNAL)
-                               : static_cast<int>(status.error_code());
-  std::vector<InFlight> lost;
+void LoadStreamWorker::ReadNext(Attempt* attempt) {
   {
+    // An answer may be what a half-close waited for (open loop, closing).
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& entry : in_flight_) lost.push_back(entry.second);
-    lost.insert(lost.end(), pending_.begin(), pending_.end());
-    in_flight_.clear();
-    pending_.clear();
+    MaybeWriteLocked();
   }
-  for (const InFlight& call : lost) {
-    run_->Complete(connection_, *call.payload, call.intended, call.measured, code, nullptr);
-    run_->CallFinished();
-  }
-  run_->UnitDone();
+  attempt->StartRead(&attempt->read_buffer);
 }
 
-void LoadStreamWorker::FinishAnswer(uint64_t id, const InFlight& call, int code,
-                                    const v1::SoftmaxResponse* answer) {
+void LoadStreamWorker::FinishAnswer(uint64_t id, int code, const v1::SoftmaxResponse* answer) {
+  StreamRequest call;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    in_flight_.erase(id);
+    if (!ledger_.Answer(id, &call)) return;  // the read path found it just before
+    unanswered_since_.reset();
+    backoff_ = std::chrono::milliseconds(0);
   }
   run_->Complete(connection_, *call.payload, call.intended, call.measured, code,
                  code == 0 ? answer : nullptr);
@@ -153,12 +226,97 @@ void LoadStreamWorker::FinishAnswer(uint64_t id, const InFlight& call, int code,
   if (window_ > 0) SendNextClosedLoop();
 }
 
-void LoadStreamWorker::ReadNext() {
+void LoadStreamWorker::DropAssembling() {
+  for (auto& [id, answer] : assembling_) spare_.push_back(std::move(answer));
+  assembling_.clear();
+}
+
+void LoadStreamWorker::OnAttemptDone(const grpc::Status& status, bool answered) {
+  // Every reaction of the stream has run: the read path is free.
+  DropAssembling();
+  std::vector<StreamRequest> failed;
+  int code = static_cast<int>(status.error_code());
+  std::string why;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    MaybeWriteLocked();
+    attempt_.reset();
+    writing_ = false;
+    sending_ = nullptr;  // a chunked request half written goes again whole
+    const bool nothing_left = closing_ && ledger_.empty();
+    const auto now = LoadClock::now();
+    bool reopen = false;
+    if (nothing_left) {
+      // Finished, or ended (age, drain) just as it had nothing more to do.
+    } else if (cancelled_) {
+      // The run gave up waiting for this stream; it counts what fails.
+      if (status.ok()) code = static_cast<int>(grpc::StatusCode::CANCELLED);
+    } else if (!read_failure_.empty()) {
+      code = static_cast<int>(grpc::StatusCode::INTERNAL);
+      why = read_failure_;
+    } else if (status.ok()) {
+      code = static_cast<int>(grpc::StatusCode::INTERNAL);
+      why = absl::StrCat("the stream on connection ", connection_, " ended OK with ",
+                         ledger_.in_flight(), " request(s) unanswered");
+    } else if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      why = absl::StrCat("the stream on connection ", connection_, " ended with ",
+                         GrpcStatusCodeName(code), ": ", status.error_message());
+    } else {
+      // UNAVAILABLE: the server ended it (age, drain) or it was lost (reset,
+      // replica gone). What it left unanswered goes on the next one.
+      if (!answered && !ledger_.empty() && !unanswered_since_.has_value()) {
+        unanswered_since_ = now;
+      }
+      if (unanswered_since_.has_value() && now - *unanswered_since_ > kStreamReopenPatience) {
+        why = absl::StrCat("the stream on connection ", connection_, " got no answer for ",
+                           kStreamReopenPatience.count(), " s of reopening: UNAVAILABLE: ",
+                           status.error_message());
+      } else {
+        reopen = true;
+      }
+    }
+    if (reopen) {
+      const int64_t resent = ledger_.RequeueInFlight();
+      const auto delay = backoff_;
+      backoff_ = std::min<std::chrono::milliseconds>(
+          kStreamReopenBackoffMax, std::max(kStreamReopenBackoffInitial, backoff_ * 2));
+      // The previous alarm has fired: its reaction opened the stream that
+      // just ended.
+      reopen_alarm_ = std::make_unique<grpc::Alarm>();
+      reopen_alarm_->Set(std::chrono::system_clock::now() + delay, [this, resent](bool ok) {
+        bool opened = false;
+        std::vector<StreamRequest> left;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (ok && !cancelled_ && !(closing_ && ledger_.empty())) {
+            OpenLocked();
+            opened = true;
+          } else {
+            ended_ = true;
+            left = ledger_.TakeAll();
+          }
+        }
+        if (opened) {
+          run_->StreamReopened(resent);
+          return;
+        }
+        EndForGood(std::move(left), static_cast<int>(grpc::StatusCode::CANCELLED), "");
+      });
+      return;
+    }
+    ended_ = true;
+    failed = ledger_.TakeAll();
   }
-  StartRead(&read_buffer_);
+  EndForGood(std::move(failed), code, why);
+}
+
+void LoadStreamWorker::EndForGood(std::vector<StreamRequest> failed, int code,
+                                  const std::string& why) {
+  if (!why.empty()) run_->Abort(why);
+  for (const StreamRequest& call : failed) {
+    run_->Complete(connection_, *call.payload, call.intended, call.measured, code, nullptr);
+    run_->CallFinished();
+  }
+  run_->UnitDone();
 }
 
 void LoadStreamWorker::SendNextClosedLoop() {
@@ -179,21 +337,20 @@ std::unique_ptr<v1::SoftmaxResponse> LoadStreamWorker::TakeSpare() {
 }
 
 void LoadStreamWorker::MaybeWriteLocked() {
-  if (writing_ || writes_done_ || broken_) return;
+  if (attempt_ == nullptr || writing_ || writes_done_ || broken_) return;
   if (sending_ != nullptr) {
     // The next chunk of a request, before any other request's.
     write_ = sending_->chunks[next_chunk_]->WithRequestId(sending_id_);
     if (++next_chunk_ == sending_->chunks.size()) sending_ = nullptr;
     writing_ = true;
-    StartWrite(&write_);
+    attempt_->StartWrite(&write_);
     return;
   }
-  if (!pending_.empty()) {
-    const InFlight call = pending_.front();
-    pending_.pop_front();
-    const uint64_t id = next_id_++;
+  if (ledger_.HasQueued()) {
+    StreamRequest call;
+    const uint64_t id = ledger_.TakeNext(&call);
     // The payload's bytes are shared by every stream (by reference); this
-    // write adds its request_id and lives until OnWriteDone.
+    // write adds its id and lives until OnWriteDone.
     const LoadPayload* payload = call.payload;
     if (payload->chunks.empty()) {
       write_ = payload->prepared->WithRequestId(absl::StrCat(id));
@@ -205,14 +362,13 @@ void LoadStreamWorker::MaybeWriteLocked() {
         next_chunk_ = 1;
       }
     }
-    in_flight_.emplace(id, call);
     writing_ = true;
-    StartWrite(&write_);
+    attempt_->StartWrite(&write_);
     return;
   }
-  if (closing_ && in_flight_.empty()) {
+  if (closing_ && ledger_.empty()) {
     writes_done_ = true;
-    StartWritesDone();
+    attempt_->StartWritesDone();
   }
 }
 

@@ -7,14 +7,49 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/slice.h>
+#include <grpcpp/support/status.h>
 
 namespace softmax::client {
 namespace {
 
 using google::protobuf::io::CodedOutputStream;
 
-// SoftmaxRequest.request_id: field 1, length-delimited.
-constexpr uint8_t kRequestIdTag = (1 << 3) | 2;
+// SoftmaxRequest.request_id and ModelInferRequest.id: their field numbers.
+constexpr uint32_t kRequestIdField = 1;
+constexpr uint32_t kKserveIdField = 3;
+
+// Moves `scratch`'s first output into `response` as a softmax.v1 output,
+// keeping the capacity of both data strings; false when there is none of a
+// known datatype with raw contents.
+bool MoveKserveOutput(inference::ModelInferResponse* scratch, v1::SoftmaxResponse* response) {
+  if (scratch->outputs_size() < 1 || scratch->raw_output_contents_size() < 1) return false;
+  const inference::ModelInferResponse::InferOutputTensor& out = scratch->outputs(0);
+  const v1::DType dtype = DTypeOfKserveDatatype(out.datatype());
+  if (dtype == v1::DTYPE_UNSPECIFIED) return false;
+  std::string data;
+  if (response->has_output()) data.swap(*response->mutable_output()->mutable_data());
+  response->Clear();
+  v1::Tensor* tensor = response->mutable_output();
+  tensor->set_dtype(dtype);
+  for (int64_t d : out.shape()) tensor->add_shape(d);
+  tensor->mutable_data()->swap(*scratch->mutable_raw_output_contents(0));
+  scratch->mutable_raw_output_contents(0)->swap(data);
+  return true;
+}
+
+// Parses `buffer` (consumed) into `message`, merged into what it holds.
+template <typename Message>
+bool ParseInto(grpc::ByteBuffer* buffer, Message* message) {
+  const size_t length = buffer->Length();
+  bool parsed = false;
+  {
+    grpc::ProtoBufferReader reader(buffer);
+    parsed = reader.status().ok() &&
+             message->MergeFromBoundedZeroCopyStream(&reader, static_cast<int>(length));
+  }
+  buffer->Clear();
+  return parsed;
+}
 
 }  // namespace
 
@@ -34,9 +69,16 @@ v1::DType DTypeOfKserveDatatype(absl::string_view datatype) {
 }
 
 PreparedRequest::PreparedRequest(const v1::SoftmaxRequest& request)
-    : PreparedRequest(request.SerializeAsString()) {}
+    : PreparedRequest(request.SerializeAsString(), kRequestIdField) {}
 
-PreparedRequest::PreparedRequest(std::string bytes) : bytes_(std::move(bytes)) {
+PreparedRequest::PreparedRequest(const inference::ModelInferRequest& request)
+    : PreparedRequest(request.SerializeAsString(), kKserveIdField) {}
+
+PreparedRequest::PreparedRequest(std::string bytes)
+    : PreparedRequest(std::move(bytes), kRequestIdField) {}
+
+PreparedRequest::PreparedRequest(std::string bytes, uint32_t id_field)
+    : bytes_(std::move(bytes)), id_field_(id_field) {
   grpc::Slice slice(bytes_.data(), bytes_.size(), grpc::Slice::STATIC_SLICE);
   grpc::ByteBuffer message(&slice, 1);
   message_.Swap(&message);
@@ -98,7 +140,7 @@ bool AppendLaterChunk(const ChunkView& chunk, v1::SoftmaxResponse* whole) {
 grpc::ByteBuffer PreparedRequest::WithRequestId(absl::string_view request_id) const {
   std::string field;
   field.reserve(1 + CodedOutputStream::VarintSize64(request_id.size()) + request_id.size());
-  field.push_back(static_cast<char>(kRequestIdTag));
+  field.push_back(static_cast<char>((id_field_ << 3) | 2));  // length-delimited
   uint8_t varint[10];
   const uint8_t* end = CodedOutputStream::WriteVarint64ToArray(request_id.size(), varint);
   field.append(reinterpret_cast<const char*>(varint), end - varint);
@@ -130,29 +172,25 @@ bool ParseKserveResponse(grpc::ByteBuffer* buffer, inference::ModelInferResponse
   // A repeated field's Clear keeps its strings (and their capacity) for the
   // next parse to reuse.
   scratch->Clear();
-  const size_t length = buffer->Length();
-  bool parsed = false;
-  {
-    grpc::ProtoBufferReader reader(buffer);
-    parsed = reader.status().ok() &&
-             scratch->MergeFromBoundedZeroCopyStream(&reader, static_cast<int>(length));
-  }
-  buffer->Clear();
-  if (!parsed || scratch->outputs_size() < 1 || scratch->raw_output_contents_size() < 1) {
+  return ParseInto(buffer, scratch) && MoveKserveOutput(scratch, response);
+}
+
+bool ParseKserveStreamResponse(grpc::ByteBuffer* buffer,
+                               inference::ModelStreamInferResponse* scratch,
+                               v1::SoftmaxResponse* response) {
+  // As above: the nested response's Clear keeps its strings.
+  scratch->mutable_infer_response()->Clear();
+  scratch->clear_error_message();
+  if (!ParseInto(buffer, scratch)) return false;
+  inference::ModelInferResponse* answer = scratch->mutable_infer_response();
+  if (!scratch->error_message().empty()) {
+    response->Clear();
+    response->mutable_error()->set_code(static_cast<int>(grpc::StatusCode::UNKNOWN));
+    response->mutable_error()->set_message(scratch->error_message());
+  } else if (!MoveKserveOutput(answer, response)) {
     return false;
   }
-  const inference::ModelInferResponse::InferOutputTensor& out = scratch->outputs(0);
-  const v1::DType dtype = DTypeOfKserveDatatype(out.datatype());
-  if (dtype == v1::DTYPE_UNSPECIFIED) return false;
-  // Keep the capacity of the response's data string as the v1 parse does.
-  std::string data;
-  if (response->has_output()) data.swap(*response->mutable_output()->mutable_data());
-  response->Clear();
-  v1::Tensor* tensor = response->mutable_output();
-  tensor->set_dtype(dtype);
-  for (int64_t d : out.shape()) tensor->add_shape(d);
-  tensor->mutable_data()->swap(*scratch->mutable_raw_output_contents(0));
-  scratch->mutable_raw_output_contents(0)->swap(data);
+  response->set_request_id(answer->id());
   return true;
 }
 
@@ -163,15 +201,7 @@ bool ParseResponseReusingBuffers(grpc::ByteBuffer* buffer, v1::SoftmaxResponse* 
   response->Clear();
   data.clear();
   if (data.capacity() > 0) response->mutable_output()->mutable_data()->swap(data);
-  const size_t length = buffer->Length();
-  bool parsed = false;
-  {
-    grpc::ProtoBufferReader reader(buffer);
-    parsed = reader.status().ok() &&
-             response->MergeFromBoundedZeroCopyStream(&reader, static_cast<int>(length));
-  }
-  buffer->Clear();
-  return parsed;
+  return ParseInto(buffer, response);
 }
 
 }  // namespace softmax::client

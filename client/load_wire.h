@@ -34,6 +34,8 @@ namespace softmax::client {
 inline constexpr char kSoftmaxMethod[] = "/softmax.v1.SoftmaxService/Softmax";
 inline constexpr char kSoftmaxStreamMethod[] = "/softmax.v1.SoftmaxService/SoftmaxStream";
 inline constexpr char kKserveInferMethod[] = "/inference.GRPCInferenceService/ModelInfer";
+inline constexpr char kKserveStreamInferMethod[] =
+    "/inference.GRPCInferenceService/ModelStreamInfer";
 
 // The Open Inference Protocol's name of `dtype` (FP32, FP16, BF16), and the
 // dtype of such a name (DTYPE_UNSPECIFIED for any other); both protocols
@@ -52,6 +54,8 @@ class PreparedRequest {
  public:
   // REQUIRES: request.request_id() is empty.
   explicit PreparedRequest(const v1::SoftmaxRequest& request);
+  // REQUIRES: request.id() is empty.
+  explicit PreparedRequest(const inference::ModelInferRequest& request);
   // Any message, already serialised. WithRequestId is for SoftmaxRequests only.
   explicit PreparedRequest(std::string bytes);
   PreparedRequest(const PreparedRequest&) = delete;
@@ -60,14 +64,18 @@ class PreparedRequest {
   // The request as it is (unary calls). gRPC copies a ByteBuffer by
   // reference, so any number of calls may send it at once.
   const grpc::ByteBuffer& message() const { return message_; }
-  // The request with its request_id set (streams): a small new slice with
-  // the id field, then this object's bytes by reference. A field's position
-  // in a message does not matter to protobuf.
+  // The request with its id set (streams): SoftmaxRequest.request_id, or
+  // ModelInferRequest.id for a request built from one. A small new slice
+  // with the id field, then this object's bytes by reference: a field's
+  // position in a message does not matter to protobuf.
   grpc::ByteBuffer WithRequestId(absl::string_view request_id) const;
   size_t size() const { return bytes_.size(); }
 
  private:
+  PreparedRequest(std::string bytes, uint32_t id_field);
+
   const std::string bytes_;
+  const uint32_t id_field_;  // the field number WithRequestId sets
   grpc::ByteBuffer message_;
 };
 
@@ -105,6 +113,15 @@ bool ParseResponseReusingBuffers(grpc::ByteBuffer* buffer, v1::SoftmaxResponse* 
 // contents.
 bool ParseKserveResponse(grpc::ByteBuffer* buffer, inference::ModelInferResponse* scratch,
                          v1::SoftmaxResponse* response);
+
+// The same for a ModelStreamInfer answer, whose infer_response id becomes
+// `response`'s request_id. An in-band error (error_message) becomes
+// `response`'s error, with code UNKNOWN: the protocol carries none. false
+// when the bytes do not parse, or an answer without an error holds no output
+// of a known datatype with raw contents.
+bool ParseKserveStreamResponse(grpc::ByteBuffer* buffer,
+                               inference::ModelStreamInferResponse* scratch,
+                               v1::SoftmaxResponse* response);
 
 }  // namespace softmax::client
 

@@ -161,9 +161,10 @@ SOFTMAX_CLIENT_FLAG(float, temperature, 1.0f,
 SOFTMAX_CLIENT_FLAG(bool, log, false, "Log-softmax instead of softmax.");
 SOFTMAX_CLIENT_FLAG(bool, stream, false,
                     "Send on the SoftmaxStream RPC instead of unary Softmax (load: one stream "
-                    "per connection).");
+                    "per connection, ModelStreamInfer with --protocol=kserve, reopened when the "
+                    "server ends it with UNAVAILABLE and its unanswered requests sent again).");
 SOFTMAX_CLIENT_FLAG(int64_t, chunk_bytes, 0,
-                    "With --stream: send each request's tensor in chunks of at most this many "
+                    "With --stream (softmax.v1): send each request's tensor in chunks of at most this many "
                     "bytes (softmax.proto's chunk_offset and more_chunks) and reassemble its "
                     "answer, which the server sends back in chunks as large; 0 = one message per "
                     "tensor.");
@@ -199,7 +200,8 @@ SOFTMAX_CLIENT_FLAG(softmax::client::LoadProtocol, protocol,
                     softmax::client::LoadProtocol::kSoftmaxV1,
                     "The API to call, so that every protocol is driven by one client: softmax.v1 "
                     "(Softmax, or SoftmaxStream with --stream); kserve (the Open Inference "
-                    "Protocol's gRPC ModelInfer on model softmax or log_softmax; unary only); "
+                    "Protocol's gRPC ModelInfer on model softmax or log_softmax, or "
+                    "ModelStreamInfer with --stream); "
                     "http (its HTTP/REST POST /v2/models/{model}/infer with binary tensor data "
                     "both ways; --target is the server's HTTP port; each of --connections "
                     "keep-alive HTTP/1.1 connections carries one request at a time, so a closed "

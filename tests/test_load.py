@@ -319,7 +319,8 @@ def test_http_target_must_be_plain_http(server):
     (["--duration=0s"], "--duration"),
     (["--requests=-1"], "--requests"),
     (["--timeout_ms=-5"], "--timeout_ms"),
-    (["--protocol=kserve", "--stream"], "--stream is not available with --protocol=kserve"),
+    (["--protocol=kserve", "--stream", "--chunk_bytes=1000"],
+     "--chunk_bytes needs --protocol=softmax.v1"),
     (["--protocol=http", "--stream"], "--stream is not available with --protocol=http"),
 ])
 def test_usage_errors_name_the_flag(server, args, expected):
