@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import e2e_util
-from e2e_util import assert_close, reference_softmax
+from e2e_util import assert_close, reference_softmax, requests_counted
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -279,6 +279,66 @@ def test_stream_answers_every_request_and_reports_bad_ones(client, softmax_clien
     with pytest.raises(softmax_client.SoftmaxError) as error:
         client.softmax_many([arrays[0], np.zeros((2, 2), np.float32)], axis=4)
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_stream_reopens_at_the_servers_stream_age_and_answers_each_request_once(
+        softmax_client, start_server):
+    """A server that ends every stream at 2 s (and rotates connections as
+    often): 7 s of requests on one Client.stream get every answer exactly
+    once, right, chunked ones included, over at least two reopens; the server
+    computed each request once (it answers all it read before it ends a
+    stream, so nothing is sent again that it had computed)."""
+    aging = start_server("--max_stream_age_s=2", "--max_connection_age_s=2")
+    rng = np.random.default_rng(5)
+    # 2x1500 float32 is 12,000 bytes: three chunks of 4096 each way.
+    arrays = [rng.normal(size=(2, 1500) if i % 5 == 0 else (3, 40)).astype(np.float32)
+              for i in range(350)]
+
+    def paced():
+        for array in arrays:
+            time.sleep(0.02)
+            yield array
+
+    with softmax_client.Client(aging.grpc_address, timeout=60, chunk_bytes=4096) as c:
+        start = time.monotonic()
+        results = c.stream(paced())
+        seen = [r.index for r in results]
+        elapsed = time.monotonic() - start
+        assert isinstance(results, softmax_client.StreamResults)
+        assert sorted(seen) == list(range(len(arrays)))  # each exactly once
+        assert elapsed >= 6.0
+        assert results.reopens >= 2, (results.reopens, results.resent_requests)
+        assert (c.stream_reopens, c.resent_requests) == (results.reopens,
+                                                         results.resent_requests)
+        for result in c.stream(arrays[:20]):
+            assert_close(result.output, reference_softmax(arrays[result.index]), "float32")
+    assert requests_counted(aging, "OK", "SoftmaxStream") == len(arrays) + 20
+
+
+def test_stream_raises_once_its_server_is_gone(softmax_client, start_server):
+    """Reopening stops at the stream's deadline: a server killed for good
+    ends the stream with SoftmaxError, not a hang."""
+    doomed = start_server()
+
+    def slow():
+        for _ in range(1000):
+            time.sleep(0.05)
+            yield np.ones((2, 8), np.float32)
+
+    with softmax_client.Client(doomed.grpc_address, timeout=60) as c:
+        results = c.stream(slow(), timeout=5)
+        answered = 0
+        start = time.monotonic()
+        with pytest.raises(softmax_client.SoftmaxError) as error:
+            for _ in results:
+                answered += 1
+                if answered == 10:
+                    doomed.kill()
+        assert error.value.code in (grpc.StatusCode.UNAVAILABLE,
+                                    grpc.StatusCode.DEADLINE_EXCEEDED), error.value
+        assert time.monotonic() - start < 10
+        assert answered >= 10
+        assert results.reopens >= 1
 
 
 def test_big_tensors_travel_in_chunks_on_streams(softmax_client, server):

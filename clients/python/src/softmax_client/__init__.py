@@ -9,8 +9,9 @@
 See Client for TLS, tokens, deadlines, retries and streaming.
 """
 from softmax_client.client import (DEFAULT_CHUNK_BYTES, DEFAULT_RETRY_POLICY, Client,
-                                   RetryPolicy, SoftmaxError, StreamResult, bfloat16_dtype)
+                                   RetryPolicy, SoftmaxError, StreamResult, StreamResults,
+                                   bfloat16_dtype)
 
 __all__ = ["Client", "RetryPolicy", "DEFAULT_RETRY_POLICY", "DEFAULT_CHUNK_BYTES",
-           "SoftmaxError", "StreamResult", "bfloat16_dtype"]
+           "SoftmaxError", "StreamResult", "StreamResults", "bfloat16_dtype"]
 __version__ = "0.1.0"

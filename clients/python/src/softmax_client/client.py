@@ -9,11 +9,15 @@ bfloat16 and its result comes back as uint16 bits too. Other dtypes are
 refused with TypeError rather than cast silently.
 
 Thread-safety: a Client may be shared by threads; each call is independent.
+A StreamResults is read by one thread at a time.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import threading
+import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -85,6 +89,17 @@ DEFAULT_RETRY_POLICY = RetryPolicy()
 # client's own copies bound it: 0.26-0.27 GB/s against 0.23-0.26 whole
 # (2-core host, echo, one caller, 3 rounds).
 DEFAULT_CHUNK_BYTES = 1 << 20
+
+
+# A stream the server ends with UNAVAILABLE (its maximum stream age, a drain,
+# a reset, a replica gone) is reopened at once; one that ends again without an
+# answer waits this long first, doubling up to the maximum, so that a
+# restarting server is not flooded.
+REOPEN_BACKOFF_S = 0.05
+REOPEN_BACKOFF_MAX_S = 1.0
+# A restarted replica listens again within seconds (its lame duck is 0.5 s):
+# a stream that gets no answer for this long raises, whatever its deadline.
+REOPEN_PATIENCE_S = 10.0
 
 
 @dataclasses.dataclass
@@ -214,6 +229,10 @@ class Client:
             self._channel = grpc.insecure_channel(target, options=channel_options)
         self._timeout = timeout
         self._wait_for_ready = wait_for_ready
+        # Totals over every stream of this client (StreamResults' counts).
+        self._counts_lock = threading.Lock()
+        self.stream_reopens = 0
+        self.resent_requests = 0
         serialize = softmax_pb2.SoftmaxRequest.SerializeToString
         parse = softmax_pb2.SoftmaxResponse.FromString
         self._unary = self._channel.unary_unary(_UNARY, request_serializer=serialize,
@@ -261,63 +280,28 @@ class Client:
         return from_tensor(response.output, array.dtype)
 
     def stream(self, arrays: Iterable[Union[np.ndarray, Tuple[np.ndarray, Dict[str, Any]]]],
-               *, timeout: Optional[float] = None) -> Iterator[StreamResult]:
-        """Sends every array on one SoftmaxStream and yields a StreamResult per
+               *, timeout: Optional[float] = None) -> "StreamResults":
+        """Sends every array on a SoftmaxStream and yields a StreamResult per
         array as answers arrive (the server may answer out of order; `index`
         says which request each is). An item is an array or (array, kwargs)
         with kwargs among axis / temperature / log. A bad request gets a
-        result carrying its error and the stream goes on; a failure of the
-        stream itself (deadline, server gone) raises SoftmaxError. `timeout`
-        bounds the whole stream."""
-        dtypes: Dict[str, np.dtype] = {}
+        result carrying its error and the stream goes on.
 
-        def requests() -> Iterator["softmax_pb2.SoftmaxRequest"]:
-            for index, item in enumerate(arrays):
-                array, kwargs = item if isinstance(item, tuple) else (item, {})
-                array = np.asarray(array)
-                dtypes[str(index)] = array.dtype
-                yield from _chunks(_request(array, request_id=str(index), **kwargs),
-                                   self._chunk_bytes)
+        A stream the server ends with UNAVAILABLE (its maximum stream age, a
+        drain; also a reset or a lost connection) is reopened and the requests
+        it left unanswered are sent again, whole: every array gets exactly
+        one result. The returned iterator counts that in `reopens` and
+        `resent_requests` (the Client adds them up in `stream_reopens` and
+        `resent_requests`). Reopening stops at the deadline, or once no
+        answer came for REOPEN_PATIENCE_S; any other failure of the stream
+        raises SoftmaxError at once. `timeout` bounds the whole stream,
+        reopens included."""
+        return StreamResults(self, arrays, self._deadline(timeout))
 
-        call = self._stream(requests(), timeout=self._deadline(timeout),
-                            metadata=self._metadata or None,
-                            wait_for_ready=self._wait_for_ready)
-        # Answers arriving in chunks: request_id -> (first chunk, parts, bytes).
-        assembling: Dict[str, Tuple[Any, List[bytes], int]] = {}
-        try:
-            for response in call:
-                index = int(response.request_id)
-                if response.error.code:
-                    assembling.pop(response.request_id, None)
-                    error = SoftmaxError(_status_code(response.error.code),
-                                         response.error.message, response.request_id)
-                    yield StreamResult(index, None, error, response.timing)
-                    continue
-                output = response.output
-                if response.chunk_offset or response.more_chunks:
-                    first, parts, received = assembling.pop(response.request_id,
-                                                            (response, [], 0))
-                    if response.chunk_offset != received:
-                        raise SoftmaxError(
-                            grpc.StatusCode.INTERNAL,
-                            f"answer to request {index}: chunk at offset "
-                            f"{response.chunk_offset}, expected {received}", response.request_id)
-                    parts.append(response.output.data)
-                    received += len(response.output.data)
-                    if response.more_chunks:
-                        assembling[response.request_id] = (first, parts, received)
-                        continue
-                    output = softmax_pb2.Tensor(dtype=first.output.dtype,
-                                                shape=first.output.shape, data=b"".join(parts))
-                    response = first
-                yield StreamResult(index, from_tensor(output, dtypes[response.request_id]),
-                                   None, response.timing)
-        except grpc.RpcError as error:
-            raise SoftmaxError(error.code(), error.details() or "") from None
-        if assembling:
-            raise SoftmaxError(grpc.StatusCode.INTERNAL,
-                               f"the stream ended within the answers to requests "
-                               f"{sorted(int(i) for i in assembling)[:5]}")
+    def _count_reopen(self, resent: int) -> None:
+        with self._counts_lock:
+            self.stream_reopens += 1
+            self.resent_requests += resent
 
     def softmax_many(self, arrays: Iterable[np.ndarray], axis: int = -1,
                      temperature: float = 1.0, log: bool = False, *,
@@ -334,6 +318,192 @@ class Client:
         if missing:
             raise SoftmaxError(grpc.StatusCode.INTERNAL, f"no answer for requests {missing[:5]}")
         return results  # type: ignore[return-value]
+
+
+class StreamResults:
+    """What Client.stream returns: an iterator of StreamResult that reopens
+    the stream when the server ends it with UNAVAILABLE. `reopens` counts the
+    streams opened again, `resent_requests` the requests sent again on them
+    (those the stream before left unanswered). The stream opens on the first
+    next(); close() cancels it."""
+
+    def __init__(self, client: "Client", arrays: Iterable[Any], timeout: Optional[float]):
+        self.reopens = 0
+        self.resent_requests = 0
+        self._results = self._run(client, _RequestFeed(arrays, client._chunk_bytes), timeout)
+
+    def __iter__(self) -> "StreamResults":
+        return self
+
+    def __next__(self) -> StreamResult:
+        return next(self._results)
+
+    def close(self) -> None:
+        self._results.close()
+
+    def _run(self, client: "Client", feed: "_RequestFeed",
+             timeout: Optional[float]) -> Iterator[StreamResult]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        backoff = 0.0
+        unanswered_since: Optional[float] = None  # no answer since then
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise SoftmaxError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   "the stream's deadline passed while reopening it")
+            call = client._stream(feed.messages(), timeout=remaining,
+                                  metadata=client._metadata or None,
+                                  wait_for_ready=client._wait_for_ready)
+            answered = False
+            # Answers arriving in chunks: request_id -> (first chunk, parts, bytes).
+            assembling: Dict[str, Tuple[Any, List[bytes], int]] = {}
+            try:
+                for response in call:
+                    result = self._take(response, feed, assembling)
+                    if result is None:
+                        continue
+                    answered, unanswered_since, backoff = True, None, 0.0
+                    yield result
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise SoftmaxError(error.code(), error.details() or "") from None
+                details = error.details() or ""
+            except BaseException:  # the caller stopped reading, or a bad answer
+                call.cancel()
+                raise
+            else:
+                if assembling:
+                    raise SoftmaxError(grpc.StatusCode.INTERNAL,
+                                       f"the stream ended within the answers to requests "
+                                       f"{sorted(int(i) for i in assembling)[:5]}")
+                if not feed.done():
+                    raise SoftmaxError(grpc.StatusCode.INTERNAL,
+                                       f"the stream ended OK without answering requests "
+                                       f"{feed.unanswered()[:5]}")
+                return
+            # UNAVAILABLE: what this stream left unanswered goes on the next;
+            # a partly received answer is dropped with `assembling`.
+            if feed.done():
+                return
+            now = time.monotonic()
+            if not answered and unanswered_since is None:
+                unanswered_since = now
+            if unanswered_since is not None and now - unanswered_since > REOPEN_PATIENCE_S:
+                raise SoftmaxError(grpc.StatusCode.UNAVAILABLE,
+                                   f"no answer for {REOPEN_PATIENCE_S:g} s of reopening the "
+                                   f"stream: {details}")
+            if deadline is not None and now + backoff >= deadline:
+                raise SoftmaxError(grpc.StatusCode.UNAVAILABLE,
+                                   f"the stream's deadline leaves no time to reopen it: {details}")
+            resent = feed.requeue()
+            self.reopens += 1
+            self.resent_requests += resent
+            client._count_reopen(resent)
+            time.sleep(backoff)
+            backoff = min(REOPEN_BACKOFF_MAX_S, max(REOPEN_BACKOFF_S, 2 * backoff))
+
+    @staticmethod
+    def _take(response: Any, feed: "_RequestFeed",
+              assembling: Dict[str, Tuple[Any, List[bytes], int]]) -> Optional[StreamResult]:
+        """The result `response` completes, or None for a chunk of an answer
+        that goes on."""
+        index = int(response.request_id)
+        if response.error.code:
+            assembling.pop(response.request_id, None)
+            error = SoftmaxError(_status_code(response.error.code), response.error.message,
+                                 response.request_id)
+            feed.answered(index)
+            return StreamResult(index, None, error, response.timing)
+        output = response.output
+        if response.chunk_offset or response.more_chunks:
+            first, parts, received = assembling.pop(response.request_id, (response, [], 0))
+            if response.chunk_offset != received:
+                raise SoftmaxError(
+                    grpc.StatusCode.INTERNAL,
+                    f"answer to request {index}: chunk at offset "
+                    f"{response.chunk_offset}, expected {received}", response.request_id)
+            parts.append(response.output.data)
+            received += len(response.output.data)
+            if response.more_chunks:
+                assembling[response.request_id] = (first, parts, received)
+                return None
+            output = softmax_pb2.Tensor(dtype=first.output.dtype, shape=first.output.shape,
+                                        data=b"".join(parts))
+            response = first
+        dtype = feed.answered(index)
+        return StreamResult(index, from_tensor(output, dtype), None, response.timing)
+
+
+class _RequestFeed:
+    """The requests of one Client.stream across the gRPC streams that carry
+    it: each stream's messages() first sends again what the stream before
+    left unanswered (oldest first), then takes new items from the caller's
+    iterable. Every item stays here until its answer arrives. Thread-safe:
+    gRPC reads messages() on a thread of its own, and a stream that ended may
+    still be reading its own while the next one starts; it stops at the next
+    item (requeue() makes it stale), and an item it took is sent again."""
+
+    def __init__(self, arrays: Iterable[Any], chunk_bytes: int):
+        self._arrays = iter(arrays)
+        self._chunk_bytes = chunk_bytes
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._next_index = 0
+        self._exhausted = False
+        self._unanswered: Dict[int, Tuple[np.ndarray, Dict[str, Any]]] = {}
+        self._resend: "collections.deque[int]" = collections.deque()
+
+    def messages(self) -> Iterator["softmax_pb2.SoftmaxRequest"]:
+        with self._lock:
+            generation = self._generation
+        while True:
+            with self._lock:
+                if generation != self._generation:
+                    return  # a newer stream sends from here on
+                if self._resend:
+                    index = self._resend.popleft()
+                    array, kwargs = self._unanswered[index]
+                elif self._exhausted:
+                    return
+                else:
+                    try:
+                        item = next(self._arrays)
+                    except StopIteration:
+                        self._exhausted = True
+                        return
+                    array, kwargs = item if isinstance(item, tuple) else (item, {})
+                    array = np.asarray(array)
+                    index = self._next_index
+                    self._next_index += 1
+                    self._unanswered[index] = (array, kwargs)
+            yield from _chunks(_request(array, request_id=str(index), **kwargs),
+                               self._chunk_bytes)
+
+    def answered(self, index: int) -> np.dtype:
+        """Forgets request `index`, answered; returns its array's dtype."""
+        with self._lock:
+            item = self._unanswered.pop(index, None)
+        if item is None:
+            raise SoftmaxError(grpc.StatusCode.INTERNAL,
+                               f"an answer to request {index}, which awaits none", str(index))
+        return item[0].dtype
+
+    def requeue(self) -> int:
+        """The stream ended: every unanswered request is to be sent again on
+        the next one. Returns how many."""
+        with self._lock:
+            self._generation += 1
+            self._resend = collections.deque(sorted(self._unanswered))
+            return len(self._resend)
+
+    def unanswered(self) -> List[int]:
+        with self._lock:
+            return sorted(self._unanswered)
+
+    def done(self) -> bool:
+        """Every item taken and answered."""
+        with self._lock:
+            return self._exhausted and not self._unanswered
 
 
 def _status_code(value: int) -> grpc.StatusCode:
