@@ -24,6 +24,8 @@ build_packages=(
 test_packages=(
   python3 python3-venv python3-grpcio python3-protobuf python3-numpy
   python3-prometheus-client prometheus curl
+  # tests/test_fleet_faults.py drops a replica's packets in its namespace.
+  nftables
 )
 
 packages=("${build_packages[@]}" "${test_packages[@]}")
