@@ -594,6 +594,56 @@ def test_rolling_restart_fails_no_call(fleet3):
     assert stream.reopened >= 1, "no stream was ended by a drain: the test did not test it"
 
 
+# The clusters of unary calls: the ones a drain's refusals reach.
+UNARY_CLUSTERS = (fleet_util.GRPC_CLUSTER, fleet_util.HTTP_CLUSTER)
+
+
+def _marked_down(fleet, replica):
+    """True when the unary clusters' health checks hold `replica` failed."""
+    ports = {fleet_util.GRPC_CLUSTER: replica.grpc_port,
+             fleet_util.HTTP_CLUSTER: replica.http_port}
+    return all("failed_active_hc" in fleet.envoy.hosts(cluster).get(
+        f"{replica.address}:{ports[cluster]}", "") for cluster in UNARY_CLUSTERS)
+
+
+def test_rolling_restart_of_two_replicas_fails_no_plain_call():
+    """Two replicas, each in turn: SIGTERM, drained exit, started again
+    once Envoy's health checks hold it down (a pod slower to come back than
+    two failed checks), back in rotation; plain callers (grpcio,
+    tritonclient, curl: no retries of their own) lose no call. A replica
+    back from a restart is both health-checked up and un-ejected: two
+    changes within Envoy's default update_merge_window (1 s), and the second
+    reached Envoy's workers up to 1 s after /clusters showed the replica
+    healthy; the other replica drained in that second had every try of a
+    call (3, URX, one host): 85-109 calls failed at these callers in 3
+    runs, none with update_merge_window 0."""
+    with fleet_util.start_fleet(2) as fleet:
+        note_fallbacks(fleet)
+        envoy = fleet.envoy
+        callers = [GrpcUnaryCaller(envoy.softmax_address),
+                   TritonUnaryCaller(envoy.kserve_grpc_address),
+                   CurlCaller(envoy.http_address, threads=1)]
+        try:
+            time.sleep(1.0)
+            for replica in fleet.replicas:
+                code = replica.stop(signal.SIGTERM)
+                assert code == 0, f"replica {replica.index} exited {code}:\n{replica.output()}"
+                e2e_util.wait_for(lambda: _marked_down(fleet, replica), 10,
+                                  f"replica {replica.index} down in Envoy's health checks",
+                                  interval=0.05)
+                replica.start()
+                fleet.wait_in_rotation([replica], timeout=20, clusters=UNARY_CLUSTERS)
+        finally:
+            for caller in callers:
+                caller.stop()
+        print("rolling restart of 2 replicas; envoy's failed calls:",
+              *failed_calls(fleet)[:10], sep="\n    ")
+        for caller in callers:
+            print(f"  {caller.summary()}")
+        for caller in callers:
+            caller.assert_clean()
+
+
 # ------------------------------------------ streams beside a draining connection
 
 # The stall deploy/envoy/envoy.yaml's unary cluster is shaped against: a
