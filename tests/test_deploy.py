@@ -138,6 +138,45 @@ def test_probes_resources_and_disruption_budget(resources):
     assert budget["spec"]["selector"]["matchLabels"] == selector
 
 
+def test_pods_tolerate_the_gpu_taint_and_go_to_gpu_nodes():
+    """The usual GPU node pool: tainted nvidia.com/gpu (any value) NoSchedule,
+    labelled nvidia.com/gpu.present=true by GPU Feature Discovery; the
+    RuntimeClass is left to the clusters that need one, commented."""
+    text = MANIFEST.read_text()
+    (deployment,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists",
+            "effect": "NoSchedule"} in pod["tolerations"]
+    (term,) = pod["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "nvidia.com/gpu.present", "operator": "In",
+            "values": ["true"]} in term["matchExpressions"]
+    assert "runtimeClassName" not in pod
+    assert re.search(r"^      # runtimeClassName: nvidia\b", text, re.M)
+
+
+def test_rollout_needs_no_spare_gpu_and_agrees_with_the_budget(resources):
+    """A surge pod would wait for a GPU that a full cluster does not have:
+    the rollout takes one replica down at a time instead, as many as the
+    PodDisruptionBudget lets a node drain take."""
+    strategy = resources[("Deployment", "softmax-serve")]["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    budget = resources[("PodDisruptionBudget", "softmax-serve")]["spec"]
+    assert budget["maxUnavailable"] == strategy["rollingUpdate"]["maxUnavailable"]
+
+
+def test_site_values_are_listed_once_and_marked_where_set():
+    """The header's list of what a cluster may change names exactly the
+    fields marked "# SITE" in the manifest."""
+    text = MANIFEST.read_text()
+    listing = text.split('marked "# SITE"')[1].split("# They stay")[0]
+    listed = re.findall(r"^#   (\w+) ", listing, re.M)
+    marked = [re.match(r"\s*#?\s*(?:- )?(\w+)", line).group(1)
+              for line in text.splitlines() if line.rstrip().endswith("# SITE")]
+    assert listed and sorted(listed) == sorted(marked), (listed, marked)
+
+
 def test_network_policy_covers_the_pods(resources):
     deployment = resources[("Deployment", "softmax-serve")]
     policy = resources[("NetworkPolicy", "softmax-serve")]
