@@ -28,6 +28,8 @@ ENVOY_CONFIG_MANIFEST = REPO / "deploy" / "k8s" / "envoy-config.yaml"
 MAKE_ENVOY_CONFIG = REPO / "deploy" / "k8s" / "make_envoy_config.py"
 HPA_MANIFEST = REPO / "deploy" / "k8s" / "autoscaling" / "hpa.yaml"
 KEDA_MANIFEST = REPO / "deploy" / "k8s" / "autoscaling" / "keda.yaml"
+MONITORING_MANIFEST = REPO / "deploy" / "k8s" / "monitoring.yaml"
+MAKE_PROMETHEUS_RULE = REPO / "deploy" / "k8s" / "make_prometheus_rule.py"
 K8S_SCHEMAS = REPO / "deploy" / "k8s" / "crd-schemas"
 # Built-in kinds only (kubernetes-validate knows them), with their resource counts.
 K8S_BUILT_IN = {MANIFEST: 6, ENVOY_MANIFEST: 5, ENVOY_CONFIG_MANIFEST: 1, HPA_MANIFEST: 2}
@@ -64,7 +66,7 @@ def resources():
 def k8s():
     """Every resource of deploy/k8s/ (autoscaling/ included) by (kind, name)."""
     found = {}
-    for path in (*K8S_BUILT_IN, KEDA_MANIFEST):
+    for path in (*K8S_BUILT_IN, KEDA_MANIFEST, MONITORING_MANIFEST):
         for d in yaml.safe_load_all(path.read_text()):
             if d:
                 key = (d["kind"], d["metadata"]["name"])
@@ -324,6 +326,80 @@ def test_keda_schema_check_catches_mistakes(tmp_path, mistake, expected):
                              str(broken)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAILED" in result.stdout and expected in result.stdout, result.stdout
+
+
+# ------------------------------------------------------------ monitoring
+
+def validate_k8s_crd(*manifests):
+    return subprocess.run([deploy_tool("python"), str(VALIDATE_CRD), str(K8S_SCHEMAS),
+                           *map(str, manifests)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_monitoring_matches_prometheus_operator_crd_schemas():
+    result = validate_k8s_crd(MONITORING_MANIFEST)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PodMonitor/softmax-serve: passed" in result.stdout, result.stdout
+    assert "PrometheusRule/softmax-serve: passed" in result.stdout, result.stdout
+    for kind in ("PodMonitor", "ServiceMonitor", "PrometheusRule"):
+        source = json.loads(K8S_SCHEMAS.joinpath(f"{kind}.json").read_text())["source"]
+        assert source.startswith("prometheus-operator/prometheus-operator v"), source
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    (lambda r: r["PodMonitor"]["spec"]["podMetricsEndpoints"][0].update(intervall="15s"),
+     "intervall"),
+    (lambda r: r["PodMonitor"]["spec"].pop("selector"), "'selector' is a required property"),
+    (lambda r: r["PrometheusRule"]["spec"]["groups"][0]["rules"][0].update(expr=None),
+     "spec.groups.0.rules.0.expr"),
+    (lambda r: r["PrometheusRule"]["spec"]["groups"][0].pop("name"),
+     "'name' is a required property"),
+])
+def test_monitoring_schema_check_catches_mistakes(tmp_path, mistake, expected):
+    documents = [d for d in yaml.safe_load_all(MONITORING_MANIFEST.read_text()) if d]
+    mistake({d["kind"]: d for d in documents})
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump_all(documents))
+    result = validate_k8s_crd(broken)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED" in result.stdout and expected in result.stdout, result.stdout
+
+
+def test_prometheus_rule_is_up_to_date():
+    result = subprocess.run([sys.executable, str(MAKE_PROMETHEUS_RULE), "--check"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_prometheus_rule_holds_the_rule_files_and_promtool_accepts_it(k8s, tmp_path):
+    groups = k8s[("PrometheusRule", "softmax-serve")]["spec"]["groups"]
+    sources = [g for path in (ALERTS, AUTOSCALING_RULES)
+               for g in yaml.safe_load(path.read_text())["groups"]]
+    assert groups == sources
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": groups}))
+    result = subprocess.run(["/usr/bin/promtool", "check", "rules", str(rules)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pod_monitor_scrapes_the_replicas_metrics_port(k8s):
+    monitor = k8s[("PodMonitor", "softmax-serve")]
+    deployment = k8s[("Deployment", "softmax-serve")]
+    template = deployment["spec"]["template"]
+    assert monitor["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        template["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (container,) = template["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    args = dict(a.lstrip("-").split("=", 1) for a in container["args"])
+    assert args["metrics_address"].endswith(f":{ports[endpoint['port']]}")
+    assert endpoint["path"] == "/metrics"
+    # The same interval as the hand-written configuration's, which the
+    # recording rules' 1-minute windows are sized for.
+    config = yaml.safe_load((REPO / "deploy" / "prometheus" / "kubernetes.yml").read_text())
+    assert endpoint["interval"] == config["global"]["scrape_interval"]
 
 
 def quantity(text):
