@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import urllib.request
 from pathlib import Path
 
@@ -29,6 +30,7 @@ MAKE_ENVOY_CONFIG = REPO / "deploy" / "k8s" / "make_envoy_config.py"
 HPA_MANIFEST = REPO / "deploy" / "k8s" / "autoscaling" / "hpa.yaml"
 KEDA_MANIFEST = REPO / "deploy" / "k8s" / "autoscaling" / "keda.yaml"
 MONITORING_MANIFEST = REPO / "deploy" / "k8s" / "monitoring.yaml"
+ADAPTER_RULES = REPO / "deploy" / "k8s" / "autoscaling" / "adapter-rules.yaml"
 MAKE_PROMETHEUS_RULE = REPO / "deploy" / "k8s" / "make_prometheus_rule.py"
 K8S_SCHEMAS = REPO / "deploy" / "k8s" / "crd-schemas"
 # Built-in kinds only (kubernetes-validate knows them), with their resource counts.
@@ -402,6 +404,192 @@ def test_pod_monitor_scrapes_the_replicas_metrics_port(k8s):
     assert endpoint["interval"] == config["global"]["scrape_interval"]
 
 
+# The configuration prometheus-adapter's Helm chart renders with its default
+# values (rules.default: true, no custom rules): the six default rules of
+# prometheus-community/helm-charts charts/prometheus-adapter/templates/
+# configmap.yaml (commit 05bf01b5028ee6dc636510132a7de9554b135b6e), as the
+# `config.yaml` of its ConfigMap. The template appends `rules.custom` after
+# them (toYaml, indented 4), which chart_config() does the same way.
+CHART_DEFAULT_RULES = """\
+rules:
+- seriesQuery: '{__name__=~"^container_.*",container!="POD",namespace!="",pod!=""}'
+  seriesFilters: []
+  resources:
+    overrides:
+      namespace:
+        resource: namespace
+      pod:
+        resource: pod
+  name:
+    matches: ^container_(.*)_seconds_total$
+    as: ""
+  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>,container!="POD"}[5m]))
+    by (<<.GroupBy>>)
+- seriesQuery: '{__name__=~"^container_.*",container!="POD",namespace!="",pod!=""}'
+  seriesFilters:
+  - isNot: ^container_.*_seconds_total$
+  resources:
+    overrides:
+      namespace:
+        resource: namespace
+      pod:
+        resource: pod
+  name:
+    matches: ^container_(.*)_total$
+    as: ""
+  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>,container!="POD"}[5m]))
+    by (<<.GroupBy>>)
+- seriesQuery: '{__name__=~"^container_.*",container!="POD",namespace!="",pod!=""}'
+  seriesFilters:
+  - isNot: ^container_.*_total$
+  resources:
+    overrides:
+      namespace:
+        resource: namespace
+      pod:
+        resource: pod
+  name:
+    matches: ^container_(.*)$
+    as: ""
+  metricsQuery: sum(<<.Series>>{<<.LabelMatchers>>,container!="POD"}) by (<<.GroupBy>>)
+- seriesQuery: '{namespace!="",__name__!~"^container_.*"}'
+  seriesFilters:
+  - isNot: .*_total$
+  resources:
+    template: <<.Resource>>
+  name:
+    matches: ""
+    as: ""
+  metricsQuery: sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)
+- seriesQuery: '{namespace!="",__name__!~"^container_.*"}'
+  seriesFilters:
+  - isNot: .*_seconds_total
+  resources:
+    template: <<.Resource>>
+  name:
+    matches: ^(.*)_total$
+    as: ""
+  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>}[5m])) by (<<.GroupBy>>)
+- seriesQuery: '{namespace!="",__name__!~"^container_.*"}'
+  seriesFilters: []
+  resources:
+    template: <<.Resource>>
+  name:
+    matches: ^(.*)_seconds_total$
+    as: ""
+  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>}[5m])) by (<<.GroupBy>>)
+"""
+
+
+def adapter_rules_custom():
+    """The prometheus-adapter rules of adapter-rules.yaml (a Helm values
+    file: rules.custom)."""
+    values = yaml.safe_load(ADAPTER_RULES.read_text())
+    assert list(values) == ["rules"] and list(values["rules"]) == ["custom"], values
+    return values["rules"]["custom"]
+
+
+def chart_config(custom):
+    """The adapter's config.yaml as the chart's template renders it with
+    rules.default and these rules.custom."""
+    appended = "".join(f"    {line}\n" for line in
+                       yaml.safe_dump(custom, default_flow_style=False).splitlines())
+    indented_default = "".join(f"    {line}\n" for line in CHART_DEFAULT_RULES.splitlines())
+    return textwrap.dedent(indented_default + appended)
+
+
+def test_adapter_rules_merge_into_the_charts_default_configuration():
+    """The rules go beside a stock adapter's, never in place of them."""
+    stock = yaml.safe_load(CHART_DEFAULT_RULES)["rules"]
+    ours = adapter_rules_custom()
+    merged = yaml.safe_load(chart_config(ours))
+    assert list(merged) == ["rules"]
+    assert merged["rules"] == stock + ours
+    # Our series match no stock rule's name pattern that would serve them
+    # under another name first: the stock rules skip colon-named (recorded)
+    # series, and ours match only the recorded series.
+    for rule in ours:
+        (series,) = re.findall(r"^([\w:]+)\{", rule["seriesQuery"])
+        assert re.fullmatch(rule["name"]["matches"], series)
+        for template in ("<<.Series>>", "<<.LabelMatchers>>", "<<.GroupBy>>"):
+            assert template in rule["metricsQuery"], template
+    names = [r["name"]["as"] for r in merged["rules"] if r["name"]["as"]]
+    assert len(names) == len(set(names)) == len(ours)
+
+
+def test_hpa_file_config_map_holds_the_adapter_rules_while_it_remains():
+    """hpa.yaml's whole-adapter ConfigMap is on its way out (it would replace
+    a running adapter's configuration); while it remains, its rules are
+    adapter-rules.yaml's."""
+    maps = [d for d in yaml.safe_load_all(HPA_MANIFEST.read_text())
+            if d and d["kind"] == "ConfigMap"]
+    for config_map in maps:
+        assert yaml.safe_load(config_map["data"]["config.yaml"])["rules"] == \
+            adapter_rules_custom()
+
+
+def test_keda_and_the_adapter_read_the_same_per_pod_values(tmp_path):
+    """On one scrape in which a pod has its series twice (a PodMonitor's job
+    beside pod discovery's), KEDA's queries read the sum of exactly the
+    per-pod values that the adapter's queries (as the adapter fills them in
+    for the HPA) serve, evaluated by promtool (Prometheus' own engine) on the
+    recording rules; a plain sum would read the doubled pod twice."""
+    jobs = {"a": ["softmax-serve", "softmax-serve/softmax-serve"], "b": ["softmax-serve"]}
+    # Per pod: (queue seconds, compute seconds) added per 15 s scrape, and
+    # (held bytes, limit): the ratios 0.5 and 1.5, 0.25 and 0.5.
+    rates = {"a": (1, 2), "b": (3, 2)}
+    held = {"a": (1 << 30, 4 << 30), "b": (2 << 30, 4 << 30)}
+    expected = {SIGNALS[0]: {p: q / c for p, (q, c) in rates.items()},
+                SIGNALS[1]: {p: h / limit for p, (h, limit) in held.items()}}
+    series = []
+    for pod, pod_jobs in jobs.items():
+        for job in pod_jobs:
+            labels = f'job="{job}",namespace="softmax-serve",pod="{pod}",instance="{pod}:9464"'
+            queue, compute = rates[pod]
+            series += [
+                {"series": f"softmax_queue_duration_seconds_sum{{{labels}}}",
+                 "values": f"0+{queue}x20"},
+                {"series": f"softmax_compute_duration_seconds_sum{{{labels}}}",
+                 "values": f"0+{compute}x20"},
+                {"series": f"softmax_held_bytes{{{labels}}}", "values": f"{held[pod][0]}x20"},
+                {"series": f"softmax_held_bytes_limit{{{labels}}}",
+                 "values": f"{held[pod][1]}x20"}]
+    # A replica of another namespace (the KServe one) counts for neither.
+    other = 'job="softmax-kserve",namespace="softmax-kserve",pod="c",instance="c:9464"'
+    series += [{"series": f"softmax_queue_duration_seconds_sum{{{other}}}", "values": "0+9x20"},
+               {"series": f"softmax_compute_duration_seconds_sum{{{other}}}",
+                "values": "0+1x20"}]
+
+    adapter = {r["name"]["as"]: r for r in adapter_rules_custom()}
+    hpa = yaml.safe_load_all(HPA_MANIFEST.read_text())
+    (hpa,) = [d for d in hpa if d and d["kind"] == "HorizontalPodAutoscaler"]
+    (scaled,) = [d for d in yaml.safe_load_all(KEDA_MANIFEST.read_text()) if d]
+    checks = []
+    for signal, metric, trigger in zip(SIGNALS, hpa["spec"]["metrics"],
+                                       scaled["spec"]["triggers"], strict=True):
+        rule = adapter[metric["pods"]["metric"]["name"]]
+        query = (rule["metricsQuery"].replace("<<.Series>>", signal)
+                 .replace("<<.LabelMatchers>>", 'namespace="softmax-serve",pod=~"a|b"')
+                 .replace("<<.GroupBy>>", "pod"))
+        per_pod = expected[signal]
+        checks.append({"expr": query, "eval_time": "4m", "exp_samples": [
+            {"labels": f'{{pod="{pod}"}}', "value": value} for pod, value in per_pod.items()]})
+        keda_value = sum(per_pod.values())
+        checks.append({"expr": trigger["metadata"]["query"], "eval_time": "4m",
+                       "exp_samples": [{"labels": "{}", "value": keda_value}]})
+        # The scrape does hold a pod twice: the plain sum reads more.
+        doubled = keda_value + per_pod["a"]
+        checks.append({"expr": f'sum({signal}{{namespace="softmax-serve"}})',
+                       "eval_time": "4m", "exp_samples": [{"labels": "{}", "value": doubled}]})
+    unit_test = tmp_path / "keda_adapter_test.yml"
+    unit_test.write_text(yaml.safe_dump({
+        "rule_files": [str(AUTOSCALING_RULES)], "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": series, "promql_expr_test": checks}]}))
+    result = subprocess.run(["/usr/bin/promtool", "test", "rules", str(unit_test)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def quantity(text):
     text = str(text)
     return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
@@ -418,8 +606,7 @@ def test_autoscalers_read_the_recorded_signals_with_one_target_each(k8s, kserve)
     hpa = k8s[("HorizontalPodAutoscaler", "softmax-serve")]
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": "softmax-serve"}
-    adapter = yaml.safe_load(k8s[("ConfigMap", "prometheus-adapter")]["data"]["config.yaml"])
-    adapter_rules = {r["name"]["as"]: r for r in adapter["rules"]}
+    adapter_rules = {r["name"]["as"]: r for r in adapter_rules_custom()}
     targets = []
     for signal, metric in zip(SIGNALS, hpa["spec"]["metrics"], strict=True):
         rule = adapter_rules[metric["pods"]["metric"]["name"]]
