@@ -595,21 +595,31 @@ class Envoy:
     """Envoy running deploy/envoy/envoy.yaml with loopback listeners on free
     ports, its admin on loopback, and its endpoint files in `endpoints_dir`.
     hot_restart (a HotRestart): an Envoy that a next one can replace on the
-    same ports (Fleet.restart_envoy); None: hot restart off."""
+    same ports (Fleet.restart_envoy); None: hot restart off.
+    config: a configuration other than ENVOY_CONFIG (deploy/envoy/envoy-tls.yaml).
+    ports ({listener name: port}): listen on these instead of free ports
+    (a second Envoy beside a running one: Envoy's listeners set
+    SO_REUSEPORT, so the kernel spreads new connections over both).
+    suffix: of this Envoy's files in workdir, for a second one there.
+    extra_args: more command-line options (--drain-time-s, ...)."""
 
     def __init__(self, binary, workdir, endpoints_dir, concurrency=2, listen="127.0.0.1",
-                 startup_timeout=30.0, patch=None, hot_restart=None):
+                 startup_timeout=30.0, patch=None, hot_restart=None, config=None, ports=None,
+                 suffix="", extra_args=()):
         self.hot_restart = hot_restart
-        suffix = hot_restart.suffix if hot_restart else ""
+        if hot_restart:
+            suffix, ports = hot_restart.suffix, hot_restart.ports
+        ports = ports or {}
+        source = Path(config) if config else ENVOY_CONFIG
         self.config_path = os.path.join(workdir, f"envoy{suffix}.yaml")
         try:
             import yaml
         except ImportError:  # a bare host (the GPU machine): the text, rewritten
-            if patch is not None or hot_restart is not None:
+            if patch is not None or hot_restart is not None or ports:
                 raise
             yaml = None
         if yaml is None:
-            text = ENVOY_CONFIG.read_text()
+            text = source.read_text()
             text = text.replace("/etc/envoy/endpoints", endpoints_dir)
             text = text.replace("port_value: 9901}", "port_value: 0}")
             text = re.sub(r"address: 0\.0\.0\.0, port_value: \d+",
@@ -618,14 +628,14 @@ class Envoy:
                 f.write(text)
             self.clusters = re.findall(r"^  - name: (\S+)\n    type: EDS", text, re.MULTILINE)
         else:
-            with open(ENVOY_CONFIG) as f:
+            with open(source) as f:
                 config = yaml.safe_load(f)
             if patch is not None:
                 patch(config)
             config["admin"]["address"] = {"socket_address": {"address": "127.0.0.1",
                                                               "port_value": 0}}
             for listener in config["static_resources"]["listeners"]:
-                port = hot_restart.ports.get(listener["name"], 0) if hot_restart else 0
+                port = ports.get(listener["name"], 0)
                 listener["address"] = {"socket_address": {"address": listen, "port_value": port}}
             for cluster in config["static_resources"]["clusters"]:
                 source = cluster["eds_cluster_config"]["eds_config"]["path_config_source"]
@@ -639,6 +649,7 @@ class Envoy:
         admin_path = os.path.join(workdir, f"envoy-admin-address{suffix}")
         self.argv = [binary, "-c", self.config_path, "--concurrency", str(concurrency),
                      *(hot_restart.argv() if hot_restart else ["--disable-hot-restart"]),
+                     *extra_args,
                      "--admin-address-path", admin_path,
                      "--log-level", "warning", "--component-log-level", "misc:error"]
         with open(self.log_path, "w") as log:
@@ -724,7 +735,7 @@ class Fleet:
 
     def __init__(self, replicas=3, server_args=(), envoy_bin=None, use_namespaces=None,
                  envoy_concurrency=2, wait_timeout=30.0, replica_cpus=None, envoy_patch=None,
-                 envoy_hot_restart=None):
+                 envoy_hot_restart=None, envoy_config=None, envoy_args=()):
         self.server_args = list(server_args)
         # Each replica held to this many cores (a pod's CPU limit), so that
         # the replicas, not the callers or Envoy that share the host, bound
@@ -752,7 +763,10 @@ class Fleet:
             # (a test that sizes a limit for its own replicas).
             # envoy_hot_restart(workdir) -> a HotRestart: an Envoy that
             # restart_envoy can replace on the same ports.
-            self._envoy_options = dict(concurrency=envoy_concurrency, patch=envoy_patch)
+            # envoy_config: a configuration other than ENVOY_CONFIG;
+            # envoy_args: more Envoy options (--drain-time-s, ...).
+            self._envoy_options = dict(concurrency=envoy_concurrency, patch=envoy_patch,
+                                       config=envoy_config, extra_args=tuple(envoy_args))
             self.envoy = Envoy(envoy_bin or envoy_binary(), self.workdir, self.endpoints_dir,
                                hot_restart=envoy_hot_restart and envoy_hot_restart(self.workdir),
                                **self._envoy_options)

@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -27,6 +28,7 @@ MANIFEST = REPO / "deploy" / "k8s" / "softmax-serve.yaml"
 ENVOY_MANIFEST = REPO / "deploy" / "k8s" / "envoy.yaml"
 ENVOY_CONFIG_MANIFEST = REPO / "deploy" / "k8s" / "envoy-config.yaml"
 MAKE_ENVOY_CONFIG = REPO / "deploy" / "k8s" / "make_envoy_config.py"
+MAKE_TLS_CONFIG = REPO / "deploy" / "envoy" / "make_tls_config.py"
 HPA_MANIFEST = REPO / "deploy" / "k8s" / "autoscaling" / "hpa.yaml"
 KEDA_MANIFEST = REPO / "deploy" / "k8s" / "autoscaling" / "keda.yaml"
 MONITORING_MANIFEST = REPO / "deploy" / "k8s" / "monitoring.yaml"
@@ -34,7 +36,7 @@ ADAPTER_RULES = REPO / "deploy" / "k8s" / "autoscaling" / "adapter-rules.yaml"
 MAKE_PROMETHEUS_RULE = REPO / "deploy" / "k8s" / "make_prometheus_rule.py"
 K8S_SCHEMAS = REPO / "deploy" / "k8s" / "crd-schemas"
 # Built-in kinds only (kubernetes-validate knows them), with their resource counts.
-K8S_BUILT_IN = {MANIFEST: 6, ENVOY_MANIFEST: 5, ENVOY_CONFIG_MANIFEST: 1, HPA_MANIFEST: 2}
+K8S_BUILT_IN = {MANIFEST: 6, ENVOY_MANIFEST: 6, ENVOY_CONFIG_MANIFEST: 1, HPA_MANIFEST: 2}
 AUTOSCALING_RULES = REPO / "deploy" / "prometheus" / "autoscaling.yml"
 SIGNALS = ["softmax:queue_to_compute:ratio_rate1m", "softmax:held_bytes:ratio_avg1m"]
 # kLameDuck in server/server.cc, and the most an idle HTTP keep-alive connection
@@ -234,11 +236,95 @@ def test_termination_grace_covers_lame_duck_and_drain(k8s):
     assert container["readinessProbe"]["grpc"]["service"] == "softmax.v1.SoftmaxService"
 
 
-def test_envoy_stays_up_while_its_endpoint_change_spreads(k8s):
+def test_envoy_drains_its_listeners_before_it_stops(k8s):
+    """The preStop hook asks the admin (its loopback address in the
+    ConfigMap) for a graceful drain, then outlasts --drain-time-s; the grace
+    period outlasts the hook. tests/test_fleet_drain.py runs the hook."""
     pod = k8s[("Deployment", "softmax-envoy")]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    sleep = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert 0 < sleep < pod["terminationGracePeriodSeconds"]
+    args = dict(a.lstrip("-").split("=", 1) for a in container["args"] if "=" in a)
+    assert args["drain-strategy"] == "gradual"
+    config = yaml.safe_load(k8s[("ConfigMap", "softmax-envoy")]["data"]["envoy.yaml"])
+    admin = config["admin"]["address"]["socket_address"]
+    assert admin["address"] == "127.0.0.1"
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["/bin/bash", "-c"]
+    script = command[2]
+    assert f"/dev/tcp/127.0.0.1/{admin['port_value']}" in script
+    assert "POST /drain_listeners?graceful HTTP/1.1" in script
+    (sleep,) = re.findall(r"^sleep (\d+)$", script, re.M)
+    assert int(args["drain-time-s"]) < int(sleep) < pod["terminationGracePeriodSeconds"]
+
+
+def test_envoy_scales_on_cpu_and_exposes_its_metrics(k8s):
+    envoy = k8s[("Deployment", "softmax-envoy")]
+    hpa = k8s[("HorizontalPodAutoscaler", "softmax-envoy")]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": "softmax-envoy"}
+    assert "replicas" not in envoy["spec"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    (container,) = envoy["spec"]["template"]["spec"]["containers"]
+    assert "cpu" in container["resources"]["requests"]
+    budget = k8s[("PodDisruptionBudget", "softmax-envoy")]
+    assert budget["spec"]["maxUnavailable"] < hpa["spec"]["minReplicas"]
+    # One pod at a time out, each draining before the next.
+    assert hpa["spec"]["behavior"]["scaleDown"]["policies"] == [
+        {"type": "Pods", "value": 1, "periodSeconds": 60}]
+    # The metrics port is the ConfigMap's listener "metrics", scraped by
+    # annotation and admitted from the scraper's namespace only.
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for key in ("envoy.yaml", "envoy-tls.yaml"):
+        config = yaml.safe_load(k8s[("ConfigMap", "softmax-envoy")]["data"][key])
+        (metrics,) = [l for l in config["static_resources"]["listeners"]
+                      if l["name"] == "metrics"]
+        assert metrics["address"]["socket_address"]["port_value"] == ports["metrics"]
+    annotations = envoy["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(ports["metrics"])
+    assert annotations["prometheus.io/path"] == "/stats/prometheus"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
+    policy = k8s[("NetworkPolicy", "softmax-envoy")]["spec"]
+    (scraper,) = [r for r in policy["ingress"] if {"port": "metrics", "protocol": "TCP"}
+                  in r["ports"]]
+    assert scraper["from"] == [{"namespaceSelector": {"matchLabels": {
+        "softmax-serve.io/metrics-scraper": "true"}}}]
+    assert scraper["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    # DNS: kube-dns pods, and NodeLocal DNSCache's link-local address.
+    dns = [r for r in policy["egress"] if {"port": 53, "protocol": "UDP"} in r["ports"]]
+    assert {"ipBlock": {"cidr": "169.254.20.10/32"}} in [t for r in dns for t in r["to"]]
+
+
+def test_envoy_rotates_grpc_callers_connections_only(k8s):
+    """max_connection_duration on the gRPC listeners (HTTP/2: GOAWAY, then
+    the streams open on it live on; tests/test_fleet_drain.py), none on the
+    HTTP/1.1 listener, which has no GOAWAY."""
+    config = yaml.safe_load(k8s[("ConfigMap", "softmax-envoy")]["data"]["envoy.yaml"])
+    ages = {}
+    for listener in config["static_resources"]["listeners"]:
+        manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        ages[listener["name"]] = manager.get("common_http_protocol_options", {}).get(
+            "max_connection_duration")
+    assert ages == {"metrics": None, "softmax_v1": "60s", "kserve_grpc": "60s",
+                    "kserve_http": None}, ages
+
+
+def test_envoy_mounts_the_tls_secrets_where_envoy_tls_reads_them(k8s):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_tls_config", MAKE_TLS_CONFIG)
+    tls = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tls)
+    pod = k8s[("Deployment", "softmax-envoy")]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    assert {mounts[name]: secret["secretName"] for name, secret in secrets.items()} == {
+        tls.FRONT_DIR: "softmax-front-tls", tls.REPLICAS_DIR: "softmax-envoy-client-tls"}
+    assert all(secret["optional"] for secret in secrets.values())
+    config = k8s[("ConfigMap", "softmax-envoy")]["data"]["envoy-tls.yaml"]
+    files = set(re.findall(r"filename: (\S+)}", config))
+    assert files == {f"{tls.FRONT_DIR}/tls.crt", f"{tls.FRONT_DIR}/tls.key",
+                     f"{tls.REPLICAS_DIR}/tls.crt", f"{tls.REPLICAS_DIR}/tls.key",
+                     f"{tls.REPLICAS_DIR}/ca.crt"}, files
 
 
 @pytest.mark.parametrize("name", ["softmax-serve", "softmax-envoy"])
@@ -261,10 +347,10 @@ def test_services_headless_for_clients_and_through_envoy(k8s):
     envoy = k8s[("Deployment", "softmax-envoy")]
     assert front["spec"]["selector"] == envoy["spec"]["selector"]["matchLabels"]
     assert front["spec"].get("clusterIP") != "None"
-    # The front Service's ports are Envoy's listeners.
+    # The front Service's ports are Envoy's listeners (but the metrics one).
     config = yaml.safe_load(k8s[("ConfigMap", "softmax-envoy")]["data"]["envoy.yaml"])
     listeners = {l["address"]["socket_address"]["port_value"]
-                 for l in config["static_resources"]["listeners"]}
+                 for l in config["static_resources"]["listeners"] if l["name"] != "metrics"}
     (container,) = envoy["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert {ports[p["targetPort"]] for p in front["spec"]["ports"]} == listeners
@@ -273,6 +359,8 @@ def test_services_headless_for_clients_and_through_envoy(k8s):
     server_ports = {p["containerPort"] for p in
                     replicas["spec"]["template"]["spec"]["containers"][0]["ports"]}
     for cluster in config["static_resources"]["clusters"]:
+        if cluster["name"] == "envoy_admin":  # the metrics listener's way to the admin
+            continue
         assert cluster["type"] == "STRICT_DNS", cluster["name"]
         (locality,) = cluster["load_assignment"]["endpoints"]
         (endpoint,) = locality["lb_endpoints"]
@@ -283,8 +371,10 @@ def test_services_headless_for_clients_and_through_envoy(k8s):
     assert volume["configMap"]["name"] == "softmax-envoy"
 
 
-def test_envoy_config_map_is_up_to_date():
-    result = subprocess.run([sys.executable, str(MAKE_ENVOY_CONFIG), "--check"],
+@pytest.mark.parametrize("generator", [MAKE_TLS_CONFIG, MAKE_ENVOY_CONFIG],
+                         ids=lambda p: p.name)
+def test_envoy_config_map_is_up_to_date(generator):
+    result = subprocess.run([sys.executable, str(generator), "--check"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -295,11 +385,75 @@ def test_envoy_accepts_the_kubernetes_config(k8s, tmp_path):
     binary = fleet_util.envoy_binary()
     reason = fleet_util.envoy_unusable_reason(binary)
     assert reason is None, reason
-    config = tmp_path / "envoy.yaml"
-    config.write_text(k8s[("ConfigMap", "softmax-envoy")]["data"]["envoy.yaml"])
-    result = subprocess.run([binary, "--mode", "validate", "-c", str(config)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+    # envoy-tls.yaml's certificate files: any valid pair, here.
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=test",
+                    "-keyout", str(tmp_path / "tls.key"), "-out", str(tmp_path / "tls.crt")],
+                   check=True, capture_output=True, timeout=60)
+    (tmp_path / "ca.crt").write_bytes((tmp_path / "tls.crt").read_bytes())
+    for key, text in k8s[("ConfigMap", "softmax-envoy")]["data"].items():
+        config = tmp_path / key
+        config.write_text(re.sub(r"/etc/envoy-tls/\w+/", f"{tmp_path}/", text))
+        result = subprocess.run([binary, "--mode", "validate", "-c", str(config)],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and "OK" in result.stdout, (
+            key, result.stdout + result.stderr)
+
+
+def test_envoy_metrics_port_serves_stats_and_readiness_only(k8s, tmp_path):
+    """The Kubernetes configuration run for real (listeners moved to free
+    loopback ports): its metrics listener answers /stats/prometheus with the
+    counters deploy/prometheus/alerts.yml reads, and nothing else of the admin."""
+    import fleet_util
+
+    config = yaml.safe_load(k8s[("ConfigMap", "softmax-envoy")]["data"]["envoy.yaml"])
+    config["admin"]["address"]["socket_address"]["port_value"] = 0
+    for listener in config["static_resources"]["listeners"]:
+        listener["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": 0}
+    admin_path = tmp_path / "admin-address"
+    path = tmp_path / "envoy.yaml"
+    # The admin cluster's port follows the admin's, known once Envoy runs:
+    # give the admin a fixed free port instead.
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        admin_port = s.getsockname()[1]
+    config["admin"]["address"]["socket_address"]["port_value"] = admin_port
+    (admin_cluster,) = [c for c in config["static_resources"]["clusters"]
+                        if c["name"] == "envoy_admin"]
+    admin_cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"][
+        "address"]["socket_address"]["port_value"] = admin_port
+    path.write_text(yaml.safe_dump(config))
+    process = subprocess.Popen([fleet_util.envoy_binary(), "-c", str(path), "--concurrency", "1",
+                                "--disable-hot-restart", "--admin-address-path", str(admin_path),
+                                "--log-level", "error"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import e2e_util
+        e2e_util.wait_for(lambda: admin_path.exists() and admin_path.read_text().strip(), 30,
+                          "Envoy's admin address")
+        admin = f"http://{admin_path.read_text().strip()}"
+        listeners = json.loads(urllib.request.urlopen(f"{admin}/listeners?format=json",
+                                                      timeout=10).read())
+        (metrics,) = [l["local_address"]["socket_address"] for l in
+                      listeners["listener_statuses"] if l["name"] == "metrics"]
+        base = f"http://127.0.0.1:{metrics['port_value']}"
+        text = urllib.request.urlopen(f"{base}/stats/prometheus", timeout=10).read().decode()
+        for name in ("envoy_cluster_upstream_rq_retry_overflow",
+                     "envoy_cluster_outlier_detection_ejections_enforced_total",
+                     "envoy_cluster_upstream_rq_pending_overflow",
+                     "envoy_http_downstream_rq_too_many_premature_resets"):
+            assert f"\n{name}{{" in text, name
+        for path_, method in (("/clusters", "GET"), ("/config_dump", "GET"),
+                              ("/quitquitquit", "POST"), ("/drain_listeners", "POST")):
+            request = urllib.request.Request(base + path_, method=method)
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(request, timeout=10)
+            assert caught.value.code == 404, path_
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait(timeout=10)
 
 
 # ------------------------------------------------------------- autoscaling
