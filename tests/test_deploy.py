@@ -496,6 +496,7 @@ def test_monitoring_matches_prometheus_operator_crd_schemas():
     result = validate_k8s_crd(MONITORING_MANIFEST)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PodMonitor/softmax-serve: passed" in result.stdout, result.stdout
+    assert "PodMonitor/softmax-envoy: passed" in result.stdout, result.stdout
     assert "PrometheusRule/softmax-serve: passed" in result.stdout, result.stdout
     for kind in ("PodMonitor", "ServiceMonitor", "PrometheusRule"):
         source = json.loads(K8S_SCHEMAS.joinpath(f"{kind}.json").read_text())["source"]
@@ -556,6 +557,17 @@ def test_pod_monitor_scrapes_the_replicas_metrics_port(k8s):
     # recording rules' 1-minute windows are sized for.
     config = yaml.safe_load((REPO / "deploy" / "prometheus" / "kubernetes.yml").read_text())
     assert endpoint["interval"] == config["global"]["scrape_interval"]
+
+
+def test_envoy_pod_monitor_scrapes_envoys_stats(k8s):
+    """Envoy's counters from its pods' port named metrics, which serves
+    /stats/prometheus (deploy/k8s/envoy.yaml)."""
+    monitor = k8s[("PodMonitor", "softmax-envoy")]
+    template = k8s[("Deployment", "softmax-envoy")]["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        template["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint == {"port": "metrics", "path": "/stats/prometheus", "interval": "15s"}
 
 
 # The configuration prometheus-adapter's Helm chart renders with its default
