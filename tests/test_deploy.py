@@ -36,7 +36,9 @@ ADAPTER_RULES = REPO / "deploy" / "k8s" / "autoscaling" / "adapter-rules.yaml"
 MAKE_PROMETHEUS_RULE = REPO / "deploy" / "k8s" / "make_prometheus_rule.py"
 K8S_SCHEMAS = REPO / "deploy" / "k8s" / "crd-schemas"
 # Built-in kinds only (kubernetes-validate knows them), with their resource counts.
-K8S_BUILT_IN = {MANIFEST: 6, ENVOY_MANIFEST: 6, ENVOY_CONFIG_MANIFEST: 1, HPA_MANIFEST: 2}
+GATEWAY = REPO / "deploy" / "k8s" / "gateway"
+K8S_BUILT_IN = {MANIFEST: 6, ENVOY_MANIFEST: 6, ENVOY_CONFIG_MANIFEST: 1, HPA_MANIFEST: 2,
+                GATEWAY / "service.yaml": 1}
 AUTOSCALING_RULES = REPO / "deploy" / "prometheus" / "autoscaling.yml"
 SIGNALS = ["softmax:queue_to_compute:ratio_rate1m", "softmax:held_bytes:ratio_avg1m"]
 # kLameDuck in server/server.cc, and the most an idle HTTP keep-alive connection
@@ -880,6 +882,159 @@ def test_promtool_rule_unit_tests_pass():
                              str(AUTOSCALING_RULES.with_name("autoscaling_test.yml"))],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ------------------------------------------------- Gateway API and Istio
+
+def gateway_resources():
+    found = {}
+    for name in ("routes.yaml", "istio.yaml"):
+        for d in yaml.safe_load_all((GATEWAY / name).read_text()):
+            if d:
+                found[d["kind"]] = d
+    return found
+
+
+def test_gateway_api_and_istio_resources_match_their_crd_schemas():
+    result = subprocess.run([deploy_tool("python"), str(VALIDATE_CRD), str(K8S_SCHEMAS),
+                             str(GATEWAY / "routes.yaml"), str(GATEWAY / "istio.yaml")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for label in ("Gateway/softmax-gateway", "GRPCRoute/softmax-grpc", "HTTPRoute/softmax-http",
+                  "DestinationRule/softmax-serve-balanced",
+                  "VirtualService/softmax-serve-balanced"):
+        assert f"{label}: passed" in result.stdout, result.stdout
+    for kind, source in (("GRPCRoute", "kubernetes-sigs/gateway-api v1."),
+                         ("HTTPRoute", "kubernetes-sigs/gateway-api v1."),
+                         ("Gateway", "kubernetes-sigs/gateway-api v1."),
+                         ("DestinationRule", "istio/istio 1."),
+                         ("VirtualService", "istio/istio 1.")):
+        entry = json.loads(K8S_SCHEMAS.joinpath(f"{kind}.json").read_text())
+        assert entry["source"].startswith(source), entry["source"]
+        assert "/standard" in entry["source"] or kind in ("DestinationRule", "VirtualService")
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    (lambda r: r["GRPCRoute"]["spec"]["rules"][0]["matches"][0]["method"].update(type="Glob"),
+     "spec.rules.0.matches.0.method.type"),
+    (lambda r: r["HTTPRoute"]["spec"]["rules"][0].update(retry={"attempts": 2}), "retry"),
+    (lambda r: r["DestinationRule"]["spec"]["trafficPolicy"]["outlierDetection"].update(
+        consecutive5xxError=5), "consecutive5xxError"),
+    (lambda r: r["VirtualService"]["spec"]["http"][2]["retries"].update(attempts="two"),
+     "spec.http.2.retries.attempts"),
+    (lambda r: r["Gateway"]["spec"]["listeners"][0].update(protocol="HTTP/3"),
+     "spec.listeners.0.protocol"),
+])
+def test_gateway_schema_check_catches_mistakes(tmp_path, mistake, expected):
+    resources = gateway_resources()
+    mistake(resources)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump_all(list(resources.values())))
+    result = subprocess.run([deploy_tool("python"), str(VALIDATE_CRD), str(K8S_SCHEMAS),
+                             str(broken)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED" in result.stdout and expected in result.stdout, result.stdout
+
+
+def _seconds(text):
+    text = str(text)
+    return float(text[:-2]) / 1000 if text.endswith("ms") else float(text.rstrip("s"))
+
+
+def test_gateway_api_and_istio_carry_envoy_yaml_settings(k8s):
+    """The routes, balancing, outlier detection, retry budget, connection
+    limits, retries and timeouts of deploy/envoy/envoy.yaml, as the Gateway
+    API routes and Istio's resources say them."""
+    envoy = yaml.safe_load((REPO / "deploy" / "envoy" / "envoy.yaml").read_text())
+    clusters = {c["name"]: c for c in envoy["static_resources"]["clusters"]}
+    routes = {l["name"]: l["filter_chains"][0]["filters"][0]["typed_config"]["route_config"][
+        "virtual_hosts"][0]["routes"] for l in envoy["static_resources"]["listeners"]}
+    unary = routes["softmax_v1"][1]["route"]
+    stream_paths = {r["match"]["path"] for rs in routes.values() for r in rs
+                    if r.get("route", {}).get("cluster") == "softmax_grpc_streams"}
+    http_route = routes["kserve_http"][-1]["route"]
+    grpc = clusters["softmax_grpc"]
+    found = gateway_resources()
+
+    rule = found["DestinationRule"]["spec"]
+    policy = rule["trafficPolicy"]
+    service = k8s[("Service", "softmax-serve-balanced")]
+    assert rule["host"] == (f"{service['metadata']['name']}."
+                            f"{service['metadata']['namespace']}.svc.cluster.local")
+    assert policy["loadBalancer"]["simple"] == grpc["lb_policy"]
+    outlier = grpc["outlier_detection"]
+    assert policy["outlierDetection"] == {
+        "splitExternalLocalOriginErrors": outlier["split_external_local_origin_errors"],
+        "consecutiveLocalOriginFailures": outlier["consecutive_local_origin_failure"],
+        "consecutive5xxErrors": outlier["consecutive_5xx"],
+        "consecutiveGatewayErrors": outlier["enforcing_consecutive_gateway_failure"],
+        "interval": outlier["interval"], "baseEjectionTime": outlier["base_ejection_time"],
+        "maxEjectionPercent": outlier["max_ejection_percent"]}
+    (thresholds,) = grpc["circuit_breakers"]["thresholds"]
+    assert policy["retryBudget"] == {
+        "percent": thresholds["retry_budget"]["budget_percent"]["value"],
+        "minRetryConcurrency": thresholds["retry_budget"]["min_retry_concurrency"]}
+    http2 = grpc["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"][
+        "http2_protocol_options"]
+    assert policy["connectionPool"]["http"] == {
+        "maxConcurrentStreams": http2["max_concurrent_streams"],
+        "http1MaxPendingRequests": thresholds["max_pending_requests"],
+        "http2MaxRequests": thresholds["max_requests"]}
+
+    virtual = {r["name"]: r for r in found["VirtualService"]["spec"]["http"]}
+    assert {m["uri"]["exact"] for m in virtual["streams"]["match"]} == stream_paths
+    assert virtual["streams"]["retries"] == {"attempts": 0}
+    assert virtual["streams"]["timeout"] == "0s"
+    policy = unary["retry_policy"]
+    retries = virtual["unary-grpc"]["retries"]
+    assert retries["attempts"] == policy["num_retries"]
+    assert retries["perTryTimeout"] == policy["per_try_timeout"]
+    assert retries["retryOn"] == policy["retry_on"]
+    assert _seconds(retries["backoff"]) == _seconds(policy["retry_back_off"]["base_interval"])
+    assert virtual["unary-grpc"]["timeout"] == unary["timeout"]
+    http_policy = http_route["retry_policy"]
+    assert set(virtual["kserve-http"]["retries"]["retryOn"].split(",")) == (
+        set(http_policy["retry_on"].split(",")) - {"retriable-status-codes"}
+        | {str(code) for code in http_policy["retriable_status_codes"]})
+    assert virtual["kserve-http"]["timeout"] == http_route["timeout"]
+    refused = {m["uri"]["prefix"] for m in virtual["shared-memory"]["match"]}
+    assert refused == {r["match"]["prefix"] for rs in routes.values() for r in rs
+                       if "direct_response" in r}
+
+    assert found["HTTPRoute"]["spec"]["rules"][0]["timeouts"] == {
+        "request": http_route["timeout"],
+        "backendRequest": http_route["retry_policy"]["per_try_timeout"]}
+    # Every RPC of the protocols but shared memory is routed; streams apart.
+    grpc_rules = {r["name"]: r for r in found["GRPCRoute"]["spec"]["rules"]}
+    methods = {name: {f"/{m['method']['service']}/{m['method']['method']}"
+                      for m in rule["matches"]} for name, rule in grpc_rules.items()}
+    assert methods["streams"] == stream_paths
+    protos = {"softmax.v1.SoftmaxService": REPO / "proto" / "softmax",
+              "inference.GRPCInferenceService": REPO / "proto" / "inference"}
+    served = {f"/{service_name}/{rpc}" for service_name, folder in protos.items()
+              for proto in folder.rglob("*.proto")
+              for rpc in re.findall(r"^\s*rpc\s+(\w+)", proto.read_text(), re.M)}
+    assert methods["unary"] | methods["streams"] == {
+        m for m in served if "SharedMemory" not in m}, served
+    # Backends: the balanced Service, at the replicas' ports.
+    replicas = k8s[("Deployment", "softmax-serve")]
+    assert service["spec"]["selector"] == replicas["spec"]["selector"]["matchLabels"]
+    assert "clusterIP" not in service["spec"]
+    container_ports = {p["name"] for p in
+                       replicas["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= container_ports
+    service_ports = {p["port"] for p in service["spec"]["ports"]}
+    for kind in ("GRPCRoute", "HTTPRoute"):
+        for rule in found[kind]["spec"]["rules"]:
+            for backend in rule["backendRefs"]:
+                assert backend["name"] == service["metadata"]["name"]
+                assert backend["port"] in service_ports
+    # The Gateway terminates TLS with the certificate Envoy's TLS front uses.
+    envoy_pod = k8s[("Deployment", "softmax-envoy")]["spec"]["template"]["spec"]
+    (listener,) = found["Gateway"]["spec"]["listeners"]
+    assert listener["tls"]["certificateRefs"][0]["name"] in {
+        v["secret"]["secretName"] for v in envoy_pod["volumes"] if "secret" in v}
 
 
 # ------------------------------------------------------------------- KServe
