@@ -59,6 +59,7 @@ from prometheus_util import tool
 REPO = Path(__file__).resolve().parent.parent
 DEPLOYMENT = REPO / "deploy" / "k8s" / "softmax-serve.yaml"
 HPA = REPO / "deploy" / "k8s" / "autoscaling" / "hpa.yaml"
+ADAPTER_RULES = REPO / "deploy" / "k8s" / "autoscaling" / "adapter-rules.yaml"
 KEDA = REPO / "deploy" / "k8s" / "autoscaling" / "keda.yaml"
 KSERVE = REPO / "deploy" / "kserve" / "softmax-serve.yaml"
 PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "kubernetes.yml"
@@ -197,8 +198,8 @@ class Autoscalers:
     def __init__(self, prometheus):
         self.prometheus = prometheus
         hpa = one(HPA, "HorizontalPodAutoscaler")
-        adapter = yaml.safe_load(one(HPA, "ConfigMap")["data"]["config.yaml"])
-        rules = {r["name"]["as"]: r for r in adapter["rules"]}
+        adapter = yaml.safe_load(ADAPTER_RULES.read_text())
+        rules = {r["name"]["as"]: r for r in adapter["rules"]["custom"]}
         self.hpa_metrics = []  # (adapter rule, target)
         for metric in hpa["spec"]["metrics"]:
             assert metric["type"] == "Pods", metric

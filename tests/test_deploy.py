@@ -37,7 +37,7 @@ MAKE_PROMETHEUS_RULE = REPO / "deploy" / "k8s" / "make_prometheus_rule.py"
 K8S_SCHEMAS = REPO / "deploy" / "k8s" / "crd-schemas"
 # Built-in kinds only (kubernetes-validate knows them), with their resource counts.
 GATEWAY = REPO / "deploy" / "k8s" / "gateway"
-K8S_BUILT_IN = {MANIFEST: 6, ENVOY_MANIFEST: 6, ENVOY_CONFIG_MANIFEST: 1, HPA_MANIFEST: 2,
+K8S_BUILT_IN = {MANIFEST: 6, ENVOY_MANIFEST: 6, ENVOY_CONFIG_MANIFEST: 1, HPA_MANIFEST: 1,
                 GATEWAY / "service.yaml": 1}
 AUTOSCALING_RULES = REPO / "deploy" / "prometheus" / "autoscaling.yml"
 SIGNALS = ["softmax:queue_to_compute:ratio_rate1m", "softmax:held_bytes:ratio_avg1m"]
@@ -214,7 +214,10 @@ def test_checkov_finds_nothing(manifest):
          "--compact", "--quiet", "--skip-download"],
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Failed checks: 0" in result.stdout, result.stdout
+    # checkov has no policy for a HorizontalPodAutoscaler: for hpa.yaml it
+    # checks nothing and prints nothing.
+    if manifest != HPA_MANIFEST:
+        assert "Failed checks: 0" in result.stdout, result.stdout
 
 
 def test_envoy_pod_meets_the_restricted_profile(k8s):
@@ -683,17 +686,6 @@ def test_adapter_rules_merge_into_the_charts_default_configuration():
             assert template in rule["metricsQuery"], template
     names = [r["name"]["as"] for r in merged["rules"] if r["name"]["as"]]
     assert len(names) == len(set(names)) == len(ours)
-
-
-def test_hpa_file_config_map_holds_the_adapter_rules_while_it_remains():
-    """hpa.yaml's whole-adapter ConfigMap is on its way out (it would replace
-    a running adapter's configuration); while it remains, its rules are
-    adapter-rules.yaml's."""
-    maps = [d for d in yaml.safe_load_all(HPA_MANIFEST.read_text())
-            if d and d["kind"] == "ConfigMap"]
-    for config_map in maps:
-        assert yaml.safe_load(config_map["data"]["config.yaml"])["rules"] == \
-            adapter_rules_custom()
 
 
 def test_keda_and_the_adapter_read_the_same_per_pod_values(tmp_path):

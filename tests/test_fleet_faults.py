@@ -463,12 +463,15 @@ def test_unavailable_replica_is_ejected_by_outlier_detection(tmp_path):
     for cluster, address in ((GRPC, bad.grpc_address), (HTTP, bad.http_address)):
         assert "failed_active_hc" not in flags_ejected[cluster], flags_ejected
         enforced = [e for e in events if e.get("enforced") and e.get("cluster_name") == cluster]
-        # Every ejection is of that host, for consecutive 5xx, and the
-        # cluster's counter counts those.
-        assert enforced and all(e.get("upstream_url") == address
-                                and e.get("type") == "CONSECUTIVE_5XX" for e in enforced), events
+        # Every ejection is of that host; it was ejected for its answers
+        # (consecutive 5xx), and the cluster's counter counts those. (Other
+        # types may follow for the same host: UNAVAILABLE as HTTP 503 is also
+        # a gateway failure, and killing the stand-in to put the real server
+        # in its place resets the calls it held, a local-origin failure.)
+        by_5xx = [e for e in enforced if e.get("type") == "CONSECUTIVE_5XX"]
+        assert by_5xx and all(e.get("upstream_url") == address for e in enforced), events
         assert _delta(after, before, f"cluster.{cluster}.outlier_detection."
-                                     "ejections_enforced_consecutive_5xx") == len(enforced)
+                                     "ejections_enforced_consecutive_5xx") == len(by_5xx)
         if holds:
             assert tries[cluster] <= TRIES_ONCE_EJECTED, tries
     assert ejected <= UNAVAILABLE_EJECTED_WITHIN_S, ejected
