@@ -298,3 +298,25 @@ def requests_counted(server, code, method="Softmax"):
     """softmax_requests_total for `method` and gRPC code name `code`."""
     return metric_value(scrape_metrics(server.metrics_address), "softmax_requests_total",
                         {"method": method, "code": code}) or 0
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_ca(folder, name):
+    """A self-signed CA valid for a day: folder/name.pem and name.key (P-256)."""
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-days", "1", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+             "-out", f"{name}.pem", cwd=folder)
+
+
+def make_certificate(folder, ca, name, extensions):
+    """folder/name.pem and name.key, signed by make_ca's `ca` in the same
+    folder, with the openssl x509 `extensions` (e.g. subjectAltName=...)."""
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=folder)
+    (folder / f"{name}.ext").write_text(extensions + "\n")
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+             "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext", "-out", f"{name}.pem",
+             cwd=folder)

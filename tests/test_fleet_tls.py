@@ -21,7 +21,6 @@ Service, softmax-serve.softmax-serve.svc, as envoy-tls.yaml requires)."""
 import http.client
 import json
 import ssl
-import subprocess
 import urllib.error
 import urllib.request
 
@@ -44,25 +43,6 @@ GOOD_TOKEN = "fleet-token-one"
 SHAPE = (2, 16)
 
 
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _make_ca(folder, name):
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-days", "1", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
-             "-out", f"{name}.pem", cwd=folder)
-
-
-def _make_cert(folder, ca, name, extensions):
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=folder)
-    (folder / f"{name}.ext").write_text(extensions + "\n")
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-             "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext", "-out", f"{name}.pem",
-             cwd=folder)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     """front-ca signs what callers see (front.pem, for 127.0.0.1); fleet-ca
@@ -70,15 +50,15 @@ def pki(tmp_path_factory):
     folders front/ and replicas/ hold what deploy/k8s/envoy.yaml mounts at
     /etc/envoy-tls/front and /etc/envoy-tls/replicas."""
     folder = tmp_path_factory.mktemp("fleet-pki")
-    _make_ca(folder, "front-ca")
-    _make_ca(folder, "fleet-ca")
-    _make_ca(folder, "other-ca")
-    _make_cert(folder, "front-ca", "front", "subjectAltName=DNS:localhost,IP:127.0.0.1")
-    _make_cert(folder, "fleet-ca", "replica",
+    e2e_util.make_ca(folder, "front-ca")
+    e2e_util.make_ca(folder, "fleet-ca")
+    e2e_util.make_ca(folder, "other-ca")
+    e2e_util.make_certificate(folder, "front-ca", "front", "subjectAltName=DNS:localhost,IP:127.0.0.1")
+    e2e_util.make_certificate(folder, "fleet-ca", "replica",
                f"subjectAltName=DNS:{make_tls_config.REPLICA_NAME}\n"
                "extendedKeyUsage=serverAuth")
-    _make_cert(folder, "fleet-ca", "envoy", "extendedKeyUsage=clientAuth")
-    _make_cert(folder, "other-ca", "intruder", "extendedKeyUsage=clientAuth")
+    e2e_util.make_certificate(folder, "fleet-ca", "envoy", "extendedKeyUsage=clientAuth")
+    e2e_util.make_certificate(folder, "other-ca", "intruder", "extendedKeyUsage=clientAuth")
     (folder / "front").mkdir()
     (folder / "replicas").mkdir()
     for target, source in {"front/tls.crt": "front.pem", "front/tls.key": "front.key",

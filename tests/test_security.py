@@ -23,35 +23,16 @@ import e2e_util
 from e2e_util import health_check, request, wait_for
 
 
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _make_ca(folder, name):
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-days", "1", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
-             "-out", f"{name}.pem", cwd=folder)
-
-
-def _make_cert(folder, ca, name, extensions):
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=folder)
-    (folder / f"{name}.ext").write_text(extensions + "\n")
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-             "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext", "-out", f"{name}.pem",
-             cwd=folder)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     """A CA with a server and a client certificate, and another CA with a
     client certificate of its own."""
     folder = tmp_path_factory.mktemp("pki")
-    _make_ca(folder, "ca")
-    _make_ca(folder, "other-ca")
-    _make_cert(folder, "ca", "server", "subjectAltName=DNS:localhost,IP:127.0.0.1")
-    _make_cert(folder, "ca", "client", "extendedKeyUsage=clientAuth")
-    _make_cert(folder, "other-ca", "intruder", "extendedKeyUsage=clientAuth")
+    e2e_util.make_ca(folder, "ca")
+    e2e_util.make_ca(folder, "other-ca")
+    e2e_util.make_certificate(folder, "ca", "server", "subjectAltName=DNS:localhost,IP:127.0.0.1")
+    e2e_util.make_certificate(folder, "ca", "client", "extendedKeyUsage=clientAuth")
+    e2e_util.make_certificate(folder, "other-ca", "intruder", "extendedKeyUsage=clientAuth")
     return folder
 
 

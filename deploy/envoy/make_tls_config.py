@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+import generated_file  # noqa: E402  (deploy/generated_file.py)
 SOURCE = HERE / "envoy.yaml"
 TARGET = HERE / "envoy-tls.yaml"
 FRONT_DIR = "/etc/envoy-tls/front"
@@ -127,17 +129,7 @@ def render():
 
 
 def main(argv):
-    text = render()
-    if argv == ["--check"]:
-        if not TARGET.exists() or TARGET.read_text() != text:
-            print(f"{TARGET} is out of date: run {sys.argv[0]}")
-            return 1
-        return 0
-    if argv:
-        sys.exit(__doc__)
-    TARGET.write_text(text)
-    print(f"wrote {TARGET}")
-    return 0
+    return generated_file.run(argv, TARGET, render, __doc__)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+import generated_file  # noqa: E402  (deploy/generated_file.py)
 SOURCE = HERE.parent / "envoy" / "envoy.yaml"
 # ConfigMap key -> the configuration it holds.
 SOURCES = {"envoy.yaml": SOURCE, "envoy-tls.yaml": HERE.parent / "envoy" / "envoy-tls.yaml"}
@@ -137,17 +139,7 @@ def render():
 
 
 def main(argv):
-    text = render()
-    if argv == ["--check"]:
-        if not TARGET.exists() or TARGET.read_text() != text:
-            print(f"{TARGET} is out of date: run {sys.argv[0]}")
-            return 1
-        return 0
-    if argv:
-        sys.exit(__doc__)
-    TARGET.write_text(text)
-    print(f"wrote {TARGET}")
-    return 0
+    return generated_file.run(argv, TARGET, render, __doc__)
 
 
 if __name__ == "__main__":

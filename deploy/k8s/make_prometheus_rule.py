@@ -21,6 +21,8 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+import generated_file  # noqa: E402  (deploy/generated_file.py)
 SOURCES = [HERE.parent / "prometheus" / "alerts.yml",
            HERE.parent / "prometheus" / "autoscaling.yml"]
 TARGET = HERE / "monitoring.yaml"
@@ -71,17 +73,7 @@ def render():
 
 
 def main(argv):
-    text = render()
-    if argv == ["--check"]:
-        if TARGET.read_text() != text:
-            print(f"{TARGET} is out of date: run {sys.argv[0]}")
-            return 1
-        return 0
-    if argv:
-        sys.exit(__doc__)
-    TARGET.write_text(text)
-    print(f"wrote {TARGET}")
-    return 0
+    return generated_file.run(argv, TARGET, render, __doc__)
 
 
 if __name__ == "__main__":
