@@ -41,15 +41,16 @@
 #define SOFTMAX_CLIENT_LOAD_STREAM_H_
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
-#include <grpcpp/alarm.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
@@ -114,6 +115,12 @@ class LoadStreamWorker {
   void QueueOrFail(const StreamRequest& request);
   // Opens a new gRPC stream for what is queued. REQUIRES: mutex_ held.
   void OpenLocked();
+  // The thread of delayed reopens (reopener_): waits for reopen_at_, then
+  // opens the next stream, or ends the worker when it was cancelled. (A
+  // grpc::Alarm per reopen would have to outlive its own callback, which a
+  // stream ending at once, or the run ending on that callback's UnitDone,
+  // does not allow; the worker's own thread is joined by its destructor.)
+  void ReopenLoop();
   // Ends the worker: `why` (when not empty) stops the run with that reason,
   // `failed` (taken out of the ledger) fail with `code`, then UnitDone.
   // REQUIRES: mutex_ not held; ended_ set.
@@ -142,7 +149,12 @@ class LoadStreamWorker {
   std::mutex mutex_;
   StreamLedger ledger_;                   // GUARDED_BY(mutex_)
   std::shared_ptr<Attempt> attempt_;      // GUARDED_BY(mutex_); null between streams
-  std::unique_ptr<grpc::Alarm> reopen_alarm_;  // GUARDED_BY(mutex_)
+  // A delayed reopen: when, and how many requests it sends again.
+  std::optional<LoadClock::time_point> reopen_at_;  // GUARDED_BY(mutex_)
+  int64_t reopen_resent_ = 0;             // GUARDED_BY(mutex_)
+  bool stopping_ = false;                 // GUARDED_BY(mutex_); the destructor runs
+  std::condition_variable reopen_wake_;   // with mutex_: reopen_at_, cancelled_, stopping_
+  std::thread reopener_;                  // started at the first delayed reopen
   grpc::ByteBuffer write_;                // GUARDED_BY(mutex_) while writing_
   // A chunked request whose later chunks are still to be written.
   const LoadPayload* sending_ = nullptr;  // GUARDED_BY(mutex_)

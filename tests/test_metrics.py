@@ -213,11 +213,17 @@ def test_alert_rules_load_and_evaluate(prometheus, traffic):
         return groups if rules and all(rule["health"] == "ok" for rule in rules) else None
 
     groups = wait_until(groups_evaluated, 30, "every alert rule to be evaluated")
-    assert [group["name"] for group in groups] == ["softmax-serve", "softmax-serve-autoscaling"]
-    rules = groups[0]["rules"]
+    by_name = {group["name"]: group for group in groups}
+    assert sorted(by_name) == ["softmax-envoy", "softmax-serve", "softmax-serve-autoscaling"]
+    rules = by_name["softmax-serve"]["rules"]
     # The autoscaling signals' recording rules evaluate on this replica's series.
-    for recording in groups[1]["rules"]:
+    for recording in by_name["softmax-serve-autoscaling"]["rules"]:
         assert recording["type"] == "recording" and not recording.get("lastError"), recording
+    # Envoy's alerts load and evaluate without error, with no Envoy scraped
+    # here (tests/test_deploy.py's promtool unit tests fire them).
+    for rule in by_name["softmax-envoy"]["rules"]:
+        assert rule["type"] == "alerting" and not rule.get("lastError"), rule
+        assert rule["state"] == "inactive", rule
     assert sorted(rule["name"] for rule in rules) == [
         "SoftmaxGpuClocksThrottled", "SoftmaxGpuUnusable", "SoftmaxLatencyP99High",
         "SoftmaxNotServing", "SoftmaxQueueNearFull", "SoftmaxServerErrorRateHigh"]
@@ -246,7 +252,8 @@ def test_promtool_accepts_the_alert_rules():
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERT_RULES)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout, result.stdout
+    # Six for the replicas, four for Envoy.
+    assert "SUCCESS: 10 rules found" in result.stdout, result.stdout
 
 
 def test_empty_metrics_address_turns_metrics_off(start_server):
