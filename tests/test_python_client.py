@@ -6,6 +6,7 @@ reference, errors must carry the server's code, and a drain (SIGTERM) during a
 stream of calls must cost the caller nothing."""
 
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -313,6 +314,28 @@ def test_stream_reopens_at_the_servers_stream_age_and_answers_each_request_once(
         for result in c.stream(arrays[:20]):
             assert_close(result.output, reference_softmax(arrays[result.index]), "float32")
     assert requests_counted(aging, "OK", "SoftmaxStream") == len(arrays) + 20
+
+
+def test_stream_fed_by_its_own_answers_does_not_wait_on_itself(softmax_client, server):
+    """An interactive caller: its iterable yields the next array only once
+    the answer to the one before arrived. Reading the iterable must not hold
+    up the answers (it did when the feed read it under the lock that
+    answered() takes: the stream hung)."""
+    got = queue.Queue()
+    values = np.random.default_rng(9).normal(size=(2, 16)).astype(np.float32)
+
+    def interactive():
+        for _ in range(20):
+            yield values
+            got.get(timeout=10)  # the answer to what was just sent
+
+    seen = []
+    with softmax_client.Client(server.grpc_address, timeout=30) as c:
+        for result in c.stream(interactive()):
+            seen.append(result.index)
+            assert_close(result.output, reference_softmax(values), "float32")
+            got.put(result.index)
+    assert seen == list(range(20))
 
 
 def test_stream_raises_once_its_server_is_gone(softmax_client, start_server):

@@ -441,11 +441,15 @@ class _RequestFeed:
     iterable. Every item stays here until its answer arrives. Thread-safe:
     gRPC reads messages() on a thread of its own, and a stream that ended may
     still be reading its own while the next one starts; it stops at the next
-    item (requeue() makes it stale), and an item it took is sent again."""
+    item (requeue() makes it stale), and an item it took is sent again. The
+    caller's iterable is read under a lock of its own (`_pull_lock`), never
+    under `_lock`: an iterable that waits for an earlier answer before it
+    yields the next array must not keep answered() waiting."""
 
     def __init__(self, arrays: Iterable[Any], chunk_bytes: int):
         self._arrays = iter(arrays)
         self._chunk_bytes = chunk_bytes
+        self._pull_lock = threading.Lock()  # taken before _lock, never after
         self._lock = threading.Lock()
         self._generation = 0
         self._next_index = 0
@@ -466,16 +470,26 @@ class _RequestFeed:
                 elif self._exhausted:
                     return
                 else:
+                    index = None
+            if index is None:
+                with self._pull_lock:
                     try:
                         item = next(self._arrays)
                     except StopIteration:
-                        self._exhausted = True
-                        return
+                        with self._lock:
+                            self._exhausted = True
+                        continue  # what a stale stream took may wait in _resend
                     array, kwargs = item if isinstance(item, tuple) else (item, {})
                     array = np.asarray(array)
-                    index = self._next_index
-                    self._next_index += 1
-                    self._unanswered[index] = (array, kwargs)
+                    with self._lock:
+                        index = self._next_index
+                        self._next_index += 1
+                        self._unanswered[index] = (array, kwargs)
+                        if generation != self._generation:
+                            # A newer stream took over while this one waited
+                            # for the item: that stream sends it.
+                            self._resend.append(index)
+                            return
             yield from _chunks(_request(array, request_id=str(index), **kwargs),
                                self._chunk_bytes)
 
