@@ -191,6 +191,12 @@ def _delta(after, before, name):
     return after.get(name, 0) - before.get(name, 0)
 
 
+def print_stat_changes(before, after):
+    """Envoy's counters that moved between two outlier_stats()."""
+    print("  envoy: " + ", ".join(f"{name.split('.', 1)[1]} +{_delta(after, before, name)}"
+                                  for name in sorted(after) if _delta(after, before, name)))
+
+
 def print_callers(what, callers, since=0.0, until=float("inf")):
     for protocol, (calls, failed, p99, longest) in callers.summary(since, until).items():
         print(f"  {what} {protocol}: {calls} calls, {failed} failed, p99 {p99} s, max {longest} s")
@@ -263,8 +269,7 @@ def _unresponsive_replica(fault, recover, what, unusable_reason=lambda fleet: No
               f"ejected by outlier detection {ejected:.2f} s after it ({flags_ejected}); "
               f"back in rotation {back:.2f} s after it ended, then answered {answered:.0f} "
               f"calls in {AFTER_BACK_S} s")
-        print("  envoy: " + ", ".join(f"{name.split('.', 1)[1]} +{_delta(after, before, name)}"
-                                      for name in sorted(after) if _delta(after, before, name)))
+        print_stat_changes(before, after)
         met = callers.longest(fault_at - PER_TRY_TIMEOUT_S, recovered_at)
         print(f"  calls in flight when it began: {callers.in_flight_at(fault_at)}; the longest "
               f"call that met it: {met:.2f} s")
@@ -451,8 +456,7 @@ def test_unavailable_replica_is_ejected_by_outlier_detection(tmp_path):
               f"({flags_ejected}); its tries in the {EJECTED_WINDOW_S} s after: {tries}; the "
               f"real server in its place back in rotation {back:.2f} s after it started, then "
               f"answered {answered_after - answered_before:.0f} calls in {AFTER_BACK_S} s")
-        print("  envoy: " + ", ".join(f"{name.split('.', 1)[1]} +{_delta(after, before, name)}"
-                                      for name in sorted(after) if _delta(after, before, name)))
+        print_stat_changes(before, after)
         print_callers("UNAVAILABLE", callers)
         assert_no_failure(callers, fleet, "callers beside an UNAVAILABLE replica")
     # Envoy writes the event log when it exits.

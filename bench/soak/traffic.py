@@ -456,15 +456,7 @@ class LongStream(threading.Thread):
         import queue
         channel = grpc.insecure_channel(self.endpoints["grpc"], options=tensors.CHANNEL_OPTIONS)
         stub = softmax_pb2_grpc.SoftmaxServiceStub(channel)
-        outgoing = queue.Queue()
-
-        def requests():
-            while True:
-                item = outgoing.get()
-                if item is None:
-                    return
-                yield item
-
+        outgoing = queue.Queue()  # None half-closes the stream
         def sender():
             while True:
                 item = self._next_case()
@@ -478,7 +470,7 @@ class LongStream(threading.Thread):
         writer = threading.Thread(target=sender, name=f"{self.name}-send", daemon=True)
         writer.start()
         try:
-            for response in stub.SoftmaxStream(requests()):
+            for response in stub.SoftmaxStream(iter(outgoing.get, None)):
                 if response.HasField("error"):
                     name = CODE_NAMES.get(response.error.code, str(response.error.code))
                     self._answer(response.request_id, error_code=name,
