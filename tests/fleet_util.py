@@ -735,8 +735,11 @@ class Fleet:
 
     def __init__(self, replicas=3, server_args=(), envoy_bin=None, use_namespaces=None,
                  envoy_concurrency=2, wait_timeout=30.0, replica_cpus=None, envoy_patch=None,
-                 envoy_hot_restart=None, envoy_config=None, envoy_args=()):
+                 envoy_hot_restart=None, envoy_config=None, envoy_args=(), replica_type=None):
         self.server_args = list(server_args)
+        # A Replica subclass (a stand-in) for the replicas made here and by
+        # add_replica unless it names its own.
+        self.replica_type = replica_type
         # Each replica held to this many cores (a pod's CPU limit), so that
         # the replicas, not the callers or Envoy that share the host, bound
         # the fleet's throughput; None = no bound. Where the cgroup cannot
@@ -784,7 +787,7 @@ class Fleet:
         return self.network.mode_note
 
     def _new_replica(self, replica_type=None):
-        return (replica_type or Replica)(self.network, len(self.replicas), self.server_args,
+        return (replica_type or self.replica_type or Replica)(self.network, len(self.replicas), self.server_args,
                                          self.workdir, cpus=self.replica_cpus)
 
     def __enter__(self):
@@ -1099,16 +1102,107 @@ web.serve_forever()
 """
 
 
-class UnavailableReplica(Replica):
-    """A misbehaving replica (UNAVAILABLE_REPLICA, in Python) at the next
-    address, on the replicas' ports: its health says SERVING while it
-    answers every call UNAVAILABLE. With .misbehaving = False, start() runs
-    the real softmax-server there instead (the pod restarted with a build
-    that works). It has no metrics while it misbehaves."""
+# A stand-in replica of fixed latency: gRPC health SERVING, and every
+# softmax.v1 Softmax call answered with its softmax (float32, NumPy) after
+# exactly `latency` seconds of waiting that cost no CPU (asyncio), however
+# many calls are in flight. Replicas whose cost is time rather than this
+# host's cores: Envoy's shipped limits (sized for GPU replicas) become
+# reachable with the few calls a 2-core host can offer.
+# KServe HTTP says ready and answers nothing else (503). It prints "peak in
+# flight N" each time the most calls it held at once grows.
+# argv: gRPC address, HTTP host, HTTP port, latency in seconds; prints
+# "listening" once both listen.
+FIXED_LATENCY_REPLICA = r"""
+import asyncio, http.server, sys, threading
+import grpc, numpy
+from softmax.v1 import softmax_pb2
+
+grpc_address, http_host, http_port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+latency = float(sys.argv[4])
+
+class Http(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def answer(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200 if self.path.startswith("/v2/health/") else 503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    do_GET = do_POST = answer
+    def log_message(self, *args):
+        pass
+
+async def serving(request, context):
+    return b"\x08\x01"  # grpc.health.v1.HealthCheckResponse{status: SERVING}
+
+in_flight = peak = 0
+
+async def softmax(request, context):
+    global in_flight, peak
+    in_flight += 1
+    peak = max(peak, in_flight)
+    try:
+        await asyncio.sleep(latency)
+    finally:
+        in_flight -= 1
+    tensor = request.input
+    if tensor.dtype != softmax_pb2.DTYPE_FLOAT32:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the stand-in takes float32 only")
+    x = numpy.frombuffer(tensor.data, numpy.float32).reshape(tensor.shape).astype(numpy.float64)
+    axis = request.axis if request.HasField("axis") else -1
+    x = x / (request.temperature if request.HasField("temperature") else 1.0)
+    shifted = x - x.max(axis=axis, keepdims=True)
+    log = shifted - numpy.log(numpy.exp(shifted).sum(axis=axis, keepdims=True))
+    y = log if request.log else numpy.exp(log)
+    return softmax_pb2.SoftmaxResponse(
+        request_id=request.request_id,
+        output=softmax_pb2.Tensor(dtype=tensor.dtype, shape=tensor.shape,
+                                  data=y.astype(numpy.float32).tobytes()))
+
+class Handler(grpc.GenericRpcHandler):
+    def service(self, details):
+        if details.method == "/grpc.health.v1.Health/Check":
+            return grpc.unary_unary_rpc_method_handler(serving)
+        if details.method == "/softmax.v1.SoftmaxService/Softmax":
+            return grpc.unary_unary_rpc_method_handler(
+                softmax, request_deserializer=softmax_pb2.SoftmaxRequest.FromString,
+                response_serializer=softmax_pb2.SoftmaxResponse.SerializeToString)
+        return None
+
+async def main():
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([Handler()])
+    server.add_insecure_port(grpc_address)
+    await server.start()
+    web = http.server.ThreadingHTTPServer((http_host, http_port), Http)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    print("listening", flush=True)
+    printed = 0
+    while True:  # the most calls in flight at once, each time it grows
+        await asyncio.sleep(0.25)
+        if peak != printed:
+            printed = peak
+            print(f"peak in flight {peak}", flush=True)
+
+asyncio.run(main())
+"""
+
+
+class StandInReplica(Replica):
+    """A process other than softmax-server at the next replica address, on
+    the replicas' ports, started from a Python script (SCRIPT, with
+    script_args()). With .misbehaving = False, start() runs the real
+    softmax-server there instead (the pod restarted with a build that
+    works). It has no metrics while it stands in."""
+
+    SCRIPT = None
+    WHAT = "stand-in"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.misbehaving = True
+
+    def script_args(self):
+        raise NotImplementedError
 
     def start(self, timeout=30.0):
         if not self.misbehaving:
@@ -1120,14 +1214,39 @@ class UnavailableReplica(Replica):
         with open(log, "w") as f:
             self.process = subprocess.Popen(
                 [*self.network.exec_prefix(self.namespace), sys.executable, "-c",
-                 UNAVAILABLE_REPLICA, self.grpc_address, self.address, str(self.http_port)],
+                 self.SCRIPT, *self.script_args()],
                 stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         e2e_util.wait_for(lambda: "listening" in self.output() or not self.alive(), timeout,
-                          f"the UNAVAILABLE replica {self.index} listening")
+                          f"the {self.WHAT} replica {self.index} listening")
         if not self.alive():
-            raise RuntimeError(f"the UNAVAILABLE replica exited {self.process.returncode}:\n"
+            raise RuntimeError(f"the {self.WHAT} replica exited {self.process.returncode}:\n"
                                f"{self.output()}")
         return self
+
+
+class UnavailableReplica(StandInReplica):
+    """A misbehaving replica (UNAVAILABLE_REPLICA): its health says SERVING
+    while it answers every call UNAVAILABLE."""
+
+    SCRIPT = UNAVAILABLE_REPLICA
+    WHAT = "UNAVAILABLE"
+
+    def script_args(self):
+        return [self.grpc_address, self.address, str(self.http_port)]
+
+
+def fixed_latency_replica(latency_s):
+    """A StandInReplica type answering softmax.v1 Softmax after latency_s
+    (FIXED_LATENCY_REPLICA), for Fleet(replica_type=...)."""
+
+    class FixedLatencyReplica(StandInReplica):
+        SCRIPT = FIXED_LATENCY_REPLICA
+        WHAT = f"{latency_s} s latency"
+
+        def script_args(self):
+            return [self.grpc_address, self.address, str(self.http_port), str(latency_s)]
+
+    return FixedLatencyReplica
 
 
 def hold_to_cpus(replica, cpus):

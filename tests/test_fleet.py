@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -802,107 +803,97 @@ def test_scale_up_spreads_within_10_s(python_client_dir):
 
 # ----------------------------------------------------------------- overload
 
-# Each replica held to a twentieth of a core (a pod's CPU limit): the replicas,
-# not the load client or Envoy beside them on this host, are what the offered
-# load overwhelms.
-OVERLOAD_REPLICA_CPUS = 0.05
-# Tensors whose softmax costs a replica several times what sending and
-# checking it costs the load client, so that the client offers three times
-# the fleet's rate on time.
-OVERLOAD_SHAPE = "16x1024"
-# Stated bounds (measured on a 2-core host, also with a load average of 12
-# from other work: refusals at Envoy median 0-5 ms, at most 0.02-0.7 s;
-# accepted calls' p99 0.25-0.92 s, counted from their intended send time, so
-# that it holds the client's own lag too).
+# Replicas whose every call takes this long, however many are in flight
+# (fleet_util.FIXED_LATENCY_REPLICA: the wait costs no CPU). The shipped
+# envoy.yaml is sized for GPU replicas: 16 connections x 64 streams = 1,024
+# calls in flight per replica, 1,024 more waiting cluster-wide. Replicas of
+# real CPU work cannot be pushed to those limits from a 2-core host (measured
+# with 3 unbounded replicas and --max_queued_requests=64: 6,664 calls/s
+# offered were mostly answered, the replicas' own queue refusing the rest;
+# at a twentieth of a core each, calls waited to their 5 s deadline); replicas
+# that take time instead of cores reach them with 2,304 calls/s for 3 s.
+OVERLOAD_LATENCY_S = 4.0
+OVERLOAD_REPLICAS = 3
+OVERLOAD_SHAPE = "1x64"
+# Refusals at Envoy: measured median 0 ms, max 0-20 ms on a 2-core host.
 REFUSED_WITHIN_MS = 1000
-ACCEPTED_P99_MS = 2000
-# Callers of the sustained load, and the most calls the fleet holds at once
-# (_size_for_small_replicas: 2 Envoy workers with 8 in flight on each of the 3
-# replicas, and 16 waiting in Envoy's cluster-wide pending limit). An accepted
-# call waits behind at most the latter, so on a host where the replicas run
-# slower than stated above (one 2-core run: 48 calls/s sustained, p99 1.09 s;
-# accepted p99 2.78 s), its p99 is bounded by the sustained p99 scaled by
-# their ratio instead.
-SUSTAINED_CALLERS = 24
-OVERLOAD_CAPACITY = 2 * 3 * 8 + 16
+# What the host may add to an accepted call's latency under this load.
+HOST_LAG_S = 1.5
 
 
 def _quantile(values, q):
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
-def _size_for_small_replicas(config):
-    """What an operator sets for replicas this small (a twentieth of a core
-    answers 100-150 calls/s): each Envoy worker keeps at most 8 calls in
-    flight on a replica (one connection of 8 streams per worker; 2 workers:
-    16 per replica, a tenth of a second of its work; no GOAWAY comes here,
-    so no connection drains), and 16 calls wait in Envoy for a free one;
-    more are refused by Envoy at once.
-
-    Why not the shipped limits: envoy.yaml sizes them for GPU replicas
-    (1,024 calls in flight per replica, 1,024 waiting: tens of milliseconds
-    of a GPU's work). On replicas of a twentieth of a core that is seconds
-    of work, and what this test offers never reaches them: measured with the
-    shipped envoy.yaml, the replicas' own queue (64) refused the excess at
-    the cost of their CPU, and calls waited to their 5 s deadline (940-1,132
-    DEADLINE_EXCEEDED of ~4,300, refusals median 3.5-4.3 s). Overloading the
-    shipped limits themselves takes over 4,000 calls in flight, more than a
-    load client on these 2 cores can hold while the replicas answer. So this
-    test checks the mechanism (Envoy's own refusal at its limits, scaled to
-    the replicas), as an operator sizing them for such replicas would see
-    it."""
+def _shipped_limits():
+    """(calls in flight per replica, calls waiting cluster-wide) of the
+    shipped envoy.yaml's unary cluster."""
+    import yaml
+    config = yaml.safe_load(fleet_util.ENVOY_CONFIG.read_text())
     grpc = fleet_util.cluster(config, fleet_util.GRPC_CLUSTER)
-    options = grpc["typed_extension_protocol_options"][
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
-    options["explicit_http_config"]["http2_protocol_options"]["max_concurrent_streams"] = 8
-    grpc["circuit_breakers"]["per_host_thresholds"][0]["max_connections"] = 2
-    grpc["circuit_breakers"]["thresholds"][0]["max_pending_requests"] = 16
+    streams = grpc["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"][
+        "explicit_http_config"]["http2_protocol_options"]["max_concurrent_streams"]
+    connections = grpc["circuit_breakers"]["per_host_thresholds"][0]["max_connections"]
+    pending = grpc["circuit_breakers"]["thresholds"][0]["max_pending_requests"]
+    return connections * streams, pending
+
+
+def _peaks(fleet):
+    """The most calls each stand-in replica held at once."""
+    return [max([int(n) for n in re.findall(r"peak in flight (\d+)", r.output())] or [0])
+            for r in fleet.replicas]
 
 
 def test_overload_ends_excess_fast():
-    # A small admission queue per replica: what does not fit is refused
-    # UNAVAILABLE at once instead of waiting.
-    with fleet_util.start_fleet(3, server_args=["--max_queued_requests=64"],
-                                replica_cpus=OVERLOAD_REPLICA_CPUS,
-                                envoy_patch=_size_for_small_replicas) as fleet:
+    """The shipped envoy.yaml, unchanged, in front of replicas that take
+    OVERLOAD_LATENCY_S per call: three times what the fleet sustains is
+    offered for 3 s. Envoy fills each replica to its limit, queues its
+    pending limit, and refuses the rest at once (UNAVAILABLE); every
+    accepted call is answered right, within its latency plus the wait of the
+    pending queue."""
+    per_replica, pending = _shipped_limits()
+    in_flight = OVERLOAD_REPLICAS * per_replica
+    sustained_rate = in_flight / OVERLOAD_LATENCY_S
+    rate = 3 * sustained_rate
+    # A call queued in Envoy gets the slot of a call in flight before it came
+    # (there are more of those than calls queued), so it waits at most one
+    # latency before its own (measured: max 7.0 s at 4 s per call).
+    accepted_bound_s = 2 * OVERLOAD_LATENCY_S + HOST_LAG_S
+    with fleet_util.start_fleet(
+            OVERLOAD_REPLICAS,
+            replica_type=fleet_util.fixed_latency_replica(OVERLOAD_LATENCY_S)) as fleet:
         note_fallbacks(fleet)
-        if not all(r.cpu_limit for r in fleet.replicas):
-            if IN_CI:
-                pytest.fail("no cgroup can hold the replicas to a share of a core (CI=true)")
-            pytest.skip("no cgroup can hold the replicas to a share of a core here: the load "
-                        "client on the same cores could not offer three times what they "
-                        "sustain")
-        target = fleet.envoy.softmax_address
-        # 24 callers keep the replicas busy and are fewer than one Envoy
-        # worker takes before it refuses (a caller's connection is served by
-        # one worker: 8 in flight on each of 3 replicas, 16 waiting).
-        sustained = Load(target, duration_s=3, concurrency=SUSTAINED_CALLERS, connections=2,
-                         shape=OVERLOAD_SHAPE).result()
-        assert_no_failure(sustained, "the sustained load")
-        rate = 3 * sustained["requests_per_s"]
-        deadline_ms = 5000
-        over = Load(target, duration_s=4, rate=rate, connections=2, shape=OVERLOAD_SHAPE,
-                    timeout_ms=deadline_ms, extra=["--max_outstanding=4000"]).result()
+        # 8 connections: Envoy takes 1,024 streams on each from a caller.
+        over = Load(fleet.envoy.softmax_address, duration_s=3, rate=rate, connections=8,
+                    shape=OVERLOAD_SHAPE, timeout_ms=20000,
+                    extra=[f"--max_outstanding={2 * (in_flight + pending)}"]).result()
         refused_ms = sorted(int(line.rsplit("ms=", 1)[1]) for line in failed_calls(fleet)
                             if "/softmax.v1.SoftmaxService/Softmax " in line)
+        overflow = sum(fleet.envoy.stats(
+            f"cluster.{fleet_util.GRPC_CLUSTER}.upstream_rq_pending_overflow").values())
+        peaks = _peaks(fleet)
     codes = over["errors_by_code"]
-    print(f"overload (replicas at {OVERLOAD_REPLICA_CPUS} core each): "
-          f"sustained {sustained['requests_per_s']:.0f}/s (p99 "
-          f"{sustained['latency_us']['p99'] / 1000:.1f} ms); offered {rate:.0f}/s for 4 s: "
-          f"{over['ok']} answered ({over['requests_per_s']:.0f}/s offered as sent), refused "
-          f"{codes}; refusals at Envoy: median {_quantile(refused_ms, 0.5)} ms, p99 "
-          f"{_quantile(refused_ms, 0.99)} ms, max {_quantile(refused_ms, 1.0)} ms; "
-          f"answered p99 {over['latency_us']['p99'] / 1000:.1f} ms, max "
-          f"{over['latency_us']['max'] / 1000:.1f} ms")
+    print(f"overload, the shipped envoy.yaml ({per_replica} calls in flight per replica, "
+          f"{pending} pending), {OVERLOAD_REPLICAS} replicas of {OVERLOAD_LATENCY_S} s per call "
+          f"(sustain {sustained_rate:.0f}/s): offered {rate:.0f}/s for 3 s "
+          f"({over['requests']} calls): {over['ok']} answered, refused {codes}, "
+          f"Envoy's pending overflows {overflow}; most in flight per replica {peaks}; "
+          f"refusals at Envoy: median {_quantile(refused_ms, 0.5)} ms, p99 "
+          f"{_quantile(refused_ms, 0.99)} ms, max {_quantile(refused_ms, 1.0)} ms; answered "
+          f"p50 {over['latency_us']['p50'] / 1e6:.2f} s, p99 {over['latency_us']['p99'] / 1e6:.2f} s, "
+          f"max {over['latency_us']['max'] / 1e6:.2f} s (bound {accepted_bound_s:.2f} s)")
     assert over["mismatches"] == 0
     assert over["ok"] + over["errors"] == over["requests"] + over["warmup_requests"], over
-    assert set(codes) <= {"RESOURCE_EXHAUSTED", "UNAVAILABLE"}, codes
-    assert over["ok"] > 0 and over["errors"] > 0, "the offered load did not overload the fleet"
+    assert set(codes) <= {"UNAVAILABLE"}, codes
+    assert over["errors"] > 0 and overflow >= over["errors"], (over["errors"], overflow)
+    # Envoy's limits, not the replicas, bounded the calls: each replica held
+    # at most its share and was filled to (nearly) it.
+    assert all(peak <= per_replica for peak in peaks), peaks
+    assert sum(peaks) >= 0.9 * in_flight, peaks
+    assert over["ok"] >= in_flight + pending, over["ok"]
     assert refused_ms and refused_ms[-1] <= REFUSED_WITHIN_MS, refused_ms[-10:]
-    accepted_p99_ms = max(ACCEPTED_P99_MS, OVERLOAD_CAPACITY / SUSTAINED_CALLERS
-                          * sustained["latency_us"]["p99"] / 1000)
-    assert over["latency_us"]["p99"] / 1000 <= accepted_p99_ms, (over["latency_us"], accepted_p99_ms)
-    assert over["latency_us"]["max"] < deadline_ms * 1000
+    assert over["latency_us"]["max"] / 1e6 <= accepted_bound_s, over["latency_us"]
 
 
 # -------------------------------------------------------------- rapid reset
