@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from e2e_util import (HOLD_IN_QUEUE, LAME_DUCK_S, assert_close, decode, health_check,
+from e2e_util import (HOLD_IN_QUEUE, LAME_DUCK_S, assert_close, chunks_of, decode, health_check,
                       metric_value, reference_softmax, request, scrape_metrics)
 
 
@@ -346,3 +346,71 @@ def test_restart_on_the_same_addresses_listens_at_once(start_server):
     assert (second.grpc_address, second.http_address, second.metrics_address) == addresses
     assert time.monotonic() - started < 5.0
     second.stub().Softmax(request(np.zeros((1, 4))), timeout=10)
+
+
+def _assert_prompt_exit(server, started, what):
+    """`server` exits 0 within the lame duck + 1 s of `started` (SIGTERM):
+    nothing of its earlier calls is still counted in flight, which would
+    hold the exit for the whole grace period."""
+    assert server.process.wait(timeout=20) == 0, server.output()
+    elapsed = time.monotonic() - started
+    assert elapsed <= LAME_DUCK_S + 1.0, (
+        f"exit {elapsed:.2f} s after SIGTERM following {what}: a request still counted "
+        f"in flight held the drain toward its 30-s grace\n{server.output()}")
+
+
+def test_sigterm_after_a_chunked_stream_exits_at_once(start_server):
+    """The messages of a chunked request that get no answer of their own (the
+    chunks taken into the first one, the dropped later chunks of a failed
+    request) and those a stream's end fails (a tensor half assembled) leave
+    nothing in flight: SIGTERM after such a stream exits within the lame duck
+    + 1 s, not the grace."""
+    server = start_server("--shutdown_grace_s=30")
+    stub = server.stub()
+    x = np.random.default_rng(5).normal(size=(4, 3000))
+    whole = request(x, request_id="chunked")
+    messages = chunks_of(whole, 4096)
+    assert len(messages) >= 10
+    # A failed chunked request ("gap" skips bytes) whose later chunk is dropped.
+    gap = chunks_of(request(x, request_id="gap"), 4096)
+    messages += [gap[0], gap[2], gap[3]]
+    # A tensor still being assembled when the caller half-closes.
+    messages += chunks_of(request(x, request_id="unfinished"), 4096)[:3]
+    answers = {}
+    for response in stub.SoftmaxStream(iter(messages), timeout=30):
+        answers.setdefault(response.request_id, []).append(response)
+    assert set(answers) == {"chunked", "gap", "unfinished"}, answers.keys()
+    assert answers["chunked"][0].error.code == 0, answers["chunked"][0].error
+    assert all(len(answers[i]) == 1 and answers[i][0].error.code != 0
+               for i in ("gap", "unfinished")), answers
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    _assert_prompt_exit(server, started, "a chunked stream")
+
+
+def test_sigterm_after_a_stream_whose_writes_failed_exits_at_once(start_server):
+    """A caller that cancels its stream while answers wait to be written (it
+    reads none): the failed write and the answers dropped behind it leave
+    nothing in flight, so SIGTERM exits within the lame duck + 1 s."""
+    server = start_server("--shutdown_grace_s=30")
+    stub = server.stub()
+    # Answers of 1 MiB each, far more than the connection's window holds.
+    x = np.zeros((4, 65536))
+    sent = threading.Event()
+
+    def requests():
+        for i in range(32):
+            yield request(x, request_id=f"w{i}")
+        sent.set()
+        time.sleep(30)
+
+    call = stub.SoftmaxStream(requests(), timeout=60)
+    assert sent.wait(20), "the requests were never all sent"
+    wait_for(lambda: (metric_value(scrape_metrics(server.metrics_address),
+                                   "softmax_requests_total") or 0) >= 1,
+             20, "an answered request")
+    call.cancel()
+    time.sleep(0.5)  # the server sees the reset and its pending write fail
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    _assert_prompt_exit(server, started, "a stream whose writes failed")
