@@ -95,8 +95,9 @@ std::map<RowOrder, long long> OrdersOf(const Schedule& schedule, uintptr_t begin
           } else if (step.kernel == SoftmaxKernel::kOnChip) {
             order = {name, {r.config, r.n, ScaleBits(r.scale)}};
           } else {
-            order = {name, {step.cluster, r.unused[kStagedChunkSlot], r.config, r.n,
-                            ScaleBits(r.scale)}};
+            // The instantiation (4 or 14 stages) is part of a staged row's order.
+            order = {name, {step.cluster, step.short_shares, r.unused[kStagedChunkSlot],
+                            r.config, r.n, ScaleBits(r.scale)}};
           }
           out[order] += r.rows;
         }
@@ -258,6 +259,9 @@ TEST_F(ScheduleTest, KernelsOfOneSegment) {
   }
 }
 
+// Rows of the long probes: both sides of 2,048 and 4,096.
+constexpr int64_t kProbeRows = 5000;
+
 // Probe segments: both sides of every boundary between kernels, aligned and
 // not, non-last axes; fillers of every kernel.
 std::vector<SoftmaxSegment> Probes(const LaunchPlan& plan, DType dtype) {
@@ -271,18 +275,22 @@ std::vector<SoftmaxSegment> Probes(const LaunchPlan& plan, DType dtype) {
   for (int64_t n : {staged, staged + v, split_staged, split_staged + v, fused, fused + 1}) {
     if (n > 0) lengths.push_back(n);
   }
+  // Thousands of rows (outer slices) per probe on every kernel class, so
+  // that a rule reading the row count of a tensor (say, another kernel from
+  // 2,048 rows) gives its random runs of rows other orders than the whole.
+  // Nothing is dereferenced: planning only sees the sizes.
   std::vector<SoftmaxSegment> probes;
   int slot = 0;
   for (int64_t n : lengths) {
-    const int64_t outer = n > (1 << 20) ? 2 : (n > 4096 ? 9 : 70);
     for (int64_t misalign : {0, 1}) {
       const bool log = slot % 3 == 0;
-      probes.push_back(At(dtype, slot++, outer, n, 1, misalign, 0.7f, log));
+      probes.push_back(At(dtype, slot++, kProbeRows, n, 1, misalign, 0.7f, log));
     }
   }
   for (int64_t inner : {int64_t{2}, int64_t{3}, int64_t{64}, int64_t{1000}, 32 * v}) {
     for (int64_t n : {5, 1000, 4096, 26624, 26625, 70000}) {
-      probes.push_back(At(dtype, slot++, 3, n, inner, inner == 3 ? 1 : 0, 1.3f, n == 1000));
+      probes.push_back(
+          At(dtype, slot++, kProbeRows, n, inner, inner == 3 ? 1 : 0, 1.3f, n == 1000));
     }
   }
   return probes;
@@ -328,8 +336,11 @@ void ScheduleTest::CheckRowOrders(uint64_t seed, int trials, int* checked) const
         // A run of the probe's rows, moved by whole 16-byte vectors (same
         // alignment class), among fillers in a random position.
         SoftmaxSegment piece = probe;
+        // Half the runs short (up to 64 rows), half of any length.
         const int64_t first = std::uniform_int_distribution<int64_t>(0, probe.outer - 1)(rng);
-        piece.outer = std::uniform_int_distribution<int64_t>(1, probe.outer - first)(rng);
+        const int64_t longest = trial % 2 == 0 ? std::min<int64_t>(64, probe.outer - first)
+                                               : probe.outer - first;
+        piece.outer = std::uniform_int_distribution<int64_t>(1, longest)(rng);
         const uintptr_t shift = 16 * std::uniform_int_distribution<uintptr_t>(0, 1 << 20)(rng) +
                                 static_cast<uintptr_t>(first * probe.n * probe.inner) *
                                     ItemSize(dtype);
@@ -600,6 +611,43 @@ TEST_F(ScheduleTest, StagedShortInstantiation) {
   EXPECT_FALSE(StagedShortShares(DType::kFloat16, 16, 192 * 1024));
 }
 
+// A plan whose staged clusters stop at 4 blocks (the H200's without its 8-
+// and 16-block staged probes): rows of up to 256 KiB have shares of at most
+// 64 KiB there and run 4 stages, longer ones 14, on the same cluster size.
+// Each row's instantiation is its own, whatever shares its launch.
+TEST_F(ScheduleTest, StagedInstantiationFollowsTheRowAlone) {
+  std::string text;
+  std::istringstream lines(kH200Plan + 1);
+  for (std::string line; std::getline(lines, line);) {
+    const bool large_staged = line.rfind("  staged<", 0) == 0 &&
+                              (line.find("  8  ") != std::string::npos ||
+                               line.find(" 16  ") != std::string::npos);
+    if (!large_staged) text += line + "\n";
+  }
+  ASSERT_TRUE(LaunchPlan::Parse(text, &plan_));
+  for (DType dtype : kDTypes) {
+    ASSERT_NE(plan_.Find("staged", dtype, 4), nullptr);
+    ASSERT_EQ(plan_.Find("staged", dtype, 8), nullptr);
+    const int64_t v = VecWidth(dtype);
+    const SoftmaxSegment short_rows = At(dtype, 0, 3, 16384 * v, 1);  // 4 shares of 64 KiB
+    const SoftmaxSegment long_rows = At(dtype, 1, 5, 32768 * v, 1);   // 4 shares of 128 KiB
+    const Schedule both = Plan(dtype, {short_rows, long_rows});
+    ASSERT_EQ(both.steps.size(), 2u) << both.ToString();
+    for (const SoftmaxSegment& s : {short_rows, long_rows}) {
+      const Schedule alone = Plan(dtype, {s});
+      ASSERT_EQ(alone.steps.size(), 1u) << alone.ToString();
+      EXPECT_EQ(alone.steps[0].cluster, 4) << alone.ToString();
+      EXPECT_EQ(alone.steps[0].short_shares, s.n == short_rows.n) << alone.ToString();
+      EXPECT_EQ(OrdersOf(both, Begin(s), End(dtype, s)),
+                OrdersOf(alone, Begin(s), End(dtype, s)))
+          << both.ToString();
+    }
+  }
+  int checked = 0;
+  CheckRowOrders(35, 3, &checked);
+  EXPECT_GT(checked, 250);
+}
+
 // strided_staged tiles: 256 bytes of each row for float32 columns that fit
 // at most 8 shares of 64 KiB, else 128 bytes.
 TEST_F(ScheduleTest, StridedStagedWideTiles) {
@@ -623,6 +671,37 @@ TEST_F(ScheduleTest, StridedStagedWideTiles) {
     EXPECT_EQ(step.kernel, SoftmaxKernel::kStridedStaged) << schedule.ToString();
     EXPECT_EQ(step.strided.tile_vectors * 16, c.tile_bytes) << schedule.ToString();
     EXPECT_EQ(step.cluster, c.cluster) << schedule.ToString();
+  }
+}
+
+// strided_staged takes columns by n, inner and the dtype alone: a tensor of
+// more outer slices than one launch's 2^31 - 1 blocks hold runs in several
+// launches of whole slices, each slice in the order it has alone.
+TEST_F(ScheduleTest, StridedStagedDoesNotDependOnTheOuterCount) {
+  for (DType dtype : kDTypes) {
+    const SoftmaxSegment one = At(dtype, 0, 1, 4096, 65536);
+    const Schedule alone = Plan(dtype, {one});
+    ASSERT_EQ(alone.Kernels(), "strided_staged") << alone.ToString();
+    const long long slice_blocks = alone.steps[0].grid;
+    const long long outer = 0x7fffffffLL / slice_blocks * 2 + 3;  // three launches
+    SoftmaxSegment many = At(dtype, 1, outer, 4096, 65536);
+    const Schedule schedule = Plan(dtype, {many});
+    ASSERT_EQ(schedule.Kernels(), "strided_staged") << schedule.ToString();
+    ASSERT_EQ(schedule.steps.size(), 3u) << schedule.ToString();
+    long long covered = 0;
+    for (const LaunchStep& step : schedule.steps) {
+      EXPECT_LE(step.grid, 0x7fffffffu);
+      EXPECT_EQ(step.strided.input,
+                static_cast<const char*>(many.input) +
+                    static_cast<size_t>(covered * 4096 * 65536) * ItemSize(dtype));
+      covered += step.strided.outer;
+    }
+    EXPECT_EQ(covered, outer);
+    const std::map<RowOrder, long long> orders = OrdersOf(schedule, Begin(many), End(dtype, many));
+    const std::map<RowOrder, long long> slice = OrdersOf(alone, Begin(one), End(dtype, one));
+    ASSERT_EQ(orders.size(), 1u);
+    EXPECT_EQ(orders.begin()->first, slice.begin()->first);
+    EXPECT_EQ(orders.begin()->second, outer);
   }
 }
 

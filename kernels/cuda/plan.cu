@@ -168,7 +168,9 @@ bool StridedStagedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
     }
     if (part_rows * row_bytes > kStridedStagedMaxBytes) return false;
     const long long tiles = inner_bytes / row_bytes;
-    if (s.outer * tiles * cluster > 0x7fffffffLL) return false;
+    // The columns alone decide: launches take whole outer slices up to
+    // 2^31 - 1 blocks each (StridedStagedSteps).
+    if (tiles * cluster > 0x7fffffffLL) return false;
     const size_t columns = static_cast<size_t>(l) * Vectors(dtype);
     shape->cluster = cluster;
     shape->tile_vectors = l;
@@ -468,9 +470,11 @@ void AppendOnChip(DType dtype, const SoftmaxSegment& s, SoftmaxPath path, int gr
 }
 
 // The staged kernel over every staged segment: one launch per cluster size
-// (a row per cluster; the segments of one size share it), with the largest
-// share among them as dynamic shared memory; grids beyond 2^31 - 1 blocks
-// go in pieces.
+// and instantiation (a row per cluster; the segments of one size and
+// instantiation share it), with the largest share among them as dynamic
+// shared memory; grids beyond 2^31 - 1 blocks go in pieces. A row's
+// instantiation follows from its own share (StagedShortShares), never from
+// the other rows of its launch.
 bool StagedSteps(const LaunchPlan& plan, DType dtype,
                  const std::vector<const SoftmaxSegment*>& segments,
                  std::vector<LaunchStep>* steps) {
@@ -481,14 +485,15 @@ bool StagedSteps(const LaunchPlan& plan, DType dtype,
       return false;
     }
   }
-  for (int cluster = 1; cluster <= kMaxClusterSize; cluster *= 2) {
+  // The launches of one cluster size and instantiation.
+  const auto launches = [&](int cluster, bool short_shares) {
     const long long max_rows = 0x7fffffffLL / cluster;
     LaunchStep step;
     long long clusters = 0;
     auto flush = [&]() {
       if (step.table.empty()) return;
       step.kernel = SoftmaxKernel::kStaged;
-      step.short_shares = StagedShortShares(dtype, cluster, step.shared_bytes);
+      step.short_shares = short_shares;
       step.grid = static_cast<unsigned>(clusters * cluster);
       step.threads = kStagedThreads;
       step.cluster = cluster;
@@ -499,7 +504,10 @@ bool StagedSteps(const LaunchPlan& plan, DType dtype,
     for (size_t i = 0; i < segments.size(); ++i) {
       const SoftmaxSegment* s = segments[i];
       const StagedShape& shape = shapes[i];
-      if (shape.cluster != cluster) continue;
+      if (shape.cluster != cluster ||
+          StagedShortShares(dtype, cluster, shape.shared_bytes) != short_shares) {
+        continue;
+      }
       const size_t pitch = static_cast<size_t>(s->n) * item;
       for (long long first = 0; first < s->outer;) {
         if (clusters == max_rows) flush();
@@ -521,6 +529,10 @@ bool StagedSteps(const LaunchPlan& plan, DType dtype,
       }
     }
     flush();
+  };
+  for (int cluster = 1; cluster <= kMaxClusterSize; cluster *= 2) {
+    launches(cluster, false);
+    launches(cluster, true);
   }
   return true;
 }
@@ -676,21 +688,20 @@ void StridedSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s, 
   steps->push_back(step);
 }
 
-// One strided_staged segment: a launch of a cluster per (outer, tile).
-LaunchStep StridedStagedStep(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
-  StridedStagedShape shape;
-  StridedStagedShapeOf(plan, dtype, s, &shape);  // RowKernelOf checked it
+// A strided_staged launch over `outer` slices of `s` from byte `offset` on.
+LaunchStep StridedStagedStep(DType dtype, const SoftmaxSegment& s,
+                             const StridedStagedShape& shape, size_t offset, long long outer) {
   LaunchStep step;
   step.kernel = SoftmaxKernel::kStridedStaged;
-  step.grid = static_cast<unsigned>(s.outer * shape.tiles * shape.cluster);
+  step.grid = static_cast<unsigned>(outer * shape.tiles * shape.cluster);
   step.threads = kStagedThreads;
   step.cluster = shape.cluster;
   step.shared_bytes = shape.shared_bytes;
   step.vec = true;
   StridedArgs& a = step.strided;
-  a.input = s.input;
-  a.output = s.output;
-  a.outer = s.outer;
+  a.input = static_cast<const char*>(s.input) + offset;
+  a.output = static_cast<char*>(s.output) + offset;
+  a.outer = outer;
   a.n = s.n;
   a.inner = s.inner;
   a.strips = shape.tiles;
@@ -701,6 +712,21 @@ LaunchStep StridedStagedStep(const LaunchPlan& plan, DType dtype, const SoftmaxS
   a.log = s.log;
   a.vec = 1;
   return step;
+}
+
+// One strided_staged segment: launches of a cluster per (outer, tile), each
+// of as many whole outer slices as 2^31 - 1 blocks hold.
+void StridedStagedSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
+                        std::vector<LaunchStep>* steps) {
+  StridedStagedShape shape;
+  StridedStagedShapeOf(plan, dtype, s, &shape);  // RowKernelOf checked it
+  const long long slice_blocks = shape.tiles * shape.cluster;
+  const long long most = 0x7fffffffLL / slice_blocks;
+  const size_t slice_bytes = static_cast<size_t>(s.n * s.inner) * ItemSize(dtype);
+  for (long long first = 0; first < s.outer; first += most) {
+    const long long outer = std::min(most, s.outer - first);
+    steps->push_back(StridedStagedStep(dtype, s, shape, first * slice_bytes, outer));
+  }
 }
 
 }  // namespace
@@ -834,7 +860,7 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
         StridedSteps(plan, dtype, s, &offset, &out.steps);
         break;
       case RowKernel::kStridedStaged:
-        out.steps.push_back(StridedStagedStep(plan, dtype, s));
+        StridedStagedSteps(plan, dtype, s, &out.steps);
         break;
       default:
         break;

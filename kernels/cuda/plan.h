@@ -389,8 +389,9 @@ SplitShape SplitShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
 // kStagedSmallShareMinBytes..kStagedSmallShareMaxBytes; 0 for other rows.
 int StagedSmallShareCluster(DType dtype, long long row_bytes);
 
-// Whether a staged launch of `cluster`-block clusters whose largest share is
-// `shared_bytes` runs the kStagedShortStages instantiation.
+// Whether a staged row on `cluster`-block clusters with a share of
+// `shared_bytes` runs the kStagedShortStages instantiation. A function of
+// the row alone: a staged launch holds only rows of one answer.
 bool StagedShortShares(DType dtype, int cluster, size_t shared_bytes);
 
 // Strided path: lanes per column group, column strips, and parts of n.
