@@ -3,7 +3,8 @@ whatever else the server computes beside it and whichever protocol carries it.
 
 Each probe (every dtype, softmax and log-softmax, both sides of the kernels'
 path boundaries, the shapes an H200 run caught with other bits, a temperature
-other than 1, non-last axes) is asked once with the server idle: those bytes
+other than 1, non-last axes, rows of -inf, NaN, +inf, +-0 maxima, subnormals
+and equal values) is asked once with the server idle: those bytes
 are its reference. Then background callers flood the server over softmax.v1
 unary with random tensors of mixed shapes, dtypes, axes and temperatures,
 while every probe is sent again and again over every protocol: softmax.v1
@@ -91,8 +92,41 @@ ROW_LENGTHS = [1, 31, 32, 1000, 1024, 1025, 4096, 8192, 8193, 16384, 32000, 4000
 CPU_PROBE_ELEMENTS = 65536
 
 
+# Subnormal magnitudes of each dtype (bfloat16 shares float32's exponent range).
+SUBNORMAL = {"float32": 1e-39, "float16": 3e-6, "bfloat16": 1e-39}
+
+
+def special_rows(values, dtype, rng):
+    """`values` (rows along the last axis) with its rows cycling through the
+    values that the reductions meet at their edges: some -inf, all -inf, a
+    NaN, a +inf, a maximum of +0 and -0, subnormals, all equal, and normal
+    rows between them."""
+    rows = np.array(values).reshape(-1, values.shape[-1])
+    n = rows.shape[1]
+    for r in range(rows.shape[0]):
+        row = rows[r]
+        kind = r % 8
+        if kind == 1:
+            row[::7] = -np.inf
+        elif kind == 2:
+            row[:] = -np.inf
+        elif kind == 3:
+            row[int(rng.integers(n))] = np.nan
+        elif kind == 4:
+            row[int(rng.integers(n))] = np.inf
+        elif kind == 5:
+            row[:] = -np.abs(row)
+            row[rng.integers(n, size=max(1, n // 5))] = 0.0
+            row[rng.integers(n, size=max(1, n // 5))] = -0.0
+        elif kind == 6:
+            row[:] = row * SUBNORMAL[dtype]
+        elif kind == 7:
+            row[:] = 1.5
+    return rows.reshape(np.shape(values))
+
+
 class Probe:
-    def __init__(self, index, dtype, shape, axis=-1, temperature=1.0, log=False):
+    def __init__(self, index, dtype, shape, axis=-1, temperature=1.0, log=False, special=False):
         self.index = index
         self.dtype = dtype
         self.shape = tuple(shape)
@@ -100,12 +134,16 @@ class Probe:
         self.temperature = temperature
         self.log = log
         rng = np.random.default_rng(1000 + index)
-        self.tensor = encode(rng.normal(0, 3, size=self.shape).astype(np.float32), dtype)
+        values = rng.normal(0, 3, size=self.shape).astype(np.float32)
+        if special:  # the patterns go along the softmax axis
+            moved = special_rows(np.moveaxis(values, axis, -1), dtype, rng)
+            values = np.ascontiguousarray(np.moveaxis(moved, -1, axis))
+        self.tensor = encode(values, dtype)
         self.data = self.tensor.data
         self.nbytes = len(self.data)
         self.reference = None  # the idle answer's bytes
         self.name = (f"{dtype}{list(self.shape)} axis={axis} T={temperature} "
-                     f"{'log_softmax' if log else 'softmax'}")
+                     f"{'log_softmax' if log else 'softmax'}{' special' if special else ''}")
 
     def request(self, request_id):
         fields = {}
@@ -152,14 +190,23 @@ def probe_set(device):
         ("bfloat16", (8, 5, 3), 1, 1.0, True),
         ("float32", (3, 8193, 2), 1, 1.0, True),
     ]
+    specs = [spec + (False,) for spec in specs]
+    # Rows of -inf, NaN, +inf, +-0 maxima, subnormals and equal values
+    # (special_rows) on both sides of the kernels' boundaries and along a
+    # non-last axis.
+    for dtype in DATATYPES:
+        for i, n in enumerate((32, 1025, 8193, 32000)):
+            log = i % 2 == 1
+            specs.append((dtype, (8, n), -1, 0.7 if log else 1.0, log, True))
+        specs.append((dtype, (8, 300, 4), 1, 1.0, False, True))
     probes = []
-    for index, (dtype, shape, axis, temperature, log) in enumerate(specs):
+    for index, (dtype, shape, axis, temperature, log, special) in enumerate(specs):
         if device == "cpu" and axis == -1:
             n = shape[-1]
             rows = max(1, CPU_PROBE_ELEMENTS // n)
             if int(np.prod(shape)) // n > rows:
                 shape = (rows,) + (1,) * (len(shape) - 2) + (n,)
-        probes.append(Probe(index, dtype, shape, axis, temperature, log))
+        probes.append(Probe(index, dtype, shape, axis, temperature, log, special))
     return probes
 
 
