@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Prints the README's server-flags table, generated from `softmax-server --help`.
+"""Prints the server-flags table of docs/server.md, generated from `softmax-server --help`.
 
-Usage: scripts/flags_table.py BUILD/bin/softmax-server [--check README.md]
+Usage: scripts/flags_table.py BUILD/bin/softmax-server [--check docs/server.md]
 
-The help text is the one description of each flag; the README carries this
-table between the markers <!-- flags:begin --> and <!-- flags:end -->. With
---check, exits 1 (printing the difference) when the README's table is not
+The help text is the one description of each flag; docs/server.md carries
+this table between the markers <!-- flags:begin --> and <!-- flags:end -->.
+With --check, exits 1 (printing the difference) when the document's table is not
 what the binary's help text gives: regenerate it with
-    scripts/flags_table.py build/bin/softmax-server --write README.md
+    scripts/flags_table.py build/bin/softmax-server --write docs/server.md
 """
 import argparse
 import difflib
@@ -44,8 +44,8 @@ def readme_table(readme):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("binary")
-    parser.add_argument("--check", metavar="README")
-    parser.add_argument("--write", metavar="README")
+    parser.add_argument("--check", metavar="DOC")
+    parser.add_argument("--write", metavar="DOC")
     args = parser.parse_args()
     flags = flags_from_help(args.binary)
     if not flags:
@@ -60,7 +60,7 @@ def main():
         current = readme_table(args.check)[3]
         if current != generated:
             sys.stdout.writelines(difflib.unified_diff(
-                current.splitlines(True), generated.splitlines(True), "README", "--help"))
+                current.splitlines(True), generated.splitlines(True), args.check, "--help"))
             sys.exit(1)
         return
     print(generated)

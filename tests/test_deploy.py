@@ -42,7 +42,7 @@ K8S_BUILT_IN = {MANIFEST: 6, ENVOY_MANIFEST: 6, ENVOY_CONFIG_MANIFEST: 1, HPA_MA
 AUTOSCALING_RULES = REPO / "deploy" / "prometheus" / "autoscaling.yml"
 SIGNALS = ["softmax:queue_to_compute:ratio_rate1m", "softmax:held_bytes:ratio_avg1m"]
 # kLameDuck in server/server.cc, and the most an idle HTTP keep-alive connection
-# adds to the exit (README: Shutdown).
+# adds to the exit (docs/server.md: Shutdown).
 LAME_DUCK_S = 0.5
 EXIT_AFTER_DRAIN_S = 2
 KSERVE_MANIFEST = REPO / "deploy" / "kserve" / "softmax-serve.yaml"

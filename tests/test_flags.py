@@ -1,5 +1,5 @@
 """softmax-server's flags: --help lists exactly the server's own flags, the
-README's table is what the help text gives, --version names the version and
+table in docs/server.md is what the help text gives, --version names the version and
 revision, and --flagfile is read."""
 
 import os
@@ -35,7 +35,7 @@ def test_help_lists_the_servers_flags_and_nothing_else():
 
 def test_readme_table_matches_the_help_text():
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "flags_table.py"),
-                             e2e_util.SERVER_BIN, "--check", str(ROOT / "README.md")],
+                             e2e_util.SERVER_BIN, "--check", str(ROOT / "docs" / "server.md")],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
 

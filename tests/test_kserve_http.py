@@ -3,7 +3,7 @@ own client (tritonclient.http) and with plain HTTP: health, metadata, config,
 statistics, inference with JSON tensors and with the binary tensor data
 extension for every dtype, shapes, axes, temperature and log against the
 float64 reference, every bad request with its status, draining, metrics,
-and the README's curl examples run as written."""
+and the documented curl examples run as written."""
 
 import json
 import pathlib
@@ -330,11 +330,11 @@ def test_draining_answers_503(start_server):
     assert server.process.wait(timeout=30) == 0
 
 
-# ------------------------------------------------------ README examples
+# ---------------------------------------------------- documented examples
 
 def readme_curl_blocks():
-    """The ```sh blocks of the README's KServe HTTP examples."""
-    text = (ROOT / "README.md").read_text()
+    """The ```sh blocks of the KServe HTTP examples (docs/open-inference-protocol.md)."""
+    text = (ROOT / "docs" / "open-inference-protocol.md").read_text()
     section = text[text.index("<!-- kserve-curl:begin -->"):text.index("<!-- kserve-curl:end -->")]
     return re.findall(r"```sh\n(.*?)```", section, re.S)
 

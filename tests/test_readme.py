@@ -1,8 +1,8 @@
-"""The README's sample outputs come from real runs: each block between
+"""The sample outputs of the README and docs/ come from real runs: each block between
 <!-- sample:NAME:begin --> and <!-- sample:NAME:end --> holds a command (a
 ```sh or ```python block, calling localhost:50051) and the output it printed.
 Here each command runs against a real server (CPU backend) and its output
-must match the README's block in everything but the figures (timings, sums,
+must match the document's block in everything but the figures (timings, sums,
 ids: every number is compared as "N").
 
     SOFTMAX_README_WRITE=1 ctest -R e2e.readme    # rewrites the blocks from this run
@@ -18,7 +18,9 @@ import pytest
 
 import e2e_util
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+# The README and the documents behind it.
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SAMPLE = re.compile(
     r"(<!-- sample:(?P<name>[\w-]+):begin -->\n```(?P<language>sh|python)\n(?P<command>.*?)```\n"
     r"```\n)(?P<output>.*?)(```\n<!-- sample:(?P=name):end -->)", re.S)
@@ -26,7 +28,12 @@ NUMBER = re.compile(r"[-+]?\d+(?:\.\d*)?(?:e[-+]?\d+)?")
 
 
 def samples():
-    return {m.group("name"): m for m in SAMPLE.finditer(README.read_text())}
+    """{name: (document, match)} of every sample block."""
+    found = [(m.group("name"), path, m) for path in DOCUMENTS
+             for m in SAMPLE.finditer(path.read_text())]
+    names = [name for name, _, _ in found]
+    assert len(names) == len(set(names)), f"a sample name stands twice: {names}"
+    return {name: (path, m) for name, path, m in found}
 
 
 def shape(text):
@@ -48,18 +55,17 @@ def run_sample(match, server):
 
 
 def test_readme_has_the_samples():
-    assert {"softmax-client", "python-grpcio"} <= set(samples())
+    assert {"quick-start", "softmax-client", "python-grpcio"} <= set(samples())
 
 
-@pytest.mark.parametrize("name", ["softmax-client", "python-grpcio"])
+@pytest.mark.parametrize("name", ["quick-start", "softmax-client", "python-grpcio"])
 def test_sample_output_matches_a_real_run(server, name):
-    match = samples()[name]
+    path, match = samples()[name]
     output = run_sample(match, server)
     if os.environ.get("SOFTMAX_README_WRITE"):
-        text = README.read_text()
-        match = samples()[name]
-        README.write_text(text[:match.start("output")] + output + text[match.end("output"):])
+        text = path.read_text()
+        path.write_text(text[:match.start("output")] + output + text[match.end("output"):])
         return
     assert shape(output) == shape(match.group("output")), (
-        f"README sample {name} is out of date (SOFTMAX_README_WRITE=1 rewrites it); "
+        f"{path.name} sample {name} is out of date (SOFTMAX_README_WRITE=1 rewrites it); "
         f"this run printed:\n{output}")

@@ -1,7 +1,7 @@
 """The soak's abuse bursts: the hostile and unlucky clients of
 tests/test_abuse.py, at a small scale, run one after another while the normal
 load goes on. Each case records what the server answered; an answer other
-than the one the README promises is an `unexpected` entry, which fails the
+than the one docs/clients.md promises is an `unexpected` entry, which fails the
 soak. The frames of the raw HTTP/2 cases come from bench.lib.h2.
 """
 

@@ -2,7 +2,7 @@
 """Writes dashboards/softmax-serve.json, the Grafana dashboard for softmax-serve.
 
 Panels are listed once here (title, unit, PromQL) so the dashboard and the
-README's panel table cannot drift apart: `make_dashboard.py --markdown` prints
+panel table of docs/metrics.md cannot drift apart: `make_dashboard.py --markdown` prints
 that table.
 """
 import json

@@ -2,7 +2,7 @@
 // /metrics, and typed recording methods so call sites never touch
 // prometheus-cpp directly. Names follow Prometheus conventions (base units,
 // `_seconds`, `_bytes`, `_total`, one unit per metric); the full list, with
-// what each measures, is in the README's "Metrics" section, and
+// what each measures, is in docs/metrics.md, and
 // deploy/prometheus/alerts.yml and the Grafana dashboard depend on them.
 //
 // Cost: per-request recording touches only label children created ahead of

@@ -89,8 +89,8 @@ absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
   // gRPC sets SO_REUSEPORT by default on Linux, so a second server on an
   // occupied port would bind and share it; it must fail instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Hardening against slow and hostile clients (README, "Limits against
-  // hostile clients").
+  // Hardening against slow and hostile clients (docs/security-and-limits.md,
+  // "Limits against hostile clients").
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kMaxConnectionIdleMs);
