@@ -7,7 +7,10 @@
 // class: 16-byte aligned rows stay aligned, the others move to any element
 // offset), on other streams with other scratch, with a second launch plan of
 // the same device, and alone with fewer rows. Every piece must come back
-// with the bits of the same rows launched alone.
+// with the bits of the same rows launched alone. Half the probes' rows hold
+// special values (-inf, NaN, +inf, +-0 maxima, subnormals, equal values),
+// and the flat order's three implementations are compared bit for bit on
+// such rows for every group size.
 //
 // Without a CUDA device every test skips with the reason.
 #include <cuda_runtime_api.h>
@@ -155,6 +158,37 @@ LaunchPlan* SoftmaxInvarianceTest::second_plan_ = nullptr;
 std::string SoftmaxInvarianceTest::skip_reason_;
 bool SoftmaxInvarianceTest::create_failed_ = false;
 
+// The values that reductions meet at their edges, one kind per row
+// (SpecialRow): 0 normal, 1 some -inf, 2 all -inf, 3 a NaN, 4 a +inf, 5 a
+// maximum of +0 and -0, 6 subnormals, 7 all equal.
+constexpr int kSpecialKinds = 8;
+
+// Rewrites the row of `n` elements from element `first` on, `stride` apart,
+// of `data` (which holds normal values) as special kind `kind`.
+void SpecialRow(DType dtype, int kind, int64_t first, int64_t n, int64_t stride,
+                std::mt19937_64& rng, std::vector<uint8_t>* data) {
+  // Subnormal magnitudes (bfloat16 shares float32's exponent range).
+  const float subnormal = dtype == DType::kFloat16 ? 3e-6f : 1e-39f;
+  const int64_t pick = std::uniform_int_distribution<int64_t>(0, n - 1)(rng);
+  void* d = data->data();
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t e = first + j * stride;
+    const float x = LoadAsFloat(d, dtype, e);
+    float y = x;
+    switch (kind) {
+      case 1: y = j % 7 == 0 ? -INFINITY : x; break;
+      case 2: y = -INFINITY; break;
+      case 3: y = j == pick ? NAN : x; break;
+      case 4: y = j == pick ? INFINITY : x; break;
+      case 5: y = j % 5 == 0 ? (j % 2 == 0 ? 0.0f : -0.0f) : -std::fabs(x); break;
+      case 6: y = x * subnormal; break;
+      case 7: y = 1.5f; break;
+      default: break;
+    }
+    StoreFromFloat(d, dtype, e, y);
+  }
+}
+
 // The probes of one dtype: both sides of every boundary between paths and
 // kernels (warp, block, flat, flat table, row_staged, cluster, staged, split_staged,
 // split_fused, two-pass split), strided shapes, and the shapes that came
@@ -221,6 +255,15 @@ std::vector<Probe> MakeProbes(const LaunchPlan& plan, DType dtype, std::mt19937_
       const int64_t elements = p.outer * p.n * p.inner;
       p.input.resize(static_cast<size_t>(elements) * ItemSize(dtype));
       for (int64_t e = 0; e < elements; ++e) StoreFromFloat(p.input.data(), dtype, e, 3.0f * normal(rng));
+      // Half the rows (columns of a non-last axis) of special kinds.
+      for (int64_t o = 0; o < p.outer; ++o) {
+        for (int64_t i = 0; i < p.inner; ++i) {
+          const int kind = static_cast<int>((o * p.inner + i + index) % (2 * kSpecialKinds));
+          if (kind < kSpecialKinds) {
+            SpecialRow(dtype, kind, o * p.n * p.inner + i, p.n, p.inner, rng, &p.input);
+          }
+        }
+      }
       std::ostringstream label;
       label << DTypeName(dtype) << " [" << p.outer << "," << p.n << "," << p.inner << "] +"
             << p.misalign << (log ? " log" : "") << " T=" << p.temperature;
@@ -375,6 +418,117 @@ TEST_F(SoftmaxInvarianceTest, RowBitsDoNotDependOnTheRestOfTheLaunch) {
   EXPECT_EQ(joined_launches, 9);  // 3 trials of each dtype
   EXPECT_EQ(differing, 0) << "pieces whose bits differ from the same rows launched alone:"
                           << first.str();
+}
+
+// The flat order has three implementations: the flat kernel (GroupReduce),
+// the flat table kernel (GroupReduceRows) and row_staged's flat rows
+// (FlatOrderSum). They give the same bits for every group of R = 1..512
+// threads per row, on rows of every special kind, 16-byte aligned and not,
+// softmax and log-softmax at temperatures 1, 0.7 and 1.9; and rows with a
+// NaN or +inf, or only -inf, come back NaN, an -inf among finite values 0
+// (log: -inf), equal values equal.
+TEST_F(SoftmaxInvarianceTest, FlatOrderIsOneTreeAtEverySpecialValue) {
+  std::mt19937_64 rng(64);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int compared = 0;
+  int differing = 0;
+  std::ostringstream first;
+  for (DType dtype : kDTypes) {
+    const int64_t v = VecWidth(dtype);
+    const size_t item = ItemSize(dtype);
+    const bool row_staged = plan_->Find("row_staged", dtype) != nullptr;
+    for (int group_log2 = 0; group_log2 <= 9; ++group_log2) {
+      const int64_t r = int64_t{1} << group_log2;
+      // Rows of R + 1 and 2R vectors (1 and 2 for R = 1) take R threads each.
+      for (const int64_t n : {group_log2 == 0 ? int64_t{1} : r * v + 1, 2 * r * v}) {
+        for (const int64_t misalign : {int64_t{0}, int64_t{1}}) {
+          for (const float temperature : {1.0f, 0.7f, 1.9f}) {
+            std::vector<Probe> probes(1);
+            Probe& p = probes[0];
+            p.outer = 2 * kSpecialKinds;
+            p.n = n;
+            p.misalign = misalign;
+            p.temperature = temperature;
+            p.log = temperature == 0.7f;
+            p.input.resize(static_cast<size_t>(p.outer * n) * item);
+            for (int64_t e = 0; e < p.outer * n; ++e) {
+              StoreFromFloat(p.input.data(), dtype, e, 3.0f * normal(rng));
+            }
+            for (int64_t o = 0; o < p.outer; ++o) {
+              SpecialRow(dtype, static_cast<int>(o % kSpecialKinds), o * n, n, 1, rng, &p.input);
+            }
+            Placed piece;
+            piece.probe = 0;
+            piece.outer = p.outer;
+            piece.n = n;
+            piece.temperature = temperature;
+            piece.log = p.log;
+            piece.bytes = p.input.size();
+            piece.in_offset = piece.out_offset = misalign * item;
+            // Beside it: one row of 1 element (a table: flat_table), or more
+            // row_staged rows than its rows (they join the row_staged launch).
+            Placed other;
+            other.in_offset = other.out_offset = AlignUp(piece.in_offset + piece.bytes, 256);
+            const size_t total = other.in_offset + (1025 * v + 1) * p.outer * item + 256;
+            std::vector<uint8_t> alone;
+            std::string kernels;
+            Run(*plan_, dtype, probes, {piece}, total, total, nullptr, &alone, &kernels);
+            if (HasFatalFailure()) return;
+            ASSERT_EQ(kernels, "flat");
+            std::vector<std::vector<Placed>> launches;
+            other.bytes = item;
+            launches.push_back({piece, other});
+            if (row_staged) {
+              other.outer = p.outer;
+              other.n = 1025 * v + 1;
+              other.bytes = static_cast<size_t>(other.outer * other.n) * item;
+              launches.push_back({piece, other});
+            }
+            const char* expected[] = {"flat_table", "row_staged"};
+            for (size_t l = 0; l < launches.size(); ++l) {
+              std::vector<uint8_t> out;
+              Run(*plan_, dtype, probes, launches[l], total, total, nullptr, &out, &kernels);
+              if (HasFatalFailure()) return;
+              EXPECT_EQ(kernels, expected[l]);
+              ++compared;
+              if (std::memcmp(out.data() + piece.out_offset, alone.data() + piece.out_offset,
+                              piece.bytes) != 0 &&
+                  differing++ < 12) {
+                first << "\n  " << DTypeName(dtype) << " R=" << r << " n=" << n << " +"
+                      << misalign << " T=" << temperature << (p.log ? " log" : "") << ": "
+                      << expected[l] << " differs from flat";
+              }
+            }
+            // What the special rows come to (the flat kernel's answer).
+            const uint8_t* y = alone.data() + piece.out_offset;
+            for (int64_t o = 0; o < p.outer; ++o) {
+              const int kind = static_cast<int>(o % kSpecialKinds);
+              const bool nan_row = kind == 2 || kind == 3 || kind == 4 || (kind == 1 && n == 1);
+              for (int64_t j = 0; j < n; ++j) {
+                const float out = LoadAsFloat(y, dtype, o * n + j);
+                const float in = LoadAsFloat(p.input.data(), dtype, o * n + j);
+                if (nan_row) {
+                  ASSERT_TRUE(std::isnan(out)) << DTypeName(dtype) << " n=" << n << " kind " << kind;
+                } else if (std::isinf(in)) {
+                  ASSERT_EQ(out, p.log ? -INFINITY : 0.0f) << DTypeName(dtype) << " n=" << n;
+                } else {
+                  ASSERT_TRUE(std::isfinite(out)) << DTypeName(dtype) << " n=" << n << " kind "
+                                                  << kind << " element " << j;
+                }
+                if (kind == 7) {
+                  ASSERT_EQ(std::memcmp(y + (o * n + j) * item, y + o * n * item, item), 0);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("flat order: %d launches compared with the flat kernel, %d with other bits\n",
+              compared, differing);
+  EXPECT_GE(compared, 3 * 10 * 2 * 2 * 3);
+  EXPECT_EQ(differing, 0) << first.str();
 }
 
 }  // namespace
