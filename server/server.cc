@@ -91,7 +91,9 @@ absl::Status Server::Start() {
     logging::LogError("fatal GPU error", {{"cause", status.message()}});
     if (hooks_.on_device_fault) hooks_.on_device_fault();
   };
-  absl::StatusOr<BackendChoice> choice = CreateBackends(*spec, backend_options);
+  absl::StatusOr<BackendChoice> choice = hooks_.create_backends
+                                             ? hooks_.create_backends(backend_options)
+                                             : CreateBackends(*spec, backend_options);
   if (!choice.ok()) return choice.status();
   choice_ = std::move(*choice);
   if (choice_.unusable != GpuUnusableCause::kNone) {
@@ -107,6 +109,14 @@ absl::Status Server::Start() {
     observed.push_back(backend.get());
   }
 
+  // Readiness tells the truth: nothing listens (so no probe passes, and no
+  // health check reports SERVING) until every device has computed a checked
+  // softmax and log-softmax, not even /metrics.
+  for (Backend* backend : backends) {
+    if (absl::Status warm = WarmUp(*backend); !warm.ok()) return warm;
+    logging::LogInfo("warm-up softmax checked", {{"backend", backend->Name()}});
+  }
+
   // No --metrics_address: no Metrics object, so nothing is recorded at all.
   const int64_t max_queued_bytes = MaxQueuedBytes(options_.max_held_bytes);
   if (!options_.metrics_address.empty()) {
@@ -118,14 +128,6 @@ absl::Status Server::Start() {
     if (choice_.unusable != GpuUnusableCause::kNone) {
       metrics_->SetGpuUnusable(CauseName(choice_.unusable));
     }
-  }
-
-  // Readiness tells the truth: nothing listens (so no probe passes, and no
-  // health check reports SERVING) until every device has computed a checked
-  // softmax.
-  for (Backend* backend : backends) {
-    if (absl::Status warm = WarmUp(*backend); !warm.ok()) return warm;
-    logging::LogInfo("warm-up softmax checked", {{"backend", backend->Name()}});
   }
 
   if (!backends.empty()) {

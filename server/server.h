@@ -4,9 +4,10 @@
 // process.
 //
 // What Start wires, in order: the heap trimmer; the backends (--device) and
-// their warm-up softmax; the metrics; the scheduler and the batcher; the
-// token check; the memory budget; Admission, the one door into the batcher,
-// and the FrontEnd every protocol shares; softmax.v1 (SoftmaxServiceImpl);
+// their warm-up softmax and log-softmax, checked against the reference before
+// anything listens; the metrics; the scheduler and the batcher; the token
+// check; the memory budget; Admission, the one door into the batcher, and the
+// FrontEnd every protocol shares; softmax.v1 (SoftmaxServiceImpl);
 // the KServe v2 gRPC service and shared-memory regions; the gRPC server (health
 // SERVING from here); the KServe HTTP endpoint; then the "listening" line.
 //
@@ -105,6 +106,11 @@ struct ServerHooks {
   // next starts; the drain waits while it runs. For tests, which look at
   // the server between steps; softmax-server sets none.
   std::function<void(DrainStep)> after_drain_step;
+  // Makes the backends instead of --device (CreateBackends), from the
+  // options Start would give them; Start then warms them up and serves on
+  // them as on its own. For tests, which hand in a backend that answers
+  // wrong or records what it ran; softmax-server sets none.
+  std::function<absl::StatusOr<BackendChoice>(const BackendOptions&)> create_backends;
 };
 
 class Server {

@@ -6,10 +6,15 @@
 // while the test calls in. Every wait is on a condition.
 #include "server/server.h"
 
+#include <arpa/inet.h>
 #include <grpc/grpc.h>
 #include <grpc/support/alloc.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -17,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -239,6 +245,135 @@ TEST(ServerTest, StartReturnsErrorsInsteadOfExiting) {
   }
   // The first one serves on.
   Client client(first.grpc_port());
+  EXPECT_EQ(client.Health(), kServing);
+}
+
+// A loopback port free right now: bound, read and closed again.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// True when something accepts TCP connections on the loopback `port`.
+bool Listens(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool connected =
+      connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return connected;
+}
+
+// Hooks whose create_backends hands Start one FakeBackend made from
+// `options`; `made` (may be null) receives it, owned by the server.
+ServerHooks OneFakeBackend(testing::FakeBackendOptions options,
+                           testing::FakeBackend** made = nullptr) {
+  ServerHooks hooks;
+  hooks.create_backends = [options, made](const BackendOptions&) {
+    auto backend = std::make_unique<testing::FakeBackend>(options);
+    if (made != nullptr) *made = backend.get();
+    BackendChoice choice;
+    choice.device = "fake";
+    choice.description = backend->Describe();
+    choice.backends.push_back(std::move(backend));
+    return absl::StatusOr<BackendChoice>(std::move(choice));
+  };
+  return hooks;
+}
+
+// What a correct backend computes, with `log` overriding the request's op
+// when set (a backend that ignores log-softmax).
+void ComputeRows(Batch& batch, std::optional<bool> log = std::nullopt) {
+  for (const Segment& segment : batch.segments) {
+    SoftmaxOptions options = segment.options;
+    if (log.has_value()) options.log = *log;
+    CpuSoftmaxRows(segment.input, segment.output, segment.dtype, segment.shape, options, 0,
+                   segment.shape.rows());
+  }
+}
+
+// The README's readiness promise: a backend whose softmax or log-softmax is
+// wrong fails Start with an error naming it and what was wrong, and neither
+// gRPC, HTTP nor /metrics ever listens.
+TEST(ServerTest, StartFailsAndNothingListensWhenTheWarmUpAnswersWrong) {
+  struct Case {
+    std::string name;
+    std::function<void(int, Batch&, BatchResult&)> compute;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      // Copies its input (FakeBackend's default compute).
+      {"copier", nullptr, "warm-up on copier: softmax element 0 is"},
+      {"softmax_only", [](int, Batch& batch, BatchResult&) { ComputeRows(batch, false); },
+       "warm-up on softmax_only: log-softmax element 0 is"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ServerOptions options = QueueingOptions();
+    const int grpc_port = FreePort();
+    const int http_port = FreePort();
+    const int metrics_port = FreePort();
+    ASSERT_TRUE(grpc_port > 0 && http_port > 0 && metrics_port > 0);
+    options.grpc_address = absl::StrCat("127.0.0.1:", grpc_port);
+    options.http_address = absl::StrCat("127.0.0.1:", http_port);
+    options.metrics_address = absl::StrCat("127.0.0.1:", metrics_port);
+    testing::FakeBackendOptions backend;
+    backend.name = c.name;
+    backend.compute = c.compute;
+    Server server(options, OneFakeBackend(backend));
+    const absl::Status started = server.Start();
+    EXPECT_EQ(started.code(), absl::StatusCode::kInternal) << started;
+    EXPECT_NE(started.message().find(c.expected), absl::string_view::npos) << started;
+    EXPECT_EQ(server.grpc_port(), 0);
+    EXPECT_EQ(server.metrics(), nullptr);
+    for (const int port : {grpc_port, http_port, metrics_port}) {
+      EXPECT_FALSE(Listens(port)) << "port " << port;
+    }
+  }
+}
+
+// A normal start: the warm-up ran a float32 softmax and then a log-softmax
+// on the backend before anything listened, and nothing else ran on it.
+TEST(ServerTest, StartWarmsTheBackendUpWithASoftmaxAndALogSoftmaxBeforeItListens) {
+  ServerOptions options = QueueingOptions();
+  const int grpc_port = FreePort();
+  ASSERT_GT(grpc_port, 0);
+  options.grpc_address = absl::StrCat("127.0.0.1:", grpc_port);
+  std::atomic<int> computed_while_listening{0};
+  testing::FakeBackendOptions backend_options;
+  backend_options.name = "right";
+  backend_options.compute = [grpc_port, &computed_while_listening](int, Batch& batch,
+                                                                   BatchResult&) {
+    if (Listens(grpc_port)) computed_while_listening.fetch_add(1);
+    ComputeRows(batch);
+  };
+  testing::FakeBackend* backend = nullptr;
+  Server server(options, OneFakeBackend(backend_options, &backend));
+  ASSERT_TRUE(server.Start().ok());
+  ASSERT_NE(backend, nullptr);
+  EXPECT_EQ(server.grpc_port(), grpc_port);
+  const std::vector<std::vector<Segment>> batches = backend->batches();
+  ASSERT_EQ(batches.size(), 2u);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    ASSERT_EQ(batches[i].size(), 1u);
+    EXPECT_EQ(batches[i][0].dtype, DType::kFloat32);
+    EXPECT_EQ(batches[i][0].options.log, i == 1) << "batch " << i;
+  }
+  EXPECT_EQ(computed_while_listening.load(), 0);
+  Client client(server.grpc_port());
   EXPECT_EQ(client.Health(), kServing);
 }
 
