@@ -4,8 +4,8 @@
 //           summary, optionally writes the result and checks it
 //           (client/call_mode.h)
 //   health  the gRPC health state of the server or of one service
-//   load    closed- or open-loop load (client/load_mode.h,
-//           client/load_engine.h); prints throughput and latency, optionally
+//   load    closed- or open-loop load (client/load/mode.h,
+//           client/load/engine.h); prints throughput and latency, optionally
 //           writes JSON and CSV reports
 // Flags are defined here and only here, and `softmax-client --help` lists
 // them; each help text is the flag's documentation. Which modes a flag
@@ -37,8 +37,8 @@
 #include "client/call_mode.h"
 #include "client/client.h"
 #include "client/exit_codes.h"
-#include "client/load_mode.h"
-#include "client/load_options.h"
+#include "client/load/mode.h"
+#include "client/load/options.h"
 #include "client/tensor.h"
 #include "common/malloc_tuning.h"
 

@@ -16,7 +16,7 @@ build_packages=(
   libcivetweb-dev civetweb
   # TLS on that front-end (server/rpc/http/civetweb_tls.cc); gRPC uses it too.
   libssl-dev
-  # softmax-client load --protocol=http (client/load_http.cc).
+  # softmax-client load --protocol=http (client/load/http.cc).
   libcurl4-openssl-dev
   # The server's allocator, tcmalloc_minimal (server/memory_trim.h).
   libgoogle-perftools-dev
