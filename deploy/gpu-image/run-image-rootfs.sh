@@ -22,16 +22,30 @@
 #     DRIVER being a folder of links to the host's driver libraries only.
 #   MODE=auto (default): chroot when this process may mount, else loader.
 #
-# The server runs with --device=cuda (exits 1 when the GPU is unusable, never
-# falls back to the CPU); then health must be SERVING, every dtype must pass
-# softmax-client --check on each shape, and the server's /metrics must carry
-# the NVML gauges of the GPU. The libraries the server process has mapped are
-# listed with where they came from. Exit 0 only when all of that holds.
+# The server is started by the image's own ENTRYPOINT and CMD (from
+# ROOTFS_TAR.json, the image's config): its ports, --device=auto, the
+# defaults of every other flag. Then, each a check that must pass:
+#   - every EXPOSEd port is one the server listens on; with DEVICE=cuda the
+#     CMD's --device=auto picked the GPU (a launch plan, no CPU fallback);
+#   - health SERVING once the warm-up is over (the time it took is printed);
+#   - every dtype on each shape: softmax-client --check (softmax.v1 gRPC),
+#     and softmax-client load --verify over KServe gRPC and KServe HTTP
+#     (binary tensors); one KServe HTTP call in JSON from outside the image,
+#     checked against a float64 softmax;
+#   - /metrics answers with softmax_serving 1 and, on the GPU, NVML's gauges;
+#   - SIGTERM while 64 callers are running: exit 0 within the server's
+#     grace (--shutdown_grace_s, read off its log), no request left at the
+#     grace deadline, and every call answered (OK and verified, or refused
+#     UNAVAILABLE after the signal, the retryable refusal).
+# The server shares the host's network (docker run --network host): the
+# CMD's ports must be free. The libraries the server process has mapped
+# are listed with where they came from. Exit 0 only when all of that holds.
 #
 # Usage: deploy/gpu-image/run-image-rootfs.sh ROOTFS_TAR [WORK_DIR]
-#   ROOTFS_TAR  tar (plain, .gz or .xz) of the image's root file system; a
-#               ROOTFS_TAR.sha256 beside it (trim-rootfs.sh writes one) is
-#               checked against the unpacked files first.
+#   ROOTFS_TAR  tar (plain, .gz or .xz) of the image's root file system, with
+#               ROOTFS_TAR.json beside it (the image's config, `buildah
+#               inspect`; trim-rootfs.sh writes one); a ROOTFS_TAR.sha256
+#               beside it is checked against the unpacked files first.
 #   WORK_DIR    where it is unpacked (default: a temporary folder, removed).
 # Environment: MODE (auto), SHAPES ("4,1000 64,32000 8,131072"),
 #   DTYPES ("float32 float16 bfloat16"), IMAGE_USER (10001:10001),
@@ -61,6 +75,7 @@ arch_lib=usr/lib/x86_64-linux-gnu
 
 say() { echo "run-image: $*"; }
 fail() { echo "run-image: FAILED: $*" >&2; exit 1; }
+[[ -f "$tarball.json" ]] || fail "no $(basename "$tarball").json (the image's config) beside the tarball"
 
 mounts=()
 server_pid=""
@@ -251,24 +266,76 @@ case "$mode" in
   *) fail "MODE must be auto, chroot or loader, not '$mode'" ;;
 esac
 
-# --- the server on the GPU -------------------------------------------------------
+# --- the server, started by the image's own ENTRYPOINT and CMD ------------------
+# In chroot mode the ENTRYPOINT runs as it is (the launcher, which execs
+# bin/softmax-server); the loader can start only an ELF binary, so in loader
+# mode the launcher's binary gets the CMD's arguments.
+mapfile -t command_line < <(python3 -c 'import json, sys
+config = json.load(open(sys.argv[1]))["OCIv1"]["config"]
+print("\n".join((config.get("Entrypoint") or []) + (config.get("Cmd") or [])))' "$tarball.json")
+mapfile -t exposed < <(python3 -c 'import json, sys
+config = json.load(open(sys.argv[1]))["OCIv1"]["config"]
+print("\n".join(sorted(config.get("ExposedPorts") or {})))' "$tarball.json")
+[[ ${#command_line[@]} -gt 0 ]] || fail "the image config names no ENTRYPOINT or CMD"
+[[ "${command_line[0]}" == /opt/softmax-serve/softmax-server ]] \
+  || fail "the image's ENTRYPOINT is ${command_line[0]}, not /opt/softmax-serve/softmax-server"
+say "the image's ENTRYPOINT + CMD: ${command_line[*]}"
+say "the image's exposed ports: ${exposed[*]}"
+
+# Files the image's client writes (its --json reports): where it sees them
+# and where this script reads them.
+if [[ "$mode" == chroot ]]; then
+  report_dir=/tmp
+  report_host="$root/tmp"
+else
+  report_dir="$work/reports"
+  report_host=$report_dir
+fi
+mkdir -p "$report_host"
+chmod 1777 "$report_host"
+client() { "${launch[@]}" "$client_binary" "$@"; }
+report_field() {  # report_field FILE EXPRESSION: a field of a client --json report
+  python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print(eval(sys.argv[2], {"r": r}))' "$report_host/$1" "$2"
+}
+
 echo
 log="$work/server.log"
-say "starting the image's softmax-server --device=$device as $image_user"
-"${launch[@]}" "$server_binary" --device="$device" --grpc_address=127.0.0.1:0 --http_address= \
-  --metrics_address=127.0.0.1:0 > "$log" 2>&1 &
+say "starting the image's softmax-server as $image_user: ${command_line[*]}"
+started=$(date +%s.%N)
+"${launch[@]}" "$server_binary" "${command_line[@]:1}" > "$log" 2>&1 &
 server_pid=$!
-address=""
+listening=""
 for _ in $(seq 1 1200); do
-  address=$(sed -n 's/^.* softmax-server: listening grpc=\([^ ]*\) .*$/\1/p' "$log")
-  [[ -n "$address" ]] && break
+  listening=$(grep -m1 ' softmax-server: listening grpc=' "$log" || true)
+  [[ -n "$listening" ]] && break
   kill -0 "$server_pid" 2> /dev/null || { cat "$log"; fail "the image's server exited"; }
   sleep 0.1
 done
-[[ -n "$address" ]] || { cat "$log"; fail "the image's server did not start in 120 s"; }
-metrics=$(sed -n 's/^.* softmax-server: listening .* metrics=\([^ ]*\).*$/\1/p' "$log")
+[[ -n "$listening" ]] || { cat "$log"; fail "the image's server did not start in 120 s"; }
+port_of() { sed -n "s/^.* $1=[^ ]*:\([0-9]*\).*$/\1/p" <<< "$listening"; }
+grpc_port=$(port_of grpc)
+http_port=$(port_of http)
+metrics_port=$(port_of metrics)
+address=127.0.0.1:$grpc_port
+say "listening: grpc port $grpc_port, http port $http_port, metrics port $metrics_port" \
+  "($(awk -v s="$started" -v e="$(date +%s.%N)" 'BEGIN {printf "%.1f", e - s}') s after the start)"
+failures=0
+check() {  # check STATUS WHAT: counts a failure when STATUS is not 0
+  if [[ $1 -eq 0 ]]; then say "ok: $2"; else say "FAIL: $2"; failures=$((failures + 1)); fi
+}
+for port in "${exposed[@]}"; do
+  number=${port%/*}
+  status=0; [[ " $grpc_port $http_port $metrics_port " == *" $number "* ]] || status=1
+  check $status "exposed port $port is one the server listens on"
+done
 say "server log (start):"
 sed 's/^/  | /' "$log"
+if [[ "$device" != cpu ]]; then
+  status=0; { ! grep -q 'serves on the CPU' "$log" && grep -q 'launch plan: device' "$log"; } || status=1
+  check $status "the CMD's --device picked the GPU (a launch plan for a device; no CPU fallback)"
+fi
 
 echo
 say "the serving process: pid $server_pid, uid $(stat -c %u "/proc/$server_pid"), $(tr '\0' ' ' < "/proc/$server_pid/cmdline")"
@@ -290,51 +357,134 @@ grep -v "^$root/opt/softmax-serve/lib/" "$work/maps" | while read -r object; do
 done
 echo "  image  /opt/softmax-serve/lib/: $bundled bundled libraries (gRPC, protobuf, Abseil, OpenSSL, libstdc++, ...)"
 
+# --- health after the warm-up ----------------------------------------------------
 echo
-failures=0
-health=$("${launch[@]}" "$client_binary" health --target="$address" --timeout_ms=10000) || true
-say "softmax-client health --target=$address: $health"
-[[ "$health" == SERVING ]] || { failures=$((failures + 1)); say "health is not SERVING"; }
+health=""
+for _ in $(seq 1 900); do
+  health=$(client health --target="$address" --timeout_ms=2000 2> /dev/null) && break
+  sleep 0.2
+done
+say "softmax-client health --target=$address: $health" \
+  "($(awk -v s="$started" -v e="$(date +%s.%N)" 'BEGIN {printf "%.1f", e - s}') s after the start)"
+status=0; [[ "$health" == SERVING ]] || status=1
+check $status "health SERVING after the warm-up"
 
+# --- a checked softmax of every dtype: gRPC (softmax.v1, KServe) and HTTP ---------
 for dtype in $dtypes; do
   for shape in $shapes; do
     echo
     say "softmax-client --target=$address --shape=$shape --dtype=$dtype --check"
-    output=$("${launch[@]}" "$client_binary" --target="$address" --shape="$shape" --dtype="$dtype" --check 2>&1) \
+    output=$(client --target="$address" --shape="$shape" --dtype="$dtype" --check 2>&1) \
       && status=0 || status=$?
     sed 's/^/  | /' <<< "$output"
-    if [[ $status -eq 0 ]]; then
-      say "PASS $dtype $shape"
-    else
-      say "FAIL $dtype $shape (exit $status)"
-      failures=$((failures + 1))
-    fi
+    check "$status" "gRPC softmax.v1 $dtype $shape"
+    for protocol in kserve http; do
+      case $protocol in
+        kserve) target=$address ;;
+        http) target=127.0.0.1:$http_port ;;
+      esac
+      name=$protocol-$dtype-${shape/,/x}.json
+      client load --protocol=$protocol --target="$target" --shape="$shape" --dtype="$dtype" \
+        --requests=16 --concurrency=4 --connections=2 --warmup=0s --verify --quiet \
+        --json="$report_dir/$name" > /dev/null 2>&1 && status=0 || status=$?
+      summary=$(report_field "$name" \
+        '"%d ok, %d verified, %d mismatches, errors %s" % (r["ok"], r["verified"], r["mismatches"], r["errors_by_code"])' \
+        2> /dev/null || echo "no report")
+      [[ $status -eq 0 && "$summary" == "16 ok, 16 verified, 0 mismatches, errors {}" ]] || status=1
+      check "$status" "softmax-client load --protocol=$protocol --target=$target --shape=$shape --dtype=$dtype --requests=16 --verify: $summary"
+    done
   done
 done
 
+# And one call over KServe HTTP from outside the image, in JSON, checked here
+# against a float64 softmax.
 echo
-if [[ -n "$metrics" ]]; then
-  scrape=$(python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(
-      'http://$metrics/metrics', timeout=10).read().decode())" 2> /dev/null \
-    || curl -fsS "http://$metrics/metrics" || true)
-  say "/metrics (host-side scrape of $metrics), the GPU lines:"
-  grep -E '^softmax_(gpu_|backend|build_info)' <<< "$scrape" | head -40 | sed 's/^/  | /'
-  [[ "$device" == cpu ]] || grep -q '^softmax_gpu_memory_total_bytes' <<< "$scrape" \
-    || { failures=$((failures + 1)); say "no softmax_gpu_memory_total_bytes: NVML not loaded"; }
+json_check=$(python3 - "127.0.0.1:$http_port" <<'PY' 2>&1
+import json, math, random, sys, urllib.request
+random.seed(7)
+rows, cols = 4, 1000
+values = [random.gauss(0, 3) for _ in range(rows * cols)]
+body = json.dumps({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [rows, cols],
+                               "data": values}]}).encode()
+request = urllib.request.Request(f"http://{sys.argv[1]}/v2/models/softmax/infer", data=body,
+                                 method="POST", headers={"Content-Type": "application/json"})
+with urllib.request.urlopen(request, timeout=30) as response:
+    output = json.loads(response.read())["outputs"][0]
+assert output["shape"] == [rows, cols], output["shape"]
+worst = 0.0
+for r in range(rows):
+    row = values[r * cols:(r + 1) * cols]
+    top = max(row)
+    total = math.fsum(math.exp(v - top) for v in row)
+    for c, v in enumerate(row):
+        expected = math.exp(v - top) / total
+        worst = max(worst, abs(output["data"][r * cols + c] - expected) / max(expected, 1e-30))
+print(f"POST /v2/models/softmax/infer (JSON, FP32 {rows}x{cols}): {output['datatype']} "
+      f"{output['shape']}, largest relative error {worst:.2e} against float64")
+sys.exit(0 if worst < 1e-5 else 1)
+PY
+) && status=0 || status=$?
+check "$status" "$json_check"
+
+# --- metrics -------------------------------------------------------------------------
+echo
+scrape=$(python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(
+    'http://127.0.0.1:$metrics_port/metrics', timeout=10).read().decode())" 2> /dev/null \
+  || curl -fsS "http://127.0.0.1:$metrics_port/metrics" || true)
+say "/metrics (host-side scrape of 127.0.0.1:$metrics_port), the GPU and serving lines:"
+grep -E '^softmax_(gpu_|backend|build_info|serving)' <<< "$scrape" | head -40 | sed 's/^/  | /'
+status=0; grep -q '^softmax_serving 1' <<< "$scrape" || status=1
+check $status "/metrics answers, softmax_serving 1"
+if [[ "$device" != cpu ]]; then
+  status=0; grep -q '^softmax_gpu_memory_total_bytes' <<< "$scrape" || status=1
+  check $status "/metrics carries NVML's softmax_gpu_memory_total_bytes"
 fi
 
+# --- SIGTERM with calls in flight ----------------------------------------------------
+# A closed loop of 64 callers is running when SIGTERM arrives: the server
+# must answer what it accepted (it refuses new calls UNAVAILABLE from the
+# signal on, the retryable refusal), log no request left at its grace
+# deadline, and exit 0 within its grace. The callers go on until their 5 s
+# are over: once the server is gone their calls fail UNAVAILABLE too
+# (connection refused), so only a code other than UNAVAILABLE, a mismatch,
+# or the server's own grace warning, is a lost call.
 echo
-kill -TERM "$server_pid" 2> /dev/null || true
+client load --target="$address" --shape=4,1000 --dtype=float32 --concurrency=64 --connections=4 \
+  --duration=5s --warmup=0s --verify --quiet --json="$report_dir/drain.json" > /dev/null 2>&1 &
+load_pid=$!
+sleep 3
+say "SIGTERM to the server with softmax-client load (64 callers, --verify) running"
+signalled=$(date +%s.%N)
+kill -TERM "$server_pid"
 server_exit=0
 wait "$server_pid" || server_exit=$?
+stopped=$(date +%s.%N)
 server_pid=""
-say "server stopped on SIGTERM, exit $server_exit; its log after start:"
-awk 'f; /listening grpc=/ {f=1}' "$log" | tail -20 | sed 's/^/  | /'
+wait "$load_pid" || true
+took=$(awk -v s="$signalled" -v e="$stopped" 'BEGIN {printf "%.2f", e - s}')
+grace=$(sed -n 's/^.*SIGTERM received; draining.*grace_s[^0-9]*\([0-9][0-9]*\).*$/\1/p' "$log")
+say "server log from the signal on:"
+awk '/SIGTERM received/ {f=1} f' "$log" | sed 's/^/  | /'
+summary=$(report_field drain.json \
+  '"%d ok, %d verified, %d mismatches, errors %s" % (r["ok"], r["verified"], r["mismatches"], r["errors_by_code"])' \
+  2> /dev/null || echo "no report")
+say "the callers: $summary"
+status=0; [[ $server_exit -eq 0 ]] || status=1
+check $status "server exit $server_exit on SIGTERM"
+status=0; { [[ -n "$grace" ]] && awk -v t="$took" -v g="$grace" 'BEGIN {exit !(t < g)}'; } || status=1
+check $status "stopped ${took} s after SIGTERM, within its grace (${grace:-unknown} s)"
+status=0; ! grep -q 'still in flight at the grace deadline' "$log" || status=1
+check $status "no request left in flight at the grace deadline"
+status=0
+[[ $(report_field drain.json 'r["mismatches"] == 0 and r["ok"] > 0 and set(r["errors_by_code"]) <= {"UNAVAILABLE"}' \
+  2> /dev/null) == True ]] || status=1
+check $status "every call answered: each OK and verified, or refused UNAVAILABLE after the signal"
 
 echo
 if [[ $failures -eq 0 ]]; then
-  say "PASSED: the image's softmax-server on --device=$device ($mode), health SERVING," \
-    "$(wc -w <<< "$dtypes") dtypes x $(wc -w <<< "$shapes") shapes checked"
+  say "PASSED: the image's own ENTRYPOINT and CMD ($mode, device $device): ports, health SERVING," \
+    "$(wc -w <<< "$dtypes") dtypes x $(wc -w <<< "$shapes") shapes checked over gRPC (softmax.v1," \
+    "KServe) and HTTP, /metrics, SIGTERM drained"
 else
   say "FAILED: $failures check(s)"
   exit 1

@@ -10,8 +10,9 @@
 #   - every file the image's processes opened or executed in a CPU run here:
 #     chroot --userspec=10001:10001 into the whole image, the launcher
 #     (/bin/sh, dirname, readlink), softmax-server --device=cpu, and
-#     softmax-client health and --check of every dtype, traced with strace
-#     (files opened after the chroot only);
+#     softmax-client health, --check of every dtype and load --verify of
+#     every dtype over KServe gRPC and HTTP, traced with strace (files
+#     opened after the chroot only);
 #   - what the image's loader lists for both binaries (ld.so --list), and
 #     what the kernel loads at execve: /bin/sh and the loader;
 #   - the image's glibc shared libraries (package libc6): the host's driver
@@ -76,7 +77,8 @@ traced() {  # traced LOG COMMAND...: files opened or executed after the chroot
 }
 "${tracer[@]}" -o "$work/trace-server" env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   HOME=/ chroot --userspec=10001:10001 "$full" /opt/softmax-serve/softmax-server --device=cpu \
-  --grpc_address=127.0.0.1:0 --http_address= --metrics_address=127.0.0.1:0 > "$work/server.log" 2>&1 &
+  --grpc_address=127.0.0.1:0 --http_address=127.0.0.1:0 --metrics_address=127.0.0.1:0 \
+  > "$work/server.log" 2>&1 &
 strace_pid=$!
 address=""
 for _ in $(seq 1 600); do
@@ -88,10 +90,19 @@ done
 # env, chroot and the launcher exec each other: strace's one child is the server.
 server_pid=$(pgrep -P "$strace_pid")
 traced "$work/trace-health" /opt/softmax-serve/softmax-client health --target="$address"
+http_address=$(sed -n 's/^.* softmax-server: listening .* http=\([^ ]*\) .*$/\1/p' "$work/server.log")
 for dtype in float32 float16 bfloat16; do
   traced "$work/trace-$dtype" /opt/softmax-serve/softmax-client --target="$address" \
     --shape=4,1000 --dtype="$dtype" --check > /dev/null
+  # run-image-rootfs.sh's checks over KServe gRPC and HTTP, with reports.
+  traced "$work/trace-kserve-$dtype" /opt/softmax-serve/softmax-client load --protocol=kserve \
+    --target="$address" --shape=4,1000 --dtype="$dtype" --requests=4 --warmup=0s --verify \
+    --quiet --json=/tmp/trim-kserve.json > /dev/null
+  traced "$work/trace-http-$dtype" /opt/softmax-serve/softmax-client load --protocol=http \
+    --target="$http_address" --shape=4,1000 --dtype="$dtype" --requests=4 --warmup=0s --verify \
+    --quiet --json=/tmp/trim-http.json > /dev/null
 done
+rm -f "$full/tmp/trim-kserve.json" "$full/tmp/trim-http.json"
 # And the launchers' own commands, through the links in /usr/local/bin.
 traced "$work/trace-version" /usr/local/bin/softmax-server --version > /dev/null
 kill -TERM "$server_pid"
