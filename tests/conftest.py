@@ -62,11 +62,8 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(scope="module")
 def server():
     """A softmax-server on the CPU backend, shared by a module's tests."""
-    process = e2e_util.Server()
-    try:
+    with e2e_util.Server() as process:
         yield process
-    finally:
-        process.kill()
 
 
 @pytest.fixture(scope="module", params=["cpu", "cuda"])
@@ -74,11 +71,8 @@ def device_server(request):
     """A softmax-server on each backend in turn: the CPU always, the GPU when
     this build has CUDA and the machine a GPU (skipped with the reason
     otherwise). Modules that want both override `server` with this."""
-    process = e2e_util.start_on_device(request.param)
-    try:
+    with e2e_util.start_on_device(request.param) as process:
         yield process
-    finally:
-        process.kill()
 
 
 @pytest.fixture

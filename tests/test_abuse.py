@@ -116,18 +116,6 @@ def test_max_concurrent_streams_is_advertised(start_server):
         assert settings.get(h2_util.SETTINGS_MAX_CONCURRENT_STREAMS) == expected, settings
 
 
-def _closed_by_server(sock, timeout):
-    sock.settimeout(timeout)
-    try:
-        while True:
-            if not sock.recv(65536):
-                return True
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
-
-
 def test_connections_without_a_preface_are_closed_after_the_handshake_timeout(server):
     """Sockets that never send the HTTP/2 preface are closed within the 5 s
     handshake timeout (gRPC's default, 120 s, let them pile up)."""
@@ -135,7 +123,7 @@ def test_connections_without_a_preface_are_closed_after_the_handshake_timeout(se
     sockets = [socket.create_connection((host, int(port)), timeout=5) for _ in range(20)]
     try:
         for sock in sockets:
-            assert _closed_by_server(sock, timeout=8), "a silent connection was kept open"
+            assert h2_util.closed_by_peer(sock, timeout=8), "a silent connection was kept open"
     finally:
         for sock in sockets:
             sock.close()

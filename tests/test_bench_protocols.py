@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import e2e_util
+from bench.lib.markdown import table_rows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CALLERS = 12
@@ -31,14 +32,6 @@ def run_protocols(tmp_path, *args, device="cpu"):
                f"--device={device}", f"--points=2x256:float32@{CALLERS}", "--duration=0.4",
                "--warmup=0.1", f"--out={tmp_path}", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=150, cwd=REPO)
-
-
-def table_rows(text):
-    """The table's data rows as dicts keyed by its header cells."""
-    lines = [line for line in text.splitlines() if line.startswith("|")]
-    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    return [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|"))))
-            for line in lines[2:]]
 
 
 def test_three_protocols_with_both_ratios(tmp_path):

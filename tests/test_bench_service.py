@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import e2e_util
+from bench.lib.markdown import table_rows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVICE = os.path.join(REPO, "bench", "service")
@@ -22,14 +23,6 @@ PAYLOAD = "1x256:float32"
 CONCURRENCIES = [1, 4]
 ROUNDS = 2
 DEVICES = ["cpu", "none"]
-
-
-def table_rows(text):
-    """The table's data rows as dicts keyed by its header cells."""
-    lines = [line for line in text.splitlines() if line.startswith("|")]
-    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    return [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|"))))
-            for line in lines[2:]]
 
 
 def test_rounds_sweep(tmp_path):

@@ -26,20 +26,14 @@ AGE_S = 1
 
 @pytest.fixture(scope="module")
 def aged_server():
-    process = e2e_util.Server(f"--max_connection_age_s={AGE_S}")
-    try:
+    with e2e_util.Server(f"--max_connection_age_s={AGE_S}") as process:
         yield process
-    finally:
-        process.kill()
 
 
 @pytest.fixture(scope="module")
 def default_server():
-    process = e2e_util.Server()
-    try:
+    with e2e_util.Server() as process:
         yield process
-    finally:
-        process.kill()
 
 
 def _frames_for(address, seconds):

@@ -579,77 +579,11 @@ def test_envoy_pod_monitor_scrapes_envoys_stats(k8s):
 # values (rules.default: true, no custom rules): the six default rules of
 # prometheus-community/helm-charts charts/prometheus-adapter/templates/
 # configmap.yaml (commit 05bf01b5028ee6dc636510132a7de9554b135b6e), as the
-# `config.yaml` of its ConfigMap. The template appends `rules.custom` after
-# them (toYaml, indented 4), which chart_config() does the same way.
-CHART_DEFAULT_RULES = """\
-rules:
-- seriesQuery: '{__name__=~"^container_.*",container!="POD",namespace!="",pod!=""}'
-  seriesFilters: []
-  resources:
-    overrides:
-      namespace:
-        resource: namespace
-      pod:
-        resource: pod
-  name:
-    matches: ^container_(.*)_seconds_total$
-    as: ""
-  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>,container!="POD"}[5m]))
-    by (<<.GroupBy>>)
-- seriesQuery: '{__name__=~"^container_.*",container!="POD",namespace!="",pod!=""}'
-  seriesFilters:
-  - isNot: ^container_.*_seconds_total$
-  resources:
-    overrides:
-      namespace:
-        resource: namespace
-      pod:
-        resource: pod
-  name:
-    matches: ^container_(.*)_total$
-    as: ""
-  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>,container!="POD"}[5m]))
-    by (<<.GroupBy>>)
-- seriesQuery: '{__name__=~"^container_.*",container!="POD",namespace!="",pod!=""}'
-  seriesFilters:
-  - isNot: ^container_.*_total$
-  resources:
-    overrides:
-      namespace:
-        resource: namespace
-      pod:
-        resource: pod
-  name:
-    matches: ^container_(.*)$
-    as: ""
-  metricsQuery: sum(<<.Series>>{<<.LabelMatchers>>,container!="POD"}) by (<<.GroupBy>>)
-- seriesQuery: '{namespace!="",__name__!~"^container_.*"}'
-  seriesFilters:
-  - isNot: .*_total$
-  resources:
-    template: <<.Resource>>
-  name:
-    matches: ""
-    as: ""
-  metricsQuery: sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)
-- seriesQuery: '{namespace!="",__name__!~"^container_.*"}'
-  seriesFilters:
-  - isNot: .*_seconds_total
-  resources:
-    template: <<.Resource>>
-  name:
-    matches: ^(.*)_total$
-    as: ""
-  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>}[5m])) by (<<.GroupBy>>)
-- seriesQuery: '{namespace!="",__name__!~"^container_.*"}'
-  seriesFilters: []
-  resources:
-    template: <<.Resource>>
-  name:
-    matches: ^(.*)_seconds_total$
-    as: ""
-  metricsQuery: sum(rate(<<.Series>>{<<.LabelMatchers>>}[5m])) by (<<.GroupBy>>)
-"""
+# `config.yaml` of its ConfigMap (tests/data/). The template appends
+# `rules.custom` after them (toYaml, indented 4), which chart_config() does
+# the same way.
+CHART_DEFAULT_RULES = (Path(__file__).parent / "data" /
+                       "prometheus-adapter-chart-default.yaml").read_text()
 
 
 def adapter_rules_custom():

@@ -924,7 +924,7 @@ def test_rapid_reset_is_cut_off_by_envoy(fleet3):
                     # A pause per 10 pairs lets the count of pairs sent
                     # follow what Envoy has read.
                     time.sleep(0.005)
-                    if _closed(connection.sock):
+                    if connection.closed_by_peer():
                         break
             except (ConnectionError, OSError):
                 pass
@@ -963,22 +963,6 @@ def _headers_block():
             (":path", "/softmax.v1.SoftmaxService/Softmax"), (":authority", "fleet"),
             ("content-type", "application/grpc"), ("te", "trailers")))
     return _BLOCK
-
-
-def _closed(sock):
-    """True once the peer closed the connection (EOF or reset); what it sent
-    before (SETTINGS, GOAWAY) is read and dropped."""
-    sock.setblocking(False)
-    try:
-        while True:
-            if not sock.recv(65536):
-                return True
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-    finally:
-        sock.setblocking(True)
 
 
 # ------------------------------------------------------------ per-try timeout

@@ -38,11 +38,8 @@ def check(response, x, dtype, axis, temperature, log, what):
 
 @pytest.fixture(scope="module")
 def gpu_server():
-    process = e2e_util.start_on_device("cuda", "--max_queue_delay_us=200")
-    try:
+    with e2e_util.start_on_device("cuda", "--max_queue_delay_us=200") as process:
         yield process
-    finally:
-        process.kill()
 
 
 def test_concurrent_mixed_clients_match_reference(gpu_server):

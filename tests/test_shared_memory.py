@@ -437,11 +437,8 @@ def test_metadata_lists_the_extensions(grpc_client, http_client):
 
 @pytest.fixture(scope="module")
 def cuda_server():
-    process = e2e_util.start_on_device("cuda")
-    try:
+    with e2e_util.start_on_device("cuda") as process:
         yield process
-    finally:
-        process.kill()
 
 
 @pytest.fixture(scope="module")

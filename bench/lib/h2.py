@@ -39,6 +39,27 @@ def frame(kind, flags, stream_id, payload=b""):
         ">I", stream_id & 0x7FFFFFFF) + payload
 
 
+def closed_by_peer(sock, timeout=0.0):
+    """True once the peer closed the socket (EOF or reset) within `timeout`
+    seconds (0: as of now); what it sent before (SETTINGS, GOAWAY) is read
+    and dropped."""
+    previous = sock.gettimeout()
+    if timeout:
+        sock.settimeout(timeout)
+    else:
+        sock.setblocking(False)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except (BlockingIOError, socket.timeout):
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.settimeout(previous)
+
+
 class Connection:
     """One HTTP/2 connection to a gRPC server on loopback."""
 
@@ -51,6 +72,10 @@ class Connection:
 
     def close(self):
         self.sock.close()
+
+    def closed_by_peer(self, timeout=0.0):
+        """closed_by_peer(self.sock, timeout)."""
+        return closed_by_peer(self.sock, timeout)
 
     def headers(self, stream_id, path, authority="localhost", extra=(), end_stream=False):
         block = b"".join(_literal(n, v) for n, v in (

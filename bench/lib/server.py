@@ -124,6 +124,12 @@ class Server:
         if self._own_log and os.path.exists(self.log_path):
             os.unlink(self.log_path)
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.kill()
+
     def close(self):
         """The benchmarks' cleanup: an orderly stop (SIGTERM, up to 60 s),
         then kill()."""
