@@ -26,9 +26,12 @@
 //   5. kRequestsAnswered: every accepted request answered, or the grace
 //      deadline (--shutdown_grace_s after step 4; 5 s after a device fault)
 //      passed, which is logged as a warning.
-//   6. kRefusalsHeld: Admission::HoldRefusals: a unary call refused
-//      from here is held, not answered, so that a closed-loop caller sends
-//      nothing into the window where gRPC would cancel it.
+//   6. kRefusalsHeld: Admission::HoldRefusals: a gRPC unary call
+//      (softmax.v1 Softmax, KServe ModelInfer) refused from here is held,
+//      not answered, so that a closed-loop caller sends nothing into the
+//      window where gRPC would cancel it. KServe HTTP holds none: it has no
+//      such window (its refusal is a 503 the caller reads whole), and its
+//      endpoint has been stopping since step 4.
 //   7. kShutdownStarted: after kCloseLinger (callers read their last
 //      responses), grpc::Server::Shutdown starts on a thread of its own (it
 //      sends the GOAWAY; it closes the idle connections after

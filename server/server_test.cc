@@ -136,6 +136,7 @@ class Client {
         stub_(v1::SoftmaxService::NewStub(channel_)) {}
 
   v1::SoftmaxService::Stub& stub() { return *stub_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
   std::unique_ptr<UnaryCall> Call(const std::string& id, int64_t rows = 1,
                                   const std::string& token = "") {
@@ -477,10 +478,39 @@ TEST(ServerTest, DrainGoesNotServingThenRefusesNewCallsAndAnswersAdmittedOnes) {
   EXPECT_FALSE(server.device_faulted());
 }
 
+// One unary KServe ModelInfer call (a 1x4 float32 softmax) on the callback API.
+struct InferCall {
+  inference::ModelInferRequest request;
+  inference::ModelInferResponse response;
+  grpc::ClientContext context;
+  grpc::Status status;
+  absl::Notification done;
+
+  explicit InferCall(inference::GRPCInferenceService::Stub& stub) {
+    request.set_model_name("softmax");
+    inference::ModelInferRequest::InferInputTensor* input = request.add_inputs();
+    input->set_name("INPUT");
+    input->set_datatype("FP32");
+    input->add_shape(1);
+    input->add_shape(4);
+    const float values[4] = {0, 1, 2, 3};
+    request.add_raw_input_contents(values, sizeof(values));
+    stub.async()->ModelInfer(&context, &request, &response, [this](grpc::Status outcome) {
+      status = std::move(outcome);
+      done.Notify();
+    });
+  }
+  bool Wait() { return done.WaitForNotificationWithTimeout(kWait); }
+};
+
 // A unary call refused once Shutdown is near is held, not answered, so that
 // a closed-loop caller sends nothing into the window where gRPC would cancel
 // it; the held calls are answered UNAVAILABLE after Shutdown has started.
-TEST(ServerTest, RefusalsAreHeldUntilShutdownHasStartedThenAnsweredUnavailable) {
+// `start` makes the call (softmax.v1 Softmax or KServe ModelInfer) on the
+// client's connection, made before the drain.
+template <typename Call>
+void ExpectRefusalsHeldUntilShutdownHasStarted(
+    std::function<std::unique_ptr<Call>(Client&)> start) {
   StepRecorder recorder;
   Server server(QueueingOptions(), recorder.Hooks());
   ASSERT_TRUE(server.Start().ok());
@@ -488,10 +518,10 @@ TEST(ServerTest, RefusalsAreHeldUntilShutdownHasStartedThenAnsweredUnavailable) 
   ASSERT_EQ(client.Health(), kServing);  // connected before the drain
   ASSERT_GE(ServerCallsStarted(), 1) << "channelz counts no calls";
 
-  std::unique_ptr<UnaryCall> held;
+  std::unique_ptr<Call> held;
   recorder.At(DrainStep::kRefusalsHeld, [&] {
     const int64_t calls_before = ServerCallsStarted();
-    held = client.Call("held");
+    held = start(client);
     // The call has reached the server...
     ASSERT_TRUE(Await([&] { return ServerCallsStarted() > calls_before; }));
     // ...and is not answered while refusals are held (a refusal not held
@@ -510,6 +540,19 @@ TEST(ServerTest, RefusalsAreHeldUntilShutdownHasStartedThenAnsweredUnavailable) 
   EXPECT_EQ(held->status.error_message(), kDrainingMessage);
   server.Wait();
   EXPECT_EQ(recorder.steps(), kAllSteps);
+}
+
+TEST(ServerTest, RefusalsAreHeldUntilShutdownHasStartedThenAnsweredUnavailable) {
+  ExpectRefusalsHeldUntilShutdownHasStarted<UnaryCall>(
+      [](Client& client) { return client.Call("held"); });
+}
+
+TEST(ServerTest, KServeModelInferRefusalsAreHeldUntilShutdownHasStarted) {
+  std::unique_ptr<inference::GRPCInferenceService::Stub> stub;
+  ExpectRefusalsHeldUntilShutdownHasStarted<InferCall>([&stub](Client& client) {
+    stub = inference::GRPCInferenceService::NewStub(client.channel());
+    return std::make_unique<InferCall>(*stub);
+  });
 }
 
 // A stream with answers still to come at Drain: every request it had sent

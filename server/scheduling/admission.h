@@ -19,8 +19,11 @@
 //   Draining     StartDraining refuses every new request, lets admitted
 //                ones finish and ends open streams (registered with
 //                RegisterStream) once nothing of theirs is in flight;
-//                HoldRefusals / ReleaseHeldCalls keep refused unary calls
-//                unanswered across grpc::Server::Shutdown's GOAWAY.
+//                HoldRefusals / ReleaseHeldCalls keep refused gRPC unary
+//                calls (softmax.v1 Softmax, KServe ModelInfer) unanswered
+//                across grpc::Server::Shutdown's GOAWAY. KServe HTTP holds
+//                none: no GOAWAY can cancel its 503 (server/server.h,
+//                drain step 6).
 //
 // Validation (shapes, dtypes, limits) is the front-ends' (server/rpc/), as
 // is what goes on the wire; Admission knows no protocol. Before a request
@@ -143,7 +146,7 @@ class Admission {
   void StartDraining();
   bool draining() const { return draining_.load(std::memory_order_relaxed); }
 
-  // The last step before grpc::Server::Shutdown: unary refusals from now on
+  // The last step before grpc::Server::Shutdown: gRPC unary refusals from now on
   // are held (HoldRefusal) until ReleaseHeldCalls, which answers them. gRPC
   // cancels calls whose headers arrive between the start of Shutdown and
   // the client reading its GOAWAY; a closed-loop client whose refusal is

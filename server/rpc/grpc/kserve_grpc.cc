@@ -279,7 +279,15 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerCont
         Record(this, RpcMethod::kModelInfer, *done, outcome);
         reactor->held = std::move(done->held);
         done.reset();
-        reactor->Finish(ToGrpcStatus(outcome));
+        grpc::Status answer = ToGrpcStatus(outcome);
+        // Refused while draining: held across Shutdown's GOAWAY, as
+        // softmax.v1's refusals are (Admission::HoldRefusals).
+        if (outcome.code() == absl::StatusCode::kUnavailable &&
+            front_end_.admission->draining() &&
+            front_end_.admission->HoldRefusal([reactor, answer] { reactor->Finish(answer); })) {
+          return;
+        }
+        reactor->Finish(answer);
       });
   return reactor;
 }
