@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -160,6 +161,26 @@ std::unique_ptr<DeviceMemoryMapper> CreateDeviceMemoryMapper(
   return nullptr;
 }
 
+std::string LaunchPlanDifference(const std::vector<std::unique_ptr<Backend>>& backends) {
+  if (backends.empty()) return "";
+  const DeviceInfo first = backends[0]->Device();
+  for (size_t i = 1; i < backends.size(); ++i) {
+    const DeviceInfo other = backends[i]->Device();
+    if (other.launch_plan == first.launch_plan) continue;
+    const std::vector<absl::string_view> a = absl::StrSplit(first.launch_plan, '\n');
+    const std::vector<absl::string_view> b = absl::StrSplit(other.launch_plan, '\n');
+    size_t line = 0;
+    while (line < a.size() && line < b.size() && a[line] == b[line]) ++line;
+    const auto text = [line](const std::vector<absl::string_view>& lines) {
+      return line < lines.size() ? absl::StrCat("'", absl::StripAsciiWhitespace(lines[line]), "'")
+                                 : std::string("no line");
+    };
+    return absl::StrCat(backends[i]->Name(), "'s launch plan differs from ", backends[0]->Name(),
+                        "'s: ", text(b), " against ", text(a));
+  }
+  return "";
+}
+
 absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
                                              const BackendOptions& options,
                                              const GpuEnvironment& gpus) {
@@ -206,6 +227,7 @@ absl::StatusOr<BackendChoice> CreateBackends(const DeviceSpec& spec,
       }
       choice.device = absl::StrCat("cuda:", absl::StrJoin(names, ","));
       choice.description = absl::StrJoin(lines, "\n  ");
+      choice.plans_difference = LaunchPlanDifference(choice.backends);
       return choice;
     }
     case DeviceSpec::Kind::kAuto: {

@@ -76,7 +76,15 @@ struct BackendChoice {
   // names the cause in words, for the start-up warning.
   GpuUnusableCause unusable = GpuUnusableCause::kNone;
   std::string unusable_detail;
+  // Empty where every GPU backend has the launch plan of the first (the same
+  // kernel and geometry for every row, so the same bits whichever GPU
+  // answers); else the first difference, in words (LaunchPlanDifference).
+  std::string plans_difference;
 };
+
+// "" when every backend's DeviceInfo::launch_plan equals the first's, else
+// which backend differs from the first and its first differing plan line.
+std::string LaunchPlanDifference(const std::vector<std::unique_ptr<Backend>>& backends);
 
 // How shared-memory regions reach `cuda_devices` (CudaMemoryMapper); null
 // when there is none (no GPU, or a build without CUDA).

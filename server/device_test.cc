@@ -139,6 +139,39 @@ TEST(CreateBackendsTest, AutoNamesTheCauseWhenAGpuIsPresentButUnusable) {
   EXPECT_EQ(CauseName(GpuUnusableCause::kBackendStart), "backend_start");
 }
 
+// Several GPUs: their launch plans are compared at start; a GPU whose plan
+// differs from the first's is named with its first differing line.
+TEST(LaunchPlanDifferenceTest, NamesTheFirstGpuWhosePlanDiffers) {
+  const std::string plan =
+      "  kernel  paths  threads\n  staged<float32>  staged  256\n  flat<float32>  flat  64\n";
+  std::string other = plan;
+  other.replace(other.find("flat  64"), 8, "flat 128");
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (const std::string* text : std::vector<const std::string*>{&plan, &plan, &other}) {
+    testing::FakeBackendOptions fake;
+    fake.name = absl::StrCat("cuda:", backends.size());
+    auto backend = std::make_unique<testing::FakeBackend>(fake);
+    DeviceInfo info;
+    info.launch_plan = *text;
+    backend->set_device(info);
+    backends.push_back(std::move(backend));
+  }
+  EXPECT_EQ(LaunchPlanDifference({}), "");
+  std::vector<std::unique_ptr<Backend>> alike;
+  alike.push_back(std::move(backends[0]));
+  alike.push_back(std::move(backends[1]));
+  EXPECT_EQ(LaunchPlanDifference(alike), "");
+  alike.push_back(std::move(backends[2]));
+  EXPECT_EQ(LaunchPlanDifference(alike),
+            "cuda:2's launch plan differs from cuda:0's: 'flat<float32>  flat 128' against "
+            "'flat<float32>  flat  64'");
+  // The fake GPUs of CreateBackends report no plan: alike.
+  absl::StatusOr<BackendChoice> choice = CreateBackends(
+      *ParseDeviceSpec("cuda:0,1"), BackendOptions(), FakeGpus(CudaDevices{2, false, ""}, 2));
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->plans_difference, "");
+}
+
 TEST(CreateBackendsTest, CudaFailsWithTheCauseWhereAutoWouldFallBack) {
   struct Case {
     GpuEnvironment gpus;

@@ -102,6 +102,17 @@ absl::Status Server::Start() {
                          {"detail", choice_.unusable_detail}});
   }
   logging::LogInfo(absl::StrCat("device=", choice_.device, " ", choice_.description));
+  if (choice_.cuda_devices.size() > 1) {
+    if (choice_.plans_difference.empty()) {
+      logging::LogInfo(
+          "GPU launch plans identical: a request's answer has the same bits on every GPU",
+          {{"device", choice_.device}});
+    } else {
+      logging::LogWarning(
+          "GPU launch plans differ: a request's answer may have other bits on another GPU",
+          {{"device", choice_.device}, {"detail", choice_.plans_difference}});
+    }
+  }
   std::vector<Backend*> backends;
   std::vector<const Backend*> observed;
   for (const std::unique_ptr<Backend>& backend : choice_.backends) {
@@ -127,6 +138,9 @@ absl::Status Server::Start() {
     metrics_->SetQueueCapacity(options_.max_queued_requests, max_queued_bytes);
     if (choice_.unusable != GpuUnusableCause::kNone) {
       metrics_->SetGpuUnusable(CauseName(choice_.unusable));
+    }
+    if (!choice_.cuda_devices.empty()) {
+      metrics_->SetGpuPlansIdentical(choice_.plans_difference.empty());
     }
   }
 

@@ -252,8 +252,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     k.grid = probe.grid;
     info.kernels.push_back(k);
   }
-  report += state.plan.ToString();
+  const std::string plan_text = state.plan.ToString();
+  report += plan_text;
   worker->probe_report_ = std::move(report);
+  // Without its first line, which names the device: the rest is what planning reads.
+  info.launch_plan = plan_text.substr(plan_text.find('\n') + 1);
 
   state.device_memory = std::make_unique<CachingAllocator>(
       std::make_unique<CudaDeviceRawAllocator>(options.memory_limit_bytes));

@@ -417,6 +417,14 @@ void Metrics::SetGpuUnusable(absl::string_view cause) {
       .Set(1);
 }
 
+void Metrics::SetGpuPlansIdentical(bool identical) {
+  AddGauge(*registry_, "softmax_gpu_plans_identical",
+           "1 when every GPU of the server has the same launch plan, so that an answer has "
+           "the same bits whichever GPU computes it; 0 when they differ (the start-up "
+           "warning names the difference).")
+      .Set(identical ? 1 : 0);
+}
+
 prometheus::Counter& Metrics::RequestCounter(RpcMethod method, absl::StatusCode code) {
   const int m = static_cast<int>(method);
   int c = static_cast<int>(code);

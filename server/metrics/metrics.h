@@ -104,6 +104,12 @@ class Metrics final : public BatcherObserver {
   // otherwise. REQUIRES: called at most once, before serving.
   void SetGpuUnusable(absl::string_view cause);
 
+  // softmax_gpu_plans_identical: 1 when every GPU of the server has the same
+  // launch plan (answers bit-identical whichever GPU computes them; always
+  // for one GPU), 0 when they differ. Not exported without a GPU backend.
+  // REQUIRES: called at most once, before serving.
+  void SetGpuPlansIdentical(bool identical);
+
   // One finished RPC (unary) or one response on a stream: counts it by
   // method and status code, and observes its latency (received to response
   // sent). `bytes` is what the request moved in and out (input + output

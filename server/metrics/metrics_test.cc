@@ -297,6 +297,15 @@ TEST(MetricsTest, GpuUnusableOnlyWhenAutoFellBackWithTheCause) {
   EXPECT_EQ(FindFamily(families, "softmax_gpu_unusable")->metric.size(), 1u);
 }
 
+TEST(MetricsTest, GpuPlansIdenticalOnlyWithAGpuBackend) {
+  for (const bool identical : {true, false}) {
+    auto metrics = NewMetrics();
+    EXPECT_EQ(FindFamily(metrics->Collect(), "softmax_gpu_plans_identical"), nullptr);
+    metrics->SetGpuPlansIdentical(identical);
+    EXPECT_EQ(GaugeValue(metrics->Collect(), "softmax_gpu_plans_identical"), identical ? 1 : 0);
+  }
+}
+
 TEST(MetricsTest, DeviceInfoOccupancyAndAllocatorFromTheBackend) {
   testing::FakeBackend backend(Named("cuda:0"));
   backend.set_device(FakeGpu());

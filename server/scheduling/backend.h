@@ -142,6 +142,10 @@ struct DeviceInfo {
   int64_t memory_bytes = 0;        // device memory; 0 on the CPU
   double peak_bandwidth_bytes_per_second = 0;  // nominal, read + write counted
   std::vector<KernelOccupancy> kernels;
+  // The GPU's launch plan as the kernels plan from it (its probe table: what
+  // decides each row's kernel and geometry, and so its bits); empty on the
+  // CPU. GPUs with equal plans give a request the same bits.
+  std::string launch_plan;
 };
 
 // Memory statistics a backend can report (caching allocators).
