@@ -1,5 +1,5 @@
 // Planning without a GPU: schedules (PlanSchedule) made from an H200's
-// recorded launch plan, so that CI checks the batch-invariance rule where
+// recorded launch plan (kernels/testdata/), so that CI checks the batch-invariance rule where
 // it lives. Every row of a probe segment must get the same kernel and the
 // same arguments that fix its reductions (geometry, parts, config word)
 // alone and inside random tables of every kernel; split and strided scratch
@@ -20,8 +20,7 @@
 
 #include "kernels/cuda/plan.h"
 #include "kernels/dtype.h"
-#include "kernels/h100_plan.h"
-#include "kernels/h200_plan.h"
+#include "kernels/recorded_plan.h"
 #include "kernels/softmax_cuda.h"
 
 namespace softmax {
@@ -141,7 +140,10 @@ std::string Describe(const std::map<RowOrder, long long>& orders) {
 
 class ScheduleTest : public ::testing::Test {
  protected:
-  void SetUp() override { ASSERT_TRUE(LaunchPlan::Parse(kH200Plan + 1, &plan_)); }
+  void SetUp() override {
+    h200_text_ = RecordedPlanText("h200_plan.txt");
+    ASSERT_TRUE(LaunchPlan::Parse(h200_text_, &plan_)) << "kernels/testdata/h200_plan.txt";
+  }
 
   Schedule Plan(DType dtype, const std::vector<SoftmaxSegment>& segments,
                 bool allow_flat = true) const {
@@ -155,6 +157,7 @@ class ScheduleTest : public ::testing::Test {
   void CheckRowOrders(uint64_t seed, int trials, int* checked) const;
 
   LaunchPlan plan_;
+  std::string h200_text_;  // kernels/testdata/h200_plan.txt
 };
 
 // A segment at a made-up address of its own (slot), `misalign` elements past
@@ -183,7 +186,7 @@ TEST_F(ScheduleTest, ParsesTheRecordedPlanBack) {
   EXPECT_EQ(plan_.multiprocessors(), 132);
   EXPECT_EQ(plan_.max_cluster_size(), 8);
   EXPECT_EQ(plan_.device_name(), "NVIDIA H200");
-  EXPECT_EQ(plan_.ToString(), std::string(kH200Plan + 1));
+  EXPECT_EQ(plan_.ToString(), h200_text_);
   ASSERT_NE(plan_.Find("staged", DType::kFloat16, 16), nullptr);
   EXPECT_EQ(plan_.Find("staged", DType::kFloat16, 16)->max_active_clusters, 7);
   // Find (a binary search by dtype, cluster size and family) returns every
@@ -392,8 +395,9 @@ TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunch) {
 // The same on an H100's plan recorded with these kernels (row_staged at 5
 // blocks per SM in every dtype, 50 MiB of L2).
 TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunchOnAnH100) {
-  ASSERT_TRUE(LaunchPlan::Parse(kH100Plan + 1, &plan_));
-  EXPECT_EQ(plan_.ToString(), std::string(kH100Plan + 1));
+  const std::string h100_text = RecordedPlanText("h100_plan.txt");
+  ASSERT_TRUE(LaunchPlan::Parse(h100_text, &plan_)) << "kernels/testdata/h100_plan.txt";
+  EXPECT_EQ(plan_.ToString(), h100_text);
   ASSERT_NE(plan_.Find("row_staged", DType::kFloat16), nullptr);
   EXPECT_EQ(plan_.Find("row_staged", DType::kFloat16)->blocks_per_sm, 5);
   int checked = 0;
@@ -432,7 +436,7 @@ TEST_F(ScheduleTest, FlatRowsJoinATablesRowStagedLaunch) {
 // kernel (aligned) or the on-chip cluster path, alone and in tables alike.
 TEST_F(ScheduleTest, PlansWithoutRowStaged) {
   std::string text;
-  std::istringstream lines(kH200Plan + 1);
+  std::istringstream lines(h200_text_);
   for (std::string line; std::getline(lines, line);) {
     if (line.find("row_staged") == std::string::npos) text += line + "\n";
   }
@@ -617,7 +621,7 @@ TEST_F(ScheduleTest, StagedShortInstantiation) {
 // Each row's instantiation is its own, whatever shares its launch.
 TEST_F(ScheduleTest, StagedInstantiationFollowsTheRowAlone) {
   std::string text;
-  std::istringstream lines(kH200Plan + 1);
+  std::istringstream lines(h200_text_);
   for (std::string line; std::getline(lines, line);) {
     const bool large_staged = line.rfind("  staged<", 0) == 0 &&
                               (line.find("  8  ") != std::string::npos ||

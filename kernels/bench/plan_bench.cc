@@ -18,7 +18,7 @@
 
 #include "kernels/cuda/plan.h"
 #include "kernels/dtype.h"
-#include "kernels/h200_plan.h"
+#include "kernels/recorded_plan.h"
 #include "kernels/softmax_cuda.h"
 
 namespace softmax {
@@ -81,8 +81,8 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 
 int Run() {
   LaunchPlan plan;
-  if (!LaunchPlan::Parse(kH200Plan + 1, &plan)) {
-    std::fprintf(stderr, "cannot parse the recorded plan\n");
+  if (!ReadRecordedPlan("h200_plan.txt", &plan)) {
+    std::fprintf(stderr, "cannot read the recorded plan kernels/testdata/h200_plan.txt\n");
     return 1;
   }
   const std::vector<Case> cases = {
