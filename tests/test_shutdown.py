@@ -414,3 +414,77 @@ def test_sigterm_after_a_stream_whose_writes_failed_exits_at_once(start_server):
     started = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     _assert_prompt_exit(server, started, "a stream whose writes failed")
+
+
+def test_sigterm_after_every_unary_exit_path_exits_at_once(start_server, tmp_path):
+    """Each way a softmax.v1, KServe gRPC or KServe HTTP call ends (answered,
+    refused unauthenticated, invalid, for an unknown model, and a KServe
+    stream's in-band error) gives its ticket back: SIGTERM after all of them
+    exits 0 within the lame duck + 1 s, not the grace."""
+    import json
+    import urllib.error
+    import urllib.request
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    tokens = tmp_path / "tokens"
+    tokens.write_text("door-token\n")
+    server = start_server("--shutdown_grace_s=30", f"--auth_tokens_file={tokens}")
+    auth = [("authorization", "Bearer door-token")]
+    stub = server.stub()
+    kserve = service_pb2_grpc.GRPCInferenceServiceStub(server.channel())
+    x = np.zeros((2, 8))
+
+    def code_of(call, *args, **kwargs):
+        try:
+            call(*args, timeout=10, **kwargs)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as error:
+            return error.code()
+
+    def infer(model="softmax", datatype="FP32"):
+        message = service_pb2.ModelInferRequest(model_name=model)
+        message.inputs.add(name="INPUT", datatype=datatype, shape=[2, 8])
+        message.raw_input_contents.append(np.zeros((2, 8), np.float32).tobytes())
+        return message
+
+    codes = {
+        "v1 ok": code_of(stub.Softmax, request(x), metadata=auth),
+        "v1 no token": code_of(stub.Softmax, request(x)),
+        "v1 invalid": code_of(stub.Softmax, request(x, axis=5), metadata=auth),
+        "v1 chunk": code_of(stub.Softmax, request(x, request_id="c", more_chunks=True),
+                            metadata=auth),
+        "kserve ok": code_of(kserve.ModelInfer, infer(), metadata=auth),
+        "kserve no token": code_of(kserve.ModelInfer, infer()),
+        "kserve unknown model": code_of(kserve.ModelInfer, infer("nope"), metadata=auth),
+        "kserve invalid": code_of(kserve.ModelInfer, infer(datatype="FP99"), metadata=auth),
+    }
+    assert codes == {
+        "v1 ok": grpc.StatusCode.OK, "v1 no token": grpc.StatusCode.UNAUTHENTICATED,
+        "v1 invalid": grpc.StatusCode.INVALID_ARGUMENT,
+        "v1 chunk": grpc.StatusCode.INVALID_ARGUMENT, "kserve ok": grpc.StatusCode.OK,
+        "kserve no token": grpc.StatusCode.UNAUTHENTICATED,
+        "kserve unknown model": grpc.StatusCode.NOT_FOUND,
+        "kserve invalid": grpc.StatusCode.INVALID_ARGUMENT}, codes
+    stream = list(kserve.ModelStreamInfer(iter([infer(), infer(datatype="FP99")]),
+                                          metadata=auth, timeout=10))
+    assert [bool(r.error_message) for r in stream] == [False, True], stream
+
+    def http(model, body, token="door-token"):
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        url = f"http://{server.http_address}/v2/models/{model}/infer"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers),
+                                        timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    good = json.dumps({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 2],
+                                   "data": [0, 1]}]}).encode()
+    statuses = [http("softmax", good), http("softmax", good, token=None),
+                http("nope", good), http("softmax", b"{not json")]
+    assert statuses == [200, 401, 404, 400], statuses
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    _assert_prompt_exit(server, started, "calls on every unary exit path")
