@@ -3,8 +3,9 @@
 // this batch?".
 //
 // The route of a batch, from admission to answer: a front-end (server/rpc/)
-// validates a request and hands it to Batcher::Enqueue, which queues it and,
-// when the queue holds a ready batch (full, its oldest request's delay passed,
+// validates a request and hands it to Admission::Admit (admission.h), which
+// refuses it, echoes it (--device=none) or passes it to Batcher::Enqueue; the
+// batcher queues it and, when the queue holds a ready batch (full, its oldest request's delay passed,
 // or a slot idle) while a slot is free, calls Scheduler::Notify. The
 // scheduler runs one thread per slot of every backend (one per CUDA stream of
 // each GPU, one for the CPU backend); Notify lets a slot thread that is
@@ -14,8 +15,10 @@
 // blocking: copies, kernels, the wait for the GPU), and answers its requests
 // (BatchSource::Complete; large batches are handed to the batcher's
 // completion threads). It then takes the next ready batch itself, without
-// sleeping, and polls briefly for one before it sleeps. Nothing else starts
-// compute: no thread-locals, no inline paths, no per-backend queues.
+// sleeping, and polls briefly for one before it sleeps. Once Start has run,
+// nothing else starts compute: no thread-locals, no inline paths, no
+// per-backend queues (the warm-up, WarmUp in server/device.h, computes on
+// slot 0 before the scheduler exists).
 //
 // Thread-safety: Notify, StageInput, AllocateStaging and the accessors may
 // be called from any thread; Start and Stop once each, from the owner.

@@ -1,5 +1,9 @@
-// softmax.v1.SoftmaxService on the gRPC callback API. Reactors only parse,
-// validate and enqueue; the batcher's completion threads finish the RPCs.
+// softmax.v1.SoftmaxService on the gRPC callback API. On gRPC's threads the
+// handlers authenticate, parse, validate, assemble chunks and hand requests
+// to Admission, never waiting for compute. An RPC is finished by the thread
+// that completes its request: a scheduler slot thread or one of the
+// batcher's completion threads once computed, the handler's own thread for a
+// refusal or in echo mode (--device=none), the drain for a held refusal.
 //
 // Unary `Softmax`: errors are gRPC statuses. `SoftmaxStream`: reads
 // continuously; every request's response (or per-request `error`) is written
