@@ -106,6 +106,7 @@ std::map<RowOrder, long long> OrdersOf(const Schedule& schedule, uintptr_t begin
       case SoftmaxKernel::kSplitStats:
       case SoftmaxKernel::kSplitMerge:
       case SoftmaxKernel::kSplitNormalize:
+      case SoftmaxKernel::kSplitNormalizeUnits:
         if (Within(step.split.input, begin, end)) {
           out[{name, {step.split.parts, step.split.part_vectors, step.split.vec, step.split.log,
                       step.split.n, ScaleBits(step.split.scale)}}] += step.split.rows;
@@ -232,7 +233,7 @@ TEST_F(ScheduleTest, KernelsOfOneSegment) {
       {DType::kFloat16, 4, 1 << 19, 1, 0, "split_staged"},
       {DType::kFloat32, 4, (1 << 20) + 1, 1, 0, "split_fused"},
       {DType::kFloat32, 4, 1 << 24, 1, 0, "split_stats,split_merge,split_normalize"},
-      {DType::kFloat32, 4, 1 << 24, 1, 1, "split_stats,split_normalize"},
+      {DType::kFloat32, 4, 1 << 24, 1, 1, "split_stats,split_normalize_units"},
       {DType::kFloat16, 4, 1 << 18, 1, 0, "staged"},
       {DType::kFloat16, 8, 8 * 1025, 1, 0, "row_staged"},
       {DType::kFloat16, 8, 8 * 3839, 1, 0, "row_staged"},
@@ -809,6 +810,8 @@ TEST_F(ScheduleTest, OnlyIndependentTableLaunchesAndSecondPassesOverlap) {
                 step.kernel == SoftmaxKernel::kSplitMerge) ||
                (schedule.steps[i - 1].kernel == SoftmaxKernel::kSplitStats &&
                 step.kernel == SoftmaxKernel::kSplitNormalize) ||
+               (schedule.steps[i - 1].kernel == SoftmaxKernel::kSplitStats &&
+                step.kernel == SoftmaxKernel::kSplitNormalizeUnits) ||
                (schedule.steps[i - 1].kernel == SoftmaxKernel::kSplitMerge &&
                 step.kernel == SoftmaxKernel::kSplitNormalize) ||
                (schedule.steps[i - 1].kernel == SoftmaxKernel::kStridedStats &&

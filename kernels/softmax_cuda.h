@@ -5,7 +5,7 @@
 // Usable from plain C++: this header needs only cuda_runtime_api.h (for
 // cudaStream_t and cudaError_t). No Abseil, no gRPC.
 //
-// The kernel family (kernels/cuda/: one file per kernel family, plan.cu for
+// The kernel family (kernels/cuda/: one file per kernel family, plan.cc for
 // the choices below), chosen per segment from its row length N (V = 16 bytes
 // / element size: 4 for float32, 8 for float16/bfloat16). Each path reads and
 // writes each element once, except the two-pass split and strided forms.
@@ -58,7 +58,7 @@
 // bits, follow from the plan (the GPU model), the dtype, N, inner,
 // temperature, op and whether the segment is 16-byte aligned (pointers and
 // row pitch), never from the other segments of a launch, the number of rows
-// that share it, the stream or the scratch (kernels/cuda/plan.cu,
+// that share it, the stream or the scratch (kernels/cuda/plan.cc,
 // RowKernelOf, holds the rule). Rows that are not 16-byte aligned give the
 // same bits at any address. Bits differ across GPU models, between the CPU
 // reference and the GPU, and with allow_flat false.
@@ -102,7 +102,7 @@ enum class SoftmaxPath : int {
 const char* SoftmaxPathName(SoftmaxPath path);
 
 // The kernels a launch runs (LaunchSchedule lists them with their geometry;
-// the planner, kernels/cuda/plan.cu, picks them). A path is a row-length
+// the planner, kernels/cuda/plan.cc, picks them). A path is a row-length
 // class; a kernel is what computes it. Which kernel computes a row fixes the
 // order of its reductions, so it is chosen per row (RowKernelOf), and a
 // launch only groups rows of one kernel into one grid.
@@ -126,9 +126,9 @@ enum class SoftmaxKernel : int {
   // 768 KiB..1 MiB, 16 shares of 48-64 KiB): a row per cluster of
   // 1..16 blocks, each staging its share in shared memory with cp.async, one
   // read and one write. Wins from 1025 vectors (0.96-0.97 of copy against
-  // 0.91-0.95 flat on the H200). Needs 16-byte rows and clusters. Launches
+  // 0.91-0.95 flat on the H200). Needs 16-byte rows and clusters. Rows
   // whose shares fit 64 KiB run an instantiation with 4 unrolled stages
-  // instead of 14 (StagedShortShares; same bits). 16-bit rows of 60-64 and
+  // instead of 14 (StagedShortShares, from the row's own share). 16-bit rows of 60-64 and
   // 120-128 KiB run on 2 and 4 blocks (shares of 30-32 KiB).
   kStaged = 3,
   // Aligned rows beyond the staged kernel, up to what a cooperative grid
@@ -143,7 +143,7 @@ enum class SoftmaxKernel : int {
   // re-read in reverse order that writes (split_normalize): two reads.
   // Aligned rows: a block per part, each row's partials merged once
   // (split_merge), a block per 32 KiB chunk. Others: grids walking the parts,
-  // split_normalize merging the partials of each row it meets.
+  // split_normalize_units merging the partials of each row it meets.
   kSplitStats = 6,
   kSplitNormalize = 7,
   // inner > 1 (a non-last axis): coalesced over inner, n split across
@@ -171,6 +171,9 @@ enum class SoftmaxKernel : int {
   kRowStaged = 11,
   // Between split_stats and split_normalize, for aligned rows: a block per row.
   kSplitMerge = 12,
+  // split_normalize of rows that are not 16-byte aligned: grids walking the
+  // parts, merging the partials of each row they meet.
+  kSplitNormalizeUnits = 13,
 };
 const char* SoftmaxKernelName(SoftmaxKernel kernel);
 
@@ -269,7 +272,8 @@ int64_t PathMaxLength(const LaunchPlan& plan, DType dtype, SoftmaxPath path);
 // The kernels a LaunchSoftmax call with these arguments runs, comma-separated,
 // in launch order, each once (SoftmaxKernelName: flat, flat_table, row_staged,
 // on_chip, staged, split_staged, split_fused, split_stats, split_merge, split_normalize,
-// strided_stats, strided_normalize, strided_staged); empty on a bad argument.
+// split_normalize_units, strided_stats, strided_normalize, strided_staged);
+// empty on a bad argument.
 std::string LaunchKernels(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, bool allow_flat = true);
 
@@ -321,10 +325,12 @@ size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSeg
 // `scratch` must hold SoftmaxScratchBytes(...) bytes (may be null when that
 // is 0). Returns cudaSuccess, cudaErrorInvalidValue for a bad argument (n
 // out of range, null pointer, scratch too small), or the launch error.
-// Asynchronous: errors during execution surface at a later sync.
+// Asynchronous: errors during execution surface at a later sync. On
+// success, `kernel_launches` (when not null) receives the number of kernels
+// launched (memsets and table copies not counted).
 cudaError_t LaunchSoftmax(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, void* scratch, size_t scratch_bytes, cudaStream_t stream,
-                          bool allow_flat = true);
+                          bool allow_flat = true, int* kernel_launches = nullptr);
 
 }  // namespace gpu
 }  // namespace softmax

@@ -335,7 +335,7 @@ TEST_F(SoftmaxCudaTest, PlanDescribesEveryKernel) {
   const std::string text = plan_->ToString();
   for (DType dtype : kDTypes) {
     for (const char* family : {"on_chip", "flat_table", "row_staged", "flat.t64", "flat.t512",
-                               "split_fused", "split_stats", "split_normalize", "strided_stats",
+                               "split_fused", "split_stats", "split_normalize_units", "strided_stats",
                                "strided_normalize"}) {
       const KernelProbe* probe = plan_->Find(family, dtype);
       ASSERT_NE(probe, nullptr) << family << " " << DTypeName(dtype);
@@ -448,7 +448,7 @@ TEST_F(SoftmaxCudaTest, EveryElementOffsetOfUnalignedRows) {
       {{3, 12000, 1}, "row_staged", true},  // a share of up to 220 KiB
       {{5, 14500, 1}, "on_chip", true},
       {{2, 25000, 1}, "split_fused", true},
-      {{1, 900000, 1}, "split_stats,split_normalize", false},
+      {{1, 900000, 1}, "split_stats,split_normalize_units", false},
   };
   for (DType dtype : kDTypes) {
     const int v = VecWidth(dtype);
@@ -708,7 +708,7 @@ TEST_F(SoftmaxCudaTest, StagedRows) {
         SoftmaxSegment s;
         s.n = n;
         // Whole-vector rows of more than 1024 vectors: the staged kernel,
-        // alone or in a table (the rule in plan.cu, RowKernelOf), but for
+        // alone or in a table (the rule in plan.cc, RowKernelOf), but for
         // those of up to 3839 vectors of the 16-bit types (row_staged).
         EXPECT_EQ(ChoosePath(*plan_, dtype, s), SoftmaxPath::kStagedRows) << "n=" << n;
         s.outer = 3;
@@ -880,7 +880,7 @@ TEST_F(SoftmaxCudaTest, SecondPassesOverlapTheirFirstPass) {
   std::mt19937_64 rng(14);
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  constexpr int64_t kLong = (int64_t{1} << 23) + 1;  // unaligned: split_stats, split_normalize
+  constexpr int64_t kLong = (int64_t{1} << 23) + 1;  // unaligned: split_stats, split_normalize_units
   for (DType dtype : kDTypes) {
     // 32 MiB aligned rows: split_stats, split_merge, split_normalize.
     const int64_t aligned = (int64_t{1} << 25) / static_cast<int64_t>(ItemSize(dtype));
@@ -891,7 +891,9 @@ TEST_F(SoftmaxCudaTest, SecondPassesOverlapTheirFirstPass) {
     problems.push_back(MakeProblem(dtype, 1, 70000, 3, rng, 0.5f, true));
     std::string kernels, schedule;
     EXPECT_EQ(OverlappingLaunches(dtype, problems, &kernels, &schedule), 5u) << schedule;
-    ASSERT_EQ(kernels, "split_stats,split_normalize,split_merge,strided_stats,strided_normalize")
+    ASSERT_EQ(kernels,
+              "split_stats,split_normalize_units,split_merge,split_normalize,strided_stats,"
+              "strided_normalize")
         << schedule;
     for (int round = 0; round < 3; ++round) {
       RunAndCheck(dtype, problems, "later passes, round " + std::to_string(round), true, stream);

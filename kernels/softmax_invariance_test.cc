@@ -192,7 +192,7 @@ void SpecialRow(DType dtype, int kind, int64_t first, int64_t n, int64_t stride,
 // The probes of one dtype: both sides of every boundary between paths and
 // kernels (warp, block, flat, flat table, row_staged, cluster, staged, split_staged,
 // split_fused, two-pass split), strided shapes, and the shapes that came
-// back with other bits under load on the H200 before the rule in plan.cu.
+// back with other bits under load on the H200 before the rule in plan.cc.
 std::vector<Probe> MakeProbes(const LaunchPlan& plan, DType dtype, std::mt19937_64& rng) {
   const int64_t v = VecWidth(dtype);
   const int64_t staged = PathMaxLength(plan, dtype, SoftmaxPath::kStagedRows);
@@ -238,7 +238,7 @@ std::vector<Probe> MakeProbes(const LaunchPlan& plan, DType dtype, std::mt19937_
   if (split_staged > 0) shapes.push_back({1, std::min<int64_t>(split_staged, 4 << 20), 1, 0});
   if (fused > 0) {
     shapes.push_back({1, fused - 1, 1, 0});     // split_fused (odd: not staged)
-    shapes.push_back({3, fused + 3, 1, 0});     // split_stats + split_normalize
+    shapes.push_back({3, fused + 3, 1, 0});     // split_stats + split_normalize_units
   }
   std::vector<Probe> probes;
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -68,7 +68,8 @@ long long RowsWritten(const Schedule& schedule) {
         break;
       case SoftmaxKernel::kSplitStaged:
       case SoftmaxKernel::kSplitFused:
-      case SoftmaxKernel::kSplitNormalize: rows += step.split.rows; break;
+      case SoftmaxKernel::kSplitNormalize:
+      case SoftmaxKernel::kSplitNormalizeUnits: rows += step.split.rows; break;
       default: break;
     }
   }

@@ -370,7 +370,7 @@ __device__ __forceinline__ float FastExp2(float x) {
 // The arithmetic of every kernel, with each rounding spelled out (_rn: no
 // contraction into FMA, which the compiler would otherwise choose per
 // instantiation): two kernels that reduce a row in the same order then give
-// the same bits (batch invariance, plan.cu RowKernelOf).
+// the same bits (batch invariance, plan.cc RowKernelOf).
 __device__ __forceinline__ float ScaledDiff(float x, float m, float scale) {
   return __fmul_rn(__fsub_rn(x, m), scale);
 }

@@ -1,6 +1,6 @@
 // The one translation unit that instantiates every kernel: the occupancy
 // probe of each (ProbeKernels) and LaunchSoftmax, which executes the schedule
-// that plan.cu's PlanSchedule returns (every decision is made there).
+// that plan.cc's PlanSchedule returns (every decision is made there).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -221,7 +221,7 @@ cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
                                            "split_stats", "split", dtype, multiprocessors, &probe));
   probes->push_back(probe);
   SOFTMAX_CUDA_RETURN_IF_ERROR(
-      ProbeKernel(reinterpret_cast<const void*>(&SplitNormalizeUnitsKernel<T>), "split_normalize",
+      ProbeKernel(reinterpret_cast<const void*>(&SplitNormalizeUnitsKernel<T>), "split_normalize_units",
                   "split", dtype, multiprocessors, &probe));
   probes->push_back(probe);
   SOFTMAX_CUDA_RETURN_IF_ERROR(
@@ -287,7 +287,7 @@ cudaError_t LaunchStepKernel(void (*kernel)(Args), const LaunchStep& step, cudaS
   return cudaGetLastError();
 }
 
-// Executes a schedule (PlanSchedule in plan.cu, where every decision is
+// Executes a schedule (PlanSchedule in plan.cc, where every decision is
 // made): picks each kernel's instantiation, resolves scratch offsets into
 // pointers, copies tables that do not travel inline, zeroes counters and
 // launches, in order.
@@ -346,9 +346,11 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(SplitMergeKernel, step, stream, split));
         break;
       case SoftmaxKernel::kSplitNormalize:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
-            step.vec ? SplitNormalizeKernel<T> : SplitNormalizeUnitsKernel<T>, step, stream,
-            split));
+        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(SplitNormalizeKernel<T>, step, stream, split));
+        break;
+      case SoftmaxKernel::kSplitNormalizeUnits:
+        SOFTMAX_CUDA_RETURN_IF_ERROR(
+            LaunchStepKernel(SplitNormalizeUnitsKernel<T>, step, stream, split));
         break;
       case SoftmaxKernel::kStridedStats:
         SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
@@ -393,9 +395,35 @@ cudaError_t ProbeKernels(DType dtype, int multiprocessors, bool clusters,
 
 }  // namespace detail
 
+// Probes the device with this file's kernels (plan.cc only reads plans).
+cudaError_t LaunchPlan::Create(int device, LaunchPlan* plan) {
+  cudaError_t error = cudaSetDevice(device);
+  if (error != cudaSuccess) return error;
+  cudaDeviceProp prop;
+  error = cudaGetDeviceProperties(&prop, device);
+  if (error != cudaSuccess) return error;
+  LaunchPlan p;
+  p.device_ = device;
+  p.device_name_ = prop.name;
+  p.multiprocessors_ = prop.multiProcessorCount;
+  p.l2_bytes_ = prop.l2CacheSize;
+  p.clusters_supported_ = prop.major >= 9;
+  p.max_cluster_size_ = detail::kMaxClusterSize;
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    error = detail::ProbeKernels(dtype, p.multiprocessors_, p.clusters_supported_, &p.probes_,
+                                 &p.max_cluster_size_);
+    if (error != cudaSuccess) return error;
+  }
+  p.max_cluster_size_ = std::min(p.max_cluster_size_, detail::kMaxUsedClusterSize);
+  if (!p.clusters_supported_) p.max_cluster_size_ = 1;
+  p.IndexProbes();
+  *plan = std::move(p);
+  return cudaSuccess;
+}
+
 cudaError_t LaunchSoftmax(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                           int count, void* scratch, size_t scratch_bytes, cudaStream_t stream,
-                          bool allow_flat) {
+                          bool allow_flat, int* kernel_launches) {
   if (count < 0 || (count > 0 && segments == nullptr) || plan.multiprocessors() == 0) {
     return cudaErrorInvalidValue;
   }
@@ -414,12 +442,16 @@ cudaError_t LaunchSoftmax(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
   if (planned != cudaSuccess) return planned;
   if (schedule.scratch_bytes > scratch_bytes) return cudaErrorInvalidValue;
   char* bytes = static_cast<char*>(scratch);
+  cudaError_t error = cudaErrorInvalidValue;
   switch (dtype) {
-    case DType::kFloat32: return detail::Execute<float>(schedule, bytes, stream);
-    case DType::kFloat16: return detail::Execute<__half>(schedule, bytes, stream);
-    case DType::kBFloat16: return detail::Execute<__nv_bfloat16>(schedule, bytes, stream);
+    case DType::kFloat32: error = detail::Execute<float>(schedule, bytes, stream); break;
+    case DType::kFloat16: error = detail::Execute<__half>(schedule, bytes, stream); break;
+    case DType::kBFloat16: error = detail::Execute<__nv_bfloat16>(schedule, bytes, stream); break;
   }
-  return cudaErrorInvalidValue;
+  if (error == cudaSuccess && kernel_launches != nullptr) {
+    *kernel_launches = static_cast<int>(schedule.steps.size());
+  }
+  return error;
 }
 
 }  // namespace gpu

@@ -183,13 +183,13 @@ bool StridedStagedShapeOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
   return false;
 }
 
-size_t TableEntries(RowKernel kernel, const SoftmaxSegment& s) {
+size_t TableEntries(SoftmaxKernel kernel, const SoftmaxSegment& s) {
   switch (kernel) {
-    case RowKernel::kFlat:
-    case RowKernel::kRowStaged:
-    case RowKernel::kOnChipCluster:
+    case SoftmaxKernel::kFlat:
+    case SoftmaxKernel::kRowStaged:
+    case SoftmaxKernel::kOnChip:
       return static_cast<size_t>(CeilDiv(s.outer, kMaxPieceRows));
-    case RowKernel::kStaged:  // pieces, and one more where a launch fills up
+    case SoftmaxKernel::kStaged:  // pieces, and one more where a launch fills up
       return static_cast<size_t>(CeilDiv(s.outer, kStagedPieceRows)) + 1;
     default:
       return 0;
@@ -215,7 +215,7 @@ ScratchLayout StridedScratch(DType dtype, const StridedShape& shape, long long o
 size_t SegmentScratch(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
                       SoftmaxPath path) {
   if (path == SoftmaxPath::kSplitRows) return SplitScratch(SplitShapeOf(plan, dtype, s), s.outer).Total();
-  if (path == SoftmaxPath::kStrided && RowKernelOf(plan, dtype, s) == RowKernel::kStrided) {
+  if (path == SoftmaxPath::kStrided && RowKernelOf(plan, dtype, s) == SoftmaxKernel::kStridedStats) {
     return StridedScratch(dtype, StridedShapeOf(plan, dtype, s), s.outer).Total();
   }
   return 0;
@@ -293,49 +293,32 @@ bool Stageable(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
 // one unaligned row of more than 8192 vectors moved every row to the on-chip
 // kernel, the flat table kernel's order followed each row's address, and the
 // split and strided paths cut rows by the launch's row count.
-RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {
+SoftmaxKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {
   if (segment.inner != 1) {
     StridedStagedShape staged;
-    return StridedStagedShapeOf(plan, dtype, segment, &staged) ? RowKernel::kStridedStaged
-                                                              : RowKernel::kStrided;
+    return StridedStagedShapeOf(plan, dtype, segment, &staged) ? SoftmaxKernel::kStridedStaged
+                                                              : SoftmaxKernel::kStridedStats;
   }
   const long long vectors = CeilDiv(segment.n, Vectors(dtype));
-  if (vectors <= kFlatMaxVectors) return RowKernel::kFlat;
+  if (vectors <= kFlatMaxVectors) return SoftmaxKernel::kFlat;
   const bool aligned = VectorAligned(dtype, segment);
   const bool row_staged = plan.Find("row_staged", dtype) != nullptr;
   const bool small_shares = StagedSmallShareCluster(dtype, vectors * 16) > 0;
   if (row_staged && aligned && ItemSize(dtype) == 2 && vectors <= kRowStagedAlignedMaxVectors &&
       !(small_shares && Stageable(plan, dtype, segment))) {
-    return RowKernel::kRowStaged;
+    return SoftmaxKernel::kRowStaged;
   }
-  if (Stageable(plan, dtype, segment)) return RowKernel::kStaged;
-  if (row_staged && vectors <= kRowStagedMaxVectors) return RowKernel::kRowStaged;
+  if (Stageable(plan, dtype, segment)) return SoftmaxKernel::kStaged;
+  if (row_staged && vectors <= kRowStagedMaxVectors) return SoftmaxKernel::kRowStaged;
   if (row_staged && vectors <= kRowStagedLongMaxVectors &&
       plan.Find("row_staged.long", dtype) != nullptr) {
-    return RowKernel::kRowStaged;
+    return SoftmaxKernel::kRowStaged;
   }
-  if (vectors <= ClusterMaxVectors(plan)) return RowKernel::kOnChipCluster;
+  if (vectors <= ClusterMaxVectors(plan)) return SoftmaxKernel::kOnChip;
   const SplitShape split = SplitShapeOf(plan, dtype, segment);
-  if (split.staged) return RowKernel::kSplitStaged;
-  return split.fused ? RowKernel::kSplitFused : RowKernel::kSplitTwoPass;
+  if (split.staged) return SoftmaxKernel::kSplitStaged;
+  return split.fused ? SoftmaxKernel::kSplitFused : SoftmaxKernel::kSplitStats;
 }
-
-const char* RowKernelName(RowKernel kernel) {
-  switch (kernel) {
-    case RowKernel::kFlat: return "flat";
-    case RowKernel::kRowStaged: return "row_staged";
-    case RowKernel::kStaged: return "staged";
-    case RowKernel::kOnChipCluster: return "on_chip";
-    case RowKernel::kSplitStaged: return "split_staged";
-    case RowKernel::kSplitFused: return "split_fused";
-    // Unaligned rows have no split_merge (split_normalize merges).
-    case RowKernel::kSplitTwoPass: return "split_stats,split_merge,split_normalize";
-    case RowKernel::kStridedStaged: return "strided_staged";
-    case RowKernel::kStrided: return "strided_stats,strided_normalize";
-  }
-  return "unknown";
-}
-
 
 // ---------------------------------------------------------------------------
 // The schedule: which launches run a table of segments. Everything below is
@@ -391,7 +374,7 @@ int FlatConfig(DType dtype, const SoftmaxSegment& s) {
          (group_log2 << kShapeShift);
 }
 
-// The flat table entries of a segment (RowKernel kFlat).
+// The flat table entries of a segment (RowKernelOf: kFlat).
 void AppendFlatTable(DType dtype, const SoftmaxSegment& s, std::vector<RowSegment>* rows) {
   const int config = FlatConfig(dtype, s);
   const int group_log2 = (config >> kShapeShift) & 0xf;
@@ -647,11 +630,11 @@ void SplitSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s, si
     step.grid = static_cast<unsigned>(std::min<long long>(s.outer, 0x7fffffffLL));
     steps->push_back(step);
   }
-  step.kernel = SoftmaxKernel::kSplitNormalize;
+  step.kernel = a.vec ? SoftmaxKernel::kSplitNormalize : SoftmaxKernel::kSplitNormalizeUnits;
   const long long chunks = s.outer * CeilDiv(CeilDiv(s.n, Vectors(dtype)), kBlockVectors);
   step.grid = static_cast<unsigned>(
       a.vec ? std::min<long long>(chunks, 0x7fffffffLL)
-            : std::min<long long>(units, GridOf(plan, "split_normalize", dtype)));
+            : std::min<long long>(units, GridOf(plan, "split_normalize_units", dtype)));
   steps->push_back(step);
 }
 
@@ -743,7 +726,7 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   }
   // Which kernel computes each segment's rows (the rule, per segment), and
   // the cluster size of the on-chip launch (the largest any of its rows needs).
-  std::vector<RowKernel> kernels(count, RowKernel::kFlat);
+  std::vector<SoftmaxKernel> kernels(count, SoftmaxKernel::kFlat);
   int launch_cluster = 1;
   size_t table_entries = 0;
   for (int i = 0; i < count; ++i) {
@@ -752,13 +735,13 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
     kernels[i] = RowKernelOf(plan, dtype, s);
     // Without the flat kernels (a test hook) the staged kernel takes the
     // aligned rows that row_staged would, the on-chip kernel the others.
-    if (!allow_flat && kernels[i] == RowKernel::kRowStaged && Stageable(plan, dtype, s)) {
-      kernels[i] = RowKernel::kStaged;
+    if (!allow_flat && kernels[i] == SoftmaxKernel::kRowStaged && Stageable(plan, dtype, s)) {
+      kernels[i] = SoftmaxKernel::kStaged;
     }
     table_entries += TableEntries(kernels[i], s);
-    const bool on_chip = kernels[i] == RowKernel::kOnChipCluster ||
-                         (!allow_flat && (kernels[i] == RowKernel::kFlat ||
-                                          kernels[i] == RowKernel::kRowStaged));
+    const bool on_chip = kernels[i] == SoftmaxKernel::kOnChip ||
+                         (!allow_flat && (kernels[i] == SoftmaxKernel::kFlat ||
+                                          kernels[i] == SoftmaxKernel::kRowStaged));
     if (on_chip && ChoosePath(plan, dtype, s) == SoftmaxPath::kClusterRows) {
       launch_cluster =
           std::max(launch_cluster, 1 << ClusterLog2(CeilDiv(s.n, Vectors(dtype))));
@@ -774,8 +757,8 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   long long row_staged_count = 0;
   for (int i = 0; i < count; ++i) {
     if (Empty(segments[i])) continue;
-    if (kernels[i] == RowKernel::kFlat) flat_count += segments[i].outer;
-    if (kernels[i] == RowKernel::kRowStaged) row_staged_count += segments[i].outer;
+    if (kernels[i] == SoftmaxKernel::kFlat) flat_count += segments[i].outer;
+    if (kernels[i] == SoftmaxKernel::kRowStaged) row_staged_count += segments[i].outer;
   }
   const bool flat_joins = allow_flat && row_staged_count > 0 && flat_count <= row_staged_count;
   // Every table launch uses the one table area at the start of the scratch,
@@ -798,17 +781,17 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
     switch (kernels[i]) {
-      case RowKernel::kFlat:
-      case RowKernel::kRowStaged:
+      case SoftmaxKernel::kFlat:
+      case SoftmaxKernel::kRowStaged:
         if (!allow_flat) {
           AppendOnChip(dtype, s, ChoosePath(plan, dtype, s), grid, launch_cluster, &unit_counter,
                        &on_chip_rows);
-        } else if (kernels[i] == RowKernel::kFlat && !flat_joins) {
+        } else if (kernels[i] == SoftmaxKernel::kFlat && !flat_joins) {
           AppendFlatTable(dtype, s, &flat_rows);
         } else {
           // A flat row keeps the flat table's config word (row_staged reads
           // its group; kVecBit only names its flat order).
-          const int config = kernels[i] == RowKernel::kFlat ? FlatConfig(dtype, s) | kFlatOrderBit
+          const int config = kernels[i] == SoftmaxKernel::kFlat ? FlatConfig(dtype, s) | kFlatOrderBit
                                                             : (s.log ? kLogBit : 0);
           ForEachPiece(dtype, s, [&](RowSegment r) {
             r.config = config;
@@ -816,11 +799,11 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
           });
         }
         break;
-      case RowKernel::kOnChipCluster:
+      case SoftmaxKernel::kOnChip:
         AppendOnChip(dtype, s, SoftmaxPath::kClusterRows, grid, launch_cluster, &unit_counter,
                      &on_chip_rows);
         break;
-      case RowKernel::kStaged:
+      case SoftmaxKernel::kStaged:
         staged.push_back(&s);
         break;
       default:
@@ -851,15 +834,15 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
     switch (kernels[i]) {
-      case RowKernel::kSplitStaged:
-      case RowKernel::kSplitFused:
-      case RowKernel::kSplitTwoPass:
+      case SoftmaxKernel::kSplitStaged:
+      case SoftmaxKernel::kSplitFused:
+      case SoftmaxKernel::kSplitStats:
         SplitSteps(plan, dtype, s, &offset, &out.steps);
         break;
-      case RowKernel::kStrided:
+      case SoftmaxKernel::kStridedStats:
         StridedSteps(plan, dtype, s, &offset, &out.steps);
         break;
-      case RowKernel::kStridedStaged:
+      case SoftmaxKernel::kStridedStaged:
         StridedStagedSteps(plan, dtype, s, &out.steps);
         break;
       default:
@@ -884,6 +867,7 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   const auto second_pass = [](SoftmaxKernel first, SoftmaxKernel second) {
     return (first == SoftmaxKernel::kSplitStats && second == SoftmaxKernel::kSplitMerge) ||
            (first == SoftmaxKernel::kSplitStats && second == SoftmaxKernel::kSplitNormalize) ||
+           (first == SoftmaxKernel::kSplitStats && second == SoftmaxKernel::kSplitNormalizeUnits) ||
            (first == SoftmaxKernel::kSplitMerge && second == SoftmaxKernel::kSplitNormalize) ||
            (first == SoftmaxKernel::kStridedStats && second == SoftmaxKernel::kStridedNormalize);
   };
@@ -940,6 +924,7 @@ std::string Schedule::ToString() const {
       case SoftmaxKernel::kSplitStats:
       case SoftmaxKernel::kSplitMerge:
       case SoftmaxKernel::kSplitNormalize:
+      case SoftmaxKernel::kSplitNormalizeUnits:
         out << "  rows " << step.split.rows << " n " << step.split.n << " parts "
             << step.split.parts << " x " << step.split.part_vectors << " vectors";
         break;
@@ -988,37 +973,13 @@ const char* SoftmaxKernelName(SoftmaxKernel kernel) {
     case SoftmaxKernel::kSplitStats: return "split_stats";
     case SoftmaxKernel::kSplitMerge: return "split_merge";
     case SoftmaxKernel::kSplitNormalize: return "split_normalize";
+    case SoftmaxKernel::kSplitNormalizeUnits: return "split_normalize_units";
     case SoftmaxKernel::kStridedStats: return "strided_stats";
     case SoftmaxKernel::kStridedNormalize: return "strided_normalize";
     case SoftmaxKernel::kStridedStaged: return "strided_staged";
     case SoftmaxKernel::kRowStaged: return "row_staged";
   }
   return "unknown";
-}
-
-cudaError_t LaunchPlan::Create(int device, LaunchPlan* plan) {
-  cudaError_t error = cudaSetDevice(device);
-  if (error != cudaSuccess) return error;
-  cudaDeviceProp prop;
-  error = cudaGetDeviceProperties(&prop, device);
-  if (error != cudaSuccess) return error;
-  LaunchPlan p;
-  p.device_ = device;
-  p.device_name_ = prop.name;
-  p.multiprocessors_ = prop.multiProcessorCount;
-  p.l2_bytes_ = prop.l2CacheSize;
-  p.clusters_supported_ = prop.major >= 9;
-  p.max_cluster_size_ = kMaxClusterSize;
-  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-    error = ProbeKernels(dtype, p.multiprocessors_, p.clusters_supported_, &p.probes_,
-                         &p.max_cluster_size_);
-    if (error != cudaSuccess) return error;
-  }
-  p.max_cluster_size_ = std::min(p.max_cluster_size_, kMaxUsedClusterSize);
-  if (!p.clusters_supported_) p.max_cluster_size_ = 1;
-  p.IndexProbes();
-  *plan = std::move(p);
-  return cudaSuccess;
 }
 
 void LaunchPlan::IndexProbes() {
@@ -1128,17 +1089,17 @@ std::string LaunchPlan::ToString() const {
 SoftmaxPath ChoosePath(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {
   const long long vectors = CeilDiv(segment.n, Vectors(dtype));
   switch (RowKernelOf(plan, dtype, segment)) {
-    case RowKernel::kStrided:
-    case RowKernel::kStridedStaged: return SoftmaxPath::kStrided;
-    case RowKernel::kStaged: return SoftmaxPath::kStagedRows;
-    case RowKernel::kRowStaged:
+    case SoftmaxKernel::kStridedStats:
+    case SoftmaxKernel::kStridedStaged: return SoftmaxPath::kStrided;
+    case SoftmaxKernel::kStaged: return SoftmaxPath::kStagedRows;
+    case SoftmaxKernel::kRowStaged:
       // Aligned rows that row_staged takes in the 16-bit types are still
       // staged rows by class: the path names rows, not kernels.
       if (Stageable(plan, dtype, segment)) return SoftmaxPath::kStagedRows;
       break;
-    case RowKernel::kSplitStaged:
-    case RowKernel::kSplitFused:
-    case RowKernel::kSplitTwoPass: return SoftmaxPath::kSplitRows;
+    case SoftmaxKernel::kSplitStaged:
+    case SoftmaxKernel::kSplitFused:
+    case SoftmaxKernel::kSplitStats: return SoftmaxPath::kSplitRows;
     default: break;
   }
   // Other rows, named by length: the path the on-chip kernel takes them by
@@ -1197,7 +1158,7 @@ size_t SoftmaxScratchBytes(const LaunchPlan& plan, DType dtype, const SoftmaxSeg
   size_t total = 0;
   for (int i = 0; i < count; ++i) {
     if (Empty(segments[i])) continue;
-    const RowKernel kernel = RowKernelOf(plan, dtype, segments[i]);
+    const SoftmaxKernel kernel = RowKernelOf(plan, dtype, segments[i]);
     const SoftmaxPath path = ChoosePath(plan, dtype, segments[i]);
     if (path == SoftmaxPath::kSplitRows || path == SoftmaxPath::kStrided) {
       total += SegmentScratch(plan, dtype, segments[i], path);

@@ -1,13 +1,14 @@
 // Internal to kernels/: the geometry that the kernels (kernels/cuda/*.cuh) and
-// the host planning (plan.cu, launch.cu) share. Not part of the library's API
+// the host planning (plan.cc, launch.cu) share. Not part of the library's API
 // (kernels/softmax_cuda.h is).
 //
 // Path and kernel names, used the same way in code, probes, logs and docs:
 //   paths (SoftmaxPath):  warp_rows, block_rows, cluster_rows, staged_rows,
 //                         split_rows, strided
-//   kernels (probes, LaunchKernels): flat, flat_table, row_staged, on_chip, staged,
-//                         split_staged, split_fused, split_stats, split_merge, split_normalize,
-//                         strided_stats, strided_normalize
+//   kernels (SoftmaxKernel; probes, LaunchKernels): flat, flat_table, row_staged,
+//                         on_chip, staged, split_staged, split_fused, split_stats,
+//                         split_merge, split_normalize, split_normalize_units,
+//                         strided_stats, strided_normalize, strided_staged
 #ifndef SOFTMAX_KERNELS_CUDA_PLAN_H_
 #define SOFTMAX_KERNELS_CUDA_PLAN_H_
 
@@ -343,25 +344,14 @@ const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, i
                                   bool allow_flat);
 
 // The kernel that computes the rows of a segment, and so the order of every
-// reduction over a row (RowKernelOf in plan.cu holds the rule).
-enum class RowKernel : int {
-  kFlat,          // <= 1024 vectors: a group of R threads, 2 vectors each (FlatShapeOf);
-                  // the flat kernel (launches of one segment) or the flat table kernel
-  kRowStaged,     // 1025..8192 vectors that the staged kernel does not take (to
-                  // 14,080 where the device allows it): a block of 256 threads,
-                  // vectors t, t + 256, ... each; row_staged kernel
-  kStaged,        // 16-byte aligned rows of 1025 vectors .. 512 KiB (float32 also
-                  // 768 KiB..1 MiB): staged kernel
-  kOnChipCluster, // other rows of up to 16384 vectors: on-chip kernel, cluster path
-  kSplitStaged,   // aligned rows up to what the grid stages at once: split_staged
-  kSplitFused,    // rows up to what the grid holds in registers: split_fused
-  kSplitTwoPass,  // longer rows: split_stats + split_merge + split_normalize
-  kStridedStaged, // inner > 1, 16-byte aligned, 128-byte rows, columns that fit a
-                  // cluster's shared memory: strided_staged (one pass)
-  kStrided,       // other inner > 1: strided_stats + strided_normalize
-};
-const char* RowKernelName(RowKernel kernel);
-RowKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
+// reduction over a row (RowKernelOf in plan.cc holds the rule). One of
+// kFlat (rows of <= 1024 vectors in the flat order: the flat kernel for a
+// launch of one segment, the flat table kernel or row_staged's flat rows in
+// tables), kRowStaged, kStaged, kOnChip (its cluster path), kSplitStaged,
+// kSplitFused, kSplitStats (the two-pass split form: split_stats, then
+// split_merge and split_normalize, or split_normalize_units), kStridedStaged
+// and kStridedStats (strided_stats, then strided_normalize).
+SoftmaxKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
 
 // Cluster path (registers): log2 of the blocks per row.
 int ClusterLog2(long long vectors);
@@ -423,7 +413,7 @@ constexpr long long kStagedPieceRows = 0x7fffffffLL / kMaxClusterSize;
 // on-chip and staged kernels (at most; 0 for split and strided segments).
 // The launch's table area in the scratch holds them all when they exceed
 // kInlineSegments.
-size_t TableEntries(RowKernel kernel, const SoftmaxSegment& s);
+size_t TableEntries(SoftmaxKernel kernel, const SoftmaxSegment& s);
 
 // Scratch of one split or strided segment, in this order, each region
 // 256-byte aligned: (max, sum) partials, finals, and counters (zeroed before

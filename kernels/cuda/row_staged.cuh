@@ -5,7 +5,7 @@
 // to 3839 vectors (RowKernelOf); a row per block of kRowStagedThreads, a
 // launch of a table's rows whatever their segments. A table's flat rows (up
 // to 1024 vectors) join its launch where they are no more than its
-// row_staged rows (plan.cu), each summed in the flat order (FlatOrderSum): H100,
+// row_staged rows (plan.cc), each summed in the flat order (FlatOrderSum): H100,
 // half and bfloat16 ragged mixes of 64 tensors 1.06-1.08x, float32 1.00x.
 //
 // The block copies the aligned 16-byte granules that cover its row into

@@ -549,10 +549,11 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
     size_t table_index = 0;
     for (auto& [dtype, table] : tables) {
       Block& block = scratch[table_index++];
+      int kernels = 0;
       SOFTMAX_RETURN_IF_CUDA(gpu::LaunchSoftmax(plan, dtype, table.data(),
                                                 static_cast<int>(table.size()), block.data(),
-                                                block.size(), stream));
-      ++*launches;
+                                                block.size(), stream, true, &kernels));
+      *launches += kernels;
     }
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_end, stream));
     if (zero_copy) return WaitForEvent(kernel_end, spin_us);

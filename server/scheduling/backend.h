@@ -107,7 +107,7 @@ struct BatchResult {
   int64_t dispatch_ns = 0;
   // Kernel figures for the bandwidth metrics: time between the first launch
   // and the end of the last (CUDA events; the CPU backend reports its compute
-  // time), bytes read + written by the kernels, and the launches made.
+  // time), bytes read + written by the kernels, and the kernels launched.
   int64_t kernel_ns = 0;
   int64_t kernel_bytes = 0;
   int launches = 0;
