@@ -393,6 +393,32 @@ TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunch) {
   EXPECT_GT(checked, 1000);
 }
 
+// The rule's registry: every entry takes some probe's rows on the H200's
+// plan (no entry is dead), a row goes to the first entry that takes it, and
+// the last entry takes every row.
+TEST_F(ScheduleTest, EveryRowFamilyTakesSomeRows) {
+  const std::vector<RowFamily>& families = RowFamilies();
+  std::vector<int> taken(families.size(), 0);
+  for (DType dtype : kDTypes) {
+    for (const SoftmaxSegment& probe : Probes(plan_, dtype)) {
+      size_t first = families.size();
+      for (size_t f = 0; f < families.size() && first == families.size(); ++f) {
+        const RowFamily& family = families[f];
+        if (family.probe != nullptr && plan_.Find(family.probe, dtype) == nullptr) continue;
+        if (family.takes(plan_, dtype, probe)) first = f;
+      }
+      ASSERT_LT(first, families.size());
+      EXPECT_EQ(families[first].kernel, RowKernelOf(plan_, dtype, probe));
+      EXPECT_TRUE(families.back().takes(plan_, dtype, probe));
+      ++taken[first];
+    }
+  }
+  for (size_t f = 0; f < families.size(); ++f) {
+    EXPECT_GT(taken[f], 0) << "entry " << f << " (" << SoftmaxKernelName(families[f].kernel)
+                           << ") takes no probe's rows";
+  }
+}
+
 // The same on an H100's plan recorded with these kernels (row_staged at 5
 // blocks per SM in every dtype, 50 MiB of L2).
 TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunchOnAnH100) {

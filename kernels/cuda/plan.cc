@@ -293,31 +293,71 @@ bool Stageable(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
 // one unaligned row of more than 8192 vectors moved every row to the on-chip
 // kernel, the flat table kernel's order followed each row's address, and the
 // split and strided paths cut rows by the launch's row count.
+namespace {
+
+long long RowVectors(DType dtype, const SoftmaxSegment& s) { return CeilDiv(s.n, Vectors(dtype)); }
+
+// The shape rules of the families below, each for the rows that no family
+// before it took.
+bool StridedStagedTakes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  StridedStagedShape shape;
+  return s.inner != 1 && StridedStagedShapeOf(plan, dtype, s, &shape);
+}
+bool StridedTakes(const LaunchPlan&, DType, const SoftmaxSegment& s) { return s.inner != 1; }
+bool FlatTakes(const LaunchPlan&, DType dtype, const SoftmaxSegment& s) {
+  return RowVectors(dtype, s) <= kFlatMaxVectors;
+}
+// Aligned 16-bit rows up to kRowStagedAlignedMaxVectors but those that the
+// staged kernel's 2-block clusters of 30-32 KiB shares take.
+bool RowStagedAlignedTakes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  const long long vectors = RowVectors(dtype, s);
+  return VectorAligned(dtype, s) && ItemSize(dtype) == 2 &&
+         vectors <= kRowStagedAlignedMaxVectors &&
+         !(StagedSmallShareCluster(dtype, vectors * 16) > 0 && Stageable(plan, dtype, s));
+}
+bool StagedTakes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  return Stageable(plan, dtype, s);
+}
+bool RowStagedTakes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  const long long vectors = RowVectors(dtype, s);
+  return vectors <= kRowStagedMaxVectors ||
+         (vectors <= kRowStagedLongMaxVectors && plan.Find("row_staged.long", dtype) != nullptr);
+}
+bool OnChipTakes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  return RowVectors(dtype, s) <= ClusterMaxVectors(plan);
+}
+bool SplitStagedTakes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  return SplitShapeOf(plan, dtype, s).staged;
+}
+bool SplitFusedTakes(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s) {
+  return SplitShapeOf(plan, dtype, s).fused;
+}
+bool Always(const LaunchPlan&, DType, const SoftmaxSegment&) { return true; }
+
+}  // namespace
+
+const std::vector<RowFamily>& RowFamilies() {
+  static const std::vector<RowFamily> families = {
+      {SoftmaxKernel::kStridedStaged, nullptr, StridedStagedTakes},
+      {SoftmaxKernel::kStridedStats, nullptr, StridedTakes},
+      {SoftmaxKernel::kFlat, nullptr, FlatTakes},
+      {SoftmaxKernel::kRowStaged, "row_staged", RowStagedAlignedTakes},
+      {SoftmaxKernel::kStaged, nullptr, StagedTakes},
+      {SoftmaxKernel::kRowStaged, "row_staged", RowStagedTakes},
+      {SoftmaxKernel::kOnChip, nullptr, OnChipTakes},
+      {SoftmaxKernel::kSplitStaged, nullptr, SplitStagedTakes},
+      {SoftmaxKernel::kSplitFused, nullptr, SplitFusedTakes},
+      {SoftmaxKernel::kSplitStats, nullptr, Always},
+  };
+  return families;
+}
+
 SoftmaxKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {
-  if (segment.inner != 1) {
-    StridedStagedShape staged;
-    return StridedStagedShapeOf(plan, dtype, segment, &staged) ? SoftmaxKernel::kStridedStaged
-                                                              : SoftmaxKernel::kStridedStats;
+  for (const RowFamily& family : RowFamilies()) {
+    if (family.probe != nullptr && plan.Find(family.probe, dtype) == nullptr) continue;
+    if (family.takes(plan, dtype, segment)) return family.kernel;
   }
-  const long long vectors = CeilDiv(segment.n, Vectors(dtype));
-  if (vectors <= kFlatMaxVectors) return SoftmaxKernel::kFlat;
-  const bool aligned = VectorAligned(dtype, segment);
-  const bool row_staged = plan.Find("row_staged", dtype) != nullptr;
-  const bool small_shares = StagedSmallShareCluster(dtype, vectors * 16) > 0;
-  if (row_staged && aligned && ItemSize(dtype) == 2 && vectors <= kRowStagedAlignedMaxVectors &&
-      !(small_shares && Stageable(plan, dtype, segment))) {
-    return SoftmaxKernel::kRowStaged;
-  }
-  if (Stageable(plan, dtype, segment)) return SoftmaxKernel::kStaged;
-  if (row_staged && vectors <= kRowStagedMaxVectors) return SoftmaxKernel::kRowStaged;
-  if (row_staged && vectors <= kRowStagedLongMaxVectors &&
-      plan.Find("row_staged.long", dtype) != nullptr) {
-    return SoftmaxKernel::kRowStaged;
-  }
-  if (vectors <= ClusterMaxVectors(plan)) return SoftmaxKernel::kOnChip;
-  const SplitShape split = SplitShapeOf(plan, dtype, segment);
-  if (split.staged) return SoftmaxKernel::kSplitStaged;
-  return split.fused ? SoftmaxKernel::kSplitFused : SoftmaxKernel::kSplitStats;
+  return SoftmaxKernel::kSplitStats;  // unreachable: the last family takes every row
 }
 
 // ---------------------------------------------------------------------------

@@ -353,6 +353,20 @@ const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, i
 // and kStridedStats (strided_stats, then strided_normalize).
 SoftmaxKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
 
+// The rule as a registry: one entry per kernel family (a family may stand
+// twice, at two precedences), each with the probe it needs in the plan (for
+// the row's dtype; nullptr: none, or its shape rule asks the plan itself)
+// and its shape rule (dtypes, alignment, lengths, inner). RowKernelOf gives
+// a row to the first entry whose probe the plan holds and whose rule takes
+// it; a new family is an entry here at its precedence, its steps in
+// PlanSchedule and its executor in launch.cu.
+struct RowFamily {
+  SoftmaxKernel kernel;
+  const char* probe;
+  bool (*takes)(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
+};
+const std::vector<RowFamily>& RowFamilies();
+
 // Cluster path (registers): log2 of the blocks per row.
 int ClusterLog2(long long vectors);
 
