@@ -348,13 +348,19 @@ def test_restart_on_the_same_addresses_listens_at_once(start_server):
     second.stub().Softmax(request(np.zeros((1, 4))), timeout=10)
 
 
+# Bound on an idle server's exit after SIGTERM in the tests below: an idle
+# exit takes about 1 s; a request still counted in flight holds it for the
+# 30-s grace they set. The margin keeps a loaded CI host from failing them.
+PROMPT_EXIT_S = LAME_DUCK_S + 5.0
+
+
 def _assert_prompt_exit(server, started, what):
-    """`server` exits 0 within the lame duck + 1 s of `started` (SIGTERM):
-    nothing of its earlier calls is still counted in flight, which would
-    hold the exit for the whole grace period."""
-    assert server.process.wait(timeout=20) == 0, server.output()
+    """`server` exits 0 within PROMPT_EXIT_S of `started` (SIGTERM): nothing
+    of its earlier calls is still counted in flight, which would hold the
+    exit for the whole grace period."""
+    assert server.process.wait(timeout=40) == 0, server.output()
     elapsed = time.monotonic() - started
-    assert elapsed <= LAME_DUCK_S + 1.0, (
+    assert elapsed <= PROMPT_EXIT_S, (
         f"exit {elapsed:.2f} s after SIGTERM following {what}: a request still counted "
         f"in flight held the drain toward its 30-s grace\n{server.output()}")
 
@@ -363,8 +369,8 @@ def test_sigterm_after_a_chunked_stream_exits_at_once(start_server):
     """The messages of a chunked request that get no answer of their own (the
     chunks taken into the first one, the dropped later chunks of a failed
     request) and those a stream's end fails (a tensor half assembled) leave
-    nothing in flight: SIGTERM after such a stream exits within the lame duck
-    + 1 s, not the grace."""
+    nothing in flight: SIGTERM after such a stream exits promptly, not after
+    the grace."""
     server = start_server("--shutdown_grace_s=30")
     stub = server.stub()
     x = np.random.default_rng(5).normal(size=(4, 3000))
@@ -391,7 +397,7 @@ def test_sigterm_after_a_chunked_stream_exits_at_once(start_server):
 def test_sigterm_after_a_stream_whose_writes_failed_exits_at_once(start_server):
     """A caller that cancels its stream while answers wait to be written (it
     reads none): the failed write and the answers dropped behind it leave
-    nothing in flight, so SIGTERM exits within the lame duck + 1 s."""
+    nothing in flight, so SIGTERM exits promptly."""
     server = start_server("--shutdown_grace_s=30")
     stub = server.stub()
     # Answers of 1 MiB each, far more than the connection's window holds.
@@ -420,7 +426,7 @@ def test_sigterm_after_every_unary_exit_path_exits_at_once(start_server, tmp_pat
     """Each way a softmax.v1, KServe gRPC or KServe HTTP call ends (answered,
     refused unauthenticated, invalid, for an unknown model, and a KServe
     stream's in-band error) gives its ticket back: SIGTERM after all of them
-    exits 0 within the lame duck + 1 s, not the grace."""
+    exits 0 promptly, not after the grace."""
     import json
     import urllib.error
     import urllib.request
@@ -466,7 +472,8 @@ def test_sigterm_after_every_unary_exit_path_exits_at_once(start_server, tmp_pat
         "kserve invalid": grpc.StatusCode.INVALID_ARGUMENT}, codes
     stream = list(kserve.ModelStreamInfer(iter([infer(), infer(datatype="FP99")]),
                                           metadata=auth, timeout=10))
-    assert [bool(r.error_message) for r in stream] == [False, True], stream
+    # (Answered in the order they finish.)
+    assert sorted(bool(r.error_message) for r in stream) == [False, True], stream
 
     def http(model, body, token="door-token"):
         headers = {"Content-Type": "application/json"}
