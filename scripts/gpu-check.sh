@@ -132,14 +132,19 @@ if step scrape; then
   # callers), as Prometheus would scrape it: gpu-metrics.txt.
   note "GPU metrics scraped under load"
   "$bundle/softmax-server" --device=cuda --grpc_address=127.0.0.1:0 --http_address= \
-    --metrics_address=127.0.0.1:0 > "$work/scrape-server.log" 2>&1 &
+    --metrics_address=127.0.0.1:0 --listening_file="$work/scrape-listening.json" \
+    > "$work/scrape-server.log" 2>&1 &
   server=$!
   for _ in $(seq 300); do
-    grep -q "listening" "$work/scrape-server.log" && break
+    [[ -s "$work/scrape-listening.json" ]] && break
     sleep 0.1
   done
-  grpc=$(sed -nE 's/.*listening grpc=(\S+) .*/\1/p' "$work/scrape-server.log")
-  metrics=$(sed -nE 's/.*metrics=(\S+).*/\1/p' "$work/scrape-server.log")
+  listening() {  # the bound address of $1 (grpc, http, metrics) from --listening_file
+    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' \
+      "$work/scrape-listening.json" "$1"
+  }
+  grpc=$(listening grpc)
+  metrics=$(listening metrics)
   "$bundle/softmax-client" load --target="$grpc" --shape=64,32000 --dtype=bfloat16 \
     --concurrency=16 --duration=8s --quiet > "$work/scrape-load.txt" 2>&1 &
   load=$!

@@ -106,6 +106,11 @@ ABSL_FLAG(int64_t, access_log_one_in, kDefaults.access_log_one_in,
           "access log: one line (logger \"access\": method, code, bytes, latency_ms, peer) for "
           "one finished request in this many, stream messages counted singly; 0 = off, 1 = every "
           "request");
+ABSL_FLAG(std::string, listening_file, "",
+          "once every listener is up, write this JSON file (atomically: a temporary file "
+          "renamed onto it): {grpc, http, metrics: the bound host:port, with the port the "
+          "kernel picked for :0, or \"off\"; pid; version; revision}, for scripts that start "
+          "the server on port 0; empty = none");
 namespace softmax::server {
 namespace {
 
@@ -133,7 +138,9 @@ ServerOptions OptionsFromFlags() {
   options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
   options.log_format = absl::GetFlag(FLAGS_log_format);
   options.access_log_one_in = absl::GetFlag(FLAGS_access_log_one_in);
+  options.listening_file = absl::GetFlag(FLAGS_listening_file);
   options.server_version = SOFTMAX_VERSION;
+  options.revision = SOFTMAX_GIT_REVISION;
   // Testing hooks, not an operator's decisions: environment variables.
   if (const char* inject = std::getenv("SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES")) {
     options.inject_fault_after_batches = std::strtoll(inject, nullptr, 10);

@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -9,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "server/listening_file.h"
 #include "server/logging/log.h"
 #include "server/rpc/http/civetweb_tls.h"
 
@@ -240,9 +243,19 @@ absl::Status Server::Start() {
                                     ? options_.grpc_address
                                     : options_.grpc_address.substr(0, colon);
   if (metrics_ != nullptr) metrics_->SetServing(true);
-  logging::LogInfo("listening", {{"grpc", absl::StrCat(grpc_host, ":", grpc_.port)},
+  const std::string grpc_address = absl::StrCat(grpc_host, ":", grpc_.port);
+  logging::LogInfo("listening", {{"grpc", grpc_address},
                                  {"http", http_address()},
                                  {"metrics", metrics_address()}});
+  if (!options_.listening_file.empty()) {
+    ListeningInfo info{grpc_address, http_address(), metrics_address(),
+                       static_cast<int64_t>(getpid()), options_.server_version,
+                       options_.revision};
+    if (absl::Status written = WriteListeningFile(options_.listening_file, info);
+        !written.ok()) {
+      return written;
+    }
+  }
   absl::MutexLock lock(&mu_);
   started_ = true;
   return absl::OkStatus();

@@ -9,7 +9,8 @@
 // check; the memory budget; Admission, the one door into the batcher, and the
 // FrontEnd every protocol shares; softmax.v1 (SoftmaxServiceImpl);
 // the KServe v2 gRPC service and shared-memory regions; the gRPC server (health
-// SERVING from here); the KServe HTTP endpoint; then the "listening" line.
+// SERVING from here); the KServe HTTP endpoint; then the "listening" line and
+// the listening file (server/listening_file.h).
 //
 // The drain (Drain, then Wait), step by step. Each step is a DrainStep,
 // reported to ServerHooks::after_drain_step once done:
@@ -132,7 +133,8 @@ class Server {
   // for the caller to report: INVALID_ARGUMENT for --device,
   // --shared_memory or TLS files it cannot use,
   // FAILED_PRECONDITION for a GPU asked for and absent, INTERNAL for a
-  // failed warm-up softmax, UNAVAILABLE for an address that cannot be bound.
+  // failed warm-up softmax, UNAVAILABLE for an address that cannot be bound,
+  // FAILED_PRECONDITION for a --listening_file it cannot write.
   // The server is then unusable (destroy it).
   // REQUIRES: called once; `options` valid as softmax-server's main checks
   // them (positive limits, ranges).

@@ -37,6 +37,7 @@ struct ServerOptions {
   int shutdown_grace_s = 30;
   std::string log_format = "text";
   int64_t access_log_one_in = 0;
+  std::string listening_file;
   // Testing only, from SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES: the GPU
   // backends provoke a real sticky fault after this many batches (0 = never).
   int64_t inject_fault_after_batches = 0;
@@ -47,6 +48,9 @@ struct ServerOptions {
   // Not a flag: the version the KServe endpoints report in their server
   // metadata; softmax-server passes its own (SOFTMAX_VERSION).
   std::string server_version = "unknown";
+  // Not a flag: the source revision the listening file reports; softmax-server
+  // passes its own (SOFTMAX_GIT_REVISION).
+  std::string revision = "unknown";
 };
 
 }  // namespace softmax::server

@@ -93,8 +93,8 @@ LAME_DUCK_S = 0.5
 
 class Server(server_lib.Server):
     """One softmax-server (SERVER_BIN) on loopback with every listener on a
-    port picked by the kernel: bench.lib.server.Server, plus channel() and
-    stub(). `env` adds variables to the server's environment (e.g.
+    port picked by the kernel: bench.lib.server.Server, the addresses read
+    from its --listening_file (.listening), plus channel() and stub(). `env` adds variables to the server's environment (e.g.
     HOLD_IN_QUEUE). Under the sanitizers kill() first asks for an orderly
     exit, so that LeakSanitizer checks what the server's whole life left
     behind, and files the output of a server that printed a UBSan report.
@@ -108,7 +108,8 @@ class Server(server_lib.Server):
     def __init__(self, *extra_args, device="cpu", startup_timeout=30.0, preexec_fn=None,
                  env=None):
         super().__init__(SERVER_BIN, *extra_args, device=device, env=env,
-                         preexec_fn=preexec_fn, startup_timeout=startup_timeout)
+                         preexec_fn=preexec_fn, startup_timeout=startup_timeout,
+                         listening_file=True)
 
     def channel(self):
         return grpc.insecure_channel(self.grpc_address, options=CHANNEL_OPTIONS)

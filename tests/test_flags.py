@@ -1,6 +1,7 @@
 """softmax-server's flags: --help lists exactly the server's own flags, the
 table in docs/server.md is what the help text gives, --version names the version and
-revision, and --flagfile is read."""
+revision, --flagfile is read, and --listening_file tells where the server
+listens."""
 
 import os
 import pathlib
@@ -21,7 +22,7 @@ EXPECTED = {
     "max_batch_rows", "max_batch_bytes", "max_queue_delay_us", "max_queued_requests",
     "max_held_bytes", "max_concurrent_streams", "max_connection_age_s", "max_stream_age_s", "tls_cert_file", "tls_key_file",
     "tls_client_ca_file", "auth_tokens_file", "reflection", "shared_memory", "shutdown_grace_s",
-    "log_format", "access_log_one_in",
+    "log_format", "access_log_one_in", "listening_file",
 }
 
 
@@ -103,3 +104,36 @@ def test_connection_age_out_of_range_is_refused_naming_the_flag(flag, value):
     assert result.returncode == 1, result.stderr
     assert f"--{flag}: 0 (no maximum) to 2073600" in result.stderr, result.stderr
     assert "listening" not in result.stderr
+
+
+def test_listening_file_names_the_bound_addresses_pid_and_revision(start_server):
+    """--listening_file: the addresses the "listening" line names, with the
+    ports the kernel picked for :0 (the harness starts every server so), the
+    server's pid, and the version and revision --version prints."""
+    server = start_server()
+    listening = server.listening
+    assert set(listening) == {"grpc", "http", "metrics", "pid", "version", "revision"}
+    assert e2e_util.parse_listening(server.output()) == (
+        listening["grpc"], listening["http"], listening["metrics"])
+    for name in ("grpc", "http", "metrics"):
+        host, port = listening[name].rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0, listening
+    assert listening["pid"] == server.process.pid
+    version = subprocess.run([e2e_util.SERVER_BIN, "--version"], capture_output=True,
+                             text=True, timeout=30).stdout
+    assert version.startswith(f"softmax-server {listening['version']} "
+                              f"(revision {listening['revision']},"), (version, listening)
+    assert e2e_util.health_check(server.channel()) == "SERVING"
+    off = start_server("--http_address=", "--metrics_address=")
+    assert (off.listening["http"], off.listening["metrics"]) == ("off", "off")
+
+
+def test_listening_file_it_cannot_write_fails_the_start(tmp_path):
+    path = tmp_path / "no-such-folder" / "listening.json"
+    result = subprocess.run([e2e_util.SERVER_BIN, "--device=cpu", "--grpc_address=127.0.0.1:0",
+                             "--http_address=", "--metrics_address=",
+                             f"--listening_file={path}"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1, result.stderr
+    assert f"--listening_file={path}: cannot create" in result.stderr, result.stderr
+    assert not path.exists()

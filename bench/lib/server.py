@@ -1,9 +1,11 @@
-"""Starting softmax-server for benchmarks and end-to-end tests, and reading
-its "listening" line.
+"""Starting softmax-server for benchmarks and end-to-end tests, and learning
+the ports it listens on.
 
 A Server is one softmax-server process on loopback whose ports the kernel
-picks; the addresses come from the line the server logs once it listens,
-in either log format:
+picks. With listening_file=True the addresses come from the JSON file the
+server writes once it listens (--listening_file); otherwise, for binaries of
+revisions that may predate that flag (a benchmark comparing two), from the
+line it logs then, in either log format:
 
   softmax-server: listening grpc=127.0.0.1:41251 http=off metrics=127.0.0.1:40017
   {"msg":"listening","grpc":"127.0.0.1:41251","http":"off","metrics":"..."}
@@ -12,6 +14,7 @@ Thread safety: a Server is used from one thread at a time.
 """
 
 import collections
+import json
 import os
 import re
 import signal
@@ -66,10 +69,14 @@ class Server:
     `log_path`: where the server's output goes (a temporary file, removed by
     kill(), when None). `env`: variables added to the server's environment.
     `prefix`: arguments put before the binary (e.g. ["taskset", "-c", "0"]).
+    `listening_file`: learn the addresses from --listening_file (beside the
+    log; .listening then holds the whole file: pid, version, revision too)
+    instead of the log line.
     """
 
     def __init__(self, binary, *extra_args, device="cpu", http=True, metrics=True,
-                 log_path=None, env=None, prefix=(), preexec_fn=None, startup_timeout=60.0):
+                 log_path=None, env=None, prefix=(), preexec_fn=None, startup_timeout=60.0,
+                 listening_file=False):
         if log_path is None:
             self.log = tempfile.NamedTemporaryFile(
                 mode="w+", prefix="softmax-server-", suffix=".log", delete=False)
@@ -82,13 +89,17 @@ class Server:
                      "--metrics_address=127.0.0.1:0" if metrics else "--metrics_address=",
                      "--http_address=127.0.0.1:0" if http else "--http_address=",
                      f"--device={device}", *extra_args]
+        self.listening_path = f"{self.log_path}.listening.json" if listening_file else None
+        if self.listening_path:
+            self.args.append(f"--listening_file={self.listening_path}")
+        self.listening = None
         self.process = subprocess.Popen(
             self.args, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=preexec_fn, env=None if env is None else {**os.environ, **env})
         self.grpc_address = self.http_address = self.metrics_address = None
         deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:
-            listening = parse_listening(self.output())
+            listening = self._read_listening()
             if listening:
                 self.grpc_address, self.http_address, self.metrics_address = listening
                 return
@@ -100,6 +111,18 @@ class Server:
         raise RuntimeError(
             f"softmax-server did not report 'listening' (exit code "
             f"{self.process.returncode}); args {self.args}; output:\n{output}")
+
+    def _read_listening(self):
+        """The addresses the server listens on, or None while it does not yet."""
+        if self.listening_path is None:
+            return parse_listening(self.output())
+        try:
+            with open(self.listening_path, encoding="utf-8") as f:
+                self.listening = json.load(f)  # whole: the server renames it into place
+        except FileNotFoundError:
+            return None
+        return Listening(self.listening["grpc"], self.listening["http"],
+                         self.listening["metrics"])
 
     def output(self):
         """Everything the server has written so far."""
@@ -123,6 +146,8 @@ class Server:
         self.log.close()
         if self._own_log and os.path.exists(self.log_path):
             os.unlink(self.log_path)
+        if self.listening_path and os.path.exists(self.listening_path):
+            os.unlink(self.listening_path)
 
     def __enter__(self):
         return self

@@ -12,11 +12,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 one() {  # mode pair
   local address=""; [[ $1 == on ]] && address=127.0.0.1:0
+  rm -f "$work/listening.json"
   "$bin/softmax-server" --grpc_address=127.0.0.1:0 --metrics_address=$address \
-      --device="$device" > "$work/server.log" 2>&1 &
+      --device="$device" --listening_file="$work/listening.json" > "$work/server.log" 2>&1 &
   local pid=$!
-  for _ in $(seq 200); do grep -q listening "$work/server.log" && break; sleep 0.05; done
-  local target; target=$(grep -o 'grpc=[^ ]*' "$work/server.log" | cut -d= -f2)
+  for _ in $(seq 200); do [[ -s "$work/listening.json" ]] && break; sleep 0.05; done
+  local target
+  target=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["grpc"])' \
+      "$work/listening.json")
   rm -f "$work/load.json"
   "$bin/softmax-client" load --target="$target" --concurrency=64 --mix=1x1024:float32 \
       --duration="$duration" --warmup=2s --quiet --json="$work/load.json" > /dev/null
