@@ -63,8 +63,11 @@ def parse_args(argv):
                         help="cost: open-loop rates (req/s), straight and through Envoy")
     parser.add_argument("--saturation-concurrency", type=int, default=256,
                         help="cost: closed-loop callers that saturate one Envoy worker")
-    parser.add_argument("--envoy-cores", help="cost: Envoy's cores, e.g. 0-1 "
-                        "(default: the first --envoy-workers of this process's)")
+    parser.add_argument("--envoy-cores", help="cost: Envoy's cores, e.g. 14-15 "
+                        "(default: the last --envoy-workers of this process's)")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="cost: also envoy.yaml's settings with more of its per-call "
+                             "features off, one at a time, to find what Envoy's CPU goes to")
     parser.add_argument("--replica-cores", help="cost: the replica's cores "
                         "(default: half of the rest)")
     parser.add_argument("--client-cores", help="cost: the load client's cores "
@@ -105,10 +108,16 @@ except ImportError as error:
     sys.exit(f"bench.fleet.bench: {error}; run it with PYTHONPATH=tests from the checkout root")
 
 
+def cpu_times(pid):
+    """(user, system) CPU seconds of process `pid` and its threads so far."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def cpu_seconds(pid):
     """User + system CPU seconds of process `pid` and its threads so far."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(cpu_times(pid))
 
 
 def load(target, duration, verify=False, protocol="softmax.v1", extra=(), concurrency=None,
@@ -135,13 +144,19 @@ def load(target, duration, verify=False, protocol="softmax.v1", extra=(), concur
 def timed(target, pids, **load_args):
     """A timed load at `target` with the CPU each of `pids` spent on it:
     per request, and in cores (CPU seconds per second of the load)."""
-    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    before = {name: cpu_times(pid) for name, pid in pids.items()}
     started = time.monotonic()
     report = load(target, ARGS.duration, **load_args)
     wall = time.monotonic() - started
-    spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    after = {name: cpu_times(pid) for name, pid in pids.items()}
+    system = {name: after[name][1] - before[name][1] for name in pids}
+    spent = {name: sum(after[name]) - sum(before[name]) for name in pids}
     total = report["requests"] + report["warmup_requests"]
     report["cpu_us_per_request"] = {name: 1e6 * s / total for name, s in spent.items()}
+    # The kernel's share: on loopback the receiving side's network stack
+    # runs in the sender's time, so a proxy pays for two receives per call.
+    report["cpu_system_share"] = {name: system[name] / spent[name] if spent[name] else 0
+                                  for name in pids}
     report["cpu_cores"] = {name: s / wall for name, s in spent.items()}
     return report
 
@@ -173,7 +188,9 @@ def core_plan():
     each, the rest split between the replica and the load client. On a host
     with too few cores the replica and the client share (`disjoint` False)."""
     allowed = sorted(os.sched_getaffinity(0))
-    envoy = parse_cores(ARGS.envoy_cores) if ARGS.envoy_cores else allowed[:ARGS.envoy_workers]
+    # The last cores: the first often take the host's interrupts.
+    envoy = (parse_cores(ARGS.envoy_cores) if ARGS.envoy_cores
+             else allowed[-ARGS.envoy_workers:])
     rest = [c for c in allowed if c not in envoy] or allowed
     half = max(1, len(rest) // 2)
     replica = parse_cores(ARGS.replica_cores) if ARGS.replica_cores else rest[:half]
@@ -183,34 +200,79 @@ def core_plan():
     return {"envoy": envoy, "replica": replica, "client": client, "disjoint": disjoint}
 
 
-# Envoy's settings that cost CPU on every call and buy this fleet nothing
-# (envoy.yaml sets all three): (connection manager's generate_request_id,
-# router's dynamic_stats, router's suppress_envoy_headers).
-ENVOY_VARIANTS = [
-    ("Envoy's defaults", (True, True, False)),
-    ("generate_request_id: false", (False, True, False)),
-    ("dynamic_stats: false", (True, False, False)),
-    ("suppress_envoy_headers: true", (True, True, True)),
-    ("all three (envoy.yaml)", (False, False, True)),
-]
-
-
 def envoy_settings(generate_request_id, dynamic_stats, suppress_envoy_headers):
-    """An envoy_patch that sets the three on every listener."""
+    """An envoy_patch that sets envoy.yaml's three per-call settings on
+    every listener."""
     def patch(config):
-        for listener in config["static_resources"]["listeners"]:
-            for chain in listener["filter_chains"]:
-                for network_filter in chain["filters"]:
-                    if network_filter["name"] != "envoy.filters.network.http_connection_manager":
-                        continue
-                    manager = network_filter["typed_config"]
-                    manager["generate_request_id"] = generate_request_id
-                    for http_filter in manager["http_filters"]:
-                        if http_filter["name"] == "envoy.filters.http.router":
-                            http_filter["typed_config"]["dynamic_stats"] = dynamic_stats
-                            http_filter["typed_config"]["suppress_envoy_headers"] = \
-                                suppress_envoy_headers
+        for manager in connection_managers(config):
+            manager["generate_request_id"] = generate_request_id
+            for http_filter in manager["http_filters"]:
+                if http_filter["name"] == "envoy.filters.http.router":
+                    http_filter["typed_config"] = dict(
+                        http_filter["typed_config"], dynamic_stats=dynamic_stats,
+                        suppress_envoy_headers=suppress_envoy_headers)
     return patch
+
+
+def connection_managers(config):
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                if network_filter["name"] == "envoy.filters.network.http_connection_manager":
+                    yield network_filter["typed_config"]
+
+
+def without_io_cycle_limit(config):
+    del config["layered_runtime"]["layers"][0]["static_layer"]["http.max_requests_per_io_cycle"]
+
+
+def without_overload_manager(config):
+    del config["overload_manager"]
+
+
+def without_retries(config):
+    for manager in connection_managers(config):
+        for host in manager["route_config"]["virtual_hosts"]:
+            host.pop("request_body_buffer_limit", None)
+            for route in host["routes"]:
+                if "route" in route:
+                    route["route"] = {k: v for k, v in route["route"].items()
+                                      if k != "retry_policy"}
+
+
+def without_access_log(config):
+    for manager in connection_managers(config):
+        manager.pop("access_log", None)
+
+
+def combined(*patches):
+    def patch(config):
+        for each in patches:
+            each(config)
+    return patch
+
+
+LEAN = envoy_settings(False, False, True)
+# Envoy's settings that cost CPU on every call and buy this fleet nothing
+# (envoy.yaml sets all three): the connection manager's generate_request_id,
+# the router's dynamic_stats and suppress_envoy_headers.
+ENVOY_VARIANTS = [
+    ("Envoy's defaults", envoy_settings(True, True, False)),
+    ("generate_request_id: false", envoy_settings(False, True, False)),
+    ("dynamic_stats: false", envoy_settings(True, False, False)),
+    ("suppress_envoy_headers: true", envoy_settings(True, True, True)),
+    ("all three (envoy.yaml)", LEAN),
+]
+# --diagnose: envoy.yaml with one more of its per-call features off.
+DIAGNOSTIC_VARIANTS = [
+    ("envoy.yaml, no max_requests_per_io_cycle", combined(LEAN, without_io_cycle_limit)),
+    ("envoy.yaml, no overload manager", combined(LEAN, without_overload_manager)),
+    ("envoy.yaml, no retries", combined(LEAN, without_retries)),
+    ("envoy.yaml, no access log", combined(LEAN, without_access_log)),
+    ("envoy.yaml, none of these four", combined(LEAN, without_io_cycle_limit,
+                                                 without_overload_manager, without_retries,
+                                                 without_access_log)),
+]
 
 
 def upstream_connections(envoy):
@@ -237,6 +299,8 @@ def row_of(reports, **fields):
             "replica_cpu_us": median([r["cpu_us_per_request"]["replica"] for r in reports]),
             "envoy_cpu_us": median([r["cpu_us_per_request"].get("envoy", 0) for r in reports]),
             "envoy_cores": median([r["cpu_cores"].get("envoy", 0) for r in reports]),
+            "envoy_system_share": median([r["cpu_system_share"].get("envoy", 0)
+                                          for r in reports]),
             "connections": median([r.get("connections_used", 0) for r in reports]),
             "rounds_requests_per_s": [round(r["requests_per_s"]) for r in reports]}
 
@@ -280,13 +344,14 @@ def bench_cost():
 
         # One worker on one core, driven past what it carries, with each
         # setting; rounds alternate the order.
-        saturated = {name: [] for name, _ in ENVOY_VARIANTS}
+        variants = ENVOY_VARIANTS + (DIAGNOSTIC_VARIANTS if ARGS.diagnose else [])
+        saturated = {name: [] for name, _ in variants}
         saturated_straight = []
         for r in range(ARGS.rounds):
-            order = ENVOY_VARIANTS if r % 2 == 0 else list(reversed(ENVOY_VARIANTS))
-            for name, settings in order:
+            order = variants if r % 2 == 0 else list(reversed(variants))
+            for name, patch in order:
                 envoy = fleet_util.Envoy(fleet.envoy.binary, fleet.workdir, fleet.endpoints_dir,
-                                         concurrency=1, patch=envoy_settings(*settings),
+                                         concurrency=1, patch=patch,
                                          suffix=f"-saturation-{r}-{len(saturated[name])}")
                 try:
                     fleet_util.pin_to_cpus(envoy.process.pid, cores["envoy"][:1])
@@ -306,9 +371,16 @@ def bench_cost():
                  for (rate, path), reports in rate_reports.items()]
     saturation_rows = [row_of(reports, settings=name) for name, reports in saturated.items()]
     saturation_rows.append(row_of(saturated_straight, settings="straight (no Envoy)"))
-    baseline = saturation_rows[0]["envoy_cpu_us"]
-    for row in saturation_rows[1:-1]:
-        row["saving_us"] = baseline - row["envoy_cpu_us"]
+    by_name = {row["settings"]: row for row in saturation_rows}
+    baseline = by_name[ENVOY_VARIANTS[0][0]]["envoy_cpu_us"]
+    lean = by_name[ENVOY_VARIANTS[-1][0]]
+    # Savings: of each setting over Envoy's defaults; of each diagnostic
+    # variant over envoy.yaml.
+    for name, _ in ENVOY_VARIANTS[1:]:
+        by_name[name]["saving_us"] = baseline - by_name[name]["envoy_cpu_us"]
+    for name, _ in DIAGNOSTIC_VARIANTS:
+        if name in by_name:
+            by_name[name]["saving_us"] = lean["envoy_cpu_us"] - by_name[name]["envoy_cpu_us"]
     placement = (f"Envoy on cores {cores['envoy']}, the replica on {cores['replica']}, "
                  f"the load client on {cores['client']}"
                  + ("" if cores["disjoint"] else " (too few cores: some share)"))
@@ -329,17 +401,18 @@ def bench_cost():
               f"{row['replica_cpu_us']:.1f} | {row['connections']} |")
 
     print(f"\n### One Envoy worker on one core at saturation ({ARGS.saturation_concurrency} "
-          f"callers over {ARGS.connections} connections; {ARGS.rounds} rounds, medians)\n")
+          f"callers over {ARGS.connections} connections; {ARGS.rounds} rounds, medians; saving: "
+          f"of a setting over Envoy's defaults, of a diagnostic variant over envoy.yaml)\n")
     print("| settings | req/s | p50 ms | p99 ms | Envoy CPU us/req | saving us/req | "
-          "Envoy cores | connections to the replica |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "kernel share | Envoy cores | connections to the replica |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in saturation_rows:
         saving = f"{row['saving_us']:.1f}" if "saving_us" in row else "-"
-        envoy_cells = (f"{row['envoy_cpu_us']:.1f} | {saving} | {row['envoy_cores']:.2f}"
-                       if row["settings"] != "straight (no Envoy)" else "- | - | -")
+        envoy_cells = (f"{row['envoy_cpu_us']:.1f} | {saving} | {row['envoy_system_share']:.0%} | "
+                       f"{row['envoy_cores']:.2f}"
+                       if row["settings"] != "straight (no Envoy)" else "- | - | - | -")
         print(f"| {row['settings']} | {row['requests_per_s']:,.0f} | {row['p50_ms']:.2f} | "
               f"{row['p99_ms']:.2f} | {envoy_cells} | {row['connections']} |")
-    lean = saturation_rows[-2]
     print(f"\nOne worker with envoy.yaml's settings: {lean['requests_per_s']:,.0f} req/s at "
           f"{lean['envoy_cpu_us']:.1f} us of Envoy CPU per request "
           f"({lean['envoy_cores']:.2f} of its core busy); "
