@@ -3,7 +3,8 @@
 // batch of softmax problems ("segments") of one element type.
 //
 // Usable from plain C++: this header needs only cuda_runtime_api.h (for
-// cudaStream_t and cudaError_t). No Abseil, no gRPC.
+// cudaStream_t and cudaError_t; kernels/cuda_types.h stands in for it where
+// the CUDA toolkit is absent, for the planner alone). No Abseil, no gRPC.
 //
 // The kernel family (kernels/cuda/: one file per kernel family, plan.cc for
 // the choices below), chosen per segment from its row length N (V = 16 bytes
@@ -76,8 +77,6 @@
 #ifndef SOFTMAX_KERNELS_SOFTMAX_CUDA_H_
 #define SOFTMAX_KERNELS_SOFTMAX_CUDA_H_
 
-#include <cuda_runtime_api.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -85,6 +84,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cuda_types.h"
 #include "kernels/dtype.h"
 
 namespace softmax {

@@ -12,13 +12,12 @@
 #ifndef SOFTMAX_KERNELS_CUDA_PLAN_H_
 #define SOFTMAX_KERNELS_CUDA_PLAN_H_
 
-#include <cuda_runtime_api.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda_types.h"
 #include "kernels/dtype.h"
 #include "kernels/softmax_cuda.h"
 
