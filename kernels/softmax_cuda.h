@@ -175,6 +175,7 @@ enum class SoftmaxKernel : int {
   // parts, merging the partials of each row they meet.
   kSplitNormalizeUnits = 13,
 };
+constexpr int kSoftmaxKernels = 14;  // values of SoftmaxKernel
 const char* SoftmaxKernelName(SoftmaxKernel kernel);
 
 // One softmax problem: a contiguous tensor viewed as [outer, n, inner],

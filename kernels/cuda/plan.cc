@@ -336,6 +336,30 @@ bool Always(const LaunchPlan&, DType, const SoftmaxSegment&) { return true; }
 
 }  // namespace
 
+const KernelInfo& KernelInfoOf(SoftmaxKernel kernel) {
+  using K = SoftmaxKernel;
+  static const KernelInfo kInfo[] = {
+      {K::kFlat, "flat", false, K::kFlat},
+      {K::kFlatTable, "flat_table", true, K::kFlatTable},
+      {K::kOnChip, "on_chip", true, K::kOnChip},
+      {K::kStaged, "staged", true, K::kStaged},
+      {K::kSplitStaged, "split_staged", false, K::kSplitStaged},
+      {K::kSplitFused, "split_fused", false, K::kSplitFused},
+      {K::kSplitStats, "split_stats", false, K::kSplitStats},
+      {K::kSplitNormalize, "split_normalize", false, K::kSplitStats},
+      {K::kStridedStats, "strided_stats", false, K::kStridedStats},
+      {K::kStridedNormalize, "strided_normalize", false, K::kStridedStats},
+      {K::kStridedStaged, "strided_staged", false, K::kStridedStaged},
+      {K::kRowStaged, "row_staged", true, K::kRowStaged},
+      {K::kSplitMerge, "split_merge", false, K::kSplitStats},
+      {K::kSplitNormalizeUnits, "split_normalize_units", false, K::kSplitStats},
+  };
+  static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kSoftmaxKernels, "one entry per kernel");
+  static const KernelInfo kUnknown = {K::kFlat, "unknown", false, K::kFlat};
+  const int i = static_cast<int>(kernel);
+  return i >= 0 && i < kSoftmaxKernels && kInfo[i].kernel == kernel ? kInfo[i] : kUnknown;
+}
+
 const std::vector<RowFamily>& RowFamilies() {
   static const std::vector<RowFamily> families = {
       {SoftmaxKernel::kStridedStaged, nullptr, StridedStagedTakes},
@@ -900,16 +924,12 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   // the tail of the pass before too: it loads its first unit, then waits for
   // that pass to complete before it reads what it wrote. H200, 16 x 2^24
   // fp16: 1.014x.
-  const auto overlaps = [](SoftmaxKernel k) {
-    return k == SoftmaxKernel::kFlatTable || k == SoftmaxKernel::kStaged ||
-           k == SoftmaxKernel::kRowStaged || k == SoftmaxKernel::kOnChip;
-  };
+  const auto overlaps = [](SoftmaxKernel k) { return KernelInfoOf(k).table; };
+  // A pass of a form right after the pass before it (a segment's passes are
+  // consecutive steps; a form's first pass starts a segment).
   const auto second_pass = [](SoftmaxKernel first, SoftmaxKernel second) {
-    return (first == SoftmaxKernel::kSplitStats && second == SoftmaxKernel::kSplitMerge) ||
-           (first == SoftmaxKernel::kSplitStats && second == SoftmaxKernel::kSplitNormalize) ||
-           (first == SoftmaxKernel::kSplitStats && second == SoftmaxKernel::kSplitNormalizeUnits) ||
-           (first == SoftmaxKernel::kSplitMerge && second == SoftmaxKernel::kSplitNormalize) ||
-           (first == SoftmaxKernel::kStridedStats && second == SoftmaxKernel::kStridedNormalize);
+    const SoftmaxKernel form = KernelInfoOf(second).first_pass;
+    return form != second && KernelInfoOf(first).first_pass == form;
   };
   for (size_t i = 1; i < out.steps.size() && plan.max_cluster_size() > 1; ++i) {
     LaunchStep& step = out.steps[i];
@@ -1002,25 +1022,7 @@ const char* SoftmaxPathName(SoftmaxPath path) {
   return "unknown";
 }
 
-const char* SoftmaxKernelName(SoftmaxKernel kernel) {
-  switch (kernel) {
-    case SoftmaxKernel::kFlat: return "flat";
-    case SoftmaxKernel::kFlatTable: return "flat_table";
-    case SoftmaxKernel::kOnChip: return "on_chip";
-    case SoftmaxKernel::kStaged: return "staged";
-    case SoftmaxKernel::kSplitStaged: return "split_staged";
-    case SoftmaxKernel::kSplitFused: return "split_fused";
-    case SoftmaxKernel::kSplitStats: return "split_stats";
-    case SoftmaxKernel::kSplitMerge: return "split_merge";
-    case SoftmaxKernel::kSplitNormalize: return "split_normalize";
-    case SoftmaxKernel::kSplitNormalizeUnits: return "split_normalize_units";
-    case SoftmaxKernel::kStridedStats: return "strided_stats";
-    case SoftmaxKernel::kStridedNormalize: return "strided_normalize";
-    case SoftmaxKernel::kStridedStaged: return "strided_staged";
-    case SoftmaxKernel::kRowStaged: return "row_staged";
-  }
-  return "unknown";
-}
+const char* SoftmaxKernelName(SoftmaxKernel kernel) { return KernelInfoOf(kernel).name; }
 
 void LaunchPlan::IndexProbes() {
   index_.clear();

@@ -352,6 +352,19 @@ const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, i
 // and kStridedStats (strided_stats, then strided_normalize).
 SoftmaxKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
 
+// What the planner knows of each kernel, one entry per SoftmaxKernel value
+// (KernelInfoOf): its name (probes, logs, LaunchKernels), whether it runs
+// a table (TableArgs: such launches of other segments may overlap each
+// other), and the first pass of its form (itself for a one-pass kernel; a
+// later pass right after a pass of the same form overlaps its tail).
+struct KernelInfo {
+  SoftmaxKernel kernel;
+  const char* name;
+  bool table;
+  SoftmaxKernel first_pass;
+};
+const KernelInfo& KernelInfoOf(SoftmaxKernel kernel);
+
 // The rule as a registry: one entry per kernel family (a family may stand
 // twice, at two precedences), each with the probe it needs in the plan (for
 // the row's dtype; nullptr: none, or its shape rule asks the plan itself)
