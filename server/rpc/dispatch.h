@@ -43,9 +43,12 @@ struct ExternalTensors {
 // error (done not called) for a bad request or a refusal (Admission::Admit);
 // otherwise `done` is called exactly once with the outcome, possibly before
 // Dispatch returns. On success `response` holds request_id, output and
-// timing. Both messages must live until `done` has run. Once accepted, the
-// request's input data may be moved into the response's output: callers
-// must not read request->input().data() after an OK return.
+// timing; for a request with top_k, the top K selected from the output
+// (top_k.h) on the thread that calls `done`, and the output only with
+// full_output (`view` is then emptied too). Both messages must live until
+// `done` has run. Once accepted, the request's input data may be moved into
+// the response's output: callers must not read request->input().data()
+// after an OK return.
 // `view` (may be null) receives the output instead of the response when
 // the backend lends it (see WorkItem::output_view); it must live as long.
 // `external` (may be null) places the input or output outside the

@@ -2,10 +2,12 @@
 
 #include "server/logging/log.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -129,6 +131,29 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
     }
     out->set_temperature(static_cast<float>(t));
   }
+  if (parts->classification.has_value()) {
+    const int64_t k = *parts->classification;
+    if (k <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outputs[0].parameters.classification: expected a class count > 0, got ", k));
+    }
+    if (parts->output_region.has_value()) {
+      return absl::InvalidArgumentError(
+          "outputs[0].parameters: an output can't set both 'shared_memory_region' and "
+          "'classification'");
+    }
+    // As Triton: at most as many classes as the row has (a bad axis is
+    // named by the softmax.v1 checks).
+    int64_t top_k = k;
+    if (absl::StatusOr<int> axis = NormalizeAxis(parts->axis.value_or(-1), rank); axis.ok()) {
+      top_k = std::min(k, rank == 0 ? int64_t{1} : parts->input_shape[*axis]);
+    }
+    if (top_k <= 0) {
+      return absl::InvalidArgumentError(
+          "outputs[0].parameters.classification: the axis has no elements to classify");
+    }
+    out->set_top_k(top_k);
+  }
   out->set_log(IsLog(*model));
   out->set_request_id(parts->id);
   v1::Tensor* input = out->mutable_input();
@@ -136,6 +161,39 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
   input->mutable_shape()->Add(parts->input_shape.begin(), parts->input_shape.end());
   input->mutable_data()->swap(parts->input_data);
   return absl::OkStatus();
+}
+
+std::string ClassificationString(float value, int64_t index) {
+  return absl::StrCat(std::to_string(value), ":", index);
+}
+
+std::vector<std::string> ClassificationStrings(const v1::TopK& top_k) {
+  const auto dtype = static_cast<DType>(static_cast<int>(top_k.values().dtype()));
+  const std::string& values = top_k.values().data();
+  const int64_t count = static_cast<int64_t>(values.size()) / ItemSize(dtype);
+  std::vector<std::string> elements;
+  elements.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t index = 0;
+    std::memcpy(&index, top_k.indices().data() + i * sizeof(int64_t), sizeof(int64_t));
+    elements.push_back(ClassificationString(LoadAsFloat(values.data(), dtype, i), index));
+  }
+  return elements;
+}
+
+std::string SerializeBytesTensor(const std::vector<std::string>& elements) {
+  std::string out;
+  size_t bytes = 0;
+  for (const std::string& element : elements) bytes += 4 + element.size();
+  out.reserve(bytes);
+  for (const std::string& element : elements) {
+    const uint32_t length = static_cast<uint32_t>(element.size());
+    const char prefix[4] = {static_cast<char>(length), static_cast<char>(length >> 8),
+                            static_cast<char>(length >> 16), static_cast<char>(length >> 24)};
+    out.append(prefix, 4);
+    out.append(element);
+  }
+  return out;
 }
 
 absl::StatusOr<std::optional<RegionRef>> MakeRegionRef(std::optional<std::string> region,

@@ -47,8 +47,8 @@ inline constexpr char kModelVersion[] = "1";
 inline constexpr char kPlatform[] = "softmax-serve";
 // The extensions always served (Triton's names); see Extensions().
 // Repository, trace and logging are not among them.
-inline constexpr std::array<const char*, 3> kExtensions = {"binary_tensor_data",
-                                                           "model_configuration", "statistics"};
+inline constexpr std::array<const char*, 4> kExtensions = {
+    "binary_tensor_data", "classification", "model_configuration", "statistics"};
 
 // The served models, indexing ModelStatistics. Every one accepts FP32,
 // FP16 and BF16. `softmax` and `log_softmax` advertise FP32 in metadata and
@@ -122,6 +122,9 @@ struct InferRequestParts {
   // (then input_data is empty, and the response carries no output bytes).
   std::optional<RegionRef> input_region;
   std::optional<RegionRef> output_region;
+  // The requested output's `classification` parameter (Triton's
+  // classification extension): answer the top K of each row as BYTES.
+  std::optional<int64_t> classification;
 };
 
 // Looks up `parts`' regions in `shared_memory` (may be null: none served)
@@ -145,6 +148,22 @@ std::vector<std::string> Extensions(const SharedMemoryManager* shared_memory);
 // be dispatched.
 absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
                                  v1::SoftmaxRequest* out);
+
+// Triton's classification extension: a requested output with parameter
+// `classification` = K (> 0) is answered as a BYTES tensor of the input's
+// shape with the axis's dimension replaced by min(K, the axis's length)
+// ([rows, K] for a matrix), each element "<value>:<index>": the K largest
+// values of the row along the axis (softmax.v1's top_k: ties lower index
+// first) and their indices, the value written as Triton does
+// (std::to_string of the value widened to float: "%f").
+std::string ClassificationString(float value, int64_t index);
+
+// The elements of `top_k`'s classification answer, row-major.
+std::vector<std::string> ClassificationStrings(const v1::TopK& top_k);
+
+// The same as a BYTES tensor's bytes on the wire (raw_output_contents, HTTP
+// binary data): each element as a 4-byte little-endian length and its bytes.
+std::string SerializeBytesTensor(const std::vector<std::string>& elements);
 
 // Renames the softmax.v1 fields in a validation message (from
 // Dispatch) to the KServe ones: `input.data` to

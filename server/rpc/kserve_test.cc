@@ -60,6 +60,49 @@ TEST(KServeTest, BuildsTheSoftmaxV1RequestThatDispatchValidates) {
   EXPECT_TRUE(ParseRequest(request, RequestLimits{}).ok());
 }
 
+TEST(KServeTest, ClassificationAsksForAtMostTheRowsLength) {
+  InferRequestParts parts = GoodParts();  // [2, 3]
+  parts.classification = 2;
+  Model model;
+  v1::SoftmaxRequest request;
+  ASSERT_TRUE(BuildSoftmaxRequest(&parts, &model, &request).ok());
+  EXPECT_EQ(request.top_k(), 2);
+  parts = GoodParts();
+  parts.classification = 10;  // more classes than the row has: all of them, as Triton
+  parts.axis = 0;
+  ASSERT_TRUE(BuildSoftmaxRequest(&parts, &model, &request).ok());
+  EXPECT_EQ(request.top_k(), 2);
+  for (int64_t k : {0, -3}) {
+    parts = GoodParts();
+    parts.classification = k;
+    const absl::Status status = BuildSoftmaxRequest(&parts, &model, &request);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("classification"), absl::string_view::npos) << status;
+  }
+  parts = GoodParts();
+  parts.classification = 1;
+  parts.output_region = RegionRef{"r", 24, 0};
+  EXPECT_EQ(BuildSoftmaxRequest(&parts, &model, &request).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KServeTest, ClassificationStringsAreTritons) {
+  // std::to_string of the value: "%f", six decimals.
+  EXPECT_EQ(ClassificationString(0.5f, 3), "0.500000:3");
+  EXPECT_EQ(ClassificationString(-1.25f, 31999), "-1.250000:31999");
+  EXPECT_EQ(ClassificationString(1e-9f, 0), "0.000000:0");
+  v1::TopK top_k;
+  top_k.mutable_values()->set_dtype(v1::DTYPE_BFLOAT16);
+  const uint16_t bits[2] = {0x3f00, 0x3e80};  // 0.5, 0.25
+  top_k.mutable_values()->set_data(std::string(reinterpret_cast<const char*>(bits), 4));
+  const int64_t indices[2] = {7, 2};
+  top_k.set_indices(std::string(reinterpret_cast<const char*>(indices), 16));
+  const std::vector<std::string> strings = ClassificationStrings(top_k);
+  EXPECT_EQ(strings, (std::vector<std::string>{"0.500000:7", "0.250000:2"}));
+  EXPECT_EQ(SerializeBytesTensor(strings),
+            std::string("\x0a\0\0\0" "0.500000:7" "\x0a\0\0\0" "0.250000:2", 28));
+}
+
 TEST(KServeTest, RejectsWhatIsKServesOwnNamingTheField) {
   Model model;
   struct Case {

@@ -146,6 +146,17 @@ absl::StatusOr<ParsedRequest> ParseRequestHeader(const v1::SoftmaxRequest& reque
   }
   parsed.options.log = request.log();
 
+  // After the shape: a scalar's axis has length 1.
+  const int64_t axis_length = rank == 0 ? 1 : parsed.dims[parsed.axis];
+  if (request.top_k() < 0 || request.top_k() > axis_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "top_k: must be in [0, ", axis_length,
+        "] (0: the whole output; at most the length of axis ", parsed.axis, "), got ",
+        request.top_k()));
+  }
+  parsed.top_k = request.top_k();
+  parsed.full_output = request.full_output();
+
   if (parsed.elements == 0) {
     // outer * inner may overflow when the axis itself is 0; nothing to compute.
     parsed.shape = SoftmaxShape{0, rank == 0 ? 1 : parsed.dims[parsed.axis], 1};

@@ -4,7 +4,7 @@
 //
 // Every failure is INVALID_ARGUMENT with a message that names the offending
 // field (`request_id`, `input.dtype`, `input.shape[i]`, `input.shape`, `input.data`, `axis`,
-// `temperature`).
+// `temperature`, `top_k`).
 //
 // Thread-safety: pure functions.
 #ifndef SOFTMAX_SERVER_RPC_VALIDATION_H_
@@ -49,6 +49,9 @@ struct ParsedRequest {
   SoftmaxOptions options;
   int64_t elements = 0;
   int64_t bytes = 0;  // elements * ItemSize(dtype) == data.size()
+  // top_k of the request: 0 for the whole output, else 1..shape.n.
+  int64_t top_k = 0;
+  bool full_output = false;  // with top_k: the whole output too
   absl::string_view data;
 };
 

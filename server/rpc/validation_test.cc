@@ -216,5 +216,25 @@ TEST(ValidationTest, RequestIdOfAtMost256BytesOfUtf8) {
   }
 }
 
+TEST(ValidationTest, TopKIsBetweenZeroAndTheAxisLength) {
+  v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {2, 3, 5}, 120);
+  request.set_axis(1);
+  for (int64_t k : {0, 1, 3}) {
+    request.set_top_k(k);
+    absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->top_k, k);
+  }
+  request.set_top_k(4);
+  ExpectInvalid(request, "top_k");
+  request.set_top_k(-1);
+  ExpectInvalid(request, "top_k");
+  v1::SoftmaxRequest scalar = MakeRequest(v1::DTYPE_FLOAT32, {}, 4);
+  scalar.set_top_k(1);
+  EXPECT_TRUE(ParseRequest(scalar, RequestLimits()).ok());
+  scalar.set_top_k(2);
+  ExpectInvalid(scalar, "top_k");
+}
+
 }  // namespace
 }  // namespace softmax::server

@@ -123,6 +123,11 @@ class ChunkAssembler {
     }
     absl::StatusOr<ParsedRequest> header = ParseRequestHeader(*request, limits_);
     if (!header.ok()) return Fail(request, header.status());
+    if (header->top_k != 0) {
+      return Fail(request, absl::UnimplementedError(
+                               "top_k: not served on chunked requests; send the tensor in one "
+                               "message, or ask for the whole output"));
+    }
     const int64_t total = header->bytes;
     const int64_t first = static_cast<int64_t>(request->input().data().size());
     if (first > total) return Fail(request, Beyond(id, 0, first, total));
@@ -216,7 +221,8 @@ class ChunkAssembler {
   Step Continue(typename Map::iterator it, v1::SoftmaxRequest* chunk) {
     const v1::Tensor& input = chunk->input();
     const bool header_fields = input.dtype() != v1::DTYPE_UNSPECIFIED || input.shape_size() > 0 ||
-                               chunk->has_axis() || chunk->has_temperature() || chunk->log();
+                               chunk->has_axis() || chunk->has_temperature() || chunk->log() ||
+                               chunk->top_k() != 0 || chunk->full_output();
     return Continue(it, chunk->chunk_offset(), static_cast<int64_t>(input.data().size()),
                     chunk->more_chunks(), header_fields, MessageData{input.data()});
   }

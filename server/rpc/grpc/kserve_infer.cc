@@ -103,6 +103,14 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request,
         RegionOf(output.parameters(), absl::StrCat("outputs[", i, "].parameters"));
     if (!region.ok()) return region.status();
     if (region->has_value()) parts.output_region = **region;
+    if (auto it = output.parameters().find("classification"); it != output.parameters().end()) {
+      // An int64 parameter, as Triton requires (tritonclient's class_count).
+      if (it->second.parameter_choice_case() != inference::InferParameter::kInt64Param) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "outputs[", i, "].parameters.classification: expected an int64 parameter"));
+      }
+      parts.classification = it->second.int64_param();
+    }
   }
   SOFTMAX_RETURN_IF_ERROR(ReadParameters(*request, &parts));
   if (request->raw_input_contents_size() > 0 &&
@@ -172,6 +180,15 @@ OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out
     // An empty entry keeps raw_output_contents parallel to outputs, as
     // Triton's does: its C++ client (perf_analyzer) indexes one by the other.
     out->add_raw_output_contents();
+    return OutputView{};
+  }
+  if (call->response.has_top_k()) {
+    // The classification extension: BYTES "<value>:<index>" (kserve.h).
+    const v1::TopK& top_k = call->response.top_k();
+    output->set_datatype("BYTES");
+    output->mutable_shape()->CopyFrom(top_k.values().shape());
+    *out->add_raw_output_contents() =
+        kserve::SerializeBytesTensor(kserve::ClassificationStrings(top_k));
     return OutputView{};
   }
   if (call->view.data != nullptr) return std::move(call->view);

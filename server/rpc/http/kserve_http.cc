@@ -325,6 +325,13 @@ absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_lengt
         if (auto binary = p->find("binary_data"); binary != p->end() && binary->is_boolean()) {
           options->binary_output = options->binary_output || binary->get<bool>();
         }
+        if (auto count = p->find("classification"); count != p->end()) {
+          if (!count->is_number_integer()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "outputs[", i, "].parameters.classification: expected an integer"));
+          }
+          parts->classification = count->get<int64_t>();
+        }
       }
     }
   }
@@ -511,7 +518,21 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
                  {"shape", std::vector<int64_t>(call->request.input().shape().begin(),
                                                 call->request.input().shape().end())}};
   Reply reply;
-  if (const auto& region = parts.output_region) {
+  if (call->response.has_top_k()) {
+    // The classification extension: BYTES "<value>:<index>" (kserve.h).
+    const v1::TopK& top_k = call->response.top_k();
+    output["datatype"] = "BYTES";
+    output["shape"] = std::vector<int64_t>(top_k.values().shape().begin(),
+                                           top_k.values().shape().end());
+    std::vector<std::string> elements = kserve::ClassificationStrings(top_k);
+    if (options.binary_output) {
+      reply.binary = kserve::SerializeBytesTensor(elements);
+      output["parameters"] = {{"binary_data_size", reply.binary.size()}};
+      reply.binary_reply = true;
+    } else {
+      output["data"] = std::move(elements);
+    }
+  } else if (const auto& region = parts.output_region) {
     // Written into the caller's region: no data in the response.
     output["parameters"] = {{"shared_memory_region", region->name},
                             {"shared_memory_byte_size", region->byte_size}};

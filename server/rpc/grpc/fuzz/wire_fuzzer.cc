@@ -154,7 +154,9 @@ struct Expected {
       : request_id(request.request_id()),
         dtype(request.input().dtype()),
         shape(request.input().shape().begin(), request.input().shape().end()),
-        log(request.log()) {
+        log(request.log()),
+        top_k(request.top_k()),
+        full_output(request.full_output()) {
     const bool in_region = external != nullptr && external->input != nullptr;
     const char* data = in_region ? external->input : request.input().data().data();
     input_bytes = in_region ? external->input_bytes
@@ -190,10 +192,27 @@ struct Expected {
     }
   }
 
+  // The top K answer of an accepted request with top_k: its values in the
+  // input's dtype, as many int64 indices, no output unless asked for.
+  void CheckTopK(const v1::SoftmaxResponse& response) const {
+    Check(response.has_top_k(), "a top K request is answered with its top K");
+    const v1::Tensor& values = response.top_k().values();
+    Check(values.dtype() == dtype, "the top K values have the input's dtype");
+    const int64_t item = dtype == v1::DTYPE_FLOAT32 ? 4 : 2;
+    Check(static_cast<int64_t>(values.data().size()) / item * 8 ==
+              static_cast<int64_t>(response.top_k().indices().size()),
+          "the top K has one index per value");
+    Check(static_cast<int64_t>(values.data().size()) <= input_bytes,
+          "the top K is no larger than the output");
+    Check(full_output == response.has_output(), "the whole output comes only with full_output");
+  }
+
   std::string request_id;
   v1::DType dtype;
   std::vector<int64_t> shape;
   bool log;
+  int64_t top_k = 0;
+  bool full_output = false;
   int64_t input_bytes = 0;
   std::vector<float> finite_inputs;
 };
@@ -241,6 +260,11 @@ void DispatchAndCheck(v1::SoftmaxRequest* request) {
   Check(SerializeResponse(&response, std::move(view), &wire).ok(), "the answer serialises");
   v1::SoftmaxResponse parsed;
   Check(parsed.ParseFromString(BufferBytes(wire)), "the answer parses back");
+  if (expected.top_k > 0) {
+    Check(parsed.request_id() == expected.request_id, "the answer carries the request's id");
+    expected.CheckTopK(parsed);
+    if (!expected.full_output) return;
+  }
   expected.CheckOutput(parsed.request_id(), parsed.output().dtype(),
                        {parsed.output().shape().begin(), parsed.output().shape().end()},
                        parsed.output().data());
@@ -317,6 +341,9 @@ void KServeHttp(const uint8_t* data, size_t size) {
   if (!DispatchAndWait(&request, &response, &view, &external, nullptr, parts.data_field)) return;
   if (external.output != nullptr) {
     expected.CheckBytes(RegionOutput(external, expected.input_bytes));
+  } else if (expected.top_k > 0) {
+    Check(response.request_id() == expected.request_id, "the answer carries the request's id");
+    expected.CheckTopK(response);
   } else {
     Check(response.request_id() == expected.request_id, "the answer carries the request's id");
     expected.CheckBytes(view.data != nullptr
@@ -360,6 +387,26 @@ void KServeGrpc(const uint8_t* data, size_t size, bool in_stream) {
   Check(parsed.outputs_size() == 1 && parsed.raw_output_contents_size() == 1,
         "an answer has one output and one raw_output_contents entry");
   const auto& output = parsed.outputs(0);
+  if (expected.top_k > 0) {
+    // The classification extension: BYTES "<value>:<index>", one per class.
+    Check(output.datatype() == "BYTES", "a classification answer is BYTES");
+    int64_t elements = 1;
+    for (int64_t dim : output.shape()) elements *= dim;
+    absl::string_view bytes = parsed.raw_output_contents(0);
+    int64_t strings = 0;
+    while (!bytes.empty()) {
+      Check(bytes.size() >= 4, "a BYTES element starts with its 4-byte length");
+      uint32_t length = 0;
+      std::memcpy(&length, bytes.data(), 4);
+      Check(bytes.size() - 4 >= length, "a BYTES element fits its tensor");
+      Check(bytes.substr(4, length).find(':') != absl::string_view::npos,
+            "a class reads <value>:<index>");
+      bytes.remove_prefix(4 + length);
+      ++strings;
+    }
+    Check(strings == elements, "a classification answer has one string per element");
+    return;
+  }
   const absl::StatusOr<DType> dtype = kserve::ParseDatatype(output.datatype(), "datatype");
   Check(dtype.ok(), "the output's datatype is FP32, FP16 or BF16");
   std::string bytes = parsed.raw_output_contents(0);
