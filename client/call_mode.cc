@@ -15,7 +15,46 @@
 
 namespace softmax::client {
 
+namespace {
+
+// The rest of RunCallMode for a top K answer: its ranking and --check.
+int FinishTopK(const CallModeOptions& options, const v1::Tensor& input,
+               const v1::SoftmaxResponse& response, const SoftmaxShape& view,
+               absl::Duration round_trip) {
+  if (absl::Status bytes = CheckTopKBytes(response.top_k(), input.dtype(), view, options.top_k);
+      !bytes.ok()) {
+    return ExitWithStatus(kExitRpcFailed,
+                          absl::DataLossError(absl::StrCat("server returned a malformed top K: ",
+                                                           bytes.message())));
+  }
+  std::cout << FormatTopKSummary(response, view, options.top_k, round_trip);
+  if (!options.check) return kExitOk;
+  SoftmaxOptions softmax_options;
+  softmax_options.temperature = options.temperature;
+  softmax_options.log = options.log;
+  const Comparison comparison =
+      CompareTopKWithReference(input, response.top_k(), view, options.top_k, softmax_options);
+  std::cout << "check:      " << comparison.mismatches << " of " << comparison.elements
+            << " top-K values outside |y-ref| <= 1e-6 + " << RelativeTolerance(input.dtype())
+            << "*|ref| or ranked below a left-out index; max abs error "
+            << comparison.max_abs_error << "\n";
+  if (comparison.mismatches > 0) {
+    std::cerr << "softmax-client: check failed at top-K element " << comparison.first_mismatch
+              << ": expected " << comparison.first_expected << ", got "
+              << comparison.first_actual << "\n";
+    return kExitCheckFailed;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
 int RunCallMode(const CallModeOptions& options) {
+  if (options.top_k > 0 && !options.output_path.empty()) {
+    return ExitWithStatus(kExitUsage,
+                          absl::InvalidArgumentError(
+                              "--output: with --top_k there is no whole output to write"));
+  }
   v1::SoftmaxRequest request;
   request.set_request_id(options.request_id);
   if (options.input_path.empty()) {
@@ -36,11 +75,13 @@ int RunCallMode(const CallModeOptions& options) {
   request.set_axis(options.axis);
   request.set_temperature(options.temperature);
   request.set_log(options.log);
+  request.set_top_k(options.top_k);
 
   const v1::Tensor& input = request.input();
   std::cout << "input:      " << FormatShape(ShapeOf(input)) << " " << WireDTypeName(input.dtype())
             << " axis " << options.axis << " temperature " << options.temperature
-            << (options.log ? " log" : "") << (options.call.stream ? " (stream)" : "") << "\n";
+            << (options.log ? " log" : "") << (options.call.stream ? " (stream)" : "")
+            << (options.top_k > 0 ? absl::StrCat(" top_k ", options.top_k) : "") << "\n";
 
   std::shared_ptr<grpc::Channel> channel = CreateChannel(options.channel);
   const absl::Time start = absl::Now();
@@ -52,6 +93,7 @@ int RunCallMode(const CallModeOptions& options) {
   // that lets a bad axis through still prints a summary of the flat output.
   absl::StatusOr<SoftmaxShape> view = ShapeAlongAxis(ShapeOf(input), options.axis);
   if (!view.ok()) return ExitWithStatus(kExitUsage, view.status());
+  if (options.top_k > 0) return FinishTopK(options, input, *response, *view, round_trip);
   if (absl::Status bytes = CheckTensorBytes(response->output()); !bytes.ok()) {
     return ExitWithStatus(kExitRpcFailed,
                           absl::DataLossError(absl::StrCat("server returned a malformed output: ",

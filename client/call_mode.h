@@ -31,6 +31,7 @@ struct CallModeOptions {
   std::string request_id;
   uint64_t seed = 42;               // of the random input
   bool check = false;               // compare with the float64 reference
+  int64_t top_k = 0;                // > 0: ask for the K largest of each row only
 };
 
 // Makes or reads the input, sends it, prints the summary, and writes and

@@ -85,6 +85,7 @@ constexpr FlagModes kFlagModes[] = {
     {"request_id", kCallMode},
     {"wait_for_ready", kCallMode},
     {"check", kCallMode},
+    {"top_k", kCallMode},
     // health.
     {"service", kHealthMode},
     // load.
@@ -184,6 +185,11 @@ SOFTMAX_CLIENT_FLAG(bool, wait_for_ready, false,
 SOFTMAX_CLIENT_FLAG(bool, check, false,
                     "Compare the result with a float64 reference computed here; exit 3 on "
                     "mismatch.");
+SOFTMAX_CLIENT_FLAG(int64_t, top_k, 0,
+                    "K > 0: ask only for the K largest values of each row along --axis and "
+                    "their indices, and print the ranking (value@index, best first; equal "
+                    "values lower index first). With --check, each value is checked against "
+                    "the reference and no left-out index may rank above the K-th.");
 
 // Health.
 SOFTMAX_CLIENT_FLAG(std::string, service, "",
@@ -428,6 +434,7 @@ absl::StatusOr<CallModeOptions> CallModeOptionsFromFlags(const ChannelOptions& c
   }
   options.seed = absl::GetFlag(FLAGS_seed);
   options.check = absl::GetFlag(FLAGS_check);
+  options.top_k = absl::GetFlag(FLAGS_top_k);
   return options;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "kernels/cpu_softmax.h"
 #include "softmax/v1/softmax.pb.h"
@@ -44,6 +45,27 @@ struct Comparison {
 // REQUIRES: input and output have the same dtype, shape and valid bytes.
 Comparison CompareWithReference(const v1::Tensor& input, const v1::Tensor& output,
                                 const SoftmaxShape& view, const SoftmaxOptions& options);
+
+// The answer of a request with top_k = `k`: INVALID_ARGUMENT-free when its
+// values hold rows * k elements of the input's dtype and its indices rows * k
+// int64 in [0, view.n); DATA_LOSS naming what is malformed otherwise.
+absl::Status CheckTopKBytes(const v1::TopK& top_k, v1::DType dtype, const SoftmaxShape& view,
+                            int64_t k);
+
+// A top K checked against ReferenceSoftmax: each returned value within the
+// tolerance of the reference at its index, and no index left out whose
+// reference value exceeds that of the K-th returned index by more than the
+// tolerance. `elements` counts the returned values; a left-out index that
+// should have been returned counts as a mismatch of its row's last rank.
+// REQUIRES: CheckTopKBytes passed.
+Comparison CompareTopKWithReference(const v1::Tensor& input, const v1::TopK& top_k,
+                                    const SoftmaxShape& view, int64_t k,
+                                    const SoftmaxOptions& options);
+
+// The summary softmax-client prints for a top K answer: the ranking of the
+// first rows (value@index, best first), then the server's timing.
+std::string FormatTopKSummary(const v1::SoftmaxResponse& response, const SoftmaxShape& view,
+                              int64_t k, absl::Duration round_trip);
 
 // The multi-line summary softmax-client prints for one response.
 std::string FormatSummary(const v1::SoftmaxResponse& response, const SoftmaxShape& view,

@@ -121,6 +121,22 @@ def test_softmax_matches_the_reference(client, softmax_client, dtype, shape, axi
                  dtype, f"{dtype} {shape} axis={axis} t={temperature} log={log}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_top_k_returns_values_and_indices(client, softmax_client, dtype):
+    array, exact = inputs(dtype, (3, 5, 64), softmax_client, seed=4)
+    values, indices = client.softmax(array, axis=1, top_k=2, log=True)
+    assert values.dtype == array.dtype and values.shape == (3, 2, 64)
+    assert indices.dtype == np.int64 and indices.shape == (3, 2, 64)
+    reference = reference_softmax(exact, axis=1, log=True)
+    picked = np.take_along_axis(reference, indices, axis=1)
+    assert_close(values.astype(np.float64), picked, dtype, "top_k")
+    # The second returned ranks no lower than the reference's second largest
+    # (within one rounding of the dtype: a near tie may go either way).
+    second = np.sort(reference, axis=1)[:, -2]
+    assert np.all(picked[:, 1] >= second - 1e-6 - 1.6e-2 * np.abs(second))
+    assert np.all(values[:, 0].astype(np.float64) >= values[:, 1].astype(np.float64))
+
+
 def test_big_endian_and_strided_inputs(client):
     array = np.arange(24, dtype=">f4").reshape(4, 6)[:, ::2]
     assert_close(client.softmax(array), reference_softmax(array.astype(np.float64)), "float32")

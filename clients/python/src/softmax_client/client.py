@@ -259,10 +259,17 @@ class Client:
         return self._timeout if timeout is None else timeout
 
     def softmax(self, array: np.ndarray, axis: int = -1, temperature: float = 1.0,
-                log: bool = False, *, timeout: Optional[float] = None) -> np.ndarray:
+                log: bool = False, *, top_k: int = 0, timeout: Optional[float] = None
+                ) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
         """softmax(array / temperature) along `axis` (log-softmax when `log`),
         computed by the server in float32 or wider; returns an array of the
         input's shape and dtype.
+
+        With `top_k` = K > 0 only the K largest values of each row along
+        `axis` come back: returns (values, indices), both of the input's
+        shape with that axis K long, values in the input's dtype and indices
+        int64, sorted by value descending, equal values lower index first
+        (the same for a row whatever else the server batched with it).
 
         Raises SoftmaxError with the server's gRPC code: INVALID_ARGUMENT for
         a bad axis or temperature or a tensor over --max_tensor_bytes,
@@ -271,12 +278,17 @@ class Client:
         dtype before anything is sent."""
         array = np.asarray(array)
         request = _request(array, axis, temperature, log)
+        request.top_k = int(top_k)
         try:
             response = self._unary(request, timeout=self._deadline(timeout),
                                    metadata=self._metadata or None,
                                    wait_for_ready=self._wait_for_ready)
         except grpc.RpcError as error:
             raise SoftmaxError(error.code(), error.details() or "") from None
+        if top_k > 0:
+            values = from_tensor(response.top_k.values, array.dtype)
+            indices = np.frombuffer(response.top_k.indices, dtype="<i8").astype(np.int64)
+            return values, indices.reshape(values.shape)
         return from_tensor(response.output, array.dtype)
 
     def stream(self, arrays: Iterable[Union[np.ndarray, Tuple[np.ndarray, Dict[str, Any]]]],

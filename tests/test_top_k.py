@@ -1,0 +1,215 @@
+"""The top K of each row (softmax.v1's top_k, the Open Inference Protocol's
+classification extension): the values and indices against the whole output's
+own ranking (equal values lower index first) and the float64 reference, in
+every dtype, along every axis, unary and on streams; the refusals naming
+top_k; tritonclient's class_count over gRPC and HTTP (JSON and binary)
+giving Triton's "<value>:<index>" strings; softmax-client --top_k."""
+
+import subprocess
+
+import grpc
+import numpy as np
+import pytest
+
+import e2e_util
+from e2e_util import assert_close, decode, reference_softmax, request
+
+try:
+    import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+except ImportError as error:  # pragma: no cover - the venv lacks it
+    raise ImportError("tritonclient is missing from the test venv: run 'make venv'") from error
+
+
+def ranking(values, axis, k):
+    """The first k indices of each row of `values` along `axis` in the
+    promised order: NaN first, then by value descending, equal values lower
+    index first; with the values at those indices."""
+    moved = np.moveaxis(values, axis, -1)
+    rows = moved.reshape(-1, moved.shape[-1])
+    order = np.empty((rows.shape[0], k), dtype=np.int64)
+    index = np.arange(rows.shape[1])
+    for r, row in enumerate(rows):
+        nan = np.isnan(row)
+        order[r] = np.lexsort((index, np.where(nan, 0.0, -row), ~nan))[:k]
+    picked = np.take_along_axis(rows, order, axis=1)
+    shape = moved.shape[:-1] + (k,)
+    return (np.moveaxis(picked.reshape(shape), -1, axis),
+            np.moveaxis(order.reshape(shape), -1, axis))
+
+
+def top_k_of(response):
+    values = decode(response.top_k.values)
+    indices = np.frombuffer(response.top_k.indices, dtype="<i8").reshape(values.shape)
+    return values, indices
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape,axis,k", [((6, 1000), -1, 5), ((3, 17, 4), 1, 17),
+                                          ((9, 5), 0, 2), ((7,), 0, 1)])
+@pytest.mark.parametrize("log", [False, True])
+def test_top_k_is_the_whole_outputs_ranking(stub, dtype, shape, axis, k, log):
+    rng = np.random.default_rng(1)
+    # Rounded to a coarse grid so that rows hold equal values.
+    values = np.round(rng.normal(size=shape) * 8) / 4
+    full = stub.Softmax(request(values, dtype, axis=axis, log=log, top_k=k, full_output=True),
+                        timeout=30)
+    output = decode(full.output)
+    got_values, got_indices = top_k_of(full)
+    want_values, want_indices = ranking(output, axis, k)
+    assert list(full.top_k.values.shape) == list(want_values.shape)
+    np.testing.assert_array_equal(got_indices, want_indices)
+    np.testing.assert_array_equal(got_values, want_values)
+    exact = reference_softmax(decode(request(values, dtype).input), axis=axis, log=log)
+    assert_close(got_values, np.take_along_axis(exact, got_indices, axis=axis), dtype,
+                 f"{dtype} {shape} axis={axis} k={k}")
+
+    only = stub.Softmax(request(values, dtype, axis=axis, log=log, top_k=k), timeout=30)
+    assert not only.HasField("output")
+    assert only.top_k == full.top_k
+
+
+def test_a_scalar_is_a_row_of_one(stub):
+    response = stub.Softmax(request(np.float32(3.0), top_k=1, log=True), timeout=10)
+    assert list(response.top_k.values.shape) == []
+    values, indices = top_k_of(response)
+    assert values == 0.0 and indices == 0
+
+
+def test_ties_come_lower_index_first(stub):
+    values = np.array([[1.0, 3.0, 3.0, 0.0, 3.0], [2.0, 2.0, 2.0, 2.0, 2.0]])
+    response = stub.Softmax(request(values, top_k=4), timeout=10)
+    _, indices = top_k_of(response)
+    np.testing.assert_array_equal(indices, [[1, 2, 4, 0], [0, 1, 2, 3]])
+
+
+def test_a_row_ranks_the_same_whatever_is_batched_beside_it(server, stub):
+    rng = np.random.default_rng(3)
+    row = rng.normal(size=(1, 4096))
+    alone = stub.Softmax(request(row, "bfloat16", top_k=8), timeout=30).top_k
+    others = [rng.normal(size=(int(n), 4096)) for n in rng.integers(1, 40, size=12)]
+    stream = stub.SoftmaxStream(
+        iter([request(x, "bfloat16", request_id=f"o{i}", top_k=8) for i, x in enumerate(others)]
+             + [request(row, "bfloat16", request_id="row", top_k=8)]), timeout=30)
+    answers = {r.request_id: r for r in stream}
+    assert answers["row"].top_k == alone
+    assert all(not r.HasField("error") for r in answers.values())
+
+
+@pytest.mark.parametrize("k", [-1, 33])
+def test_out_of_range_k_is_invalid_naming_top_k(stub, k):
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.Softmax(request(np.zeros((2, 32)), top_k=k), timeout=10)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "top_k" in raised.value.details()
+
+
+def test_stream_answers_top_k_and_errors_per_request(stub):
+    x = np.random.default_rng(0).normal(size=(3, 50))
+    messages = [request(x, request_id="good", top_k=3), request(x, request_id="bad", top_k=51)]
+    answers = {r.request_id: r for r in stub.SoftmaxStream(iter(messages), timeout=10)}
+    assert answers["good"].top_k.values.shape == [3, 3]
+    assert answers["bad"].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "top_k" in answers["bad"].error.message
+
+
+def test_chunked_requests_refuse_top_k(stub):
+    x = np.zeros((4, 256), dtype=np.float32)
+    messages = e2e_util.chunks_of(request(x, request_id="c", top_k=2), 1024)
+    (answer,) = list(stub.SoftmaxStream(iter(messages), timeout=10))
+    assert answer.error.code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    assert "top_k" in answer.error.message
+
+
+# ------------------------------------------------------------ classification
+
+def triton_strings(values, indices):
+    """Triton's classification elements: std::to_string of the value
+    ("%f" of it widened to double) and the index."""
+    return np.array([b"%f:%d" % (float(v), int(i))
+                     for v, i in zip(values.ravel(), indices.ravel())],
+                    dtype=object).reshape(values.shape)
+
+
+def expected_classes(stub, x, model_log, k, dtype="float32", axis=-1):
+    response = stub.Softmax(request(x, dtype, log=model_log, top_k=k, axis=axis), timeout=10)
+    return triton_strings(*top_k_of(response))
+
+
+@pytest.mark.parametrize("model", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("datatype", ["FP32", "FP16"])
+def test_tritonclient_grpc_class_count(server, stub, model, datatype):
+    client = triton_grpc.InferenceServerClient(server.grpc_address)
+    assert "classification" in client.get_server_metadata(as_json=True)["extensions"]
+    x = (np.random.default_rng(5).normal(size=(4, 300)) * 3).astype(np.float32)
+    dtype = {"FP32": "float32", "FP16": "float16"}[datatype]
+    inp = triton_grpc.InferInput("INPUT", list(x.shape), datatype)
+    inp.set_data_from_numpy(x.astype(np.float16) if datatype == "FP16" else x)
+    out = triton_grpc.InferRequestedOutput("OUTPUT", class_count=3)
+    result = client.infer(model, [inp], outputs=[out])
+    got = result.as_numpy("OUTPUT")
+    assert result.get_output("OUTPUT").datatype == "BYTES"
+    assert got.shape == (4, 3)
+    np.testing.assert_array_equal(got, expected_classes(stub, x, model == "log_softmax", 3,
+                                                        dtype))
+    # More classes than the row has: all of them, as Triton answers.
+    out = triton_grpc.InferRequestedOutput("OUTPUT", class_count=1000)
+    assert client.infer(model, [inp], outputs=[out]).as_numpy("OUTPUT").shape == (4, 300)
+    client.close()
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_tritonclient_http_class_count(server, stub, binary):
+    client = triton_http.InferenceServerClient(server.http_address)
+    assert "classification" in client.get_server_metadata()["extensions"]
+    x = np.random.default_rng(6).normal(size=(2, 3, 40)).astype(np.float32)
+    inp = triton_http.InferInput("INPUT", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    out = triton_http.InferRequestedOutput("OUTPUT", binary_data=binary, class_count=4)
+    result = client.infer("softmax", [inp], outputs=[out], parameters={"axis": 1})
+    got = result.as_numpy("OUTPUT")
+    assert result.get_output("OUTPUT")["datatype"] == "BYTES"
+    # Along axis 1, whose 3 elements are fewer than the 4 classes asked.
+    assert got.shape == (2, 3, 40)
+    got = np.vectorize(lambda e: e if isinstance(e, bytes) else e.encode(), otypes=[object])(got)
+    np.testing.assert_array_equal(got, expected_classes(stub, x, False, 3, axis=1))
+    client.close()
+
+
+@pytest.mark.parametrize("parameters,words", [
+    ({"classification": 0}, "classification: expected a class count > 0"),
+    ({"classification": 2, "shared_memory_region": "r", "shared_memory_byte_size": 64},
+     "'classification'"),
+])
+def test_classification_refusals(server, parameters, words):
+    """What tritonclient refuses before sending, sent raw: INVALID_ARGUMENT."""
+    request = service_pb2.ModelInferRequest(model_name="softmax")
+    request.inputs.add(name="INPUT", datatype="FP32", shape=[2, 8])
+    request.raw_input_contents.append(np.zeros((2, 8), dtype="<f4").tobytes())
+    output = request.outputs.add(name="OUTPUT")
+    for name, value in parameters.items():
+        if isinstance(value, str):
+            output.parameters[name].string_param = value
+        else:
+            output.parameters[name].int64_param = value
+    channel = server.channel()
+    with pytest.raises(grpc.RpcError) as raised:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    channel.close()
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in raised.value.details(), raised.value.details()
+
+
+# ------------------------------------------------------------- softmax-client
+
+def test_softmax_client_prints_the_ranking_and_checks_it(server):
+    result = subprocess.run(
+        [e2e_util.CLIENT_BIN, f"--target={server.grpc_address}", "--shape=3,1000",
+         "--dtype=bfloat16", "--top_k=4", "--check"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "top_k:      [3, 4] bfloat16" in result.stdout, result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("row ")]
+    assert len(rows) == 3 and all(line.count("@") == 4 for line in rows), result.stdout
+    assert "check:      0 of 12 top-K values" in result.stdout, result.stdout
