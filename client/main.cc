@@ -85,7 +85,7 @@ constexpr FlagModes kFlagModes[] = {
     {"request_id", kCallMode},
     {"wait_for_ready", kCallMode},
     {"check", kCallMode},
-    {"top_k", kCallMode},
+    {"top_k", kCallMode | kLoadMode},
     // health.
     {"service", kHealthMode},
     // load.
@@ -188,8 +188,9 @@ SOFTMAX_CLIENT_FLAG(bool, check, false,
 SOFTMAX_CLIENT_FLAG(int64_t, top_k, 0,
                     "K > 0: ask only for the K largest values of each row along --axis and "
                     "their indices, and print the ranking (value@index, best first; equal "
-                    "values lower index first). With --check, each value is checked against "
-                    "the reference and no left-out index may rank above the K-th.");
+                    "values lower index first). With --check (call) or --verify (load, "
+                    "softmax.v1 only), each value is checked against the reference and no "
+                    "left-out index may rank above the K-th.");
 
 // Health.
 SOFTMAX_CLIENT_FLAG(std::string, service, "",
@@ -397,6 +398,7 @@ absl::StatusOr<LoadOptions> LoadOptionsFromFlags() {
   options.temperature = absl::GetFlag(FLAGS_temperature);
   options.log = absl::GetFlag(FLAGS_log);
   options.verify = absl::GetFlag(FLAGS_verify);
+  options.top_k = absl::GetFlag(FLAGS_top_k);
   if (absl::GetFlag(FLAGS_timeout_ms) < 0) {
     return absl::InvalidArgumentError("--timeout_ms must be >= 0");
   }

@@ -125,12 +125,19 @@ absl::Status CheckTopKBytes(const v1::TopK& top_k, v1::DType dtype, const Softma
 Comparison CompareTopKWithReference(const v1::Tensor& input, const v1::TopK& top_k,
                                     const SoftmaxShape& view, int64_t k,
                                     const SoftmaxOptions& options) {
+  const auto dtype = static_cast<DType>(input.dtype());
+  std::vector<double> expected(view.elements());
+  if (!expected.empty()) {
+    ReferenceSoftmax(input.data().data(), dtype, view, options, expected.data());
+  }
+  return CompareTopK(expected.data(), dtype, top_k, view, k);
+}
+
+Comparison CompareTopK(const double* expected, DType dtype, const v1::TopK& top_k,
+                       const SoftmaxShape& view, int64_t k) {
   Comparison comparison;
   comparison.elements = view.rows() * k;
   if (comparison.elements == 0) return comparison;
-  const auto dtype = static_cast<DType>(input.dtype());
-  std::vector<double> expected(view.elements());
-  ReferenceSoftmax(input.data().data(), dtype, view, options, expected.data());
   const std::vector<float> values = TensorToFloats(top_k.values());
   const std::vector<int64_t> indices = Indices(top_k);
   const auto mismatch = [&](int64_t at, double want, double got) {

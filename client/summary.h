@@ -61,6 +61,9 @@ absl::Status CheckTopKBytes(const v1::TopK& top_k, v1::DType dtype, const Softma
 Comparison CompareTopKWithReference(const v1::Tensor& input, const v1::TopK& top_k,
                                     const SoftmaxShape& view, int64_t k,
                                     const SoftmaxOptions& options);
+// The same against `expected`, the reference's view.elements() values.
+Comparison CompareTopK(const double* expected, DType dtype, const v1::TopK& top_k,
+                       const SoftmaxShape& view, int64_t k);
 
 // The summary softmax-client prints for a top K answer: the ranking of the
 // first rows (value@index, best first), then the server's timing.

@@ -158,7 +158,9 @@ class LoadRun final : public LoadRunInterface {
     code = ClampCode(code);
     if (code == 0 && options_.verify) {
       stats.verified.fetch_add(1, std::memory_order_relaxed);
-      const std::string problem = CheckLoadOutput(payload, response->output());
+      const std::string problem = payload.request.top_k() > 0
+                                      ? CheckLoadTopK(payload, response->top_k())
+                                      : CheckLoadOutput(payload, response->output());
       if (!problem.empty()) {
         stats.mismatches.fetch_add(1, std::memory_order_relaxed);
         std::lock_guard<std::mutex> lock(mismatch_mutex_);
@@ -185,7 +187,10 @@ class LoadRun final : public LoadRunInterface {
       stats.ok.fetch_add(1, std::memory_order_relaxed);
       stats.rows.fetch_add(payload.rows, std::memory_order_relaxed);
       stats.payload_bytes.fetch_add(
-          payload.tensor_bytes + static_cast<int64_t>(response->output().data().size()),
+          payload.tensor_bytes +
+              static_cast<int64_t>(response->output().data().size() +
+                                   response->top_k().values().data().size() +
+                                   response->top_k().indices().size()),
           std::memory_order_relaxed);
       if (response->has_timing()) {
         const v1::Timing& timing = response->timing();

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/load/http_wire.h"
+#include "client/summary.h"
 #include "client/tensor.h"
 #include "kernels/dtype.h"
 
@@ -39,6 +40,14 @@ absl::StatusOr<std::vector<LoadPayload>> BuildLoadPayloads(const LoadOptions& op
       if (options.axis != -1) payload.request.set_axis(options.axis);
       if (options.temperature != 1.0f) payload.request.set_temperature(options.temperature);
       payload.request.set_log(options.log);
+      if (options.top_k > 0) {
+        if (options.top_k > view->n) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--top_k=", options.top_k, " is larger than the axis of ",
+              FormatLoadShape(shape), " (", view->n, ")"));
+        }
+        payload.request.set_top_k(options.top_k);
+      }
       payload.view = *view;
       payload.rows = view->rows();
       payload.tensor_bytes = bytes;
@@ -90,6 +99,22 @@ absl::StatusOr<std::vector<LoadPayload>> BuildLoadPayloads(const LoadOptions& op
     schedule->push_back(static_cast<uint32_t>(first + uses[best]++ % count));
   }
   return payloads;
+}
+
+std::string CheckLoadTopK(const LoadPayload& payload, const v1::TopK& top_k) {
+  const int64_t k = payload.request.top_k();
+  const v1::DType dtype = payload.request.input().dtype();
+  if (absl::Status bytes = CheckTopKBytes(top_k, dtype, payload.view, k); !bytes.ok()) {
+    return std::string(bytes.message());
+  }
+  const Comparison comparison =
+      CompareTopK(payload.expected.data(), static_cast<DType>(dtype), top_k, payload.view, k);
+  if (comparison.mismatches == 0) return "";
+  return absl::StrFormat(
+      "%d of %d top-K values out of tolerance or ranked below a left-out index; first: "
+      "top-K element %d is %.9g, reference %.9g",
+      comparison.mismatches, comparison.elements, comparison.first_mismatch,
+      comparison.first_actual, comparison.first_expected);
 }
 
 std::string CheckLoadOutput(const LoadPayload& payload, const v1::Tensor& output) {

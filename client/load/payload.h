@@ -75,6 +75,10 @@ absl::StatusOr<std::vector<LoadPayload>> BuildLoadPayloads(const LoadOptions& op
 // REQUIRES: `payload` was built with options.verify.
 std::string CheckLoadOutput(const LoadPayload& payload, const v1::Tensor& output);
 
+// The same for the answer of a payload with top_k: its values and indices
+// by CompareTopK's rule (client/summary.h).
+std::string CheckLoadTopK(const LoadPayload& payload, const v1::TopK& top_k);
+
 }  // namespace softmax::client
 
 #endif  // SOFTMAX_CLIENT_LOAD_PAYLOAD_H_

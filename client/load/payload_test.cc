@@ -2,6 +2,7 @@
 // protocol, the weighted schedule, and CheckLoadOutput's verdicts.
 #include "client/load/payload.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
@@ -175,6 +176,63 @@ TEST_F(CheckLoadOutputTest, RefusesAnotherDtypeShapeOrSize) {
   wrong = correct_;
   wrong.mutable_data()->resize(398);
   EXPECT_EQ(CheckLoadOutput(payload(), wrong), "398 data bytes instead of 400");
+}
+
+// The top 3 of each row of `output` ([4, 50] bfloat16), best first.
+v1::TopK TopThree(const v1::Tensor& output) {
+  v1::TopK top_k;
+  top_k.mutable_values()->set_dtype(output.dtype());
+  top_k.mutable_values()->add_shape(4);
+  top_k.mutable_values()->add_shape(3);
+  for (int row = 0; row < 4; ++row) {
+    std::vector<int64_t> order(50);
+    for (int64_t j = 0; j < 50; ++j) order[j] = j;
+    const auto at = [&](int64_t j) {
+      return LoadAsFloat(output.data().data(), DType::kBFloat16, row * 50 + j);
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return at(a) > at(b); });
+    for (int j = 0; j < 3; ++j) {
+      top_k.mutable_values()->mutable_data()->append(output.data(), 2 * (row * 50 + order[j]), 2);
+      top_k.mutable_indices()->append(reinterpret_cast<const char*>(&order[j]), 8);
+    }
+  }
+  return top_k;
+}
+
+TEST_F(CheckLoadOutputTest, TopKAnswersAreCheckedByValueAndRank) {
+  options_.top_k = 3;
+  std::vector<uint32_t> schedule;
+  absl::StatusOr<std::vector<LoadPayload>> payloads = BuildLoadPayloads(options_, "", &schedule);
+  ASSERT_TRUE(payloads.ok()) << payloads.status();
+  const LoadPayload& payload = (*payloads)[0];
+  EXPECT_EQ(payload.request.top_k(), 3);
+  const v1::TopK correct = TopThree(correct_);
+  EXPECT_EQ(CheckLoadTopK(payload, correct), "");
+
+  // Row 0's third answer replaced by its worst element, value and index:
+  // each value is right, but a better one was left out.
+  v1::TopK wrong = correct;
+  int64_t worst = 0;
+  for (int64_t j = 1; j < 50; ++j) {
+    if (LoadAsFloat(correct_.data().data(), DType::kBFloat16, j) <
+        LoadAsFloat(correct_.data().data(), DType::kBFloat16, worst)) {
+      worst = j;
+    }
+  }
+  wrong.mutable_values()->mutable_data()->replace(4, 2, correct_.data(), 2 * worst, 2);
+  wrong.mutable_indices()->replace(16, 8, reinterpret_cast<const char*>(&worst), 8);
+  const std::string problem = CheckLoadTopK(payload, wrong);
+  EXPECT_NE(problem.find("ranked below a left-out index"), std::string::npos) << problem;
+
+  wrong = correct;
+  wrong.mutable_indices()->resize(8);
+  EXPECT_NE(CheckLoadTopK(payload, wrong).find("expected 12 values and indices"),
+            std::string::npos);
+
+  options_.top_k = 51;
+  EXPECT_EQ(BuildLoadPayloads(options_, "", &schedule).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
