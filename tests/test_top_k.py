@@ -1,7 +1,7 @@
 """The top K of each row (softmax.v1's top_k, the Open Inference Protocol's
 classification extension): the values and indices against the whole output's
 own ranking (equal values lower index first) and the float64 reference, in
-every dtype, along every axis, unary and on streams; the refusals naming
+every dtype, along every axis, unary, on streams and in chunks; the refusals naming
 top_k; tritonclient's class_count over gRPC and HTTP (JSON and binary)
 giving Triton's "<value>:<index>" strings; softmax-client --top_k."""
 
@@ -114,12 +114,24 @@ def test_stream_answers_top_k_and_errors_per_request(stub):
     assert "top_k" in answers["bad"].error.message
 
 
-def test_chunked_requests_refuse_top_k(stub):
-    x = np.zeros((4, 256), dtype=np.float32)
-    messages = e2e_util.chunks_of(request(x, request_id="c", top_k=2), 1024)
+def test_chunked_requests_answer_top_k_in_one_message(stub):
+    x = np.random.default_rng(2).normal(size=(4, 256)).astype(np.float32)
+    whole = stub.Softmax(request(x, top_k=3), timeout=10)
+    messages = e2e_util.chunks_of(request(x, request_id="c", top_k=3), 1024)
+    assert len(messages) == 4
     (answer,) = list(stub.SoftmaxStream(iter(messages), timeout=10))
-    assert answer.error.code == grpc.StatusCode.UNIMPLEMENTED.value[0]
-    assert "top_k" in answer.error.message
+    assert not answer.HasField("error") and not answer.more_chunks
+    assert not answer.HasField("output") and answer.top_k == whole.top_k
+
+    # With full_output: the output's chunks, the first carrying the top K.
+    messages = e2e_util.chunks_of(request(x, request_id="f", top_k=3, full_output=True), 1024)
+    answers = list(stub.SoftmaxStream(iter(messages), timeout=10))
+    assert answers[0].top_k == whole.top_k
+    assert not any(a.HasField("top_k") for a in answers[1:])
+    assert answers[-1].more_chunks is False
+    data = b"".join(a.output.data for a in sorted(answers, key=lambda a: a.chunk_offset))
+    full = stub.Softmax(request(x), timeout=10)
+    assert data == full.output.data
 
 
 # ------------------------------------------------------------ classification

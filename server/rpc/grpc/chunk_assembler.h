@@ -123,11 +123,6 @@ class ChunkAssembler {
     }
     absl::StatusOr<ParsedRequest> header = ParseRequestHeader(*request, limits_);
     if (!header.ok()) return Fail(request, header.status());
-    if (header->top_k != 0) {
-      return Fail(request, absl::UnimplementedError(
-                               "top_k: not served on chunked requests; send the tensor in one "
-                               "message, or ask for the whole output"));
-    }
     const int64_t total = header->bytes;
     const int64_t first = static_cast<int64_t>(request->input().data().size());
     if (first > total) return Fail(request, Beyond(id, 0, first, total));
@@ -237,8 +232,8 @@ class ChunkAssembler {
     if (header_fields) {
       problem = absl::StrCat("chunk at chunk_offset ", offset, " of request_id \"",
                              Printable(id),
-                             "\": input.dtype, input.shape, axis, temperature and log belong "
-                             "on the first chunk only");
+                             "\": input.dtype, input.shape, axis, temperature, log, top_k and "
+                             "full_output belong on the first chunk only");
     } else if (offset != assembly.received) {
       problem = absl::StrCat("chunk_offset: ", offset, " for request_id \"", Printable(id),
                              "\", expected ", assembly.received,

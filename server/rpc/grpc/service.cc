@@ -174,7 +174,8 @@ class SoftmaxStreamHandler {
     if (!status.ok()) {
       entry.view = OutputView{};
       SetError(entry, status);
-    } else if (entry.response_chunk_bytes > 0) {
+    } else if (entry.response_chunk_bytes > 0 && entry.response.has_output()) {
+      // A top K without full_output is one message, however its input came.
       if (absl::Status chunked = SerializeChunks(entry); chunked.ok()) {
         Record(entry, status);
         return true;
