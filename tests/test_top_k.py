@@ -18,6 +18,7 @@ try:
     import tritonclient.grpc as triton_grpc
     import tritonclient.http as triton_http
     from tritonclient.grpc import service_pb2, service_pb2_grpc
+    from tritonclient.utils import InferenceServerException
 except ImportError as error:  # pragma: no cover - the venv lacks it
     raise ImportError("tritonclient is missing from the test venv: run 'make venv'") from error
 
@@ -211,6 +212,35 @@ def test_classification_refusals(server, parameters, words):
     channel.close()
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert words in raised.value.details(), raised.value.details()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http-binary", "http-json"])
+def test_kserve_top_k_parameter_answers_numeric_tensors(server, stub, protocol):
+    x = (np.random.default_rng(8).normal(size=(5, 200)) * 2).astype(np.float32)
+    want = stub.Softmax(request(x, "float16", top_k=4, log=True), timeout=10)
+    want_values, want_indices = top_k_of(want)
+    if protocol == "grpc":
+        client, module = triton_grpc.InferenceServerClient(server.grpc_address), triton_grpc
+        outputs = [module.InferRequestedOutput("TOP_K_INDICES"),
+                   module.InferRequestedOutput("TOP_K_VALUES")]
+    else:
+        client, module = triton_http.InferenceServerClient(server.http_address), triton_http
+        binary = protocol == "http-binary"
+        outputs = [module.InferRequestedOutput("TOP_K_INDICES", binary_data=binary),
+                   module.InferRequestedOutput("TOP_K_VALUES", binary_data=binary)]
+    inp = module.InferInput("INPUT", list(x.shape), "FP16")
+    inp.set_data_from_numpy(x.astype(np.float16))
+    result = client.infer("log_softmax", [inp], outputs=outputs, parameters={"top_k": 4})
+    indices, values = result.as_numpy("TOP_K_INDICES"), result.as_numpy("TOP_K_VALUES")
+    assert indices.dtype == np.int64 and values.dtype == np.float16
+    np.testing.assert_array_equal(indices, want_indices)
+    np.testing.assert_array_equal(values.astype(np.float64), want_values)
+    # OUTPUT is not answered with top_k.
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("log_softmax", [inp], outputs=[module.InferRequestedOutput("OUTPUT")],
+                     parameters={"top_k": 4})
+    assert "outputs[0].name" in str(raised.value)
+    client.close()
 
 
 # ------------------------------------------------------------- softmax-client

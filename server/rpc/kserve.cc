@@ -102,13 +102,7 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
     return absl::InvalidArgumentError(absl::StrCat(
         "inputs: the model takes exactly one input tensor, got ", parts->input_count));
   }
-  for (size_t i = 0; i < parts->requested_outputs.size(); ++i) {
-    if (parts->requested_outputs[i] != kOutputName) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "outputs[", i, "].name: unknown output \"", parts->requested_outputs[i],
-          "\" (the model has one output, \"", kOutputName, "\")"));
-    }
-  }
+  if (absl::Status outputs = AnswerOutputs(*parts).status(); !outputs.ok()) return outputs;
   absl::StatusOr<DType> dtype = ParseDatatype(parts->input_datatype, "inputs[0].datatype");
   if (!dtype.ok()) return dtype.status();
 
@@ -154,6 +148,13 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
     }
     out->set_top_k(top_k);
   }
+  if (parts->top_k.has_value()) {
+    if (*parts->top_k < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameters.top_k: must be >= 0, got ", *parts->top_k));
+    }
+    out->set_top_k(*parts->top_k);  // over the axis: Dispatch names top_k
+  }
   out->set_log(IsLog(*model));
   out->set_request_id(parts->id);
   v1::Tensor* input = out->mutable_input();
@@ -161,6 +162,43 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
   input->mutable_shape()->Add(parts->input_shape.begin(), parts->input_shape.end());
   input->mutable_data()->swap(parts->input_data);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<AnswerOutput>> AnswerOutputs(const InferRequestParts& parts) {
+  const bool top_k = parts.top_k.value_or(0) > 0;
+  if (top_k && parts.classification.has_value()) {
+    return absl::InvalidArgumentError(
+        "parameters.top_k: not with an output's classification parameter; ask for one");
+  }
+  std::vector<AnswerOutput> outputs;
+  for (size_t i = 0; i < parts.requested_outputs.size(); ++i) {
+    const std::string& name = parts.requested_outputs[i];
+    if (name == kOutputName && !top_k) {
+      outputs.push_back(parts.classification.has_value() ? AnswerOutput::kClassification
+                                                          : AnswerOutput::kOutput);
+    } else if ((name == kTopKValuesName || name == kTopKIndicesName) && top_k) {
+      outputs.push_back(name == kTopKValuesName ? AnswerOutput::kTopKValues
+                                                : AnswerOutput::kTopKIndices);
+    } else if (name == kOutputName || name == kTopKValuesName || name == kTopKIndicesName) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outputs[", i, "].name: \"", name, "\" ",
+          top_k ? "is not answered with parameters.top_k (ask for TOP_K_VALUES and "
+                  "TOP_K_INDICES)"
+                : "needs the request parameter top_k > 0"));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outputs[", i, "].name: unknown output \"", name, "\" (the model has one output, \"",
+          kOutputName, "\", and with parameters.top_k \"", kTopKValuesName, "\" and \"",
+          kTopKIndicesName, "\")"));
+    }
+  }
+  if (outputs.empty()) {
+    if (top_k) return std::vector<AnswerOutput>{AnswerOutput::kTopKValues,
+                                                AnswerOutput::kTopKIndices};
+    outputs.push_back(parts.classification.has_value() ? AnswerOutput::kClassification
+                                                        : AnswerOutput::kOutput);
+  }
+  return outputs;
 }
 
 std::string ClassificationString(float value, int64_t index) {
@@ -267,6 +305,7 @@ absl::Status RenameInputFields(const absl::Status& status, absl::string_view dat
                          {"input.dtype", "inputs[0].datatype"},
                          {"output.region", "outputs[0].parameters.shared_memory_byte_size"}});
   if (absl::StartsWith(message, "input:")) message = absl::StrCat("inputs[0]", message.substr(5));
+  if (absl::StartsWith(message, "top_k:")) message = absl::StrCat("parameters.", message);
   return absl::InvalidArgumentError(message);
 }
 

@@ -43,6 +43,11 @@ namespace softmax::server::kserve {
 inline constexpr char kServerName[] = "softmax-serve";
 inline constexpr char kInputName[] = "INPUT";
 inline constexpr char kOutputName[] = "OUTPUT";
+// With the request parameter top_k: the K largest values of each row along
+// the axis (the output's datatype) and their indices (INT64), shaped as the
+// input with the axis K long, as softmax.v1's top_k answers them.
+inline constexpr char kTopKValuesName[] = "TOP_K_VALUES";
+inline constexpr char kTopKIndicesName[] = "TOP_K_INDICES";
 inline constexpr char kModelVersion[] = "1";
 inline constexpr char kPlatform[] = "softmax-serve";
 // The extensions always served (Triton's names); see Extensions().
@@ -125,7 +130,25 @@ struct InferRequestParts {
   // The requested output's `classification` parameter (Triton's
   // classification extension): answer the top K of each row as BYTES.
   std::optional<int64_t> classification;
+  // The request parameter `top_k`: answer TOP_K_VALUES and TOP_K_INDICES.
+  std::optional<int64_t> top_k;
 };
+
+// What one output of an answer holds.
+enum class AnswerOutput {
+  kOutput,          // OUTPUT: the whole softmax
+  kClassification,  // OUTPUT as BYTES "<value>:<index>" (classification)
+  kTopKValues,      // TOP_K_VALUES
+  kTopKIndices,     // TOP_K_INDICES
+};
+
+// The outputs the answer to `parts` carries, in order: OUTPUT (as
+// classification with that parameter) by default; with parameter top_k
+// (> 0), TOP_K_VALUES and TOP_K_INDICES, or those of them the request
+// names, in its order. INVALID_ARGUMENT naming the field for an unknown
+// output, a TOP_K_* output without top_k, OUTPUT with top_k, or top_k
+// with classification.
+absl::StatusOr<std::vector<AnswerOutput>> AnswerOutputs(const InferRequestParts& parts);
 
 // Looks up `parts`' regions in `shared_memory` (may be null: none served)
 // and fills `external` for Dispatch; `leases` keep the regions mapped until
@@ -168,6 +191,7 @@ std::string SerializeBytesTensor(const std::vector<std::string>& elements);
 // Renames the softmax.v1 fields in a validation message (from
 // Dispatch) to the KServe ones: `input.data` to
 // `data_field`, `input.shape` to `inputs[0].shape`, `input` to `inputs[0]`,
+// `top_k` to `parameters.top_k`,
 // `output.region` to the output's shared_memory_byte_size.
 absl::Status RenameInputFields(const absl::Status& status, absl::string_view data_field);
 

@@ -86,6 +86,40 @@ TEST(KServeTest, ClassificationAsksForAtMostTheRowsLength) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(KServeTest, TopKAnswersTheRequestedTopKOutputs) {
+  using Kind = AnswerOutput;
+  InferRequestParts parts = GoodParts();
+  EXPECT_EQ(*AnswerOutputs(parts), std::vector<Kind>{Kind::kOutput});
+  parts.classification = 2;
+  EXPECT_EQ(*AnswerOutputs(parts), std::vector<Kind>{Kind::kClassification});
+  parts = GoodParts();
+  parts.top_k = 2;
+  EXPECT_EQ(*AnswerOutputs(parts), (std::vector<Kind>{Kind::kTopKValues, Kind::kTopKIndices}));
+  parts.requested_outputs = {kTopKIndicesName};
+  EXPECT_EQ(*AnswerOutputs(parts), std::vector<Kind>{Kind::kTopKIndices});
+  Model model;
+  v1::SoftmaxRequest request;
+  ASSERT_TRUE(BuildSoftmaxRequest(&parts, &model, &request).ok());
+  EXPECT_EQ(request.top_k(), 2);
+  EXPECT_FALSE(request.full_output());
+  for (auto [top_k, output] : {std::pair<int64_t, const char*>{2, kOutputName},
+                               {0, kTopKValuesName}, {0, "LOGITS"}}) {
+    parts = GoodParts();
+    if (top_k > 0) parts.top_k = top_k;
+    parts.requested_outputs = {output};
+    const absl::Status status = BuildSoftmaxRequest(&parts, &model, &request);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << output;
+    EXPECT_NE(status.message().find("outputs[0].name"), absl::string_view::npos) << status;
+  }
+  parts = GoodParts();
+  parts.top_k = -1;
+  EXPECT_NE(BuildSoftmaxRequest(&parts, &model, &request).message().find("parameters.top_k"),
+            absl::string_view::npos);
+  EXPECT_EQ(RenameInputFields(absl::InvalidArgumentError("top_k: must be in [0, 3]"), "x")
+                .message(),
+            "parameters.top_k: must be in [0, 3]");
+}
+
 TEST(KServeTest, ClassificationStringsAreTritons) {
   // std::to_string of the value: "%f", six decimals.
   EXPECT_EQ(ClassificationString(0.5f, 3), "0.500000:3");

@@ -58,6 +58,11 @@ absl::Status ReadParameters(const inference::ModelInferRequest& request,
         return absl::InvalidArgumentError("parameters.axis: expected an int64 parameter");
       }
       parts->axis = value.int64_param();
+    } else if (name == "top_k") {
+      if (value.parameter_choice_case() != inference::InferParameter::kInt64Param) {
+        return absl::InvalidArgumentError("parameters.top_k: expected an int64 parameter");
+      }
+      parts->top_k = value.int64_param();
     } else if (name == "temperature") {
       if (value.parameter_choice_case() == inference::InferParameter::kDoubleParam) {
         parts->temperature = value.double_param();
@@ -159,6 +164,7 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request,
       kserve::BindRegions(parts, shared_memory, &call->external, &call->leases));
   call->has_external = parts.input_region.has_value() || parts.output_region.has_value();
   call->output_region = parts.output_region;
+  call->outputs = *kserve::AnswerOutputs(parts);  // checked by BuildSoftmaxRequest
   return absl::OkStatus();
 }
 
@@ -183,12 +189,33 @@ OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out
     return OutputView{};
   }
   if (call->response.has_top_k()) {
-    // The classification extension: BYTES "<value>:<index>" (kserve.h).
+    // Classification (BYTES "<value>:<index>"), or TOP_K_VALUES and
+    // TOP_K_INDICES (kserve.h): small, copied.
+    out->clear_outputs();
     const v1::TopK& top_k = call->response.top_k();
-    output->set_datatype("BYTES");
-    output->mutable_shape()->CopyFrom(top_k.values().shape());
-    *out->add_raw_output_contents() =
-        kserve::SerializeBytesTensor(kserve::ClassificationStrings(top_k));
+    for (kserve::AnswerOutput kind : call->outputs) {
+      auto* tensor = out->add_outputs();
+      tensor->mutable_shape()->CopyFrom(top_k.values().shape());
+      std::string* raw = out->add_raw_output_contents();
+      switch (kind) {
+        case kserve::AnswerOutput::kOutput:  // not with a top K
+        case kserve::AnswerOutput::kClassification:
+          tensor->set_name(kserve::kOutputName);
+          tensor->set_datatype("BYTES");
+          *raw = kserve::SerializeBytesTensor(kserve::ClassificationStrings(top_k));
+          break;
+        case kserve::AnswerOutput::kTopKValues:
+          tensor->set_name(kserve::kTopKValuesName);
+          tensor->set_datatype(kserve::DatatypeName(dtype));
+          *raw = top_k.values().data();
+          break;
+        case kserve::AnswerOutput::kTopKIndices:
+          tensor->set_name(kserve::kTopKIndicesName);
+          tensor->set_datatype("INT64");
+          *raw = top_k.indices();
+          break;
+      }
+    }
     return OutputView{};
   }
   if (call->view.data != nullptr) return std::move(call->view);

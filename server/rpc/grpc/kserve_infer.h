@@ -47,6 +47,8 @@ struct InferCall {
   bool has_external = false;
   ExternalTensors external;
   std::optional<kserve::RegionRef> output_region;
+  // The answer's outputs (kserve::AnswerOutputs).
+  std::vector<kserve::AnswerOutput> outputs = {kserve::AnswerOutput::kOutput};
   std::vector<std::shared_ptr<const void>> leases;
   std::shared_ptr<const void> held;  // its share of the memory budget
   grpc::CallbackServerContext* context = nullptr;  // the call's; for the access log

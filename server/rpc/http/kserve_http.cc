@@ -295,6 +295,11 @@ absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_lengt
           return absl::InvalidArgumentError("parameters.temperature: expected a number");
         }
         parts->temperature = value.get<double>();
+      } else if (name == "top_k") {
+        if (!value.is_number_integer()) {
+          return absl::InvalidArgumentError("parameters.top_k: expected an integer");
+        }
+        parts->top_k = value.get<int64_t>();
       } else if (name == "binary_data_output") {
         if (!value.is_boolean()) {
           return absl::InvalidArgumentError("parameters.binary_data_output: expected a boolean");
@@ -518,19 +523,54 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
                  {"shape", std::vector<int64_t>(call->request.input().shape().begin(),
                                                 call->request.input().shape().end())}};
   Reply reply;
+  Json outputs = Json::array();
   if (call->response.has_top_k()) {
-    // The classification extension: BYTES "<value>:<index>" (kserve.h).
+    // Classification (BYTES "<value>:<index>"), or TOP_K_VALUES and
+    // TOP_K_INDICES (kserve.h); binary data follows in the outputs' order.
     const v1::TopK& top_k = call->response.top_k();
-    output["datatype"] = "BYTES";
-    output["shape"] = std::vector<int64_t>(top_k.values().shape().begin(),
-                                           top_k.values().shape().end());
-    std::vector<std::string> elements = kserve::ClassificationStrings(top_k);
-    if (options.binary_output) {
-      reply.binary = kserve::SerializeBytesTensor(elements);
-      output["parameters"] = {{"binary_data_size", reply.binary.size()}};
-      reply.binary_reply = true;
-    } else {
-      output["data"] = std::move(elements);
+    const std::vector<int64_t> shape(top_k.values().shape().begin(),
+                                     top_k.values().shape().end());
+    // Checked by BuildSoftmaxRequest.
+    const std::vector<kserve::AnswerOutput> kinds = *kserve::AnswerOutputs(parts);
+    for (kserve::AnswerOutput kind : kinds) {
+      Json tensor = {{"shape", shape}};
+      std::string binary;
+      if (kind == kserve::AnswerOutput::kTopKValues) {
+        tensor["name"] = kserve::kTopKValuesName;
+        tensor["datatype"] = kserve::DatatypeName(dtype);
+        if (options.binary_output) {
+          binary = top_k.values().data();
+        } else {
+          tensor["data"] = OutputJsonData(top_k.values().data().data(),
+                                          static_cast<int64_t>(top_k.values().data().size()),
+                                          dtype);
+        }
+      } else if (kind == kserve::AnswerOutput::kTopKIndices) {
+        tensor["name"] = kserve::kTopKIndicesName;
+        tensor["datatype"] = "INT64";
+        if (options.binary_output) {
+          binary = top_k.indices();
+        } else {
+          std::vector<int64_t> indices(top_k.indices().size() / sizeof(int64_t));
+          std::memcpy(indices.data(), top_k.indices().data(), top_k.indices().size());
+          tensor["data"] = std::move(indices);
+        }
+      } else {
+        tensor["name"] = kserve::kOutputName;
+        tensor["datatype"] = "BYTES";
+        std::vector<std::string> elements = kserve::ClassificationStrings(top_k);
+        if (options.binary_output) {
+          binary = kserve::SerializeBytesTensor(elements);
+        } else {
+          tensor["data"] = std::move(elements);
+        }
+      }
+      if (options.binary_output) {
+        tensor["parameters"] = {{"binary_data_size", binary.size()}};
+        reply.binary += binary;
+        reply.binary_reply = true;
+      }
+      outputs.push_back(std::move(tensor));
     }
   } else if (const auto& region = parts.output_region) {
     // Written into the caller's region: no data in the response.
@@ -545,9 +585,10 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
   } else {
     output["data"] = OutputJsonData(out_data, out_bytes, dtype);
   }
+  if (outputs.empty()) outputs.push_back(std::move(output));
   Json response = {{"model_name", kserve::ModelName(*model)},
                    {"model_version", kserve::kModelVersion},
-                   {"outputs", Json::array({output})}};
+                   {"outputs", std::move(outputs)}};
   if (!call->request.request_id().empty()) response["id"] = call->request.request_id();
   reply.body = response.dump();
   RequestTiming timing;

@@ -384,29 +384,44 @@ void KServeGrpc(const uint8_t* data, size_t size, bool in_stream) {
   } else {
     Check(parsed.ParseFromString(BufferBytes(wire)), "the answer parses back");
   }
+  if (expected.top_k > 0) {
+    // Classification (BYTES "<value>:<index>", one per class), or the
+    // TOP_K_VALUES / TOP_K_INDICES tensors, each as large as its shape.
+    Check(parsed.outputs_size() >= 1 &&
+              parsed.raw_output_contents_size() == parsed.outputs_size(),
+          "a top K answer has one raw_output_contents entry per output");
+    for (int i = 0; i < parsed.outputs_size(); ++i) {
+      const auto& output = parsed.outputs(i);
+      int64_t elements = 1;
+      for (int64_t dim : output.shape()) elements *= dim;
+      absl::string_view bytes = parsed.raw_output_contents(i);
+      if (output.datatype() == "INT64") {
+        Check(static_cast<int64_t>(bytes.size()) == 8 * elements, "one index per element");
+        continue;
+      }
+      if (output.datatype() != "BYTES") {
+        Check(output.datatype() == kserve::DatatypeName(static_cast<DType>(expected.dtype)),
+              "the top K values have the input's datatype");
+        continue;
+      }
+      int64_t strings = 0;
+      while (!bytes.empty()) {
+        Check(bytes.size() >= 4, "a BYTES element starts with its 4-byte length");
+        uint32_t length = 0;
+        std::memcpy(&length, bytes.data(), 4);
+        Check(bytes.size() - 4 >= length, "a BYTES element fits its tensor");
+        Check(bytes.substr(4, length).find(':') != absl::string_view::npos,
+              "a class reads <value>:<index>");
+        bytes.remove_prefix(4 + length);
+        ++strings;
+      }
+      Check(strings == elements, "a classification answer has one string per element");
+    }
+    return;
+  }
   Check(parsed.outputs_size() == 1 && parsed.raw_output_contents_size() == 1,
         "an answer has one output and one raw_output_contents entry");
   const auto& output = parsed.outputs(0);
-  if (expected.top_k > 0) {
-    // The classification extension: BYTES "<value>:<index>", one per class.
-    Check(output.datatype() == "BYTES", "a classification answer is BYTES");
-    int64_t elements = 1;
-    for (int64_t dim : output.shape()) elements *= dim;
-    absl::string_view bytes = parsed.raw_output_contents(0);
-    int64_t strings = 0;
-    while (!bytes.empty()) {
-      Check(bytes.size() >= 4, "a BYTES element starts with its 4-byte length");
-      uint32_t length = 0;
-      std::memcpy(&length, bytes.data(), 4);
-      Check(bytes.size() - 4 >= length, "a BYTES element fits its tensor");
-      Check(bytes.substr(4, length).find(':') != absl::string_view::npos,
-            "a class reads <value>:<index>");
-      bytes.remove_prefix(4 + length);
-      ++strings;
-    }
-    Check(strings == elements, "a classification answer has one string per element");
-    return;
-  }
   const absl::StatusOr<DType> dtype = kserve::ParseDatatype(output.datatype(), "datatype");
   Check(dtype.ok(), "the output's datatype is FP32, FP16 or BF16");
   std::string bytes = parsed.raw_output_contents(0);
