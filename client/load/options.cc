@@ -172,10 +172,8 @@ absl::Status ValidateLoadOptions(const LoadOptions& options) {
     return absl::InvalidArgumentError("--chunk_bytes needs --protocol=softmax.v1");
   }
   if (options.top_k < 0) return absl::InvalidArgumentError("--top_k must be >= 0");
-  if (options.top_k > 0 &&
-      (options.protocol != LoadProtocol::kSoftmaxV1 || options.chunk_bytes > 0)) {
-    return absl::InvalidArgumentError(
-        "--top_k needs --protocol=softmax.v1 without --chunk_bytes");
+  if (options.top_k > 0 && options.protocol != LoadProtocol::kSoftmaxV1) {
+    return absl::InvalidArgumentError("--top_k needs --protocol=softmax.v1");
   }
   if (options.protocol == LoadProtocol::kHttp) {
     if (absl::Status target = ParseHttpTarget(options.target).status(); !target.ok()) {

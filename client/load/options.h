@@ -122,7 +122,7 @@ struct LoadOptions {
   float temperature = 1.0f;
   bool log = false;
   // > 0: ask for the K largest values of each row only (softmax.v1's top_k;
-  // kSoftmaxV1 without chunk_bytes), and verify those.
+  // kSoftmaxV1 only), and verify those.
   int64_t top_k = 0;
   // Check every response against a float64 CPU reference (precomputed per
   // payload) with |y - ref| <= 1e-6 + rtol * |ref|. Costs client CPU.
