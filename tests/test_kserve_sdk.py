@@ -5,8 +5,9 @@ KServe calls a predictor: server liveness and readiness, model readiness (a
 served model is ready, an unknown one is not), inference of `softmax` and
 `log_softmax` in FP32 (raw and typed / JSON tensors) and FP16 (raw or
 binary; the SDK sends FP16 no other way) against the float64 reference,
-the `axis` and `temperature` parameters, and the SDK's errors for an
-unknown model and invalid parameters.
+the `axis` and `temperature` parameters, the top K (parameter top_k, and an
+output's classification), and the SDK's errors for an unknown model and
+invalid parameters.
 
 The SDK has no BF16 (no NumPy type for it, and its gRPC response decoding
 rejects the datatype), and its gRPC parameters are bool, int64 or string
@@ -221,3 +222,41 @@ def test_invalid_parameters(server, parameters, field):
     status, message = rest_error(server, make_request("softmax", VALUES, "float32",
                                                       parameters=dict(parameters)))
     assert status == 400 and field in message, message
+
+
+# ------------------------------------------------------------------- top K
+
+def ranking(output, k):
+    """The first k indices of each row (last axis) in the promised order:
+    by value descending, equal values lower index first."""
+    index = np.arange(output.shape[-1])
+    return np.stack([np.lexsort((index, -row))[:k] for row in output])
+
+
+@pytest.mark.parametrize("transport", ["grpc", "rest"])
+def test_top_k_and_classification(server, transport):
+    """The request parameter top_k (TOP_K_VALUES, TOP_K_INDICES) and an
+    output's classification parameter, as the SDK sends them, against the
+    whole output's own ranking."""
+    from kserve.protocol.infer_type import RequestedOutput
+    values = e2e_util.representable(np.random.default_rng(9).normal(0, 3, size=(4, 200)),
+                                    "float32")
+    whole = infer(server, transport, make_request("softmax", values, "float32"))
+    output = whole.outputs[0].as_numpy()
+    want = ranking(output, 3)
+
+    request = make_request("softmax", values, "float32", parameters={"top_k": 3})
+    request.request_outputs = [RequestedOutput("TOP_K_VALUES"), RequestedOutput("TOP_K_INDICES")]
+    response = infer(server, transport, request)
+    assert [o.name for o in response.outputs] == ["TOP_K_VALUES", "TOP_K_INDICES"]
+    np.testing.assert_array_equal(response.outputs[1].as_numpy(), want)
+    np.testing.assert_array_equal(response.outputs[0].as_numpy(),
+                                  np.take_along_axis(output, want, axis=1))
+
+    request = make_request("softmax", values, "float32")
+    request.request_outputs = [RequestedOutput("OUTPUT", parameters={"classification": 3})]
+    response = infer(server, transport, request)
+    assert response.outputs[0].datatype == "BYTES"
+    strings = [s.decode() if isinstance(s, bytes) else s
+               for s in np.asarray(response.outputs[0].as_numpy()).ravel()]
+    assert strings == [f"{float(output[r, i]):f}:{i}" for r in range(4) for i in want[r]]
