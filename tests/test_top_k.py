@@ -5,6 +5,7 @@ every dtype, along every axis, unary, on streams and in chunks; the refusals nam
 top_k; tritonclient's class_count over gRPC and HTTP (JSON and binary)
 giving Triton's "<value>:<index>" strings; softmax-client --top_k."""
 
+import queue
 import subprocess
 
 import grpc
@@ -170,6 +171,31 @@ def test_tritonclient_grpc_class_count(server, stub, model, datatype):
     out = triton_grpc.InferRequestedOutput("OUTPUT", class_count=1000)
     assert client.infer(model, [inp], outputs=[out]).as_numpy("OUTPUT").shape == (4, 300)
     client.close()
+
+
+def test_tritonclient_stream_class_count_and_top_k(server, stub):
+    """ModelStreamInfer answers classification and top_k as ModelInfer does."""
+    x = np.random.default_rng(10).normal(size=(3, 64)).astype(np.float32)
+    client = triton_grpc.InferenceServerClient(server.grpc_address)
+    results = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    inp = triton_grpc.InferInput("INPUT", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    client.async_stream_infer("softmax", [inp], request_id="c",
+                              outputs=[triton_grpc.InferRequestedOutput("OUTPUT", class_count=2)])
+    client.async_stream_infer("softmax", [inp], request_id="k", parameters={"top_k": 2},
+                              outputs=[triton_grpc.InferRequestedOutput("TOP_K_INDICES")])
+    answers = {}
+    for _ in range(2):
+        result, error = results.get(timeout=10)
+        assert error is None, error
+        answers[result.get_response().id] = result
+    client.stop_stream()
+    client.close()
+    want = expected_classes(stub, x, False, 2)
+    np.testing.assert_array_equal(answers["c"].as_numpy("OUTPUT"), want)
+    _, indices = top_k_of(stub.Softmax(request(x, top_k=2), timeout=10))
+    np.testing.assert_array_equal(answers["k"].as_numpy("TOP_K_INDICES"), indices)
 
 
 @pytest.mark.parametrize("binary", [True, False])
