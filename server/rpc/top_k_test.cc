@@ -86,30 +86,38 @@ TEST(TopKTest, EveryKOfRandomRowsWithNansTiesAndAnInnerAxisMatchesASort) {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> pick(0, 99);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const int64_t outer = 3, n = 1000, inner = 2;
-  std::vector<float> data(outer * n * inner);
-  for (float& x : data) {
-    const int p = pick(rng);
-    // Mostly distinct values, some ties, a few NaN and infinities.
-    x = p == 0 ? nan : p == 1 ? -INFINITY : p < 20 ? 0.25f : static_cast<float>(rng()) / 4e9f;
-  }
-  for (int64_t k : {1, 2, 7, 64, 333, 999, 1000}) {
-    std::vector<float> values(outer * k * inner);
-    std::vector<int64_t> indices(outer * k * inner);
-    SelectTopK(data.data(), DType::kFloat32, SoftmaxShape{outer, n, inner}, k, values.data(),
-               indices.data());
-    for (int64_t o = 0; o < outer; ++o) {
-      for (int64_t i = 0; i < inner; ++i) {
-        std::vector<int64_t> order(n);
-        for (int64_t j = 0; j < n; ++j) order[j] = j;
-        const auto at = [&](int64_t j) { return data[(o * n + j) * inner + i]; };
-        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-          if (std::isnan(at(a)) != std::isnan(at(b))) return std::isnan(at(a));
-          return at(a) > at(b);
-        });
-        for (int64_t j = 0; j < k; ++j) {
-          ASSERT_EQ(indices[(o * k + j) * inner + i], order[j])
-              << "k " << k << " row " << o << "," << i << " rank " << j;
+  // Contiguous rows (scanned in blocks) and rows along an inner axis.
+  for (int64_t inner : {1, 2}) {
+    const int64_t outer = 3, n = 1000;
+    std::vector<float> data(outer * n * inner);
+    for (float& x : data) {
+      const int p = pick(rng);
+      // Mostly distinct values, some ties, a few NaN and infinities.
+      x = p == 0 ? nan : p == 1 ? -INFINITY : p < 20 ? 0.25f : static_cast<float>(rng()) / 4e9f;
+    }
+    // Row 0 has no NaN, so that its bar is a number when a larger value comes late.
+    for (int64_t j = 0; j < n * inner; ++j) {
+      if (std::isnan(data[j])) data[j] = 0.5f;
+    }
+    data[(n - 1) * inner] = 2.0f;
+    for (int64_t k : {1, 2, 7, 64, 333, 999, 1000}) {
+      std::vector<float> values(outer * k * inner);
+      std::vector<int64_t> indices(outer * k * inner);
+      SelectTopK(data.data(), DType::kFloat32, SoftmaxShape{outer, n, inner}, k, values.data(),
+                 indices.data());
+      for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t i = 0; i < inner; ++i) {
+          std::vector<int64_t> order(n);
+          for (int64_t j = 0; j < n; ++j) order[j] = j;
+          const auto at = [&](int64_t j) { return data[(o * n + j) * inner + i]; };
+          std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+            if (std::isnan(at(a)) != std::isnan(at(b))) return std::isnan(at(a));
+            return at(a) > at(b);
+          });
+          for (int64_t j = 0; j < k; ++j) {
+            ASSERT_EQ(indices[(o * k + j) * inner + i], order[j])
+                << "inner " << inner << " k " << k << " row " << o << "," << i << " rank " << j;
+          }
         }
       }
     }
