@@ -137,6 +137,16 @@ def test_top_k_returns_values_and_indices(client, softmax_client, dtype):
     assert np.all(values[:, 0].astype(np.float64) >= values[:, 1].astype(np.float64))
 
 
+def test_stream_answers_top_k_requests_with_top_k(client):
+    x = np.random.default_rng(5).normal(size=(3, 500)).astype(np.float32)
+    results = {r.index: r for r in client.stream([(x, {"top_k": 3, "log": True}), x])}
+    values, indices = client.softmax(x, top_k=3, log=True)
+    assert results[0].output is None and results[0].error is None
+    np.testing.assert_array_equal(results[0].top_k[0], values)
+    np.testing.assert_array_equal(results[0].top_k[1], indices)
+    assert results[1].top_k is None and results[1].output.shape == x.shape
+
+
 def test_big_endian_and_strided_inputs(client):
     array = np.arange(24, dtype=">f4").reshape(4, 6)[:, ::2]
     assert_close(client.softmax(array), reference_softmax(array.astype(np.float64)), "float32")

@@ -105,13 +105,15 @@ REOPEN_PATIENCE_S = 10.0
 @dataclasses.dataclass
 class StreamResult:
     """One answer on a stream: `index` is the request's position in the
-    iterable given to Client.stream; exactly one of `output` and `error` is
-    set."""
+    iterable given to Client.stream; exactly one of `output`, `top_k` (a
+    request with top_k: (values, indices), as Client.softmax returns them)
+    and `error` is set."""
 
     index: int
     output: Optional[np.ndarray]
     error: Optional[SoftmaxError]
     timing: Any = None  # softmax.v1.Timing of the batch it rode in
+    top_k: Optional[Tuple[np.ndarray, np.ndarray]] = None
 
 
 def service_config(retry: Optional[RetryPolicy], load_balancing: str) -> str:
@@ -286,9 +288,7 @@ class Client:
         except grpc.RpcError as error:
             raise SoftmaxError(error.code(), error.details() or "") from None
         if top_k > 0:
-            values = from_tensor(response.top_k.values, array.dtype)
-            indices = np.frombuffer(response.top_k.indices, dtype="<i8").astype(np.int64)
-            return values, indices.reshape(values.shape)
+            return _top_k_arrays(response.top_k, array.dtype)
         return from_tensor(response.output, array.dtype)
 
     def stream(self, arrays: Iterable[Union[np.ndarray, Tuple[np.ndarray, Dict[str, Any]]]],
@@ -296,7 +296,8 @@ class Client:
         """Sends every array on a SoftmaxStream and yields a StreamResult per
         array as answers arrive (the server may answer out of order; `index`
         says which request each is). An item is an array or (array, kwargs)
-        with kwargs among axis / temperature / log. A bad request gets a
+        with kwargs among axis / temperature / log / top_k (its result then
+        carries `top_k` instead of `output`). A bad request gets a
         result carrying its error and the stream goes on.
 
         A stream the server ends with UNAVAILABLE (its maximum stream age, a
@@ -443,6 +444,9 @@ class StreamResults:
                                         data=b"".join(parts))
             response = first
         dtype = feed.answered(index)
+        if response.HasField("top_k"):
+            return StreamResult(index, None, None, response.timing,
+                                _top_k_arrays(response.top_k, dtype))
         return StreamResult(index, from_tensor(output, dtype), None, response.timing)
 
 
@@ -560,7 +564,16 @@ def _chunks(request: "softmax_pb2.SoftmaxRequest",
 
 
 def _request(array: np.ndarray, axis: int = -1, temperature: float = 1.0, log: bool = False,
-             request_id: str = "") -> "softmax_pb2.SoftmaxRequest":
+             request_id: str = "", top_k: int = 0) -> "softmax_pb2.SoftmaxRequest":
     return softmax_pb2.SoftmaxRequest(request_id=request_id, input=to_tensor(array),
                                       axis=int(axis), temperature=float(temperature),
-                                      log=bool(log))
+                                      log=bool(log), top_k=int(top_k))
+
+
+def _top_k_arrays(top_k: "softmax_pb2.TopK",
+                  like: np.dtype) -> Tuple[np.ndarray, np.ndarray]:
+    """(values, indices) of a softmax.v1 TopK: values in the caller's dtype,
+    indices int64, both of the values' shape."""
+    values = from_tensor(top_k.values, like)
+    indices = np.frombuffer(top_k.indices, dtype="<i8").astype(np.int64)
+    return values, indices.reshape(values.shape)
