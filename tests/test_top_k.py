@@ -5,6 +5,7 @@ every dtype, along every axis, unary, on streams and in chunks; the refusals nam
 top_k; tritonclient's class_count over gRPC and HTTP (JSON and binary)
 giving Triton's "<value>:<index>" strings; softmax-client --top_k."""
 
+import concurrent.futures
 import queue
 import subprocess
 
@@ -86,17 +87,32 @@ def test_ties_come_lower_index_first(stub):
     np.testing.assert_array_equal(indices, [[1, 2, 4, 0], [0, 1, 2, 3]])
 
 
-def test_a_row_ranks_the_same_whatever_is_batched_beside_it(server, stub):
-    rng = np.random.default_rng(3)
-    row = rng.normal(size=(1, 4096))
-    alone = stub.Softmax(request(row, "bfloat16", top_k=8), timeout=30).top_k
-    others = [rng.normal(size=(int(n), 4096)) for n in rng.integers(1, 40, size=12)]
-    stream = stub.SoftmaxStream(
-        iter([request(x, "bfloat16", request_id=f"o{i}", top_k=8) for i, x in enumerate(others)]
-             + [request(row, "bfloat16", request_id="row", top_k=8)]), timeout=30)
-    answers = {r.request_id: r for r in stream}
-    assert answers["row"].top_k == alone
-    assert all(not r.HasField("error") for r in answers.values())
+@pytest.mark.parametrize("dtype,shape", [("bfloat16", (64, 32000)), ("float16", (8, 4096)),
+                                         ("float32", (3, 131072))])
+def test_top_k_is_the_same_whatever_is_batched_beside_it(device_server, dtype, shape):
+    """A tensor's top K alone, then flooded on four streams at once among
+    random companions of its row length: the same bytes every time, on the
+    CPU and (where there is one) the GPU."""
+    x = np.random.default_rng(11).normal(size=shape) * 3
+    channel = device_server.channel()
+    stub = e2e_util.softmax_pb2_grpc.SoftmaxServiceStub(channel)
+    alone = stub.Softmax(request(x, dtype, top_k=8), timeout=60).top_k
+
+    def flood(seed):
+        rng = np.random.default_rng(seed)
+        messages = []
+        for i in range(6):
+            companion = rng.normal(size=(int(rng.integers(1, 32)), shape[-1])) * 3
+            messages.append(request(companion, dtype, request_id=f"o{i}", top_k=8))
+            messages.append(request(x, dtype, request_id=f"x{i}", top_k=8))
+        return list(stub.SoftmaxStream(iter(messages), timeout=120))
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = [a for stream in pool.map(flood, range(4)) for a in stream]
+    channel.close()
+    assert len(answers) == 48 and not any(a.HasField("error") for a in answers)
+    differing = [a.request_id for a in answers if a.request_id[0] == "x" and a.top_k != alone]
+    assert differing == [], f"{len(differing)} of 24 answers differ from the tensor's alone"
 
 
 @pytest.mark.parametrize("k", [-1, 33])
