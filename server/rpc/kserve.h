@@ -8,7 +8,9 @@
 // Models: `softmax` and `log_softmax` (and their `_fp16` / `_bf16`
 // variants, see Model), version "1" (an empty version means "1"). One input of any name (metadata calls it INPUT), FP32 / FP16 / BF16,
 // any shape; one output, OUTPUT, of the input's type and shape. Request
-// parameters `axis` (int64, default -1) and `temperature` (double, default 1).
+// parameters `axis` (int64, default -1), `temperature` (double, default 1)
+// and `top_k` (TOP_K_VALUES and TOP_K_INDICES instead of OUTPUT); an
+// output's `classification` (Triton's extension) answers OUTPUT as BYTES.
 //
 // Errors are absl::Status values naming the KServe field: INVALID_ARGUMENT
 // for a bad request (the softmax.v1 checks, with `input.*` renamed to the
