@@ -86,7 +86,7 @@ test: build venv
 # tests of hostile input against that server. A finding fails the run
 # (tests/conftest.py collects the servers' reports). CI's second step.
 ASAN_BUILD_DIR ?= build-asan
-ASAN_E2E ?= abuse|security|validation|kserve_http|kserve_grpc|stream|shutdown
+ASAN_E2E ?= abuse|security|validation|kserve_http|kserve_grpc|stream|shutdown|top_k
 test-asan: export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=0:halt_on_error=1:strict_string_checks=1
 test-asan: export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 test-asan: deps $(VENV)/.ready $(VENV)/.tritonclient
