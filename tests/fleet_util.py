@@ -171,6 +171,13 @@ def make_cpu_limit(name, cpus):
         return None
 
 
+def cpu_stat(cgroup):
+    """{name: value} of a cgroup's cpu.stat (v1 and v2 both count
+    nr_throttled: the periods in which it ran out of its quota)."""
+    with open(os.path.join(cgroup, "cpu.stat")) as f:
+        return {name: int(value) for name, value in (line.split() for line in f)}
+
+
 def remove_cpu_limit(folder):
     for _ in range(50):
         try:

@@ -35,8 +35,6 @@ on a 2-core host beside it.
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -320,51 +318,6 @@ SLOW_P99_WITHIN_S = 2.0
 SLOW_MAX_WITHIN_S = PER_TRY_TIMEOUT_S + 1.5
 
 
-def _cpu_stat(cgroup):
-    """{name: value} of a cgroup's cpu.stat (v1 and v2 both count
-    nr_throttled: the periods in which it ran out of its quota)."""
-    with open(os.path.join(cgroup, "cpu.stat")) as f:
-        return {name: int(value) for name, value in (line.split() for line in f)}
-
-
-def _process_cpu_s(pid):
-    """User + system CPU seconds of a process (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def test_cpu_limit_holds_a_process_to_its_share():
-    """make_cpu_limit, on whichever cgroup version the host has (v1's
-    cpu.cfs_quota_us, or v2's cpu.max under a cgroup.subtree_control that
-    hands the cpu controller down): a process spinning on a core inside it
-    gets its share of a core and no more."""
-    share = 0.2
-    folder = fleet_util.make_cpu_limit(
-        f"{fleet_util.NAMESPACE_PREFIX}{os.getpid()}-share", share)
-    if folder is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("no cgroup can hold a process to a share of a core (CI=true)")
-        pytest.skip("no cgroup can hold a process to a share of a core here")
-    version = "v1" if folder.startswith(fleet_util.CGROUP_CPU_V1) else "v2"
-    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        with open(os.path.join(folder, "cgroup.procs"), "w") as f:
-            f.write(str(spin.pid))
-        started, cpu_before = time.monotonic(), _process_cpu_s(spin.pid)
-        time.sleep(2)
-        used = (_process_cpu_s(spin.pid) - cpu_before) / (time.monotonic() - started)
-        throttled = _cpu_stat(folder).get("nr_throttled", 0)
-    finally:
-        spin.kill()
-        spin.wait()
-        fleet_util.remove_cpu_limit(folder)
-    print(f"cgroup {version} ({folder}): a spinning process held to {share} core used "
-          f"{used:.3f} core, throttled in {throttled} periods")
-    assert throttled > 0
-    assert 0.02 < used <= 1.5 * share, used
-
-
 def test_slow_replica_fails_no_call():
     with fleet_util.start_fleet(3) as fleet:
         print(f"fleet: {fleet.mode} ({fleet.mode_note})")
@@ -379,7 +332,7 @@ def test_slow_replica_fails_no_call():
             if cgroup is None:
                 pytest.skip("no cgroup can hold a replica to a share of a core here")
             time.sleep(SLOW_FOR_S)
-            throttled = _cpu_stat(cgroup).get("nr_throttled")
+            throttled = fleet_util.cpu_stat(cgroup).get("nr_throttled")
             flags = host_flags(fleet, victim)
             counts = [r.requests_total() - c for r, c in zip(fleet.replicas, counts_before)]
         finally:
