@@ -5,7 +5,9 @@ turns float32 inputs into what a bfloat16 tensor carries.
 The contract, elementwise: |y - ref| <= ATOL + RTOL[dtype] * |ref|, NaN
 exactly where the reference is NaN, infinities equal. RTOL is per type of
 the output tensor: a half type rounds each output to 11 (float16) or 8
-(bfloat16) significant bits. Needs only NumPy.
+(bfloat16) significant bits. Needs only NumPy; softmax() and
+outside_tolerance() also take torch tensors (the GPU benchmarks under
+kernels/bench check outputs of hundreds of MiB where they lie).
 """
 
 import numpy as np
@@ -14,17 +16,27 @@ RTOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 ATOL = 1e-6
 
 
+def _is_torch(x):
+    return type(x).__module__.split(".")[0] == "torch"
+
+
 def softmax(x, axis=-1, temperature=1.0, log=False):
     """float64 softmax (log-softmax with log=True) of `x` over `axis`, with
     torch's semantics: a row holding NaN, or only -inf, gives NaN. The
-    temperature is rounded to float32 first, as the wire carries it."""
+    temperature is rounded to float32 first, as the wire carries it. A torch
+    tensor gives a float64 tensor on its own device (torch's softmax, whose
+    semantics these are); anything else a NumPy array."""
+    temperature = np.float64(np.float32(temperature))
+    if _is_torch(x):
+        z = x.double() / float(temperature)
+        return z.log_softmax(dim=axis) if log else z.softmax(dim=axis)
     x = np.asarray(x, dtype=np.float64)
     if x.ndim == 0:
         return softmax(x.reshape(1), 0, temperature, log).reshape(())
     if x.size == 0:
         return x.copy()
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        z = x / np.float64(np.float32(temperature))
+        z = x / temperature
         m = np.max(z, axis=axis, keepdims=True)
         shifted = z - m
         total = np.sum(np.exp(shifted), axis=axis, keepdims=True)
@@ -54,6 +66,24 @@ def mismatch(actual, expected, dtype):
     i = int(np.argmax(error - bound))
     return (f"{int(bad.sum())} of {int(finite.sum())} elements outside tolerance; worst "
             f"|{actual[finite][i]} - {expected[finite][i]}| = {error[i]} > {bound[i]}")
+
+
+def outside_tolerance(actual, expected, dtype):
+    """How many elements of `actual` break the contract against `expected`
+    (outputs of `dtype`): both NumPy arrays, or both torch tensors on one
+    device, of one shape. The count where mismatch() would need the whole
+    sentence (and a copy to the host)."""
+    if not _is_torch(expected):
+        actual = np.asarray(actual, dtype=np.float64)
+        expected = np.asarray(expected, dtype=np.float64)
+    else:
+        actual = actual.double()
+    with np.errstate(invalid="ignore"):
+        ok = ((actual == expected)
+              | ((abs(actual - expected) <= ATOL + RTOL[dtype] * abs(expected))
+                 & (abs(expected) != float("inf")))
+              | ((actual != actual) & (expected != expected)))
+    return int((~ok).sum())
 
 
 def assert_close(actual, expected, dtype, what=""):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Times builds of the library side by side on a named set of shapes; bits against the first.
 
-    python3 kernels/bench/ab_shapes.py SET A.so B.so ...
+    python3 -m kernels.bench.ab_shapes SET A.so B.so ...
 
 SET is `unaligned` (rows that do not start on 16 bytes, with aligned controls),
 `split` (long rows of the split path, one to sixteen at a time), `cached` (aligned rows
@@ -25,8 +25,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import softmax_bench as sb  # noqa: E402
+from kernels.bench import softmax_bench as sb
 
 # (dtype, rows, n[, 0 for softmax over dim 0 of [rows, n]]) or (dtype, (shape), dim)
 SETS = {
@@ -134,7 +133,7 @@ def compare(shapes, libs):
             dt, dims, dim = entry[0], entry[1:3], entry[3] if len(entry) > 3 else 1
         dim %= len(dims)
         outer, n, inner = math.prod(dims[:dim]), dims[dim], math.prod(dims[dim + 1:])
-        torch_dtype, code, rtol = sb.DTYPES[dt]
+        torch_dtype, code = sb.DTYPES[dt]
         x = torch.randn(*dims, device="cuda").to(torch_dtype)
         nbytes = x.numel() * x.element_size()
         cells, first, kernels = [], None, ""
@@ -144,7 +143,7 @@ def compare(shapes, libs):
             kernels = kernels or (run.kernels or "")
             run()
             torch.cuda.synchronize()
-            _, bad = sb.check(y, x, dim, rtol)
+            _, bad = sb.check(y, x, dim, dt)
             diff = 0 if first is None else int((bits(y) != bits(first)).sum())
             if first is None:
                 first = y.clone()

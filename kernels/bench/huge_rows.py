@@ -1,25 +1,23 @@
 #!/usr/bin/env python3
 """Two-pass huge rows: one launch of all rows against a launch per row.
 
-    python3 kernels/bench/huge_rows.py LIB.so
+    python3 -m kernels.bench.huge_rows LIB.so
 
 One launch runs pass 1 over every row, then pass 2; a launch per row runs each row's
 pass 2 right after its pass 1 (its tail still in L2). Same bits either way (parts of
 fixed size; checked). Prints GB/s (2 x bytes / time) of a copy and of each, with the
 fraction of copy. Timer: softmax_bench.py's (median, L2 flushed). Needs a GPU and torch.
 """
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import softmax_bench as sb  # noqa: E402
+from kernels.bench import softmax_bench as sb
 
 lib = sb.Ours(sys.argv[1] if len(sys.argv) > 1 else "build/lib/libsoftmax_kernels_c.so")
 for dt in ["float32", "float16"]:
     for rows, n in [(16, 1 << 24), (4, 1 << 26), (1, 1 << 24), (8, 1 << 23)]:
-        torch_dtype, code, rtol = sb.DTYPES[dt]
+        torch_dtype, code = sb.DTYPES[dt]
         x = torch.randn(rows, n, device="cuda").to(torch_dtype)
         y = torch.empty_like(x)
         y2 = torch.empty_like(x)

@@ -3,19 +3,17 @@
 then the launch between cudaProfilerStart/Stop (profile it with
 `ncu --profile-from-start off`).
 
-    python3 kernels/bench/ncu_launch.py LIB DTYPE M N [INNER]
+    python3 -m kernels.bench.ncu_launch LIB DTYPE M N [INNER]
 
 LIB: libsoftmax_kernels_c.so; DTYPE: float32, float16 or bfloat16; an M x N
 tensor of standard normal values, softmax over its last axis; with INNER, an
 M x N x INNER tensor, softmax over N (INNER > 1: a non-last axis).
 """
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import softmax_bench  # noqa: E402
+from kernels.bench import softmax_bench
 
 
 def main():
@@ -23,7 +21,7 @@ def main():
         sys.exit(__doc__)
     lib, dtype_name, m, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     inner = int(sys.argv[5]) if len(sys.argv) == 6 else 1
-    torch_dtype, code, _ = softmax_bench.DTYPES[dtype_name]
+    torch_dtype, code = softmax_bench.DTYPES[dtype_name]
     x = torch.randn(m, n, inner, device="cuda", dtype=torch_dtype)
     y = torch.empty_like(x)
     run, _ = softmax_bench.Ours(lib).prepare(code, [(x, y, m, n, inner)])

@@ -4,8 +4,9 @@
 #
 #   kernels/bench/run_h200.sh DIR [WHEELS_DIR ...]
 #
-# DIR holds softmax_cuda_test, libsoftmax_kernels_c.so and softmax_bench.py
-# (each may be xz-compressed as NAME.xz). Each WHEELS_DIR holds *.whl files
+# DIR holds softmax_cuda_test and libsoftmax_kernels_c.so (each may be
+# xz-compressed as NAME.xz); the benchmark is this checkout's
+# (python3 -m kernels.bench.softmax_bench, the checkout on PYTHONPATH). Each WHEELS_DIR holds *.whl files
 # and *.tar.xz archives of installed files (a wheel too large for one
 # transfer, unpacked and recompressed), or their parts NAME.part-aa, -ab, ...
 # which are joined first; all are installed offline into /tmp/peers_site
@@ -18,6 +19,7 @@
 set -u
 DIR=${1:?usage: run_h200.sh DIR [WHEELS_DIR ...]}
 shift
+root=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
@@ -67,8 +69,11 @@ if [ "${TESTS:-1}" != "0" ]; then
   grep -E "Failure|problem .* path" "$OUT/gtest.log" | head -20
 fi
 if [ "${BENCH:-1}" != "0" ]; then
-  "$PY" "$DIR/softmax_bench.py" --lib "$DIR/libsoftmax_kernels_c.so" --out "$OUT" \
-    ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  lib=$(cd "$DIR" && pwd)/libsoftmax_kernels_c.so
+  out=$(mkdir -p "$OUT" && cd "$OUT" && pwd)
+  (cd "$root" && PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" \
+    "$PY" -m kernels.bench.softmax_bench --lib "$lib" --out "$out" ${BENCH_ARGS:-}) \
+    > "$OUT/bench.log" 2>&1
   echo "softmax_bench exit code $?"
   grep -v "^  " "$OUT/bench.log" | tail -80
 fi

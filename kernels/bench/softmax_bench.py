@@ -14,12 +14,12 @@ Providers:
   copy           y.copy_(x): the ceiling
 
 Usage (on the GPU machine; see kernels/README.md):
-    python3 kernels/bench/softmax_bench.py --lib build/lib/libsoftmax_kernels_c.so --out DIR
+    python3 -m kernels.bench.softmax_bench --lib build/lib/libsoftmax_kernels_c.so --out DIR
 
 GB/s = 2 * M * N * itemsize / median time (bytes read once + written once).
-Every provider is validated against a float64 torch reference on fresh random
-normal inputs before it is timed (|y - ref| <= 1e-6 + rtol |ref|, rtol 1e-5 /
-2e-3 / 1.6e-2); one that fails is recorded as invalid and not timed. A peer
+Every provider is validated against the float64 reference on fresh random
+normal inputs before it is timed (bench.lib.reference's contract: |y - ref| <=
+1e-6 + rtol |ref|, rtol 1e-5 / 2e-3 / 1.6e-2); one that fails is recorded as invalid and not timed. A peer
 that cannot be imported, or raises for a point, is recorded as
 "unsupported: <reason>" for that point; the run goes on.
 
@@ -55,8 +55,11 @@ import torch
 import triton
 import triton.language as tl
 
-DTYPES = {"float32": (torch.float32, 1, 1e-5), "float16": (torch.float16, 2, 2e-3),
-          "bfloat16": (torch.bfloat16, 3, 1.6e-2)}
+from bench.lib import reference
+
+# dtype name -> (torch dtype, the C entry point's dtype code)
+DTYPES = {"float32": (torch.float32, 1), "float16": (torch.float16, 2),
+          "bfloat16": (torch.bfloat16, 3)}
 SWEEP_N = [32, 128, 512, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 262144, 1048576]
 TRITON_MAX_N = 16384
 
@@ -145,14 +148,10 @@ def median_ms(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
-def check(y, x, dim, rtol):
-    """True when every element is within tolerance of the float64 reference."""
-    ref = torch.softmax(x.double(), dim=dim)
-    got = y.double()
-    ok = (got - ref).abs() <= 1e-6 + rtol * ref.abs()
-    ok |= torch.isnan(ref) & torch.isnan(got)
-    bad = int((~ok).sum())
-    del ref, got, ok
+def check(y, x, dim, dtype_name):
+    """(valid, elements outside tolerance) of `y` against the float64
+    reference of softmax(x) along `dim`, computed on the GPU."""
+    bad = reference.outside_tolerance(y, reference.softmax(x, axis=dim), dtype_name)
     return bad == 0, bad
 
 
@@ -280,7 +279,7 @@ def ninja_on_path():
     its binary in ninja-*.data/scripts/ without the execute bit: copy it out, onto PATH."""
     if shutil.which("ninja"):
         return
-    for entry in sys.path:
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         for found in glob.glob(os.path.join(entry or ".", "ninja-*.data", "scripts", "ninja")):
             bindir = tempfile.mkdtemp(prefix="ninja-")
             shutil.copy(found, os.path.join(bindir, "ninja"))
@@ -347,7 +346,7 @@ def setup_peers(names):
 VARIANTS = {}  # name -> Ours, extra builds timed beside "ours" (--variant)
 
 
-def run_provider(name, fn, x, y, dim, rtol, fresh, nbytes, row, log_lines, label):
+def run_provider(name, fn, x, y, dim, dtype_name, fresh, nbytes, row, log_lines, label):
     """Validates fn on fresh inputs, then times it; records <name>_gbps/_ms/_status."""
     row[f"{name}_gbps"] = None
     try:
@@ -355,7 +354,7 @@ def run_provider(name, fn, x, y, dim, rtol, fresh, nbytes, row, log_lines, label
         fresh()
         out = fn()
         torch.cuda.synchronize()
-        valid, bad = check(out if out is not None else y, x, dim, rtol)
+        valid, bad = check(out if out is not None else y, x, dim, dtype_name)
         del out
     except Exception as e:  # noqa: BLE001
         if not torch.cuda.is_available():
@@ -373,7 +372,7 @@ def run_provider(name, fn, x, y, dim, rtol, fresh, nbytes, row, log_lines, label
 
 
 def measure_point(ours, case, dtype_name, shape, dim, log_lines, results):
-    torch_dtype, code, rtol = DTYPES[dtype_name]
+    torch_dtype, code = DTYPES[dtype_name]
     x = torch.randn(shape, device="cuda", dtype=torch.float32).to(torch_dtype)
     y = torch.empty_like(x)
     nbytes = x.numel() * x.element_size()
@@ -391,7 +390,7 @@ def measure_point(ours, case, dtype_name, shape, dim, log_lines, results):
     run_ours, paths = ours.prepare(code, [(x, y, outer, axis_n, inner)])
     row["ours_path"] = ",".join(PATH_NAMES[p] for p in paths)
     row["ours_kernels"] = run_ours.kernels
-    run_provider("ours", lambda: (run_ours(), y)[1], x, y, dim, rtol, fresh, nbytes, row,
+    run_provider("ours", lambda: (run_ours(), y)[1], x, y, dim, dtype_name, fresh, nbytes, row,
                  log_lines, label)
     for name in PEERS:
         factory = FACTORIES.get(name)
@@ -405,10 +404,10 @@ def measure_point(ours, case, dtype_name, shape, dim, log_lines, results):
         except Exception as e:  # noqa: BLE001 - Unsupported, or a peer's own error
             row[f"{name}_gbps"], row[f"{name}_status"] = None, "unsupported: " + short_error(e)
             continue
-        run_provider(name, fn, x, y, dim, rtol, fresh, nbytes, row, log_lines, label)
+        run_provider(name, fn, x, y, dim, dtype_name, fresh, nbytes, row, log_lines, label)
     for vname, vlib in VARIANTS.items():
         run_v = vlib.prepare(code, [(x, y, outer, axis_n, inner)])[0]
-        run_provider(f"variant_{vname}", lambda: (run_v(), y)[1], x, y, dim, rtol, fresh,
+        run_provider(f"variant_{vname}", lambda: (run_v(), y)[1], x, y, dim, dtype_name, fresh,
                      nbytes, row, log_lines, label)
     ms = median_ms(lambda: y.copy_(x))
     row["copy_gbps"] = gbps(nbytes, ms)
@@ -420,7 +419,7 @@ def measure_point(ours, case, dtype_name, shape, dim, log_lines, results):
 
 
 def measure_ragged(ours, dtype_name, log_lines, results, seed=0):
-    torch_dtype, code, rtol = DTYPES[dtype_name]
+    torch_dtype, code = DTYPES[dtype_name]
     rng = random.Random(seed)
     shapes = [(rng.randint(1, 63), rng.randint(16, 20000)) for _ in range(64)]
     xs = [torch.randn(s, device="cuda", dtype=torch.float32).to(torch_dtype) for s in shapes]
@@ -445,7 +444,7 @@ def measure_ragged(ours, dtype_name, log_lines, results, seed=0):
         out = fn()
         torch.cuda.synchronize()
         outs = out if name == "torch" else ys
-        bad = sum(check(o, x, -1, rtol)[1] for o, x in zip(outs, xs))
+        bad = sum(check(o, x, -1, dtype_name)[1] for o, x in zip(outs, xs))
         ms = median_ms(fn)
         row[f"{name}_gbps"] = gbps(nbytes, ms)
         row[f"{name}_ms"] = ms
