@@ -1,7 +1,9 @@
 #include "kernels/cpu_softmax.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -123,6 +125,88 @@ void Rows(const void* input, void* output, const SoftmaxShape& shape,
 }
 
 }  // namespace
+
+namespace {
+
+// One row's best k (CpuSoftmaxTopKRows): candidates above the bar gather in
+// a buffer of 2k + 64 keys, cut to the best k when full (the k-th becoming
+// the bar most elements fail with one compare); then its (max, sum) as
+// Rows computes them and the k values.
+template <typename Access>
+void TopKRows(const void* input, const SoftmaxShape& shape, const SoftmaxOptions& options,
+              int64_t k, void* values, int64_t* indices, int64_t row_begin, int64_t row_end) {
+  thread_local std::vector<uint64_t> keys;
+  const size_t capacity = static_cast<size_t>(2 * k + 64);
+  const double inv_t = 1.0 / static_cast<double>(options.temperature);
+  const int64_t stride = shape.inner;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int64_t o = r / shape.inner;
+    const int64_t i = r % shape.inner;
+    const int64_t base = o * shape.n * shape.inner + i;
+    keys.clear();
+    uint64_t bar = 0;
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < shape.n; ++j) {
+      const float x = Access::Load(input, base + j * stride);
+      const double v = static_cast<double>(x) * inv_t;
+      if (v > m || std::isnan(v)) m = std::isnan(m) ? m : v;
+      const uint64_t key = TopKRankKey(x, j);
+      if (key <= bar) continue;
+      keys.push_back(key);
+      if (keys.size() == capacity) {
+        std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<>());
+        keys.resize(static_cast<size_t>(k));
+        bar = *std::min_element(keys.begin(), keys.end());
+      }
+    }
+    std::sort(keys.begin(), keys.end(), std::greater<>());
+    double sum = 0.0;
+    if (!std::isnan(m)) {
+      for (int64_t j = 0; j < shape.n; ++j) {
+        const double v = static_cast<double>(Access::Load(input, base + j * stride)) * inv_t;
+        sum += std::exp(static_cast<float>(v - m));
+      }
+    }
+    const double log_sum = std::log(sum);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t index = static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(keys[j]));
+      const double shifted = static_cast<double>(Access::Load(input, base + index * stride)) * inv_t - m;
+      float value = std::numeric_limits<float>::quiet_NaN();
+      if (!std::isnan(m)) {
+        value = options.log ? static_cast<float>(shifted - log_sum)
+                            : static_cast<float>(std::exp(static_cast<float>(shifted)) / sum);
+      }
+      const int64_t at = (o * k + j) * shape.inner + i;
+      Access::Store(values, at, value);
+      indices[at] = index;
+    }
+  }
+}
+
+}  // namespace
+
+uint64_t TopKRankKey(float value, int64_t index) {
+  uint32_t key = 0xffffffffu;
+  if (!std::isnan(value)) {
+    const uint32_t bits = FloatToBits(value + 0.0f);  // -0 -> +0
+    key = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  }
+  return (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(index));
+}
+
+void CpuSoftmaxTopKRows(const void* input, DType dtype, const SoftmaxShape& shape,
+                        const SoftmaxOptions& options, int64_t k, void* values, int64_t* indices,
+                        int64_t row_begin, int64_t row_end) {
+  if (k <= 0 || shape.n == 0 || row_begin >= row_end) return;
+  switch (dtype) {
+    case DType::kFloat32:
+      return TopKRows<Float32>(input, shape, options, k, values, indices, row_begin, row_end);
+    case DType::kFloat16:
+      return TopKRows<Float16>(input, shape, options, k, values, indices, row_begin, row_end);
+    case DType::kBFloat16:
+      return TopKRows<BFloat16>(input, shape, options, k, values, indices, row_begin, row_end);
+  }
+}
 
 void CpuSoftmaxRows(const void* input, void* output, DType dtype, const SoftmaxShape& shape,
                     const SoftmaxOptions& options, int64_t row_begin, int64_t row_end) {

@@ -66,6 +66,25 @@ void ReferenceSoftmax(const void* input, DType dtype, const SoftmaxShape& shape,
 void CpuSoftmaxRows(const void* input, void* output, DType dtype, const SoftmaxShape& shape,
                     const SoftmaxOptions& options, int64_t row_begin, int64_t row_end);
 
+// The top K of softmax rows [row_begin, row_end), as the GPU's fused top K
+// (LaunchSoftmaxTopK, kernels/softmax_cuda.h) ranks them: by the input value
+// exactly, descending; equal values lower index first (-0 equals +0); NaN
+// above every number, NaNs lower index first. Writes, for row r = o * inner
+// + i, its k best elements' softmax (or log-softmax) values rounded to
+// `dtype` at values[(o * k + j) * inner + i] and their indices along the
+// axis at indices[(o * k + j) * inner + i], j = 0 (best) .. k-1. Values as
+// CpuSoftmaxRows computes them (a row holding a NaN or +inf is all NaN).
+// The indices are the GPU's exactly; the values agree within the reference
+// tolerance. REQUIRES: 1 <= k <= shape.n; 0 <= row_begin <= row_end <=
+// shape.rows(); values and indices hold shape.outer * k * shape.inner.
+void CpuSoftmaxTopKRows(const void* input, DType dtype, const SoftmaxShape& shape,
+                        const SoftmaxOptions& options, int64_t k, void* values, int64_t* indices,
+                        int64_t row_begin, int64_t row_end);
+
+// The ranking key of the order above: larger key, better element; unique
+// per index. For tests and the CPU path.
+uint64_t TopKRankKey(float value, int64_t index);
+
 }  // namespace softmax
 
 #endif  // SOFTMAX_KERNELS_CPU_SOFTMAX_H_

@@ -333,6 +333,62 @@ cudaError_t LaunchSoftmax(const LaunchPlan& plan, DType dtype, const SoftmaxSegm
                           int count, void* scratch, size_t scratch_bytes, cudaStream_t stream,
                           bool allow_flat = true, int* kernel_launches = nullptr);
 
+// ---------------------------------------------------------------------------
+// The top K of softmax rows, fused (kernels/cuda/top_k.cuh): one pass over
+// each row's input computes its (max, sum) and its K best elements, and
+// writes only K values (softmax or log-softmax, in the dtype) and their
+// int64 indices along the axis.
+//
+// Ranking: by the input value, exactly (temperature > 0 keeps the order of
+// x / temperature, and so of the softmax), descending; equal values lower
+// index first (-0 equals +0); NaN above every number, NaNs lower index first.
+// The host selection (server/rpc/top_k.h) ranks the rounded outputs
+// instead: where two inputs differ but round to the same output value it
+// orders them by index, this ranking by their input. The values agree
+// within the reference tolerance and the indices agree wherever no two
+// outputs tie; a row holding a NaN or +inf is all NaN (softmax semantics),
+// ranked here by its inputs (NaN first, then +inf, then the largest numbers).
+//
+// Batch invariance: a row's values and indices follow from its dtype, n,
+// temperature and op alone (not its address, alignment, axis or the other
+// segments): the indices are a total order of the row; the statistics are
+// reduced in an order fixed by n (parts of the row, lanes, warps, parts).
+//
+// K up to kMaxFusedTopK; a larger K takes LaunchSoftmax and the host
+// selection over the whole output.
+constexpr int64_t kMaxFusedTopK = 64;
+
+// One top-K problem: a contiguous tensor viewed as [outer, n, inner], ranked
+// along n. Outputs are [outer, k, inner], best first.
+struct TopKSegment {
+  const void* input = nullptr;  // device pointer, outer * n * inner elements
+  void* values = nullptr;       // device pointer, outer * k * inner elements of the dtype
+  int64_t* indices = nullptr;   // device pointer, outer * k * inner indices along n
+  int64_t outer = 1;
+  int64_t n = 1;                // 1 <= n < 2^31
+  int64_t inner = 1;
+  int64_t k = 1;                // 1 <= k <= min(n, kMaxFusedTopK)
+  float temperature = 1.0f;     // finite, > 0
+  bool log = false;             // log-softmax values instead of softmax
+};
+
+// Device scratch (bytes) that LaunchSoftmaxTopK needs for these segments;
+// 0 when none (rows of up to 16 KiB of vectors need none). Owned by the
+// caller; reusable once the stream has passed the launch.
+size_t SoftmaxTopKScratchBytes(DType dtype, const TopKSegment* segments, int count);
+
+// Enqueues the top K of `count` segments of `dtype` on `stream`: a memset
+// of row counters (when a row spans several blocks) and one launch per
+// segment (more past 2^31 - 1 blocks). `scratch` holds
+// SoftmaxTopKScratchBytes(...) bytes (may be null when 0). Returns
+// cudaSuccess, cudaErrorInvalidValue for a bad argument (n or k out of
+// range, null pointer, bad temperature, scratch too small), or the launch
+// error; execution errors surface at a later sync. On success
+// `kernel_launches` (when not null) receives the kernels launched.
+cudaError_t LaunchSoftmaxTopK(DType dtype, const TopKSegment* segments, int count, void* scratch,
+                              size_t scratch_bytes, cudaStream_t stream,
+                              int* kernel_launches = nullptr);
+
 }  // namespace gpu
 }  // namespace softmax
 
