@@ -41,9 +41,14 @@ status=0
 step() { [[ ",$steps," == *",$1,"* ]]; }
 limit=${TEST_TIMEOUT:-300}
 bounded() { timeout "$limit" "$@"; }
+# The end-to-end tests against the bundle: the checkout (bench.lib) and the
+# bundle's softmax/v1 stubs on PYTHONPATH, as ctest sets them.
 pytest_bounded() {
-  bounded python3 -m pytest -p no:cacheprovider -q -rs --rootdir=tests \
-    -o faulthandler_timeout=$((limit * 4 / 5)) "$@"
+  SOFTMAX_SERVER_BIN="$bundle/softmax-server" SOFTMAX_CLIENT_BIN="$bundle/softmax-client" \
+  SOFTMAX_PYTHON_DIR="$bundle/python" PYTHONDONTWRITEBYTECODE=1 \
+  PYTHONPATH="$PWD:$bundle/python${PYTHONPATH:+:$PYTHONPATH}" \
+    bounded python3 -m pytest -p no:cacheprovider -q -rs --rootdir=tests \
+      -o faulthandler_timeout=$((limit * 4 / 5)) "$@"
 }
 note() { echo "== $*" | tee -a "$work/summary.txt"; }
 snapshot() {
@@ -80,9 +85,7 @@ fi
 
 if step e2e; then
   note "end-to-end tests on the GPU backend"
-  SOFTMAX_SERVER_BIN="$bundle/softmax-server" SOFTMAX_CLIENT_BIN="$bundle/softmax-client" \
-  SOFTMAX_PYTHON_DIR="$bundle/python" PYTHONDONTWRITEBYTECODE=1 \
-    pytest_bounded tests/test_gpu_serving.py tests/test_numerics.py tests/test_stream.py \
+  pytest_bounded tests/test_gpu_serving.py tests/test_numerics.py tests/test_stream.py \
       tests/test_chunked_stream.py \
       2>&1 | tee "$work/e2e.log" | tail -15 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
@@ -96,8 +99,6 @@ if step e2e; then
   note "batch invariance on the GPU backend under a flood ($procs processes at once)"
   pids=()
   for i in $(seq "$procs"); do
-    SOFTMAX_SERVER_BIN="$bundle/softmax-server" SOFTMAX_CLIENT_BIN="$bundle/softmax-client" \
-    SOFTMAX_PYTHON_DIR="$bundle/python" PYTHONDONTWRITEBYTECODE=1 \
     SOFTMAX_INVARIANCE_ROUNDS="${INVARIANCE_ROUNDS:-110}" \
     SOFTMAX_INVARIANCE_SECONDS=$((limit * 3 / 5)) \
       pytest_bounded tests/test_batch_invariance.py -k cuda > "$work/invariance$i.log" 2>&1 &
@@ -120,9 +121,7 @@ if step shm; then
   # Shared memory (system and CUDA regions) on the GPU backend; needs
   # tritonclient on PYTHONPATH.
   note "shared-memory tests on the GPU backend"
-  SOFTMAX_SERVER_BIN="$bundle/softmax-server" SOFTMAX_CLIENT_BIN="$bundle/softmax-client" \
-  SOFTMAX_PYTHON_DIR="$bundle/python" PYTHONDONTWRITEBYTECODE=1 \
-    pytest_bounded tests/test_shared_memory.py 2>&1 | tee "$work/shm.log" | tail -5 | tee -a "$work/summary.txt"
+  pytest_bounded tests/test_shared_memory.py 2>&1 | tee "$work/shm.log" | tail -5 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   snapshot
 fi

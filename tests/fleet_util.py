@@ -62,14 +62,14 @@ import urllib.request
 from pathlib import Path
 
 import e2e_util
+from bench.lib import server as server_lib
 
 REPO = Path(__file__).resolve().parent.parent
 # $SOFTMAX_ENVOY_CONFIG: a configuration other than deploy/envoy/envoy.yaml
 # (a change tried before it is made there).
 ENVOY_CONFIG = Path(os.environ.get("SOFTMAX_ENVOY_CONFIG")
                     or REPO / "deploy" / "envoy" / "envoy.yaml")
-sys.path.insert(0, str(REPO / "deploy" / "envoy"))
-import endpoints as envoy_endpoints  # noqa: E402  deploy/envoy/endpoints.py
+from deploy.envoy import endpoints as envoy_endpoints
 
 GRPC_CLUSTER = envoy_endpoints.GRPC_CLUSTER
 HTTP_CLUSTER = envoy_endpoints.HTTP_CLUSTER
@@ -474,7 +474,7 @@ class Replica:
         return self.process is not None and self.process.poll() is None
 
     def start(self, timeout=30.0):
-        """Starts the server and waits for its "listening" line; retries a
+        """Starts the server and waits for its --listening_file; retries a
         few times while the address is still held by the previous process's
         sockets."""
         assert not self.alive(), f"replica {self.index} is running"
@@ -489,20 +489,18 @@ class Replica:
             log = os.path.join(self.workdir, f"replica{self.index}.{self.starts}.log")
             self.logs.append(log)
             with open(log, "w") as f:
-                self.process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL,
-                                                preexec_fn=self._enter_cpu_limit)
-            while time.monotonic() < deadline:
-                if e2e_util.parse_listening(self.output()):
-                    return self
-                if self.process.poll() is not None:
-                    break
-                time.sleep(0.02)
+                self.process = subprocess.Popen(
+                    [*argv, f"--listening_file={log}.listening.json"], stdout=f,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    preexec_fn=self._enter_cpu_limit)
+            if server_lib.wait_for_listening(f"{log}.listening.json", self.process,
+                                             deadline - time.monotonic()):
+                return self
             output = self.output()
             if self.process.poll() is None:
                 self.kill()
-                raise RuntimeError(f"replica {self.index} did not report 'listening' in "
-                                   f"{timeout} s:\n{output}")
+                raise RuntimeError(f"replica {self.index} did not write its --listening_file "
+                                   f"in {timeout} s:\n{output}")
             if "cannot listen" in output and time.monotonic() < deadline:
                 time.sleep(0.2)
                 continue
@@ -926,9 +924,8 @@ class Fleet:
 ROUND_ROBIN_CALLER = r"""
 import json, sys, time, threading
 import numpy as np
-sys.path.insert(0, sys.argv[1])
 import softmax_client
-target, seconds, threads = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+target, seconds, threads = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 client = softmax_client.Client(target, timeout=20, options=[
     ("grpc.dns_min_time_between_resolutions_ms", 200)])
 x = np.random.default_rng(1).normal(size=(1, 256)).astype(np.float32)
@@ -951,37 +948,20 @@ print(json.dumps({"ok": ok[0], "failed": failed}))
 """
 
 
-def install_python_client(folder):
-    """clients/python built and installed into `folder` (offline, from the
-    source, as tests/test_python_client.py does); returns the folder to put
-    on sys.path."""
-    source = Path(folder) / "source"
-    shutil.copytree(REPO / "clients" / "python", source,
-                    ignore=shutil.ignore_patterns("build", "dist", "*.egg-info"))
-    target = Path(folder) / "site"
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
-         "--no-index", "--target", str(target), str(source)],
-        capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, SOFTMAX_PROTO_ROOT=str(REPO / "proto")))
-    if result.returncode != 0:
-        raise RuntimeError(f"installing clients/python: {result.stdout}{result.stderr}")
-    return target
-
-
 def start_round_robin_caller(fleet, client_dir, seconds, threads=4):
-    """The Python client calling dns:///replicas.fleet:PORT with round_robin
-    for `seconds`, under the fleet's resolving-caller prefix; returns the
-    Popen (its stdout ends in the JSON line), or None when no resolving
-    caller can be had here."""
+    """The Python client installed in `client_dir`
+    (e2e_util.install_python_client) calling dns:///replicas.fleet:PORT with
+    round_robin for `seconds`, under the fleet's resolving-caller prefix;
+    returns the Popen (its stdout ends in the JSON line), or None when no
+    resolving caller can be had here."""
     prefix = fleet.resolving_caller_prefix()
     if prefix is None:
         return None
     return subprocess.Popen(
-        [*prefix, sys.executable, "-c", ROUND_ROBIN_CALLER, str(client_dir),
+        [*prefix, sys.executable, "-c", ROUND_ROBIN_CALLER,
          f"dns:///{REPLICAS_NAME}:{fleet.replicas[0].grpc_port}", str(seconds), str(threads)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, GRPC_DNS_RESOLVER="native"))
+        env=dict(os.environ, GRPC_DNS_RESOLVER="native", PYTHONPATH=str(client_dir)))
 
 
 def sample_counts(fleet, methods, seconds, interval=0.25):

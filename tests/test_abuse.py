@@ -4,7 +4,6 @@ runs in seconds on loopback."""
 
 import os
 import socket
-import subprocess
 import time
 import urllib.request
 
@@ -60,9 +59,8 @@ def test_deadline_drop_is_labelled_deadline_exceeded(start_server):
 def test_occupied_grpc_port_fails_with_exit_1(server):
     """No SO_REUSEPORT: a second server on the first one's port must not
     start sharing it."""
-    result = subprocess.run(
-        [e2e_util.SERVER_BIN, f"--grpc_address={server.grpc_address}", "--metrics_address=",
-         "--device=cpu"], capture_output=True, text=True, timeout=30)
+    result = e2e_util.run_server(f"--grpc_address={server.grpc_address}",
+                                 "--metrics_address=", "--device=cpu", timeout=30)
     assert result.returncode == 1, result.stderr
     assert "cannot listen" in result.stderr and "listening" not in result.stderr.replace(
         "cannot listen", ""), result.stderr
@@ -174,19 +172,8 @@ def test_open_file_soft_limit_is_raised_to_the_hard_limit(tmp_path):
     def lower_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
 
-    process = subprocess.Popen(
-        [e2e_util.SERVER_BIN, "--grpc_address=127.0.0.1:0", "--metrics_address=",
-         "--device=cpu"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-        preexec_fn=lower_limit, text=True)
-    try:
-        line = process.stderr.readline()
-        while line and "listening" not in line:
-            line = process.stderr.readline()
-        assert "listening" in line
-        assert _open_file_limits(process.pid) == ("4096", "4096")
-    finally:
-        process.kill()
-        process.wait(timeout=10)
+    with e2e_util.Server(preexec_fn=lower_limit) as started:
+        assert _open_file_limits(started.process.pid) == ("4096", "4096")
 
 
 def test_metrics_answer_with_50_half_open_connections_held(server):

@@ -281,11 +281,10 @@ class Autoscalers:
 
 def overload(replica, duration_s):
     """CALLERS closed-loop callers at `replica` over CONNECTIONS connections."""
-    return subprocess.Popen(
-        [e2e_util.CLIENT_BIN, "load", f"--target={replica.grpc_address}", f"--mix={SHAPE}",
-         f"--concurrency={CALLERS}", f"--connections={CONNECTIONS}",
-         f"--duration={duration_s}s", "--warmup=0s", "--quiet"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return e2e_util.start_load(
+        replica.grpc_address, f"--mix={SHAPE}", f"--concurrency={CALLERS}",
+        f"--connections={CONNECTIONS}", f"--duration={duration_s}s", "--warmup=0s", "--quiet",
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,7 @@ import pytest
 import e2e_util
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import flags_table  # noqa: E402
+from scripts import flags_table
 
 EXPECTED = {
     "grpc_address", "http_address", "metrics_address", "device", "max_tensor_bytes",
@@ -42,8 +41,7 @@ def test_readme_table_matches_the_help_text():
 
 
 def test_version_names_version_and_revision():
-    result = subprocess.run([e2e_util.SERVER_BIN, "--version"], capture_output=True, text=True,
-                            timeout=30)
+    result = e2e_util.run_server("--version", timeout=30)
     assert result.returncode == 0
     assert result.stdout.startswith("softmax-server 0."), result.stdout
     assert "(revision " in result.stdout and "Debug build" not in result.stdout
@@ -58,9 +56,8 @@ def test_version_names_version_and_revision():
 def test_flagfile_is_read(tmp_path):
     flagfile = tmp_path / "flags"
     flagfile.write_text("# a comment\n--device=tpu\n")
-    result = subprocess.run([e2e_util.SERVER_BIN, f"--flagfile={flagfile}",
-                             "--grpc_address=127.0.0.1:0", "--metrics_address="],
-                            capture_output=True, text=True, timeout=30)
+    result = e2e_util.run_server(f"--flagfile={flagfile}", "--grpc_address=127.0.0.1:0",
+                                 "--metrics_address=", timeout=30)
     # The file's --device reached the server: it refuses the value, naming it.
     assert result.returncode == 1, result.stderr
     assert '--device: expected' in result.stderr and '"tpu"' in result.stderr, result.stderr
@@ -78,8 +75,7 @@ REMOVED = ["cuda_streams", "dispatch_when_idle", "max_queued_bytes", "cpu_thread
 @pytest.mark.parametrize("name", REMOVED)
 def test_removed_tuning_flags_are_refused(name):
     value = "false" if name == "dispatch_when_idle" else "1"
-    result = subprocess.run([e2e_util.SERVER_BIN, f"--{name}={value}", "--metrics_address="],
-                            capture_output=True, text=True, timeout=30)
+    result = e2e_util.run_server(f"--{name}={value}", "--metrics_address=", timeout=30)
     assert result.returncode == 1, result.stderr
     assert f"Unknown command line flag '{name}'" in result.stderr, result.stderr
     assert "listening" not in result.stderr
@@ -88,8 +84,7 @@ def test_removed_tuning_flags_are_refused(name):
 def test_removed_flags_are_refused_from_a_flagfile(tmp_path):
     flagfile = tmp_path / "flags"
     flagfile.write_text("--lame_duck_ms=1000\n")
-    result = subprocess.run([e2e_util.SERVER_BIN, f"--flagfile={flagfile}", "--metrics_address="],
-                            capture_output=True, text=True, timeout=30)
+    result = e2e_util.run_server(f"--flagfile={flagfile}", "--metrics_address=", timeout=30)
     assert result.returncode == 1, result.stderr
     assert "Unknown command line flag 'lame_duck_ms'" in result.stderr, result.stderr
 
@@ -97,10 +92,8 @@ def test_removed_flags_are_refused_from_a_flagfile(tmp_path):
 @pytest.mark.parametrize("flag", ["max_connection_age_s", "max_stream_age_s"])
 @pytest.mark.parametrize("value", ["-1", "2073601"])
 def test_connection_age_out_of_range_is_refused_naming_the_flag(flag, value):
-    result = subprocess.run([e2e_util.SERVER_BIN, f"--{flag}={value}",
-                             "--device=cpu", "--grpc_address=127.0.0.1:0", "--http_address=",
-                             "--metrics_address="],
-                            capture_output=True, text=True, timeout=30)
+    result = e2e_util.run_server(f"--{flag}={value}", "--device=cpu", "--grpc_address=127.0.0.1:0",
+                                 "--http_address=", "--metrics_address=", timeout=30)
     assert result.returncode == 1, result.stderr
     assert f"--{flag}: 0 (no maximum) to 2073600" in result.stderr, result.stderr
     assert "listening" not in result.stderr
@@ -113,14 +106,15 @@ def test_listening_file_names_the_bound_addresses_pid_and_revision(start_server)
     server = start_server()
     listening = server.listening
     assert set(listening) == {"grpc", "http", "metrics", "pid", "version", "revision"}
-    assert e2e_util.parse_listening(server.output()) == (
-        listening["grpc"], listening["http"], listening["metrics"])
+    line = re.search(r"softmax-server: listening grpc=(\S+) http=(\S+) metrics=(\S+)",
+                     server.output())
+    assert line and line.groups() == (listening["grpc"], listening["http"],
+                                      listening["metrics"]), server.output()
     for name in ("grpc", "http", "metrics"):
         host, port = listening[name].rsplit(":", 1)
         assert host == "127.0.0.1" and int(port) > 0, listening
     assert listening["pid"] == server.process.pid
-    version = subprocess.run([e2e_util.SERVER_BIN, "--version"], capture_output=True,
-                             text=True, timeout=30).stdout
+    version = e2e_util.run_server("--version", timeout=30).stdout
     assert version.startswith(f"softmax-server {listening['version']} "
                               f"(revision {listening['revision']},"), (version, listening)
     assert e2e_util.health_check(server.channel()) == "SERVING"
@@ -130,10 +124,8 @@ def test_listening_file_names_the_bound_addresses_pid_and_revision(start_server)
 
 def test_listening_file_it_cannot_write_fails_the_start(tmp_path):
     path = tmp_path / "no-such-folder" / "listening.json"
-    result = subprocess.run([e2e_util.SERVER_BIN, "--device=cpu", "--grpc_address=127.0.0.1:0",
-                             "--http_address=", "--metrics_address=",
-                             f"--listening_file={path}"],
-                            capture_output=True, text=True, timeout=30)
+    result = e2e_util.run_server("--device=cpu", "--grpc_address=127.0.0.1:0", "--http_address=",
+                                 "--metrics_address=", f"--listening_file={path}", timeout=30)
     assert result.returncode == 1, result.stderr
     assert f"--listening_file={path}: cannot create" in result.stderr, result.stderr
     assert not path.exists()

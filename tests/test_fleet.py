@@ -53,8 +53,7 @@ pytestmark = pytest.mark.skipif(_ENVOY_REASON is not None, reason=f"Envoy: {_ENV
 
 
 def _server_has_flag(flag):
-    result = subprocess.run([e2e_util.SERVER_BIN, "--help"], capture_output=True, text=True,
-                            timeout=30)
+    result = e2e_util.run_server("--help", timeout=30)
     return f"--{flag} " in result.stdout + result.stderr
 
 
@@ -102,17 +101,16 @@ class Load:
     def __init__(self, target, protocol="softmax.v1", duration_s=5.0, concurrency=8,
                  connections=1, shape="1x256", rate=None, timeout_ms=20000, extra=()):
         self.report_path = tempfile.mktemp(prefix="softmax-fleet-load-", suffix=".json")
-        self.argv = [e2e_util.CLIENT_BIN, "load", f"--target={target}",
-                     f"--protocol={protocol}", f"--shape={shape}", "--verify", "--quiet",
-                     f"--duration={duration_s}s", "--warmup=0s",
-                     f"--connections={connections}", f"--timeout_ms={timeout_ms}",
-                     f"--json={self.report_path}", *extra]
+        args = [f"--protocol={protocol}", f"--shape={shape}", "--verify", "--quiet",
+                f"--duration={duration_s}s", "--warmup=0s", f"--connections={connections}",
+                f"--timeout_ms={timeout_ms}", f"--json={self.report_path}", *extra]
         if rate:
-            self.argv += [f"--rate={rate}", "--arrival=poisson"]
+            args += [f"--rate={rate}", "--arrival=poisson"]
         else:
-            self.argv.append(f"--concurrency={concurrency}")
-        self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+            args.append(f"--concurrency={concurrency}")
+        self.argv = e2e_util.load_command(target, *args)
+        self.process = e2e_util.start_load(target, *args, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT)
 
     def result(self, timeout=120):
         output, _ = self.process.communicate(timeout=timeout)
@@ -751,7 +749,7 @@ def python_client_dir():
     """clients/python installed into a temporary folder."""
     folder = tempfile.mkdtemp(prefix="softmax-fleet-client-")
     try:
-        yield fleet_util.install_python_client(folder)
+        yield e2e_util.install_python_client(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -30,14 +30,13 @@ import pytest
 
 import e2e_util
 import fleet_util
+from deploy.envoy import make_tls_config
 from e2e_util import assert_close, reference_softmax
 
 _ENVOY_REASON = fleet_util.envoy_unusable_reason()
 pytestmark = pytest.mark.skipif(_ENVOY_REASON is not None, reason=f"Envoy: {_ENVOY_REASON}")
 
 TLS_CONFIG = fleet_util.REPO / "deploy" / "envoy" / "envoy-tls.yaml"
-# deploy/envoy/ is on sys.path (fleet_util puts it there for endpoints.py).
-import make_tls_config  # noqa: E402
 
 GOOD_TOKEN = "fleet-token-one"
 SHAPE = (2, 16)

@@ -6,7 +6,6 @@ for consistency (counts add up, percentiles ordered, rates match counts)."""
 import csv
 import json
 import re
-import subprocess
 
 import pytest
 
@@ -17,8 +16,7 @@ def run_load(server, *args, timeout=120):
     """Runs `softmax-client load` against `server` (its HTTP port with
     --protocol=http); returns the process."""
     target = server.http_address if "--protocol=http" in args else server.grpc_address
-    command = [e2e_util.CLIENT_BIN, "load", f"--target={target}", "--quiet", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    return e2e_util.run_load(target, "--quiet", *args, timeout=timeout)
 
 
 def load_report(server, tmp_path, *args, expect_rc=0):
@@ -187,9 +185,8 @@ def test_http_protocol_counts_refusals_by_their_code(start_server, tmp_path):
 
 
 def test_http_protocol_on_the_grpc_port_says_which_port(server):
-    command = [e2e_util.CLIENT_BIN, "load", f"--target={server.grpc_address}", "--quiet",
-               "--protocol=http", "--requests=10", "--connect_timeout=5s"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    result = e2e_util.run_load(server.grpc_address, "--quiet", "--protocol=http",
+                               "--requests=10", "--connect_timeout=5s", timeout=60)
     assert result.returncode == 1
     assert "UNAVAILABLE" in result.stderr and "--http_address" in result.stderr, result.stderr
 
@@ -275,9 +272,8 @@ def test_bad_arguments_exit_2(server):
 
 
 def test_unreachable_server_exits_1(tmp_path):
-    command = [e2e_util.CLIENT_BIN, "load", "--target=127.0.0.1:1", "--quiet",
-               "--duration=1s", "--connect_timeout=1s"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    result = e2e_util.run_load("127.0.0.1:1", "--quiet", "--duration=1s",
+                               "--connect_timeout=1s", timeout=60)
     assert result.returncode == 1
     assert "UNAVAILABLE" in result.stderr
 
@@ -303,9 +299,8 @@ def test_mix_file_adds_to_mix(server, tmp_path):
 
 
 def test_http_target_must_be_plain_http(server):
-    command = [e2e_util.CLIENT_BIN, "load", "--target=https://127.0.0.1:8443", "--quiet",
-               "--protocol=http", "--requests=10"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    result = e2e_util.run_load("https://127.0.0.1:8443", "--quiet", "--protocol=http",
+                               "--requests=10", timeout=60)
     assert result.returncode == 2
     assert "--target=https://127.0.0.1:8443: this client speaks plain HTTP" in result.stderr
 

@@ -6,7 +6,6 @@ every front-end."""
 
 import json
 import re
-import subprocess
 import urllib.request
 
 import grpc
@@ -109,9 +108,8 @@ def test_no_access_log_by_default(server):
     ("--access_log_one_in=-1", "--access_log_one_in: must not be negative"),
 ])
 def test_bad_log_flags_exit_1(flag, message):
-    result = subprocess.run([e2e_util.SERVER_BIN, "--grpc_address=127.0.0.1:0",
-                             "--metrics_address=", "--http_address=", flag],
-                            capture_output=True, text=True, timeout=30)
+    result = e2e_util.run_server("--grpc_address=127.0.0.1:0", "--metrics_address=",
+                                 "--http_address=", flag, timeout=30)
     assert result.returncode == 1, result.stderr
     assert message in result.stderr, result.stderr
     assert TEXT_LINE.match(result.stderr), result.stderr

@@ -59,11 +59,10 @@ def health_latencies_while_saturated(container, timeout_s):
     server = e2e_util.Server(*e2e_util.loopback_cpu_args(container["args"]))
     load = None
     try:
-        load = subprocess.Popen(
-            [e2e_util.CLIENT_BIN, "load", f"--target={server.grpc_address}",
-             f"--shape={SHAPE}", f"--concurrency={CALLERS}", f"--connections={CONNECTIONS}",
-             "--duration=60s", "--warmup=0s", "--quiet"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        load = e2e_util.start_load(
+            server.grpc_address, f"--shape={SHAPE}", f"--concurrency={CALLERS}",
+            f"--connections={CONNECTIONS}", "--duration=60s", "--warmup=0s", "--quiet",
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(SATURATE_S)
         latencies, queued = [], []
         for i in range(CHECKS):

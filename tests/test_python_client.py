@@ -31,17 +31,7 @@ def package_dir():
     """clients/python built and installed into a temporary target folder."""
     folder = tempfile.mkdtemp(prefix="softmax-client-")
     try:
-        source = Path(folder) / "source"
-        # Built from a copy, so the build writes nothing into the source tree.
-        shutil.copytree(REPO / "clients" / "python", source,
-                        ignore=shutil.ignore_patterns("build", "dist", "*.egg-info"))
-        target = Path(folder) / "site"
-        env = dict(os.environ, SOFTMAX_PROTO_ROOT=str(REPO / "proto"))
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
-             "--no-index", "--target", str(target), str(source)],
-            capture_output=True, text=True, timeout=300, env=env)
-        assert result.returncode == 0, result.stdout + result.stderr
+        target = e2e_util.install_python_client(folder)
         for name in ("softmax_pb2.py", "softmax_pb2.pyi"):
             assert (target / "softmax_client" / "_generated" / name).is_file(), (
                 sorted(str(p) for p in target.rglob("*")))
@@ -80,13 +70,9 @@ def test_sdist_builds_a_wheel_on_its_own(tmp_path):
 
 @pytest.fixture(scope="module")
 def softmax_client(package_dir):
-    sys.path.insert(0, str(package_dir))
-    try:
-        import softmax_client
-        assert Path(softmax_client.__file__).is_relative_to(package_dir)
-        yield softmax_client
-    finally:
-        sys.path.remove(str(package_dir))
+    module = e2e_util.import_from(package_dir, "softmax_client")
+    assert Path(module.__file__).is_relative_to(package_dir)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +142,6 @@ def test_bfloat16_without_ml_dtypes_is_raw_uint16(package_dir, server):
     """Without ml_dtypes a uint16 array is bfloat16 bits, and so is the result."""
     script = (
         "import sys; sys.modules['ml_dtypes'] = None\n"
-        f"sys.path.insert(0, {str(package_dir)!r})\n"
         "import numpy as np, softmax_client\n"
         "assert softmax_client.bfloat16_dtype() is None\n"
         f"c = softmax_client.Client({server.grpc_address!r})\n"
@@ -165,7 +150,7 @@ def test_bfloat16_without_ml_dtypes_is_raw_uint16(package_dir, server):
         "assert out.dtype == np.uint16, out.dtype\n"
         "print(' '.join(str(v) for v in (out.astype(np.uint32) << 16).view(np.float32).ravel()))\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=60, env=dict(os.environ, PYTHONPATH=str(package_dir)))
     assert result.returncode == 0, result.stderr
     values = np.array([float(v) for v in result.stdout.split()])
     assert_close(values.reshape(1, 3), reference_softmax([[1.0, 2.0, 3.0]]), "bfloat16")

@@ -7,7 +7,6 @@ import json
 import re
 import signal
 import ssl
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -81,9 +80,8 @@ def test_tls_flags_are_checked_at_start(pki):
     for args in ([f"--tls_cert_file={pki / 'server.pem'}"],
                  [f"--tls_client_ca_file={pki / 'ca.pem'}"],
                  ["--tls_cert_file=/nonexistent", "--tls_key_file=/nonexistent"]):
-        result = subprocess.run([e2e_util.SERVER_BIN, "--grpc_address=127.0.0.1:0",
-                                 "--metrics_address=", "--device=cpu", *args],
-                                capture_output=True, text=True, timeout=30)
+        result = e2e_util.run_server("--grpc_address=127.0.0.1:0", "--metrics_address=",
+                                     "--device=cpu", *args, timeout=30)
         assert result.returncode == 1, (args, result.stderr)
         assert "--tls_" in result.stderr, result.stderr
 
@@ -237,10 +235,9 @@ def test_tls_files_are_checked_at_start_naming_the_flag(pki):
     for args, flag in (([f"--tls_key_file={pki / 'client.key'}"], "--tls_key_file"),
                        ([f"--tls_key_file={pki / 'server.key'}",
                          f"--tls_client_ca_file={pki / 'server.key'}"], "--tls_client_ca_file")):
-        result = subprocess.run([e2e_util.SERVER_BIN, "--grpc_address=127.0.0.1:0",
-                                 "--http_address=127.0.0.1:0", "--metrics_address=",
-                                 "--device=cpu", f"--tls_cert_file={pki / 'server.pem'}", *args],
-                                capture_output=True, text=True, timeout=30)
+        result = e2e_util.run_server("--grpc_address=127.0.0.1:0", "--http_address=127.0.0.1:0",
+                                     "--metrics_address=", "--device=cpu",
+                                     f"--tls_cert_file={pki / 'server.pem'}", *args, timeout=30)
         assert result.returncode == 1, result.stderr
         # An error-level line that names the flag.
         assert re.search(rf"\bE softmax-server: {re.escape(flag)}:", result.stderr), result.stderr

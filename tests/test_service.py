@@ -87,9 +87,8 @@ def test_startup_logs_device_choice(server):
     ("--device=cuda:0,0", "--device: expected"),
 ])
 def test_bad_flags_exit_1_with_a_message(flag, message):
-    result = subprocess.run([e2e_util.SERVER_BIN, "--grpc_address=127.0.0.1:0",
-                             "--metrics_address=", flag],
-                            capture_output=True, text=True, timeout=30)
+    result = e2e_util.run_server("--grpc_address=127.0.0.1:0", "--metrics_address=", flag,
+                                 timeout=30)
     assert result.returncode == 1, result.stderr
     assert message in result.stderr, result.stderr
 
@@ -99,9 +98,8 @@ def test_device_choice_without_a_usable_gpu(start_server):
     serves on the CPU, saying why; softmax_gpu_unusable appears only when a
     GPU was found (a /dev/nvidiaN node) but cannot be used."""
     try:
-        result = subprocess.run([e2e_util.SERVER_BIN, "--grpc_address=127.0.0.1:0",
-                                 "--metrics_address=", "--http_address=", "--device=cuda"],
-                                capture_output=True, text=True, timeout=20)
+        result = e2e_util.run_server("--grpc_address=127.0.0.1:0", "--metrics_address=",
+                                     "--http_address=", "--device=cuda", timeout=20)
     except subprocess.TimeoutExpired:
         pytest.skip("a usable GPU is present: --device=cuda serves")
     assert result.returncode == 1, result.stderr

@@ -8,7 +8,6 @@ tested the same way in test_python_client.py.)"""
 
 import json
 import signal
-import subprocess
 import threading
 import time
 
@@ -33,10 +32,9 @@ def aging_server(start_server):
 
 def run_load(server, tmp_path, *args, timeout=60):
     path = tmp_path / "report.json"
-    command = [e2e_util.CLIENT_BIN, "load", f"--target={server.grpc_address}", "--quiet",
-               f"--json={path}", *args]
     start = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    result = e2e_util.run_load(server.grpc_address, "--quiet", f"--json={path}", *args,
+                               timeout=timeout)
     wall = time.monotonic() - start
     report = json.loads(path.read_text()) if path.exists() else None
     return result, report, wall

@@ -301,10 +301,8 @@ def test_softmax_client_prints_the_ranking_and_checks_it(server):
 
 @pytest.mark.parametrize("stream", [[], ["--stream"], ["--stream", "--chunk_bytes=4096"]])
 def test_load_drives_top_k_and_verifies_it(server, stream):
-    result = subprocess.run(
-        [e2e_util.CLIENT_BIN, "load", f"--target={server.grpc_address}", "--shape=4,7,300",
-         "--axis=1", "--dtype=float16", "--log", "--top_k=7", "--verify", "--requests=200",
-         "--warmup=0s", *stream],
-        capture_output=True, text=True, timeout=60)
+    result = e2e_util.run_load(
+        server.grpc_address, "--shape=4,7,300", "--axis=1", "--dtype=float16", "--log",
+        "--top_k=7", "--verify", "--requests=200", "--warmup=0s", *stream, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "verify:       200 responses checked, 0 mismatched" in result.stdout, result.stdout

