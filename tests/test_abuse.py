@@ -25,11 +25,7 @@ def test_unary_call_reset_before_its_message_arrived_counts_cancelled(server):
     invalid = requests_counted(server, "INVALID_ARGUMENT")
     connection = h2_util.Connection(server.grpc_address)
     try:
-        for stream_id in (1, 3, 5):
-            connection.headers(stream_id, SOFTMAX_PATH)
-            # The gRPC prefix announces 1,000 bytes; 10 arrive, then the reset.
-            connection.data(stream_id, h2_util.grpc_message(b"\x0a" * 10, declared_length=1000))
-            connection.reset(stream_id)
+        connection.reset_unary_calls_halfway(SOFTMAX_PATH)
         wait_for(lambda: requests_counted(server, "CANCELLED") >= cancelled + 3, 10,
                  "three CANCELLED unary calls")
     finally:

@@ -518,11 +518,17 @@ def test_monitoring_matches_prometheus_operator_crd_schemas():
      "'name' is a required property"),
 ])
 def test_monitoring_schema_check_catches_mistakes(tmp_path, mistake, expected):
-    documents = [d for d in yaml.safe_load_all(MONITORING_MANIFEST.read_text()) if d]
+    assert_check_catches(validate_k8s_crd, MONITORING_MANIFEST, mistake, expected, tmp_path)
+
+
+def assert_check_catches(validate, manifest, mistake, expected, tmp_path):
+    """`validate` (validate_k8s_crd or validate_crd) fails `manifest` with
+    `mistake` applied ({kind: document} changed in place), naming `expected`."""
+    documents = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
     mistake({d["kind"]: d for d in documents})
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump_all(documents))
-    result = validate_k8s_crd(broken)
+    result = validate(broken)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAILED" in result.stdout and expected in result.stdout, result.stdout
 
@@ -1022,13 +1028,7 @@ def test_kserve_resources_match_kserve_crd_schemas():
      "spec.predictor.triton: pruned"),
 ])
 def test_kserve_schema_check_catches_mistakes(tmp_path, mistake, expected):
-    documents = [d for d in yaml.safe_load_all(KSERVE_MANIFEST.read_text()) if d]
-    mistake({d["kind"]: d for d in documents})
-    broken = tmp_path / "broken.yaml"
-    broken.write_text(yaml.safe_dump_all(documents))
-    result = validate_crd(broken)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "FAILED" in result.stdout and expected in result.stdout, result.stdout
+    assert_check_catches(validate_crd, KSERVE_MANIFEST, mistake, expected, tmp_path)
 
 
 def test_kserve_built_in_kinds_pass_kubernetes_validate():

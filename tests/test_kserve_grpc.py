@@ -38,9 +38,8 @@ def make_input(values, dtype, name="INPUT"):
 
 @pytest.fixture(scope="module")
 def client(server):
-    c = triton_grpc.InferenceServerClient(server.grpc_address)
-    yield c
-    c.close()
+    with triton_grpc.InferenceServerClient(server.grpc_address) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

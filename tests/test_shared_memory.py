@@ -41,16 +41,14 @@ def server(device_server):
 
 @pytest.fixture(scope="module")
 def grpc_client(server):
-    c = triton_grpc.InferenceServerClient(server.grpc_address)
-    yield c
-    c.close()
+    with triton_grpc.InferenceServerClient(server.grpc_address) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def http_client(server):
-    c = triton_http.InferenceServerClient(server.http_address)
-    yield c
-    c.close()
+    with triton_http.InferenceServerClient(server.http_address) as c:
+        yield c
 
 
 @pytest.fixture(params=["grpc", "http"])

@@ -469,16 +469,21 @@ def main():
     ours = Server(args.server, *args.server_arg, device=args.device, metrics=False,
                   log_path=os.path.join(logs, "server.log"))
     failed = False
+
+    def validate(server, kind, url, spec):
+        """check_answers recorded and printed; True when the answers matched."""
+        check = check_answers(kind, url, spec, inputs[spec], peer=server == "pytriton")
+        check.update(server=server, protocol=f"kserve-{kind}", payload=spec)
+        results["validation"].append(check)
+        print(f"   check {spec} {server} kserve-{kind}: {'ok' if check['ok'] else 'FAILED'} "
+              f"{check}", flush=True)
+        return check["ok"]
+
     try:
         print(f"== softmax-serve: gRPC {ours.grpc_address}, HTTP {ours.http_address}", flush=True)
         for spec in payloads:
             for kind, url in (("grpc", ours.grpc_address), ("http", ours.http_address)):
-                check = check_answers(kind, url, spec, inputs[spec], peer=False)
-                check.update(server="ours", protocol=f"kserve-{kind}", payload=spec)
-                results["validation"].append(check)
-                print(f"   check {spec} kserve-{kind}: {'ok' if check['ok'] else 'FAILED'} "
-                      f"{check}", flush=True)
-                failed |= not check["ok"]
+                failed |= not validate("ours", kind, url, spec)
             verify = service_run.verify_payload(
                 argparse.Namespace(big_bytes=16 << 20, timeout_ms=600000), args.client,
                 ours.grpc_address, spec, logs)
@@ -500,12 +505,7 @@ def main():
                 for spec in payloads:
                     for kind in peer_protocols:
                         url = peer.grpc if kind == "grpc" else peer.http
-                        check = check_answers(kind, url, spec, inputs[spec], peer=True)
-                        check.update(server="pytriton", protocol=f"kserve-{kind}", payload=spec)
-                        results["validation"].append(check)
-                        print(f"   check {spec} pytriton {kind}: "
-                              f"{'ok' if check['ok'] else 'FAILED'} {check}", flush=True)
-                        failed |= not check["ok"]
+                        failed |= not validate("pytriton", kind, url, spec)
                 save()
             if ready:
                 for spec in payloads:

@@ -88,6 +88,14 @@ class Connection:
     def data(self, stream_id, payload, end_stream=False):
         self.sock.sendall(frame(DATA, END_STREAM if end_stream else 0, stream_id, payload))
 
+    def reset_unary_calls_halfway(self, path, stream_ids=(1, 3, 5)):
+        """A unary call to `path` on each of `stream_ids` whose gRPC prefix
+        announces 1,000 bytes: 10 arrive, then the call is reset (CANCEL)."""
+        for stream_id in stream_ids:
+            self.headers(stream_id, path)
+            self.data(stream_id, grpc_message(b"\x0a" * 10, declared_length=1000))
+            self.reset(stream_id)
+
     def reset(self, stream_id, code=CANCEL):
         self.sock.sendall(frame(RST_STREAM, 0, stream_id, struct.pack(">I", code)))
 

@@ -233,10 +233,7 @@ def reset_before_message(context):
     """Unary calls reset halfway through their message."""
     connection = h2.Connection(context.grpc)
     try:
-        for stream_id in (1, 3, 5):
-            connection.headers(stream_id, SOFTMAX_PATH)
-            connection.data(stream_id, h2.grpc_message(b"\x0a" * 10, declared_length=1000))
-            connection.reset(stream_id)
+        connection.reset_unary_calls_halfway(SOFTMAX_PATH)
     finally:
         connection.close()
     return {"calls": 3}, []
