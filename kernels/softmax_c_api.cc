@@ -29,6 +29,19 @@ struct SoftmaxCSegment {
   int32_t log;
 };
 
+// One top-K segment; mirrors softmax::gpu::TopKSegment with C types.
+struct SoftmaxCTopKSegment {
+  uint64_t input;    // device pointer
+  uint64_t values;   // device pointer, outer * k * inner elements of the dtype
+  uint64_t indices;  // device pointer, outer * k * inner int64
+  int64_t outer;
+  int64_t n;
+  int64_t inner;
+  int64_t k;
+  float temperature;
+  int32_t log;
+};
+
 }  // extern "C"
 
 namespace {
@@ -158,6 +171,46 @@ int softmax_launch(int dtype, const SoftmaxCSegment* segments, int count, void* 
   const auto converted = Convert(segments, count);
   return static_cast<int>(softmax::gpu::LaunchSoftmax(
       *plan, static_cast<softmax::DType>(dtype), converted.data(), count, scratch, scratch_bytes,
+      static_cast<cudaStream_t>(stream)));
+}
+
+namespace {
+std::vector<softmax::gpu::TopKSegment> ConvertTopK(const SoftmaxCTopKSegment* segments, int count) {
+  std::vector<softmax::gpu::TopKSegment> out(count > 0 ? count : 0);
+  for (int i = 0; i < count; ++i) {
+    const SoftmaxCTopKSegment& c = segments[i];
+    softmax::gpu::TopKSegment& s = out[i];
+    s.input = reinterpret_cast<const void*>(static_cast<uintptr_t>(c.input));
+    s.values = reinterpret_cast<void*>(static_cast<uintptr_t>(c.values));
+    s.indices = reinterpret_cast<int64_t*>(static_cast<uintptr_t>(c.indices));
+    s.outer = c.outer;
+    s.n = c.n;
+    s.inner = c.inner;
+    s.k = c.k;
+    s.temperature = c.temperature;
+    s.log = c.log != 0;
+  }
+  return out;
+}
+}  // namespace
+
+// SoftmaxTopKScratchBytes (dtype: 1 float32, 2 float16, 3 bfloat16).
+size_t softmax_top_k_scratch_bytes(int dtype, const SoftmaxCTopKSegment* segments, int count) {
+  if (dtype < 1 || dtype > 3 || segments == nullptr) return 0;
+  const auto converted = ConvertTopK(segments, count);
+  return softmax::gpu::SoftmaxTopKScratchBytes(static_cast<softmax::DType>(dtype), converted.data(),
+                                               count);
+}
+
+// LaunchSoftmaxTopK; returns the cudaError_t value.
+int softmax_top_k_launch(int dtype, const SoftmaxCTopKSegment* segments, int count, void* scratch,
+                         size_t scratch_bytes, void* stream) {
+  if (dtype < 1 || dtype > 3 || (count > 0 && segments == nullptr)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const auto converted = ConvertTopK(segments, count);
+  return static_cast<int>(softmax::gpu::LaunchSoftmaxTopK(
+      static_cast<softmax::DType>(dtype), converted.data(), count, scratch, scratch_bytes,
       static_cast<cudaStream_t>(stream)));
 }
 
