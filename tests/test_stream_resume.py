@@ -60,12 +60,21 @@ def test_load_stream_runs_its_whole_duration_across_stream_ends(aging_server, tm
     assert report["verified"] == answered > 0
     # Each of the two streams ends about every STREAM_AGE_S.
     assert report["stream_reopens"] >= 2, report
-    assert report["resent_requests"] >= 0
-    # Every request answered once: the server computed exactly as many as
-    # the client accounted (a duplicate or stray answer would also count as
-    # a mismatch above).
+    assert report["resent_requests"] >= report["resent_after_loss"] >= 0
+    assert report["stream_reopens"] > report["streams_lost"] >= 0
+    # Every request answered once. The server's own ends (its trailer says
+    # so) leave nothing computed unanswered, so after them nothing is
+    # computed twice: the server computed exactly what the client accounted
+    # (a duplicate or stray answer would also count as a mismatch above). A
+    # stream the transport lost instead (a connection reset as the
+    # connection ages: 3 of 16 runs beside other end-to-end tests on a
+    # 2-core host) may take answers already computed with it; those
+    # requests, resent, are computed twice, never more often than resent.
     computed = e2e_util.requests_counted(aging_server, "OK", method) - before
-    assert computed == answered, (computed, answered, report)
+    assert answered <= computed <= answered + report["resent_after_loss"], (computed, answered,
+                                                                           report)
+    if report["streams_lost"] == 0:
+        assert computed == answered, (computed, answered, report)
     assert f"streams:      {report['stream_reopens']} reopened" in result.stdout
 
 

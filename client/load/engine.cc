@@ -207,9 +207,13 @@ class LoadRun final : public LoadRunInterface {
               std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count());
   }
 
-  void StreamReopened(int64_t resent) override {
+  void StreamReopened(int64_t resent, bool lost) override {
     stream_reopens_.fetch_add(1, std::memory_order_relaxed);
     resent_requests_.fetch_add(resent, std::memory_order_relaxed);
+    if (lost) {
+      streams_lost_.fetch_add(1, std::memory_order_relaxed);
+      resent_after_loss_.fetch_add(resent, std::memory_order_relaxed);
+    }
   }
 
   void Abort(const std::string& why) override {
@@ -299,6 +303,8 @@ class LoadRun final : public LoadRunInterface {
   std::atomic<bool> waiting_for_room_{false};
   std::atomic<int64_t> stream_reopens_{0};
   std::atomic<int64_t> resent_requests_{0};
+  std::atomic<int64_t> streams_lost_{0};
+  std::atomic<int64_t> resent_after_loss_{0};
 
   std::mutex done_mutex_;
   std::condition_variable done_cv_;
@@ -597,6 +603,8 @@ LoadReport LoadRun::Report() const {
   }
   report.stream_reopens = stream_reopens_.load();
   report.resent_requests = resent_requests_.load();
+  report.streams_lost = streams_lost_.load();
+  report.resent_after_loss = resent_after_loss_.load();
   const int64_t measure_begin_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(measure_begin_ - start_).count();
   if (report.requests > 0 && last_completion_ns > measure_begin_ns) {

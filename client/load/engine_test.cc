@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "client/tensor.h"
 #include "gtest/gtest.h"
+#include "common/stream_end.h"
 #include "kernels/cpu_softmax.h"
 #include "softmax/v1/softmax.grpc.pb.h"
 
@@ -31,6 +32,9 @@ struct StreamEnding {
   grpc::StatusCode code = grpc::StatusCode::UNAVAILABLE;
   bool drop_last = false;         // the last request read gets no answer
   bool half_answer_last = false;  // it gets the first of its two answer chunks only
+  // The end carries softmax-server's trailer (common/stream_end.h), as its
+  // maximum age does; without it the client takes the end for a reset.
+  bool says_why = false;
 };
 
 // Answers like softmax-server with batches of one, or echoes the input. On
@@ -47,7 +51,7 @@ class FakeSoftmaxService final : public v1::SoftmaxService::Service {
   }
 
   grpc::Status SoftmaxStream(
-      grpc::ServerContext*,
+      grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::SoftmaxResponse, v1::SoftmaxRequest>* stream) override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -74,7 +78,7 @@ class FakeSoftmaxService final : public v1::SoftmaxService::Service {
         ++requests_read_;
       }
       const bool last = ending_.after_requests > 0 && ++complete == ending_.after_requests;
-      if (last && ending_.drop_last) return Ending();
+      if (last && ending_.drop_last) return Ending(context);
       v1::SoftmaxResponse response;
       Answer(request, &response);
       if (!chunked) {
@@ -87,14 +91,14 @@ class FakeSoftmaxService final : public v1::SoftmaxService::Service {
         first.mutable_output()->set_data(data.substr(0, half));
         first.set_more_chunks(true);
         if (!stream->Write(first)) break;
-        if (last && ending_.half_answer_last) return Ending();
+        if (last && ending_.half_answer_last) return Ending(context);
         v1::SoftmaxResponse second;
         second.set_request_id(id);
         second.mutable_output()->set_data(data.substr(half));
         second.set_chunk_offset(static_cast<int64_t>(half));
         if (!stream->Write(second)) break;
       }
-      if (last) return Ending();
+      if (last) return Ending(context);
     }
     return grpc::Status::OK;
   }
@@ -134,7 +138,8 @@ class FakeSoftmaxService final : public v1::SoftmaxService::Service {
     response->mutable_timing()->set_batch_rows(view.rows());
   }
 
-  grpc::Status Ending() const {
+  grpc::Status Ending(grpc::ServerContext* context) const {
+    if (ending_.says_why) context->AddTrailingMetadata(kStreamEndKey, kStreamEndMaxAge);
     return grpc::Status(ending_.code, "stream reached the server's maximum age; reopen it");
   }
 
@@ -267,8 +272,11 @@ TEST_F(LoadTest, ClosedLoopStreamReopensAndResendsWhatWasUnanswered) {
   EXPECT_GE(report->stream_reopens, 600 / 39 - 2);
   EXPECT_EQ(report->stream_reopens, service_->streams() - 2);
   EXPECT_GE(report->resent_requests, report->stream_reopens);
-  // Each dropped request was read once more than it was answered.
+  // Each dropped request was read once more than it was answered: ends
+  // without the server's trailer are reported as lost, with what they resent.
   EXPECT_EQ(service_->requests_read(), 600 + report->stream_reopens);
+  EXPECT_EQ(report->streams_lost, report->stream_reopens);
+  EXPECT_EQ(report->resent_after_loss, report->resent_requests);
 }
 
 TEST_F(LoadTest, ChunkedStreamDropsAHalfReceivedAnswerAndResendsItWhole) {
@@ -296,6 +304,7 @@ TEST_F(LoadTest, ChunkedStreamDropsAHalfReceivedAnswerAndResendsItWhole) {
 TEST_F(LoadTest, OpenLoopStreamRunsItsWholeDurationAcrossReopens) {
   StreamEnding ending;
   ending.after_requests = 50;
+  ending.says_why = true;
   StartServer(/*echo=*/false, ending);
   LoadOptions options = BaseOptions();
   options.rate = 1000;
@@ -311,6 +320,9 @@ TEST_F(LoadTest, OpenLoopStreamRunsItsWholeDurationAcrossReopens) {
   EXPECT_EQ(report->mismatches, 0) << report->first_mismatch;
   EXPECT_GE(report->stream_reopens, 600 / 50 - 2);
   EXPECT_EQ(service_->requests_read(), 600);
+  // Every end said the server ended it: nothing resent was computed.
+  EXPECT_EQ(report->streams_lost, 0);
+  EXPECT_EQ(report->resent_after_loss, 0);
 }
 
 TEST_F(LoadTest, OpenLoopChunkedStreamHalfClosesAfterItsLastAnswer) {

@@ -96,7 +96,13 @@ std::string FormatLoadReport(const LoadReport& report) {
   }
   if (o.stream) {
     absl::StrAppend(&text, "streams:      ", report.stream_reopens, " reopened, ",
-                    report.resent_requests, " request(s) resent\n");
+                    report.resent_requests, " request(s) resent");
+    if (report.streams_lost > 0) {
+      absl::StrAppend(&text, "; ", report.streams_lost, " lost by the transport, ",
+                      report.resent_after_loss, " request(s) resent after that (some may "
+                      "have been computed twice)");
+    }
+    absl::StrAppend(&text, "\n");
   }
   if (!report.ended_early.empty()) {
     absl::StrAppend(&text, "ended early:  ", report.ended_early, "\n");
@@ -167,6 +173,8 @@ std::string LoadReportJson(const LoadReport& report) {
   json["first_mismatch"] = report.first_mismatch;
   json["stream_reopens"] = report.stream_reopens;
   json["resent_requests"] = report.resent_requests;
+  json["streams_lost"] = report.streams_lost;
+  json["resent_after_loss"] = report.resent_after_loss;
   json["ended_early"] = report.ended_early;
   json["elapsed_s"] = report.elapsed_seconds;
   json["requests_per_s"] = report.requests_per_second;

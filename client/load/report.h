@@ -53,6 +53,13 @@ struct LoadReport {
   // once above).
   int64_t stream_reopens = 0;
   int64_t resent_requests = 0;
+  // Of those, the streams the transport lost (a connection reset: an
+  // UNAVAILABLE the server did not end the stream with), and the requests
+  // resent after them: the server may have computed some of these already,
+  // their answers lost with the connection, so it computes them twice. After
+  // the server's own ends (age, drain) nothing resent was computed.
+  int64_t streams_lost = 0;
+  int64_t resent_after_loss = 0;
   // Why the run stopped before its end, empty when it ran its course (or was
   // stopped by the caller).
   std::string ended_early;

@@ -97,6 +97,8 @@ TEST(LoadReportJsonTest, HasEveryFieldTheBenchmarksRead) {
   EXPECT_EQ(json["first_mismatch"], "");
   EXPECT_EQ(json["stream_reopens"], 0);
   EXPECT_EQ(json["resent_requests"], 0);
+  EXPECT_EQ(json["streams_lost"], 0);
+  EXPECT_EQ(json["resent_after_loss"], 0);
   EXPECT_EQ(json["ended_early"], "");
   EXPECT_EQ(json["elapsed_s"], 2.0);
   EXPECT_EQ(json["requests_per_s"], 5.0);
@@ -120,7 +122,7 @@ TEST(LoadReportJsonTest, HasEveryFieldTheBenchmarksRead) {
   for (const char* key : {"mean_compute_us", "mean_kernel_us", "mean_dispatch_us"}) {
     EXPECT_TRUE(batch.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 33u) << json.dump();
+  EXPECT_EQ(json.size(), 35u) << json.dump();
 }
 
 TEST(LoadReportJsonTest, OpenLoopAndUnlimitedDurationAndOddText) {
@@ -218,12 +220,21 @@ TEST(LoadReportTextTest, StreamReopensAndAnEarlyEndAreShown) {
   EXPECT_NE(text.find("(kserve ModelStreamInfer, stream)"), std::string::npos) << text;
   EXPECT_NE(text.find("streams:      4 reopened, 17 request(s) resent\n"), std::string::npos)
       << text;
+  report.streams_lost = 1;
+  report.resent_after_loss = 3;
+  EXPECT_NE(FormatLoadReport(report).find(
+                "streams:      4 reopened, 17 request(s) resent; 1 lost by the transport, 3 "
+                "request(s) resent after that (some may have been computed twice)\n"),
+            std::string::npos)
+      << FormatLoadReport(report);
   EXPECT_NE(text.find("ended early:  the stream on connection 1 got no answer\n"),
             std::string::npos)
       << text;
   const nlohmann::json json = nlohmann::json::parse(LoadReportJson(report));
   EXPECT_EQ(json["stream_reopens"], 4);
   EXPECT_EQ(json["resent_requests"], 17);
+  EXPECT_EQ(json["streams_lost"], 1);
+  EXPECT_EQ(json["resent_after_loss"], 3);
   EXPECT_EQ(json["ended_early"], "the stream on connection 1 got no answer");
 }
 

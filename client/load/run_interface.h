@@ -50,9 +50,11 @@ class LoadRunInterface {
   // mismatch).
   virtual void RecordUnmatched(const std::string& request_id) = 0;
 
-  // A stream the server ended was reopened, `resent` requests that it left
-  // unanswered to be written again on the new one.
-  virtual void StreamReopened(int64_t resent) = 0;
+  // A stream that ended with UNAVAILABLE was reopened, `resent` requests that
+  // it left unanswered to be written again on the new one. `lost`: the
+  // transport ended it, not the server (common/stream_end.h), so some of
+  // those may have been computed already and will be computed again.
+  virtual void StreamReopened(int64_t resent, bool lost) = 0;
   // A unit cannot go on: the run stops sending (as Admit's no does) and
   // reports `why` (the first reason given, when several are).
   virtual void Abort(const std::string& why) = 0;

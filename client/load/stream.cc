@@ -8,6 +8,7 @@
 #include "client/load/report.h"
 #include "client/load/wire.h"
 #include "common/chunk_wire.h"
+#include "common/stream_end.h"
 
 namespace softmax::client {
 
@@ -31,10 +32,11 @@ class LoadStreamWorker::Attempt final
     LoadStreamWorker* worker = worker_;
     const grpc::Status ended = status;  // `status` lives in the call
     const bool had_answer = answered;
+    const bool by_server = context.GetServerTrailingMetadata().count(kStreamEndKey) > 0;
     self.reset();
     // The worker drops its own reference before it may end: nothing of this
     // object is touched from here on.
-    worker->OnAttemptDone(ended, had_answer);
+    worker->OnAttemptDone(ended, had_answer, by_server);
   }
 
   grpc::ClientContext context;
@@ -132,8 +134,9 @@ void LoadStreamWorker::ReopenLoop() {
     if (!cancelled_ && !(closing_ && ledger_.empty())) {
       OpenLocked();
       const int64_t resent = reopen_resent_;
+      const bool lost = reopen_lost_;
       lock.unlock();
-      run_->StreamReopened(resent);
+      run_->StreamReopened(resent, lost);
       lock.lock();
       continue;
     }
@@ -277,7 +280,8 @@ void LoadStreamWorker::DropAssembling() {
   assembling_.clear();
 }
 
-void LoadStreamWorker::OnAttemptDone(const grpc::Status& status, bool answered) {
+void LoadStreamWorker::OnAttemptDone(const grpc::Status& status, bool answered,
+                                     bool ended_by_server) {
   // Every reaction of the stream has run: the read path is free.
   DropAssembling();
   std::vector<StreamRequest> failed;
@@ -285,6 +289,9 @@ void LoadStreamWorker::OnAttemptDone(const grpc::Status& status, bool answered) 
   std::string why;
   bool reopen = false;
   int64_t reopen_now = -1;  // reopened from this reaction: the requests sent again
+  // Lost by the transport (an UNAVAILABLE the server did not end the stream
+  // with, common/stream_end.h): what it left unanswered may have been computed.
+  const bool lost = !ended_by_server;
   std::shared_ptr<Attempt> ended_attempt;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -334,6 +341,7 @@ void LoadStreamWorker::OnAttemptDone(const grpc::Status& status, bool answered) 
       } else {
         reopen_at_ = now + delay;
         reopen_resent_ = resent;
+        reopen_lost_ = lost;
         if (!reopener_.joinable()) reopener_ = std::thread([this] { ReopenLoop(); });
         reopen_wake_.notify_all();
       }
@@ -345,7 +353,7 @@ void LoadStreamWorker::OnAttemptDone(const grpc::Status& status, bool answered) 
   // The stream that ended goes (its call with it) before the worker may end.
   ended_attempt.reset();
   if (reopen) {
-    if (reopen_now >= 0) run_->StreamReopened(reopen_now);
+    if (reopen_now >= 0) run_->StreamReopened(reopen_now, lost);
     return;
   }
   EndForGood(std::move(failed), code, why);

@@ -100,8 +100,9 @@ class LoadStreamWorker {
   void OnRead(grpc::ByteBuffer* buffer, Attempt* attempt);
   // Writes what may go now, then reads the attempt's next message.
   void ReadNext(Attempt* attempt);
-  // The current attempt ended with `status`.
-  void OnAttemptDone(const grpc::Status& status, bool answered);
+  // The current attempt ended with `status`; `ended_by_server` when the
+  // server said it ended it (common/stream_end.h).
+  void OnAttemptDone(const grpc::Status& status, bool answered, bool ended_by_server);
   void OnWriteDone(bool ok);
 
   // The answer to `id` is complete, or failed with `code`: accounted, and
@@ -149,9 +150,11 @@ class LoadStreamWorker {
   std::mutex mutex_;
   StreamLedger ledger_;                   // GUARDED_BY(mutex_)
   std::shared_ptr<Attempt> attempt_;      // GUARDED_BY(mutex_); null between streams
-  // A delayed reopen: when, and how many requests it sends again.
+  // A delayed reopen: when, how many requests it sends again, and whether
+  // the transport lost the stream it replaces.
   std::optional<LoadClock::time_point> reopen_at_;  // GUARDED_BY(mutex_)
   int64_t reopen_resent_ = 0;             // GUARDED_BY(mutex_)
+  bool reopen_lost_ = false;              // GUARDED_BY(mutex_)
   bool stopping_ = false;                 // GUARDED_BY(mutex_); the destructor runs
   std::condition_variable reopen_wake_;   // with mutex_: reopen_at_, cancelled_, stopping_
   std::thread reopener_;                  // started at the first delayed reopen

@@ -39,6 +39,9 @@
 // telling the client to reopen it (--max_stream_age_s, opt-in). Messages
 // never read were not computed.
 //
+// Either end (age, drain) carries the trailer common/stream_end.h names:
+// every message read was answered, none unread was computed.
+//
 // A Handler provides:
 //   using Entry = ...;  // one message; has grpc::ByteBuffer incoming, outgoing
 //                       // and Admission::Ticket ticket (in flight from its
@@ -80,6 +83,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/stream_end.h"
 #include "server/rpc/front_end.h"
 #include "server/rpc/grpc/status_util.h"
 #include "server/scheduling/admission.h"
@@ -323,10 +327,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     if (cancelled_.load()) {
       Finish(grpc::Status::CANCELLED);
     } else if (aged_out) {
+      context_->AddTrailingMetadata(kStreamEndKey, kStreamEndMaxAge);
       Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           "stream reached the server's maximum age; reopen it (messages "
                           "without an answer were not read, nor computed)"));
     } else if (by_drain) {
+      context_->AddTrailingMetadata(kStreamEndKey, kStreamEndDraining);
       Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           "server is shutting down; retry on another replica"));
     } else {

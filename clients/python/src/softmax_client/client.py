@@ -100,6 +100,10 @@ REOPEN_BACKOFF_MAX_S = 1.0
 # A restarted replica listens again within seconds (its lame duck is 0.5 s):
 # a stream that gets no answer for this long raises, whatever its deadline.
 REOPEN_PATIENCE_S = 10.0
+# The trailer with which the server says it ended a stream itself (maximum
+# age, drain), having answered every message it read: what is sent again
+# after it was never computed. Without it the transport ended the stream.
+STREAM_END_KEY = "softmax-stream-end"
 
 
 @dataclasses.dataclass
@@ -235,6 +239,8 @@ class Client:
         self._counts_lock = threading.Lock()
         self.stream_reopens = 0
         self.resent_requests = 0
+        self.streams_lost = 0
+        self.resent_after_loss = 0
         serialize = softmax_pb2.SoftmaxRequest.SerializeToString
         parse = softmax_pb2.SoftmaxResponse.FromString
         self._unary = self._channel.unary_unary(_UNARY, request_serializer=serialize,
@@ -305,16 +311,22 @@ class Client:
         it left unanswered are sent again, whole: every array gets exactly
         one result. The returned iterator counts that in `reopens` and
         `resent_requests` (the Client adds them up in `stream_reopens` and
-        `resent_requests`). Reopening stops at the deadline, or once no
+        `resent_requests`); of those, `streams_lost` and `resent_after_loss`
+        count the streams the transport lost rather than the server ended
+        (no `softmax-stream-end` trailer), after which the server may compute
+        a resent request twice. Reopening stops at the deadline, or once no
         answer came for REOPEN_PATIENCE_S; any other failure of the stream
         raises SoftmaxError at once. `timeout` bounds the whole stream,
         reopens included."""
         return StreamResults(self, arrays, self._deadline(timeout))
 
-    def _count_reopen(self, resent: int) -> None:
+    def _count_reopen(self, resent: int, lost: bool) -> None:
         with self._counts_lock:
             self.stream_reopens += 1
             self.resent_requests += resent
+            if lost:
+                self.streams_lost += 1
+                self.resent_after_loss += resent
 
     def softmax_many(self, arrays: Iterable[np.ndarray], axis: int = -1,
                      temperature: float = 1.0, log: bool = False, *,
@@ -337,12 +349,16 @@ class StreamResults:
     """What Client.stream returns: an iterator of StreamResult that reopens
     the stream when the server ends it with UNAVAILABLE. `reopens` counts the
     streams opened again, `resent_requests` the requests sent again on them
-    (those the stream before left unanswered). The stream opens on the first
-    next(); close() cancels it."""
+    (those the stream before left unanswered); `streams_lost` and
+    `resent_after_loss` the part of those after ends the server did not say
+    it made (STREAM_END_KEY). The stream opens on the first next(); close()
+    cancels it."""
 
     def __init__(self, client: "Client", arrays: Iterable[Any], timeout: Optional[float]):
         self.reopens = 0
         self.resent_requests = 0
+        self.streams_lost = 0
+        self.resent_after_loss = 0
         self._results = self._run(client, _RequestFeed(arrays, client._chunk_bytes), timeout)
 
     def __iter__(self) -> "StreamResults":
@@ -381,6 +397,8 @@ class StreamResults:
                 if error.code() != grpc.StatusCode.UNAVAILABLE:
                     raise SoftmaxError(error.code(), error.details() or "") from None
                 details = error.details() or ""
+                lost = not any(key == STREAM_END_KEY
+                               for key, _ in (error.trailing_metadata() or ()))
             except BaseException:  # the caller stopped reading, or a bad answer
                 call.cancel()
                 raise
@@ -411,7 +429,10 @@ class StreamResults:
             resent = feed.requeue()
             self.reopens += 1
             self.resent_requests += resent
-            client._count_reopen(resent)
+            if lost:
+                self.streams_lost += 1
+                self.resent_after_loss += resent
+            client._count_reopen(resent, lost)
             time.sleep(backoff)
             backoff = min(REOPEN_BACKOFF_MAX_S, max(REOPEN_BACKOFF_S, 2 * backoff))
 
