@@ -12,7 +12,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "server/logging/log.h"
 #include "server/rpc/validation.h"
 
@@ -93,8 +92,8 @@ const char* DatatypeName(DType dtype) {
   return "INVALID";
 }
 
-absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
-                                 v1::SoftmaxRequest* out) {
+absl::Status BuildInferenceRequest(InferRequestParts* parts, Model* model,
+                                   InferenceRequest* out) {
   absl::StatusOr<Model> found = FindModel(parts->model_name, parts->model_version);
   if (!found.ok()) return found.status();
   *model = *found;
@@ -107,24 +106,8 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
   if (!dtype.ok()) return dtype.status();
 
   const int rank = static_cast<int>(parts->input_shape.size());
-  if (parts->axis.has_value()) {
-    const int64_t axis = *parts->axis;
-    if (axis < std::numeric_limits<int32_t>::min() ||
-        axis > std::numeric_limits<int32_t>::max()) {
-      // softmax.v1's message, for an axis its int32 field cannot carry.
-      return NormalizeAxis(axis, rank).status();
-    }
-    out->set_axis(static_cast<int32_t>(axis));
-  }
-  if (parts->temperature.has_value()) {
-    const double t = *parts->temperature;
-    // Checked as a double, then narrowed: what the kernels compute with.
-    if (!std::isfinite(t) || t <= 0.0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("temperature: must be finite and > 0, got ", t));
-    }
-    out->set_temperature(static_cast<float>(t));
-  }
+  if (parts->axis.has_value()) out->axis = *parts->axis;
+  out->temperature = parts->temperature;
   if (parts->classification.has_value()) {
     const int64_t k = *parts->classification;
     if (k <= 0) {
@@ -137,7 +120,7 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
           "'classification'");
     }
     // As Triton: at most as many classes as the row has (a bad axis is
-    // named by the softmax.v1 checks).
+    // named by validation).
     int64_t top_k = k;
     if (absl::StatusOr<int> axis = NormalizeAxis(parts->axis.value_or(-1), rank); axis.ok()) {
       top_k = std::min(k, rank == 0 ? int64_t{1} : parts->input_shape[*axis]);
@@ -146,22 +129,36 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
       return absl::InvalidArgumentError(
           "outputs[0].parameters.classification: the axis has no elements to classify");
     }
-    out->set_top_k(top_k);
+    out->top_k = top_k;
   }
   if (parts->top_k.has_value()) {
     if (*parts->top_k < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("parameters.top_k: must be >= 0, got ", *parts->top_k));
     }
-    out->set_top_k(*parts->top_k);  // over the axis: Dispatch names top_k
+    out->top_k = *parts->top_k;  // over the axis: validation names parameters.top_k
   }
-  out->set_log(IsLog(*model));
-  out->set_request_id(parts->id);
-  v1::Tensor* input = out->mutable_input();
-  input->set_dtype(static_cast<v1::DType>(static_cast<int>(*dtype)));
-  input->mutable_shape()->Add(parts->input_shape.begin(), parts->input_shape.end());
-  input->mutable_data()->swap(parts->input_data);
+  out->log = IsLog(*model);
+  out->id = parts->id;
+  out->dtype = *dtype;
+  out->dims = parts->input_shape;
+  out->input.data = parts->input_data.data();
+  out->input.bytes = static_cast<int64_t>(parts->input_data.size());
+  out->input.buffer = &parts->input_data;
   return absl::OkStatus();
+}
+
+FieldNames FieldNamesFor(const InferRequestParts& parts) {
+  FieldNames names;
+  names.id = "id";
+  names.input = "inputs[0]";
+  names.shape = "inputs[0].shape";
+  names.data = parts.data_field;
+  names.axis = "parameters.axis";
+  names.temperature = "parameters.temperature";
+  names.top_k = "parameters.top_k";
+  names.output_region = "outputs[0].parameters.shared_memory_byte_size";
+  return names;
 }
 
 absl::StatusOr<std::vector<AnswerOutput>> AnswerOutputs(const InferRequestParts& parts) {
@@ -205,15 +202,14 @@ std::string ClassificationString(float value, int64_t index) {
   return absl::StrCat(std::to_string(value), ":", index);
 }
 
-std::vector<std::string> ClassificationStrings(const v1::TopK& top_k) {
-  const auto dtype = static_cast<DType>(static_cast<int>(top_k.values().dtype()));
-  const std::string& values = top_k.values().data();
+std::vector<std::string> ClassificationStrings(const TopKResult& top_k, DType dtype) {
+  const std::string& values = top_k.values;
   const int64_t count = static_cast<int64_t>(values.size()) / ItemSize(dtype);
   std::vector<std::string> elements;
   elements.reserve(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
     int64_t index = 0;
-    std::memcpy(&index, top_k.indices().data() + i * sizeof(int64_t), sizeof(int64_t));
+    std::memcpy(&index, top_k.indices.data() + i * sizeof(int64_t), sizeof(int64_t));
     elements.push_back(ClassificationString(LoadAsFloat(values.data(), dtype, i), index));
   }
   return elements;
@@ -253,7 +249,7 @@ absl::StatusOr<std::optional<RegionRef>> MakeRegionRef(std::optional<std::string
 }
 
 absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManager* shared_memory,
-                         ExternalTensors* external,
+                         InferenceRequest* request,
                          std::vector<std::shared_ptr<const void>>* leases) {
   if (!parts.input_region.has_value() && !parts.output_region.has_value()) {
     return absl::OkStatus();
@@ -267,21 +263,25 @@ absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManag
     absl::StatusOr<SharedMemoryTensor> tensor =
         shared_memory->Resolve(in->name, in->offset, in->byte_size, "inputs[0].parameters");
     if (!tensor.ok()) return tensor.status();
-    external->input = tensor->data;
-    external->input_bytes = tensor->bytes;
-    external->input_memory = tensor->memory;
-    external->input_device = tensor->device;
+    InputTensor& input = request->input;
+    input.data = tensor->data;
+    input.bytes = tensor->bytes;
+    input.memory = tensor->memory;
+    input.device = tensor->device;
+    input.external = true;
+    input.buffer = nullptr;
     leases->push_back(std::move(tensor->lease));
   }
   if (const auto& out = parts.output_region) {
     absl::StatusOr<SharedMemoryTensor> tensor =
         shared_memory->Resolve(out->name, out->offset, out->byte_size, "outputs[0].parameters");
     if (!tensor.ok()) return tensor.status();
-    // (Dispatch checks that it holds the output.)
-    external->output = tensor->data;
-    external->output_bytes = tensor->bytes;
-    external->output_memory = tensor->memory;
-    external->output_device = tensor->device;
+    // (Validation checks that it holds the output.)
+    OutputSink& output = request->output;
+    output.region = tensor->data;
+    output.region_bytes = tensor->bytes;
+    output.region_memory = tensor->memory;
+    output.region_device = tensor->device;
     leases->push_back(std::move(tensor->lease));
   }
   return absl::OkStatus();
@@ -296,17 +296,6 @@ std::vector<std::string> Extensions(const SharedMemoryManager* shared_memory) {
     out.push_back("cuda_shared_memory");
   }
   return out;
-}
-
-absl::Status RenameInputFields(const absl::Status& status, absl::string_view data_field) {
-  if (status.ok() || status.code() != absl::StatusCode::kInvalidArgument) return status;
-  std::string message = absl::StrReplaceAll(
-      status.message(), {{"input.data", data_field}, {"input.shape", "inputs[0].shape"},
-                         {"input.dtype", "inputs[0].datatype"},
-                         {"output.region", "outputs[0].parameters.shared_memory_byte_size"}});
-  if (absl::StartsWith(message, "input:")) message = absl::StrCat("inputs[0]", message.substr(5));
-  if (absl::StartsWith(message, "top_k:")) message = absl::StrCat("parameters.", message);
-  return absl::InvalidArgumentError(message);
 }
 
 bool HasContents(const inference::InferTensorContents& c) {

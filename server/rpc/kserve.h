@@ -1,9 +1,9 @@
 // The Open Inference Protocol (KServe v2, with Triton's extensions): the part
 // both front-ends share, free of any transport. The gRPC service
 // (kserve_grpc.h) and the HTTP server (kserve_http.h) each turn their wire
-// form into an InferRequestParts, call BuildSoftmaxRequest, and hand the
-// result to Dispatch (dispatch.h): the same validation and Admission as
-// softmax.v1, so requests of every protocol batch together.
+// form into an InferRequestParts, call BuildInferenceRequest, and submit the
+// result (dispatch.h): the same validation and Admission as every other
+// protocol's, so requests of every protocol batch together.
 //
 // Models: `softmax` and `log_softmax` (and their `_fp16` / `_bf16`
 // variants, see Model), version "1" (an empty version means "1"). One input of any name (metadata calls it INPUT), FP32 / FP16 / BF16,
@@ -13,8 +13,8 @@
 // output's `classification` (Triton's extension) answers OUTPUT as BYTES.
 //
 // Errors are absl::Status values naming the KServe field: INVALID_ARGUMENT
-// for a bad request (the softmax.v1 checks, with `input.*` renamed to the
-// KServe field), NOT_FOUND for an unknown model or version.
+// for a bad request (validation.h names KServe's fields, FieldNamesFor),
+// NOT_FOUND for an unknown model or version.
 //
 // Thread-safety: free functions are pure; ModelStatistics is thread-safe.
 #ifndef SOFTMAX_SERVER_RPC_KSERVE_H_
@@ -34,10 +34,9 @@
 #include "inference/grpc_service.pb.h"
 #include "kernels/dtype.h"
 #include "server/metrics/metrics.h"
-#include "server/rpc/dispatch.h"
-#include "server/scheduling/batcher.h"
+#include "server/rpc/validation.h"
+#include "server/scheduling/inference_request.h"
 #include "server/shm/shared_memory.h"
-#include "softmax/v1/softmax.pb.h"
 
 namespace softmax::server::kserve {
 
@@ -116,11 +115,12 @@ struct InferRequestParts {
   std::string input_datatype;
   std::vector<int64_t> input_shape;
   // The input's bytes, little-endian row-major, gathered by the front-end
-  // from raw or typed contents. Moved into the softmax.v1 request.
+  // from raw or typed contents. The InferenceRequest's input is a view of
+  // it (BuildInferenceRequest).
   std::string input_data;
   // The wire field that carried input_data, for messages (e.g.
   // "raw_input_contents[0]", "inputs[0].contents.fp32_contents").
-  std::string data_field;
+  std::string data_field = "raw_input_contents[0]";
   // The names of the requested outputs (empty: all, i.e. OUTPUT).
   std::vector<std::string> requested_outputs;
   std::optional<int64_t> axis;
@@ -153,12 +153,12 @@ enum class AnswerOutput {
 absl::StatusOr<std::vector<AnswerOutput>> AnswerOutputs(const InferRequestParts& parts);
 
 // Looks up `parts`' regions in `shared_memory` (may be null: none served)
-// and fills `external` for Dispatch; `leases` keep the regions mapped until
-// the request is answered. NOT_FOUND for an unknown region, INVALID_ARGUMENT
-// for a range outside its region (Dispatch checks the sizes against the
-// shape).
+// and points `request`'s input or output at them; `leases` keep the regions
+// mapped until the request is answered. NOT_FOUND for an unknown region,
+// INVALID_ARGUMENT for a range outside its region (validation checks the
+// sizes against the shape).
 absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManager* shared_memory,
-                         ExternalTensors* external,
+                         InferenceRequest* request,
                          std::vector<std::shared_ptr<const void>>* leases);
 
 // The extensions ServerMetadata and GET /v2 list: kExtensions, and the
@@ -166,13 +166,18 @@ absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManag
 std::vector<std::string> Extensions(const SharedMemoryManager* shared_memory);
 
 // Checks what is KServe's own in `parts` (model, input count, datatype,
-// requested outputs, parameter ranges) and fills `out`, a softmax.v1
-// request of the same meaning, for Dispatch, which checks the rest (shape,
-// byte count, limits: rename its messages with RenameInputFields). `*model`
-// receives the model. Takes parts->input_data. On error the request must not
-// be dispatched.
-absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
-                                 v1::SoftmaxRequest* out);
+// requested outputs, parameter ranges) and fills `out` for submission
+// (dispatch.h), which checks the rest (shape, byte count, limits) with
+// FieldNamesFor(*parts). `*model` receives the model. out's id and input are
+// views of `parts` (its input.buffer is &parts->input_data), which must
+// live until the request is answered; its output is the caller's to point.
+// On error the request must not be submitted.
+absl::Status BuildInferenceRequest(InferRequestParts* parts, Model* model,
+                                   InferenceRequest* out);
+
+// KServe's names for the fields validation names, with `parts`' data field
+// (the returned names view it).
+FieldNames FieldNamesFor(const InferRequestParts& parts);
 
 // Triton's classification extension: a requested output with parameter
 // `classification` = K (> 0) is answered as a BYTES tensor of the input's
@@ -183,19 +188,13 @@ absl::Status BuildSoftmaxRequest(InferRequestParts* parts, Model* model,
 // (std::to_string of the value widened to float: "%f").
 std::string ClassificationString(float value, int64_t index);
 
-// The elements of `top_k`'s classification answer, row-major.
-std::vector<std::string> ClassificationStrings(const v1::TopK& top_k);
+// The elements of `top_k`'s classification answer (values of `dtype`),
+// row-major.
+std::vector<std::string> ClassificationStrings(const TopKResult& top_k, DType dtype);
 
 // The same as a BYTES tensor's bytes on the wire (raw_output_contents, HTTP
 // binary data): each element as a 4-byte little-endian length and its bytes.
 std::string SerializeBytesTensor(const std::vector<std::string>& elements);
-
-// Renames the softmax.v1 fields in a validation message (from
-// Dispatch) to the KServe ones: `input.data` to
-// `data_field`, `input.shape` to `inputs[0].shape`, `input` to `inputs[0]`,
-// `top_k` to `parameters.top_k`,
-// `output.region` to the output's shared_memory_byte_size.
-absl::Status RenameInputFields(const absl::Status& status, absl::string_view data_field);
 
 // Typed contents -> little-endian bytes of `dtype`: FP32 takes fp32_contents
 // only; FP16 / BF16 have no typed field and take raw contents only.

@@ -18,6 +18,15 @@ InferRequestParts GoodParts() {
   return parts;
 }
 
+// `parts` built and validated as the front-ends submit it, naming KServe's
+// fields.
+absl::Status Build(InferRequestParts* parts, Model* model, InferenceRequest* request) {
+  *request = InferenceRequest{};
+  absl::Status status = BuildInferenceRequest(parts, model, request);
+  if (status.ok()) status = ValidateRequest(request, RequestLimits{}, FieldNamesFor(*parts));
+  return status;
+}
+
 TEST(KServeTest, FindModelServesTwoModelsAtVersionOne) {
   EXPECT_EQ(*FindModel("softmax", ""), Model::kSoftmax);
   EXPECT_EQ(*FindModel("log_softmax", "1"), Model::kLogSoftmax);
@@ -36,53 +45,54 @@ TEST(KServeTest, TypedVariantsAdvertiseTheirTypeAndComputeTheSame) {
   InferRequestParts parts = GoodParts();
   parts.model_name = "log_softmax_fp16";  // an FP32 input: every variant takes every type
   Model model;
-  v1::SoftmaxRequest request;
-  ASSERT_TRUE(BuildSoftmaxRequest(&parts, &model, &request).ok());
-  EXPECT_TRUE(request.log());
-  EXPECT_EQ(request.input().dtype(), v1::DTYPE_FLOAT32);
+  InferenceRequest request;
+  ASSERT_TRUE(Build(&parts, &model, &request).ok());
+  EXPECT_TRUE(request.log);
+  EXPECT_EQ(request.dtype, DType::kFloat32);
 }
 
-TEST(KServeTest, BuildsTheSoftmaxV1RequestThatDispatchValidates) {
+TEST(KServeTest, BuildsTheInferenceRequestThatValidationAccepts) {
   InferRequestParts parts = GoodParts();
   parts.model_name = "log_softmax";
   parts.axis = 0;
   parts.temperature = 2.0;
   Model model;
-  v1::SoftmaxRequest request;
-  ASSERT_TRUE(BuildSoftmaxRequest(&parts, &model, &request).ok());
+  InferenceRequest request;
+  ASSERT_TRUE(Build(&parts, &model, &request).ok());
   EXPECT_EQ(model, Model::kLogSoftmax);
-  EXPECT_TRUE(request.log());
-  EXPECT_EQ(request.axis(), 0);
-  EXPECT_FLOAT_EQ(request.temperature(), 2.0f);
-  EXPECT_EQ(request.request_id(), "r1");
-  EXPECT_EQ(request.input().dtype(), v1::DTYPE_FLOAT32);
-  EXPECT_EQ(request.input().data().size(), 24u);
-  EXPECT_TRUE(ParseRequest(request, RequestLimits{}).ok());
+  EXPECT_TRUE(request.log);
+  EXPECT_EQ(request.axis, 0);
+  EXPECT_DOUBLE_EQ(*request.temperature, 2.0);
+  EXPECT_EQ(request.id, "r1");
+  EXPECT_EQ(request.dtype, DType::kFloat32);
+  EXPECT_EQ(request.input.bytes, 24);
+  EXPECT_EQ(request.input.data, parts.input_data.data());  // a view, not a copy
+  EXPECT_TRUE(request.tensor.valid);
 }
 
 TEST(KServeTest, ClassificationAsksForAtMostTheRowsLength) {
   InferRequestParts parts = GoodParts();  // [2, 3]
   parts.classification = 2;
   Model model;
-  v1::SoftmaxRequest request;
-  ASSERT_TRUE(BuildSoftmaxRequest(&parts, &model, &request).ok());
-  EXPECT_EQ(request.top_k(), 2);
+  InferenceRequest request;
+  ASSERT_TRUE(Build(&parts, &model, &request).ok());
+  EXPECT_EQ(request.top_k, 2);
   parts = GoodParts();
   parts.classification = 10;  // more classes than the row has: all of them, as Triton
   parts.axis = 0;
-  ASSERT_TRUE(BuildSoftmaxRequest(&parts, &model, &request).ok());
-  EXPECT_EQ(request.top_k(), 2);
+  ASSERT_TRUE(Build(&parts, &model, &request).ok());
+  EXPECT_EQ(request.top_k, 2);
   for (int64_t k : {0, -3}) {
     parts = GoodParts();
     parts.classification = k;
-    const absl::Status status = BuildSoftmaxRequest(&parts, &model, &request);
+    const absl::Status status = Build(&parts, &model, &request);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(status.message().find("classification"), absl::string_view::npos) << status;
   }
   parts = GoodParts();
   parts.classification = 1;
   parts.output_region = RegionRef{"r", 24, 0};
-  EXPECT_EQ(BuildSoftmaxRequest(&parts, &model, &request).code(),
+  EXPECT_EQ(Build(&parts, &model, &request).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -98,26 +108,26 @@ TEST(KServeTest, TopKAnswersTheRequestedTopKOutputs) {
   parts.requested_outputs = {kTopKIndicesName};
   EXPECT_EQ(*AnswerOutputs(parts), std::vector<Kind>{Kind::kTopKIndices});
   Model model;
-  v1::SoftmaxRequest request;
-  ASSERT_TRUE(BuildSoftmaxRequest(&parts, &model, &request).ok());
-  EXPECT_EQ(request.top_k(), 2);
-  EXPECT_FALSE(request.full_output());
+  InferenceRequest request;
+  ASSERT_TRUE(Build(&parts, &model, &request).ok());
+  EXPECT_EQ(request.top_k, 2);
+  EXPECT_FALSE(request.full_output);
   for (auto [top_k, output] : {std::pair<int64_t, const char*>{2, kOutputName},
                                {0, kTopKValuesName}, {0, "LOGITS"}}) {
     parts = GoodParts();
     if (top_k > 0) parts.top_k = top_k;
     parts.requested_outputs = {output};
-    const absl::Status status = BuildSoftmaxRequest(&parts, &model, &request);
+    const absl::Status status = Build(&parts, &model, &request);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << output;
     EXPECT_NE(status.message().find("outputs[0].name"), absl::string_view::npos) << status;
   }
   parts = GoodParts();
   parts.top_k = -1;
-  EXPECT_NE(BuildSoftmaxRequest(&parts, &model, &request).message().find("parameters.top_k"),
+  EXPECT_NE(Build(&parts, &model, &request).message().find("parameters.top_k"),
             absl::string_view::npos);
-  EXPECT_EQ(RenameInputFields(absl::InvalidArgumentError("top_k: must be in [0, 3]"), "x")
-                .message(),
-            "parameters.top_k: must be in [0, 3]");
+  parts = GoodParts();
+  parts.top_k = 4;  // over the row: named by validation, in KServe's words
+  EXPECT_EQ(Build(&parts, &model, &request).message().substr(0, 17), "parameters.top_k:");
 }
 
 TEST(KServeTest, ClassificationStringsAreTritons) {
@@ -125,13 +135,12 @@ TEST(KServeTest, ClassificationStringsAreTritons) {
   EXPECT_EQ(ClassificationString(0.5f, 3), "0.500000:3");
   EXPECT_EQ(ClassificationString(-1.25f, 31999), "-1.250000:31999");
   EXPECT_EQ(ClassificationString(1e-9f, 0), "0.000000:0");
-  v1::TopK top_k;
-  top_k.mutable_values()->set_dtype(v1::DTYPE_BFLOAT16);
+  TopKResult top_k;
   const uint16_t bits[2] = {0x3f00, 0x3e80};  // 0.5, 0.25
-  top_k.mutable_values()->set_data(std::string(reinterpret_cast<const char*>(bits), 4));
+  top_k.values = std::string(reinterpret_cast<const char*>(bits), 4);
   const int64_t indices[2] = {7, 2};
-  top_k.set_indices(std::string(reinterpret_cast<const char*>(indices), 16));
-  const std::vector<std::string> strings = ClassificationStrings(top_k);
+  top_k.indices = std::string(reinterpret_cast<const char*>(indices), 16);
+  const std::vector<std::string> strings = ClassificationStrings(top_k, DType::kBFloat16);
   EXPECT_EQ(strings, (std::vector<std::string>{"0.500000:7", "0.250000:2"}));
   EXPECT_EQ(SerializeBytesTensor(strings),
             std::string("\x0a\0\0\0" "0.500000:7" "\x0a\0\0\0" "0.250000:2", 28));
@@ -163,21 +172,28 @@ TEST(KServeTest, RejectsWhatIsKServesOwnNamingTheField) {
   for (const Case& c : cases) {
     InferRequestParts parts = GoodParts();
     c.mutate(&parts);
-    v1::SoftmaxRequest request;
-    const absl::Status status = BuildSoftmaxRequest(&parts, &model, &request);
+    InferenceRequest request;
+    const absl::Status status = Build(&parts, &model, &request);
     EXPECT_EQ(status.code(), c.code) << status;
     EXPECT_NE(status.message().find(c.field), absl::string_view::npos) << status;
   }
 }
 
-TEST(KServeTest, RenamesSoftmaxV1FieldsToKServeOnes) {
-  const absl::Status renamed = RenameInputFields(
-      absl::InvalidArgumentError("input.data: expected 24 bytes, got 20"),
-      "raw_input_contents[0]");
-  EXPECT_EQ(renamed.message(), "raw_input_contents[0]: expected 24 bytes, got 20");
-  EXPECT_EQ(RenameInputFields(absl::InvalidArgumentError("input: tensor too big"), "x").message(),
-            "inputs[0]: tensor too big");
-  EXPECT_EQ(RenameInputFields(absl::UnavailableError("input.data"), "x").message(), "input.data");
+TEST(KServeTest, ValidationNamesKServeFieldsNatively) {
+  Model model;
+  InferenceRequest request;
+  InferRequestParts parts = GoodParts();
+  parts.input_data.resize(20);
+  absl::Status status = Build(&parts, &model, &request);
+  EXPECT_EQ(status.message(), "raw_input_contents[0]: expected 24 bytes (6 elements of float32), got 20");
+  parts = GoodParts();
+  parts.data_field = "inputs[0].contents.fp32_contents";
+  parts.input_shape = {2, -3};
+  status = Build(&parts, &model, &request);
+  EXPECT_EQ(status.message().substr(0, 19), "inputs[0].shape[1]:") << status;
+  parts = GoodParts();
+  parts.id = std::string(kMaxRequestIdBytes + 1, 'i');
+  EXPECT_EQ(Build(&parts, &model, &request).message().substr(0, 3), "id:");
 }
 
 TEST(KServeTest, TypedContentsOnlyForFp32) {

@@ -13,20 +13,6 @@ bool MultiplyChecked(int64_t a, int64_t b, int64_t* product) {
   return !__builtin_mul_overflow(a, b, product);
 }
 
-absl::StatusOr<DType> ParseDType(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32: return DType::kFloat32;
-    case v1::DTYPE_FLOAT16: return DType::kFloat16;
-    case v1::DTYPE_BFLOAT16: return DType::kBFloat16;
-    case v1::DTYPE_UNSPECIFIED:
-      return absl::InvalidArgumentError(
-          "input.dtype: must be set (DTYPE_FLOAT32, DTYPE_FLOAT16 or DTYPE_BFLOAT16)");
-    default: break;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("input.dtype: unknown value ", static_cast<int>(dtype)));
-}
-
 }  // namespace
 
 bool IsValidUtf8(absl::string_view text) {
@@ -62,11 +48,12 @@ bool IsValidUtf8(absl::string_view text) {
   return true;
 }
 
-absl::StatusOr<int64_t> CountElements(absl::Span<const int64_t> dims) {
+absl::StatusOr<int64_t> CountElements(absl::Span<const int64_t> dims,
+                                      absl::string_view shape) {
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "input.shape[", i, "]: dimension must be >= 0, got ", dims[i]));
+          shape, "[", i, "]: dimension must be >= 0, got ", dims[i]));
     }
   }
   // A zero dimension anywhere makes the tensor empty, whatever the others
@@ -78,112 +65,115 @@ absl::StatusOr<int64_t> CountElements(absl::Span<const int64_t> dims) {
   for (size_t i = 0; i < dims.size(); ++i) {
     if (!MultiplyChecked(count, dims[i], &count)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "input.shape: element count overflows int64 at input.shape[", i, "]"));
+          shape, ": element count overflows int64 at ", shape, "[", i, "]"));
     }
   }
   return count;
 }
 
-absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank) {
+absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank, absl::string_view field) {
   const int64_t extent = rank == 0 ? 1 : rank;
   if (axis < -extent || axis >= extent) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "axis: ", axis, " is out of range for a tensor of rank ", rank, " (expected [",
+        field, ": ", axis, " is out of range for a tensor of rank ", rank, " (expected [",
         -extent, ", ", extent - 1, "])"));
   }
   return static_cast<int>(axis < 0 ? axis + extent : axis);
 }
 
-absl::StatusOr<ParsedRequest> ParseRequestHeader(const v1::SoftmaxRequest& request,
-                                                 const RequestLimits& limits) {
-  ParsedRequest parsed;
-  const v1::Tensor& input = request.input();
-
-  if (request.request_id().size() > kMaxRequestIdBytes) {
+absl::Status ValidateHeader(InferenceRequest* request, const RequestLimits& limits,
+                            const FieldNames& names) {
+  ValidatedTensor& parsed = request->tensor;
+  parsed = ValidatedTensor{};
+  if (request->id.size() > kMaxRequestIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "request_id: ", request.request_id().size(), " bytes; at most ", kMaxRequestIdBytes));
+        names.id, ": ", request->id.size(), " bytes; at most ", kMaxRequestIdBytes));
   }
-  if (!IsValidUtf8(request.request_id())) {
-    return absl::InvalidArgumentError("request_id: not valid UTF-8");
+  if (!IsValidUtf8(request->id)) {
+    return absl::InvalidArgumentError(absl::StrCat(names.id, ": not valid UTF-8"));
   }
 
-  absl::StatusOr<DType> dtype = ParseDType(input.dtype());
-  if (!dtype.ok()) return dtype.status();
-  parsed.dtype = *dtype;
-
-  parsed.dims.assign(input.shape().begin(), input.shape().end());
-  if (parsed.dims.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
-    return absl::InvalidArgumentError("input.shape: too many dimensions");
+  const std::vector<int64_t>& dims = request->dims;
+  if (dims.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat(names.shape, ": too many dimensions"));
   }
-  const int rank = static_cast<int>(parsed.dims.size());
-  absl::StatusOr<int64_t> elements = CountElements(parsed.dims);
+  const int rank = static_cast<int>(dims.size());
+  absl::StatusOr<int64_t> elements = CountElements(dims, names.shape);
   if (!elements.ok()) return elements.status();
   parsed.elements = *elements;
 
-  const int64_t item_size = ItemSize(parsed.dtype);
+  const int64_t item_size = ItemSize(request->dtype);
   if (!MultiplyChecked(parsed.elements, item_size, &parsed.bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "input.shape: ", parsed.elements, " elements of ", DTypeName(parsed.dtype),
+        names.shape, ": ", parsed.elements, " elements of ", DTypeName(request->dtype),
         " overflow int64 bytes"));
   }
   if (parsed.bytes > limits.max_tensor_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "input: tensor of ", parsed.bytes, " bytes exceeds the server's limit of ",
+        names.input, ": tensor of ", parsed.bytes, " bytes exceeds the server's limit of ",
         limits.max_tensor_bytes, " bytes (--max_tensor_bytes)"));
   }
 
-  absl::StatusOr<int> axis = NormalizeAxis(request.has_axis() ? request.axis() : -1, rank);
+  absl::StatusOr<int> axis = NormalizeAxis(request->axis, rank, names.axis);
   if (!axis.ok()) return axis.status();
   parsed.axis = *axis;
 
-  if (request.has_temperature()) {
-    const float t = request.temperature();
-    if (!std::isfinite(t) || t <= 0.0f) {
+  if (request->temperature.has_value()) {
+    // Checked as given, then narrowed: what the kernels compute with.
+    const double t = *request->temperature;
+    if (!std::isfinite(t) || t <= 0.0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("temperature: must be finite and > 0, got ", t));
+          absl::StrCat(names.temperature, ": must be finite and > 0, got ", t));
     }
-    parsed.options.temperature = t;
+    parsed.options.temperature = static_cast<float>(t);
   }
-  parsed.options.log = request.log();
+  parsed.options.log = request->log;
 
   // After the shape: a scalar's axis has length 1.
-  const int64_t axis_length = rank == 0 ? 1 : parsed.dims[parsed.axis];
-  if (request.top_k() < 0 || request.top_k() > axis_length) {
+  const int64_t axis_length = rank == 0 ? 1 : dims[parsed.axis];
+  if (request->top_k < 0 || request->top_k > axis_length) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "top_k: must be in [0, ", axis_length,
+        names.top_k, ": must be in [0, ", axis_length,
         "] (0: the whole output; at most the length of axis ", parsed.axis, "), got ",
-        request.top_k()));
+        request->top_k));
   }
-  parsed.top_k = request.top_k();
-  parsed.full_output = request.full_output();
 
   if (parsed.elements == 0) {
     // outer * inner may overflow when the axis itself is 0; nothing to compute.
-    parsed.shape = SoftmaxShape{0, rank == 0 ? 1 : parsed.dims[parsed.axis], 1};
+    parsed.shape = SoftmaxShape{0, rank == 0 ? 1 : dims[parsed.axis], 1};
   } else if (rank > 0) {
     int64_t outer = 1;
     int64_t inner = 1;
-    for (int i = 0; i < parsed.axis; ++i) outer *= parsed.dims[i];
-    for (int i = parsed.axis + 1; i < rank; ++i) inner *= parsed.dims[i];
-    parsed.shape = SoftmaxShape{outer, parsed.dims[parsed.axis], inner};
+    for (int i = 0; i < parsed.axis; ++i) outer *= dims[i];
+    for (int i = parsed.axis + 1; i < rank; ++i) inner *= dims[i];
+    parsed.shape = SoftmaxShape{outer, dims[parsed.axis], inner};
   }  // else: a scalar is one row of length 1, the default SoftmaxShape.
-  return parsed;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
-                                           const RequestLimits& limits,
-                                           std::optional<absl::string_view> data) {
-  absl::StatusOr<ParsedRequest> parsed = ParseRequestHeader(request, limits);
-  if (!parsed.ok()) return parsed;
-  const absl::string_view bytes = data.value_or(absl::string_view(request.input().data()));
-  const int64_t got = static_cast<int64_t>(bytes.size());
-  if (got != parsed->bytes) {
+absl::Status ValidateRequest(InferenceRequest* request, const RequestLimits& limits,
+                             const FieldNames& names) {
+  if (absl::Status header = ValidateHeader(request, limits, names); !header.ok()) return header;
+  ValidatedTensor& parsed = request->tensor;
+  if (request->input.bytes != parsed.bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "input.data: expected ", parsed->bytes, " bytes (", parsed->elements, " elements of ",
-        DTypeName(parsed->dtype), "), got ", got));
+        names.data, ": expected ", parsed.bytes, " bytes (", parsed.elements, " elements of ",
+        DTypeName(request->dtype), "), got ", request->input.bytes));
   }
-  parsed->data = bytes;
-  return parsed;
+  const OutputSink& output = request->output;
+  if (output.region != nullptr && request->top_k != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        names.top_k,
+        ": a top K is not written into a shared-memory output region; leave the region "
+        "out (the answer comes in the response) or ask for the whole output"));
+  }
+  if (output.region != nullptr && output.region_bytes < parsed.bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(names.output_region, ": ", output.region_bytes,
+                                                   " bytes, smaller than the output's ",
+                                                   parsed.bytes, " bytes"));
+  }
+  parsed.valid = true;
+  return absl::OkStatus();
 }
 
 }  // namespace softmax::server

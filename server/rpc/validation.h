@@ -1,17 +1,18 @@
-// Request validation: turns a wire SoftmaxRequest into a checked, parsed view
-// the batcher and backends can use without further checks. Free functions, so
-// they are testable without gRPC.
+// Request validation: checks an InferenceRequest (server/scheduling/
+// inference_request.h), whichever front-end built it, and fills its
+// ValidatedTensor for Admission. Free functions, testable without gRPC.
 //
 // Every failure is INVALID_ARGUMENT with a message that names the offending
-// field (`request_id`, `input.dtype`, `input.shape[i]`, `input.shape`, `input.data`, `axis`,
-// `temperature`, `top_k`).
+// field in the words of the request's own protocol (FieldNames: softmax.v1's
+// `request_id`, `input.shape[i]`, `input.data`, `axis`, `temperature`,
+// `top_k`, ...; KServe's `id`, `inputs[0].shape[i]`, `raw_input_contents[0]`,
+// `parameters.axis`, ...).
 //
 // Thread-safety: pure functions.
 #ifndef SOFTMAX_SERVER_RPC_VALIDATION_H_
 #define SOFTMAX_SERVER_RPC_VALIDATION_H_
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -19,7 +20,7 @@
 #include "absl/types/span.h"
 #include "kernels/cpu_softmax.h"
 #include "kernels/dtype.h"
-#include "softmax/v1/softmax.pb.h"
+#include "server/scheduling/inference_request.h"
 
 namespace softmax::server {
 
@@ -37,46 +38,44 @@ struct RequestLimits {
   int64_t max_tensor_bytes = int64_t{1} << 30;
 };
 
-// A validated request. `data` points into the request message, which must
-// outlive this view.
-struct ParsedRequest {
-  DType dtype = DType::kFloat32;
-  std::vector<int64_t> dims;  // the input's shape, unchanged
-  int axis = 0;               // normalised to [0, rank) (0 for a scalar)
-  // The problem as [outer, n, inner]. For a tensor with no elements, outer is
-  // 0 and inner 1, so rows() == 0 and no row is ever computed.
-  SoftmaxShape shape;
-  SoftmaxOptions options;
-  int64_t elements = 0;
-  int64_t bytes = 0;  // elements * ItemSize(dtype) == data.size()
-  // top_k of the request: 0 for the whole output, else 1..shape.n.
-  int64_t top_k = 0;
-  bool full_output = false;  // with top_k: the whole output too
-  absl::string_view data;
+// What a protocol calls the fields validation names: softmax.v1's by
+// default. `data` names where the input's bytes came from, which may differ
+// per request (KServe: raw_input_contents[0], inputs[0].contents...).
+struct FieldNames {
+  absl::string_view id = "request_id";
+  absl::string_view input = "input";        // the tensor as a whole
+  absl::string_view shape = "input.shape";  // and shape[i]
+  absl::string_view data = "input.data";
+  absl::string_view axis = "axis";
+  absl::string_view temperature = "temperature";
+  absl::string_view top_k = "top_k";
+  absl::string_view output_region = "output.region";
 };
 
-// Product of `dims`; INVALID_ARGUMENT naming `input.shape[i]` for a negative
-// dimension, or `input.shape` when the product overflows int64. An empty span
+// Product of `dims`; INVALID_ARGUMENT naming `shape`[i] for a negative
+// dimension, or `shape` when the product overflows int64. An empty span
 // (a scalar) has one element.
-absl::StatusOr<int64_t> CountElements(absl::Span<const int64_t> dims);
+absl::StatusOr<int64_t> CountElements(absl::Span<const int64_t> dims,
+                                      absl::string_view shape = "input.shape");
 
-// Maps `axis` (negative counts from the end) onto [0, rank). A scalar (rank 0)
-// accepts -1 and 0, as torch does for 0-d tensors, and yields 0.
-absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank);
+// Maps `axis` (negative counts from the end) onto [0, rank); INVALID_ARGUMENT
+// naming `field` otherwise. A scalar (rank 0) accepts -1 and 0, as torch does
+// for 0-d tensors, and yields 0.
+absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank, absl::string_view field = "axis");
 
-// Full validation of one request against `limits`. On success the returned
-// view is ready to enqueue; it borrows `request`'s input bytes.
-// `data`, when given, is the input's bytes instead of input.data() (a
-// shared-memory region's; only its size is read here).
-absl::StatusOr<ParsedRequest> ParseRequest(const v1::SoftmaxRequest& request,
-                                           const RequestLimits& limits,
-                                           std::optional<absl::string_view> data = std::nullopt);
+// Full validation of `*request` against `limits`: its id, shape, the input's
+// byte count (request->input.bytes), axis, temperature, top_k and output
+// region. On success request->tensor is filled (valid) and the request is
+// ready to submit; on error it is unchanged but for request->tensor.
+absl::Status ValidateRequest(InferenceRequest* request, const RequestLimits& limits,
+                             const FieldNames& names);
 
-// ParseRequest without the input's data: every check but the data's size,
-// for the first chunk of a chunked request, whose data arrives later. The
-// view's `data` is empty and `bytes` is the size the data must have.
-absl::StatusOr<ParsedRequest> ParseRequestHeader(const v1::SoftmaxRequest& request,
-                                                 const RequestLimits& limits);
+// ValidateRequest without the input's data: every check but the data's
+// size, for the first chunk of a chunked request, whose data arrives later.
+// request->tensor.bytes is then the size the data must have; `valid` stays
+// false until ValidateRequest has seen the data.
+absl::Status ValidateHeader(InferenceRequest* request, const RequestLimits& limits,
+                            const FieldNames& names);
 
 }  // namespace softmax::server
 

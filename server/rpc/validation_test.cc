@@ -7,9 +7,37 @@
 
 #include <gtest/gtest.h>
 
+#include "server/rpc/softmax_v1.h"
 
 namespace softmax::server {
 namespace {
+
+// What validation derived from a softmax.v1 request, with what the tests
+// read of the request beside it.
+struct Parsed : ValidatedTensor {
+  DType dtype = DType::kFloat32;
+  int64_t top_k = 0;
+  absl::string_view data;
+};
+
+// `message` as softmax.v1's front-end submits it (its input a view of the
+// message's data), validated with softmax.v1's field names.
+absl::StatusOr<Parsed> ParseRequest(const v1::SoftmaxRequest& message,
+                                    const RequestLimits& limits) {
+  InferenceRequest request;
+  absl::Status status = HeaderFromSoftmaxV1(message, &request);
+  request.input.data = message.input().data().data();
+  request.input.bytes = static_cast<int64_t>(message.input().data().size());
+  if (status.ok()) status = ValidateRequest(&request, limits, kSoftmaxV1Fields);
+  if (!status.ok()) return status;
+  EXPECT_TRUE(request.tensor.valid);
+  Parsed parsed;
+  static_cast<ValidatedTensor&>(parsed) = request.tensor;
+  parsed.dtype = request.dtype;
+  parsed.top_k = request.top_k;
+  parsed.data = absl::string_view(request.input.data, static_cast<size_t>(request.input.bytes));
+  return parsed;
+}
 
 v1::SoftmaxRequest MakeRequest(v1::DType dtype, std::vector<int64_t> shape, int64_t data_bytes) {
   v1::SoftmaxRequest request;
@@ -21,7 +49,7 @@ v1::SoftmaxRequest MakeRequest(v1::DType dtype, std::vector<int64_t> shape, int6
 
 void ExpectInvalid(const v1::SoftmaxRequest& request, const std::string& field,
                    const RequestLimits& limits = RequestLimits()) {
-  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, limits);
+  absl::StatusOr<Parsed> parsed = ParseRequest(request, limits);
   ASSERT_FALSE(parsed.ok());
   EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(parsed.status().message().find(field), absl::string_view::npos)
@@ -30,7 +58,7 @@ void ExpectInvalid(const v1::SoftmaxRequest& request, const std::string& field,
 
 TEST(ValidationTest, AcceptsFloat32MatrixWithDefaults) {
   const v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {2, 3}, 24);
-  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  absl::StatusOr<Parsed> parsed = ParseRequest(request, RequestLimits());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->dtype, DType::kFloat32);
   EXPECT_EQ(parsed->axis, 1);
@@ -47,7 +75,7 @@ TEST(ValidationTest, AcceptsFloat32MatrixWithDefaults) {
 TEST(ValidationTest, MiddleAndFirstAxes) {
   v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_BFLOAT16, {2, 3, 4, 5}, 2 * 120);
   request.set_axis(1);
-  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  absl::StatusOr<Parsed> parsed = ParseRequest(request, RequestLimits());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->shape.outer, 2);
   EXPECT_EQ(parsed->shape.n, 3);
@@ -65,7 +93,7 @@ TEST(ValidationTest, TemperatureAndLogAreCarried) {
   v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT16, {8}, 16);
   request.set_temperature(0.5f);
   request.set_log(true);
-  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  absl::StatusOr<Parsed> parsed = ParseRequest(request, RequestLimits());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->options.temperature, 0.5f);
   EXPECT_TRUE(parsed->options.log);
@@ -75,7 +103,7 @@ TEST(ValidationTest, ScalarIsOneRowOfOne) {
   for (int axis : {-1, 0}) {
     v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {}, 4);
     request.set_axis(axis);
-    absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+    absl::StatusOr<Parsed> parsed = ParseRequest(request, RequestLimits());
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(parsed->axis, 0);
     EXPECT_EQ(parsed->shape.rows(), 1);
@@ -93,7 +121,7 @@ TEST(ValidationTest, ZeroSizeTensorsHaveNoRows) {
   for (const std::vector<int64_t>& shape :
        std::vector<std::vector<int64_t>>{{0}, {0, 5}, {5, 0}, {3, 0, 4}}) {
     const v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, shape, 0);
-    absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+    absl::StatusOr<Parsed> parsed = ParseRequest(request, RequestLimits());
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(parsed->elements, 0);
     EXPECT_EQ(parsed->bytes, 0);
@@ -107,7 +135,7 @@ TEST(ValidationTest, ZeroSizeWithHugeOtherDimsDoesNotOverflow) {
   const int64_t big = int64_t{1} << 40;
   v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {big, 0, big}, 0);
   request.set_axis(1);
-  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  absl::StatusOr<Parsed> parsed = ParseRequest(request, RequestLimits());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->shape.rows(), 0);
 }
@@ -117,7 +145,7 @@ TEST(ValidationTest, ZeroLastDimAfterOverflowingDimsIsEmptyNotOverflow) {
   // reached; the tensor is empty all the same.
   const int64_t big = int64_t{1} << 62;
   v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {big, big, 0}, 0);
-  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  absl::StatusOr<Parsed> parsed = ParseRequest(request, RequestLimits());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->elements, 0);
   EXPECT_EQ(parsed->shape.rows(), 0);
@@ -125,7 +153,7 @@ TEST(ValidationTest, ZeroLastDimAfterOverflowingDimsIsEmptyNotOverflow) {
 
 TEST(ValidationTest, RowOfLengthOne) {
   const v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT32, {7, 1}, 28);
-  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  absl::StatusOr<Parsed> parsed = ParseRequest(request, RequestLimits());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->shape.rows(), 7);
   EXPECT_EQ(parsed->shape.n, 1);
@@ -152,7 +180,7 @@ TEST(ValidationTest, RejectsElementCountOverflow) {
 
 TEST(ValidationTest, RejectsByteCountMismatchWithExpectedAndGot) {
   const v1::SoftmaxRequest request = MakeRequest(v1::DTYPE_FLOAT16, {2, 3}, 11);
-  absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+  absl::StatusOr<Parsed> parsed = ParseRequest(request, RequestLimits());
   ASSERT_FALSE(parsed.ok());
   EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(parsed.status().message().find("input.data"), absl::string_view::npos);
@@ -191,6 +219,65 @@ TEST(ValidationTest, RejectsTensorOverLimit) {
   ExpectInvalid(MakeRequest(v1::DTYPE_FLOAT32, {1 << 20}, 0), "max_tensor_bytes", limits);
 }
 
+// Another protocol's names are used as they are: no softmax.v1 field
+// appears in the message of a request whose FieldNames are KServe's.
+TEST(ValidationTest, ErrorsNameTheFieldsOfTheRequestsOwnProtocol) {
+  FieldNames kserve;
+  kserve.id = "id";
+  kserve.input = "inputs[0]";
+  kserve.shape = "inputs[0].shape";
+  kserve.data = "raw_input_contents[0]";
+  kserve.axis = "parameters.axis";
+  kserve.temperature = "parameters.temperature";
+  kserve.top_k = "parameters.top_k";
+  kserve.output_region = "outputs[0].parameters.shared_memory_byte_size";
+  const std::string data(24, '\0');
+  auto expect = [&](InferenceRequest request, const std::string& field,
+                    const RequestLimits& limits = RequestLimits()) {
+    const absl::Status status = ValidateRequest(&request, limits, kserve);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_EQ(status.message().substr(0, field.size() + 1), field + ":") << status;
+    EXPECT_EQ(status.message().find("input."), absl::string_view::npos) << status;
+    EXPECT_FALSE(request.tensor.valid);
+  };
+  auto good = [&] {
+    InferenceRequest request;
+    request.dims = {2, 3};
+    request.input.data = data.data();
+    request.input.bytes = 24;
+    return request;
+  };
+  InferenceRequest request = good();
+  ASSERT_TRUE(ValidateRequest(&request, RequestLimits(), kserve).ok());
+  EXPECT_TRUE(request.tensor.valid);
+  const std::string long_id(kMaxRequestIdBytes + 1, 'x');
+  request = good();
+  request.id = long_id;
+  expect(std::move(request), "id");
+  request = good();
+  request.dims = {2, -3};
+  expect(std::move(request), "inputs[0].shape[1]");
+  request = good();
+  request.input.bytes = 20;
+  expect(std::move(request), "raw_input_contents[0]");
+  request = good();
+  expect(std::move(request), "inputs[0]", RequestLimits{8});
+  request = good();
+  request.axis = 2;
+  expect(std::move(request), "parameters.axis");
+  request = good();
+  request.temperature = 0.0;
+  expect(std::move(request), "parameters.temperature");
+  request = good();
+  request.top_k = 4;
+  expect(std::move(request), "parameters.top_k");
+  std::string region(16, '\0');
+  request = good();
+  request.output.region = region.data();
+  request.output.region_bytes = 16;
+  expect(std::move(request), "outputs[0].parameters.shared_memory_byte_size");
+}
+
 TEST(ValidationTest, CountElementsAndNormalizeAxis) {
   EXPECT_EQ(*CountElements({}), 1);
   EXPECT_EQ(*CountElements({2, 3, 4}), 24);
@@ -221,7 +308,7 @@ TEST(ValidationTest, TopKIsBetweenZeroAndTheAxisLength) {
   request.set_axis(1);
   for (int64_t k : {0, 1, 3}) {
     request.set_top_k(k);
-    absl::StatusOr<ParsedRequest> parsed = ParseRequest(request, RequestLimits());
+    absl::StatusOr<Parsed> parsed = ParseRequest(request, RequestLimits());
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(parsed->top_k, k);
   }

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/scheduling/batcher.h"
 
 namespace softmax::server {
 
@@ -16,20 +17,46 @@ Admission::Ticket Admission::Enter() {
   return Ticket(this);
 }
 
-absl::Status Admission::Admit(AdmissionRequest request, std::shared_ptr<const void>* held) {
-  if (draining_.load(std::memory_order_relaxed)) {
-    return absl::UnavailableError("server is shutting down; retry on another replica");
+void Admission::Refuse(const absl::Status& status, Responder responder) {
+  if (responder.hold_refusals) {
+    // (Held only once HoldRefusals has been called, after StartDraining.)
+    auto done = std::make_shared<Responder>(std::move(responder));
+    if (HoldRefusal([done, status] { done->done(status, RequestTiming{}); })) return;
+    done->done(status, RequestTiming{});
+    return;
   }
-  WorkItem& item = *request.item;
+  responder.done(status, RequestTiming{});
+}
+
+void Admission::Submit(InferenceRequest request, Responder responder,
+                       std::shared_ptr<const void>* held) {
+  if (!request.tensor.valid) {
+    // A front-end that skipped validation: its fault, not the caller's.
+    responder.done(absl::InternalError("request submitted without validation"), RequestTiming{});
+    return;
+  }
+  if (draining_.load(std::memory_order_relaxed)) {
+    Refuse(absl::UnavailableError("server is shutting down; retry on another replica"),
+           std::move(responder));
+    return;
+  }
+  const InputTensor& input = request.input;
+  const OutputSink& output = request.output;
+  const int64_t bytes = request.tensor.bytes;
   std::shared_ptr<const void> lease;
   bool reserved_into_held = false;
   if (options_.budget != nullptr && (held == nullptr || *held == nullptr)) {
-    lease = options_.budget->TryReserve(request.held_bytes);
+    // The input and the output, each unless it lies in a caller's region.
+    const int64_t held_bytes =
+        (input.external ? 0 : bytes) + (output.region != nullptr ? 0 : bytes);
+    lease = options_.budget->TryReserve(held_bytes);
     if (lease == nullptr) {
-      return absl::UnavailableError(absl::StrCat(
-          "server memory budget spent: requests hold ", options_.budget->held(),
-          " bytes and this one needs ", request.held_bytes, " more (--max_held_bytes=",
-          options_.budget->limit(), "); retry with backoff"));
+      Refuse(absl::UnavailableError(absl::StrCat(
+                 "server memory budget spent: requests hold ", options_.budget->held(),
+                 " bytes and this one needs ", held_bytes, " more (--max_held_bytes=",
+                 options_.budget->limit(), "); retry with backoff")),
+             std::move(responder));
+      return;
     }
     if (held != nullptr) {
       *held = std::move(lease);
@@ -39,24 +66,52 @@ absl::Status Admission::Admit(AdmissionRequest request, std::shared_ptr<const vo
 
   if (options_.echo || batcher_ == nullptr) {
     // (No GPU here, so neither side is in device memory.)
-    const size_t bytes = static_cast<size_t>(item.segment.bytes);
-    if (item.fixed_output != nullptr) {
-      std::memmove(item.fixed_output, item.segment.input, bytes);
-    } else if (request.input_string != nullptr && request.input_string->size() == bytes &&
-               request.input_string->data() == item.segment.input) {
+    const size_t size = static_cast<size_t>(bytes);
+    if (output.region != nullptr) {
+      std::memmove(output.region, input.data, size);
+    } else if (input.buffer != nullptr && input.buffer->size() == size &&
+               input.buffer->data() == input.data) {
       // Moved, not copied: the input is not read again.
-      item.output->swap(*request.input_string);
+      output.buffer->swap(*input.buffer);
     } else {
-      item.output->assign(static_cast<const char*>(item.segment.input), bytes);
+      output.buffer->assign(input.data, size);
     }
-    item.done(absl::OkStatus(), RequestTiming{});
-    return absl::OkStatus();
+    responder.done(absl::OkStatus(), RequestTiming{});
+    return;
   }
 
-  item.lease = std::move(lease);  // given back once the request is answered
-  absl::Status enqueued = batcher_->Enqueue(std::move(request.item));
-  if (!enqueued.ok() && reserved_into_held) held->reset();
-  return enqueued;
+  auto item = std::make_unique<WorkItem>();
+  item->segment.input = input.data;
+  item->segment.bytes = bytes;
+  item->segment.dtype = request.dtype;
+  item->segment.shape = request.tensor.shape;
+  item->segment.options = request.tensor.options;
+  item->output = output.buffer;
+  item->input_buffer = input.buffer_is_movable ? input.buffer : nullptr;
+  item->output_view = output.view;
+  if (input.external) {
+    item->input_buffer = nullptr;
+    item->segment.input_memory = input.memory;
+    item->segment.input_device = input.device;
+  }
+  item->segment.staged = std::move(request.input.staged);
+  if (output.region != nullptr) {
+    item->fixed_output = output.region;
+    item->output_view = nullptr;
+    item->segment.output_memory = output.region_memory;
+    item->segment.output_device = output.region_device;
+  }
+  item->deadline = request.deadline;
+  item->is_cancelled = std::move(request.is_cancelled);
+  item->done = std::move(responder.done);
+  item->lease = std::move(lease);  // given back once the request is answered
+  absl::Status enqueued = batcher_->Enqueue(std::move(item));
+  if (enqueued.ok()) return;
+  // Still ours: nothing of it is kept, and its responder answers the refusal.
+  responder.done = std::move(item->done);
+  item.reset();
+  if (reserved_into_held) held->reset();
+  Refuse(enqueued, std::move(responder));
 }
 
 StagingBuffer Admission::AllocateStaging(int64_t bytes) const {

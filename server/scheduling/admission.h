@@ -1,33 +1,37 @@
 // Admission: the one door from every front-end (softmax.v1 unary and
 // stream, KServe gRPC unary and stream, KServe HTTP) into the batcher.
-// Every way a request enters or is refused is here:
+// Every way a request enters or is refused is here, the same for every
+// protocol:
 //
 //   Enter()      a call counts as in flight from its start until its
 //                answer is sent: the Ticket it holds (RAII; it cannot be
 //                counted twice or forgotten). Shutdown waits for none.
-//   Admit()      a validated request, in protocol-neutral terms (a
-//                WorkItem and the bytes it holds), is
+//   Submit()     a validated InferenceRequest (inference_request.h; the
+//                front-ends validate it through server/rpc/dispatch.h) is
 //                  1. refused UNAVAILABLE while draining (retry elsewhere);
 //                  2. refused UNAVAILABLE when the memory budget is spent
 //                     (--max_held_bytes), before anything is allocated;
 //                  3. answered at once with its input (echo, --device=none);
 //                  4. or enqueued: UNAVAILABLE when the queue is full.
-//                A refused request holds nothing of the budget.
+//                A refused request holds nothing of the budget. Its
+//                Responder is called exactly once, whichever way it ends;
+//                a refusal is held (below) when the Responder asks for it.
 //   AllocateStaging()  a backend's memory for an input that arrives in
 //                parts; declined (empty) in echo mode or with no backend
 //                that stages.
 //   Draining     StartDraining refuses every new request, lets admitted
 //                ones finish and ends open streams (registered with
 //                RegisterStream) once nothing of theirs is in flight;
-//                HoldRefusals / ReleaseHeldCalls keep refused gRPC unary
-//                calls (softmax.v1 Softmax, KServe ModelInfer) unanswered
-//                across grpc::Server::Shutdown's GOAWAY. KServe HTTP holds
-//                none: no GOAWAY can cancel its 503 (server/server.h,
-//                drain step 6).
+//                HoldRefusals / ReleaseHeldCalls keep refused calls whose
+//                Responder has hold_refusals (gRPC unary: softmax.v1
+//                Softmax, KServe ModelInfer) unanswered across
+//                grpc::Server::Shutdown's GOAWAY. Streams answer refusals
+//                in band, and KServe HTTP sends its 503 at once: no GOAWAY
+//                can cancel it (server/server.h, drain step 6).
 //
 // Validation (shapes, dtypes, limits) is the front-ends' (server/rpc/), as
 // is what goes on the wire; Admission knows no protocol. Before a request
-// reaches Admit, a front-end may refuse it: UNAUTHENTICATED (no known
+// reaches Submit, a front-end may refuse it: UNAUTHENTICATED (no known
 // token, server/rpc/auth.h), CANCELLED (the call ended before its message
 // arrived, counted by the rapid-reset guard), NOT_FOUND (no such KServe
 // model), INVALID_ARGUMENT (server/rpc/dispatch.h, validation.h). After it,
@@ -51,7 +55,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/scheduling/batcher.h"
+#include "server/scheduling/backend.h"
+#include "server/scheduling/inference_request.h"
 #include "server/scheduling/memory_budget.h"
 
 namespace softmax::server {
@@ -65,18 +70,7 @@ struct AdmissionOptions {
   MemoryBudget* budget = nullptr;
 };
 
-// A validated request as a front-end hands it in.
-struct AdmissionRequest {
-  // What the batcher computes; item->done is called exactly once when
-  // Admit returns OK (possibly before it returns), never when it fails.
-  std::unique_ptr<WorkItem> item;
-  // The bytes the request holds in the server until it is answered: its
-  // input and its output, each unless it lies in a caller's region.
-  int64_t held_bytes = 0;
-  // Echo only: the string holding the input, which the output may take
-  // instead of a copy (null: the input is copied).
-  std::string* input_string = nullptr;
-};
+class Batcher;
 
 class Admission {
  public:
@@ -113,13 +107,19 @@ class Admission {
   };
   Ticket Enter();
 
-  // Admits `request` (steps 1-4 above). On OK its item->done will run
-  // exactly once. `held` (may be null) receives the request's share of the
-  // budget, for the caller to keep until its answer is sent (null: given
-  // back once done has run); when `*held` is already set it is the share
+  // Admits `request` (steps 1-4 above) and answers it through `responder`
+  // exactly once: with its outcome, possibly before Submit returns, or with
+  // a refusal (UNAVAILABLE), held until ReleaseHeldCalls when
+  // responder.hold_refusals and refusals are being held. REQUIRES:
+  // request.tensor.valid (validated), and what request.input and
+  // request.output point to lives until `responder.done` has run.
+  // `held` (may be null) receives the request's share of the budget, for
+  // the caller to keep until its answer is sent (null: given back once the
+  // responder has run); when `*held` is already set it is the share
   // reserved earlier (a chunked request's) and nothing more is reserved.
-  // On error nothing reserved here is kept.
-  absl::Status Admit(AdmissionRequest request, std::shared_ptr<const void>* held = nullptr);
+  // A refused request keeps nothing reserved here.
+  void Submit(InferenceRequest request, Responder responder,
+              std::shared_ptr<const void>* held = nullptr);
 
   // A backend's memory for an input that arrives in parts, to hand in as
   // the item's segment.staged; empty in echo mode or when no backend has any.
@@ -153,6 +153,7 @@ class Admission {
   // held sends nothing into that window. REQUIRES: StartDraining was called.
   void HoldRefusals();
   // True when a refused call must be held: `release` answers it later.
+  // (Submit does this for a Responder with hold_refusals.)
   bool HoldRefusal(std::function<void()> release);
   void ReleaseHeldCalls();
 
@@ -166,6 +167,8 @@ class Admission {
   MemoryBudget* budget() const { return options_.budget; }
 
  private:
+  // Answers a refusal: held (see HoldRefusals) when `hold` and holding.
+  void Refuse(const absl::Status& status, Responder responder);
   void Leave() { in_flight_.fetch_sub(1, std::memory_order_acq_rel); }
 
   const AdmissionOptions options_;

@@ -1,6 +1,7 @@
-// Admission without any transport: the memory budget reserved and given
-// back on every exit path, the drain order (refuse new, finish admitted,
-// end streams), echo, staging declined, held refusals, and the in-flight
+// Admission without any transport: every Submit answered exactly once, the
+// memory budget reserved and given back (once) on every exit path, the
+// drain order (refuse new, finish admitted, end streams), echo, staging
+// declined, refusals held for the responders that ask, and the in-flight
 // ticket under concurrency.
 #include "server/scheduling/admission.h"
 
@@ -23,7 +24,6 @@ namespace {
 
 using testing::FakeBackend;
 using testing::FakeBackendOptions;
-using testing::MakeItem;
 using testing::TestRequest;
 
 constexpr int64_t kRows = 2, kN = 8;
@@ -58,11 +58,28 @@ struct Held {
   Batcher batcher;
 };
 
-AdmissionRequest Request(TestRequest* request, int64_t held_bytes = 2 * kBytes) {
-  AdmissionRequest admitted;
-  admitted.item = MakeItem(request, kRows, kN);
-  admitted.held_bytes = held_bytes;
-  return admitted;
+// A validated [kRows, kN] float32 request (a pattern) answered into
+// `request`'s strings.
+InferenceRequest Request(TestRequest* request) {
+  request->input.assign(static_cast<size_t>(kBytes), '\0');
+  for (size_t i = 0; i < request->input.size(); ++i) {
+    request->input[i] = static_cast<char>(i * 7 + 1);
+  }
+  InferenceRequest submitted;
+  submitted.dims = {kRows, kN};
+  submitted.input.data = request->input.data();
+  submitted.input.bytes = kBytes;
+  submitted.output.buffer = &request->output;
+  submitted.tensor.valid = true;
+  submitted.tensor.axis = 1;
+  submitted.tensor.shape = SoftmaxShape{kRows, kN, 1};
+  submitted.tensor.elements = kRows * kN;
+  submitted.tensor.bytes = kBytes;
+  return submitted;
+}
+
+Responder Answer(TestRequest* request, bool hold_refusals = false) {
+  return Responder{testing::RecordAnswer(request), hold_refusals};
 }
 
 class Stream final : public Admission::Stream {
@@ -84,7 +101,8 @@ TEST(AdmissionTest, BudgetIsGivenBackOnceTheRequestIsAnswered) {
   MemoryBudget budget(10 * kBytes);
   Admission admission({/*echo=*/false, &budget}, &held.batcher);
   TestRequest request;
-  ASSERT_TRUE(admission.Admit(Request(&request)).ok());
+  admission.Submit(Request(&request), Answer(&request));
+  EXPECT_EQ(request.answers.load(), 0);
   EXPECT_EQ(budget.held(), 2 * kBytes);  // input and output, while computing
   ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
   held.backend.ReleaseOne();
@@ -99,7 +117,7 @@ TEST(AdmissionTest, TheCallersShareIsKeptUntilItLetsGo) {
   Admission admission({false, &budget}, &held.batcher);
   TestRequest request;
   std::shared_ptr<const void> share;
-  ASSERT_TRUE(admission.Admit(Request(&request), &share).ok());
+  admission.Submit(Request(&request), Answer(&request), &share);
   ASSERT_NE(share, nullptr);
   ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
   held.backend.ReleaseOne();
@@ -113,11 +131,12 @@ TEST(AdmissionTest, TheCallersShareIsKeptUntilItLetsGo) {
   std::shared_ptr<const void> earlier = budget.TryReserve(3 * kBytes);
   std::shared_ptr<const void> kept = earlier;
   TestRequest second;
-  ASSERT_TRUE(admission.Admit(Request(&second), &kept).ok());
+  admission.Submit(Request(&second), Answer(&second), &kept);
   EXPECT_EQ(budget.held(), 3 * kBytes);
   ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
   held.backend.ReleaseOne();
   ASSERT_TRUE(second.Wait());
+  EXPECT_TRUE(second.status.ok()) << second.status;
 }
 
 TEST(AdmissionTest, ASpentBudgetRefusesBeforeAnythingIsQueued) {
@@ -125,14 +144,16 @@ TEST(AdmissionTest, ASpentBudgetRefusesBeforeAnythingIsQueued) {
   MemoryBudget budget(3 * kBytes);
   Admission admission({false, &budget}, &held.batcher);
   TestRequest first, second;
-  ASSERT_TRUE(admission.Admit(Request(&first)).ok());
+  admission.Submit(Request(&first), Answer(&first));
   std::shared_ptr<const void> share;
-  const absl::Status refused = admission.Admit(Request(&second), &share);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(refused.message().find("--max_held_bytes"), std::string::npos) << refused;
+  admission.Submit(Request(&second), Answer(&second), &share);
+  // Answered once, at once, with the refusal; nothing of it kept.
+  ASSERT_EQ(second.answers.load(), 1);
+  EXPECT_EQ(second.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(second.status.message().find("--max_held_bytes"), std::string::npos)
+      << second.status;
   EXPECT_EQ(share, nullptr);
   EXPECT_EQ(budget.held(), 2 * kBytes);  // the first's only
-  EXPECT_EQ(second.answers.load(), 0);
   ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
   held.backend.ReleaseOne();
   ASSERT_TRUE(first.Wait());
@@ -144,21 +165,23 @@ TEST(AdmissionTest, AFullQueueKeepsNothingOfTheBudget) {
   MemoryBudget budget(100 * kBytes);
   Admission admission({false, &budget}, &held.batcher);
   TestRequest computing, queued, refused;
-  ASSERT_TRUE(admission.Admit(Request(&computing)).ok());
+  admission.Submit(Request(&computing), Answer(&computing));
   ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
-  ASSERT_TRUE(admission.Admit(Request(&queued)).ok());
+  admission.Submit(Request(&queued), Answer(&queued));
   std::shared_ptr<const void> share;
-  const absl::Status full = admission.Admit(Request(&refused), &share);
-  EXPECT_EQ(full.code(), absl::StatusCode::kUnavailable) << full;
+  admission.Submit(Request(&refused), Answer(&refused), &share);
+  ASSERT_EQ(refused.answers.load(), 1);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kUnavailable) << refused.status;
   EXPECT_EQ(share, nullptr);
+  // Neither kept nor given back twice: exactly the two admitted ones'.
   EXPECT_EQ(budget.held(), 4 * kBytes);
-  EXPECT_EQ(refused.answers.load(), 0);
   held.backend.ReleaseOne();
   ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
   held.backend.ReleaseOne();
   ASSERT_TRUE(computing.Wait());
   ASSERT_TRUE(queued.Wait());
   EXPECT_TRUE(testing::Await([&] { return budget.held() == 0; }));
+  EXPECT_EQ(refused.answers.load(), 1);
 }
 
 TEST(AdmissionTest, DrainRefusesNewFinishesAdmittedAndEndsStreams) {
@@ -171,7 +194,7 @@ TEST(AdmissionTest, DrainRefusesNewFinishesAdmittedAndEndsStreams) {
 
   Admission::Ticket ticket = admission.Enter();
   TestRequest admitted;
-  ASSERT_TRUE(admission.Admit(Request(&admitted)).ok());
+  admission.Submit(Request(&admitted), Answer(&admitted));
   ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
 
   admission.StartDraining();
@@ -185,9 +208,11 @@ TEST(AdmissionTest, DrainRefusesNewFinishesAdmittedAndEndsStreams) {
   EXPECT_FALSE(admission.RegisterStream(&late));
   // New requests are refused, retryably, and reserve nothing.
   TestRequest refused;
-  const absl::Status status = admission.Admit(Request(&refused));
-  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(status.message().find("shutting down"), std::string::npos) << status;
+  admission.Submit(Request(&refused), Answer(&refused));
+  ASSERT_EQ(refused.answers.load(), 1);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.status.message().find("shutting down"), std::string::npos)
+      << refused.status;
   EXPECT_EQ(budget.held(), 2 * kBytes);
   // The admitted one is still computed and answered.
   EXPECT_FALSE(admission.WaitForInFlight(absl::Now() + absl::Milliseconds(20)));
@@ -204,29 +229,43 @@ TEST(AdmissionTest, EchoAnswersAtOnceWithTheInputMovedOrCopied) {
   Admission admission({/*echo=*/true, nullptr}, nullptr);
   // Moved: the input string is the output's now.
   TestRequest moved;
-  AdmissionRequest request = Request(&moved);
+  InferenceRequest request = Request(&moved);
   const std::string input = moved.input;
-  request.input_string = &moved.input;
-  ASSERT_TRUE(admission.Admit(std::move(request)).ok());
-  ASSERT_EQ(moved.answers.load(), 1);  // before Admit returned
+  request.input.buffer = &moved.input;
+  admission.Submit(std::move(request), Answer(&moved));
+  ASSERT_EQ(moved.answers.load(), 1);  // before Submit returned
   EXPECT_TRUE(moved.status.ok());
   EXPECT_EQ(moved.output, input);
   EXPECT_TRUE(moved.input.empty());
   EXPECT_EQ(moved.timing.compute_ns, 0);
   // Copied: no string of its own.
   TestRequest copied;
-  ASSERT_TRUE(admission.Admit(Request(&copied)).ok());
+  admission.Submit(Request(&copied), Answer(&copied));
+  ASSERT_EQ(copied.answers.load(), 1);
   EXPECT_EQ(copied.output, copied.input);
   // Into a caller's region.
   TestRequest region;
-  AdmissionRequest into = Request(&region);
+  InferenceRequest into = Request(&region);
   std::string out(static_cast<size_t>(kBytes), 'x');
-  into.item->fixed_output = out.data();
-  ASSERT_TRUE(admission.Admit(std::move(into)).ok());
+  into.output.region = out.data();
+  into.output.region_bytes = kBytes;
+  admission.Submit(std::move(into), Answer(&region));
+  ASSERT_EQ(region.answers.load(), 1);
   EXPECT_EQ(out, region.input);
   EXPECT_TRUE(region.output.empty());
   // Staging is declined: nothing computes in place.
   EXPECT_EQ(admission.AllocateStaging(1 << 20).data, nullptr);
+}
+
+TEST(AdmissionTest, AnUnvalidatedRequestIsAnsweredInternalNotComputed) {
+  Admission admission({/*echo=*/true, nullptr}, nullptr);
+  TestRequest request;
+  InferenceRequest unchecked = Request(&request);
+  unchecked.tensor.valid = false;
+  admission.Submit(std::move(unchecked), Answer(&request));
+  ASSERT_EQ(request.answers.load(), 1);
+  EXPECT_EQ(request.status.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(request.output.empty());
 }
 
 TEST(AdmissionTest, StagingIsDeclinedWithoutABackendThatStages) {
@@ -249,6 +288,31 @@ TEST(AdmissionTest, RefusalsAreHeldOnlyBetweenHoldAndRelease) {
   EXPECT_FALSE(admission.HoldRefusal([&] { ++answered; }));
   admission.ReleaseHeldCalls();
   EXPECT_EQ(answered, 2);
+}
+
+// Submit's refusals are held for a Responder that asks (gRPC unary), and
+// only while refusals are held; answered at once for one that does not
+// (streams, HTTP); each exactly once.
+TEST(AdmissionTest, SubmitHoldsTheRefusalsOfRespondersThatAsk) {
+  Admission admission({/*echo=*/true, nullptr}, nullptr);
+  admission.StartDraining();
+  TestRequest before_hold;
+  admission.Submit(Request(&before_hold), Answer(&before_hold, /*hold_refusals=*/true));
+  ASSERT_EQ(before_hold.answers.load(), 1);  // not holding yet: at once
+  EXPECT_EQ(before_hold.status.code(), absl::StatusCode::kUnavailable);
+
+  admission.HoldRefusals();
+  TestRequest unary, stream;
+  admission.Submit(Request(&unary), Answer(&unary, /*hold_refusals=*/true));
+  admission.Submit(Request(&stream), Answer(&stream, /*hold_refusals=*/false));
+  EXPECT_EQ(unary.answers.load(), 0);
+  ASSERT_EQ(stream.answers.load(), 1);
+  EXPECT_EQ(stream.status.code(), absl::StatusCode::kUnavailable);
+  admission.ReleaseHeldCalls();
+  ASSERT_EQ(unary.answers.load(), 1);
+  EXPECT_EQ(unary.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(unary.status.message().find("shutting down"), std::string::npos) << unary.status;
+  EXPECT_TRUE(unary.output.empty());
 }
 
 TEST(AdmissionTest, TicketsCountOnceUnderConcurrency) {

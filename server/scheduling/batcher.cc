@@ -49,7 +49,7 @@ Batcher::Batcher(const BatcherOptions& options, Scheduler* scheduler,
 
 Batcher::~Batcher() { Stop(); }
 
-absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem> item) {
+absl::Status Batcher::Enqueue(std::unique_ptr<WorkItem>&& item) {
   if (item->output_view != nullptr && item->fixed_output == nullptr) {
     item->segment.output_view_ok = true;
     // Copied into a backend's own memory here, on the caller's thread (see

@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "server/scheduling/backend.h"
+#include "server/scheduling/inference_request.h"
 #include "server/scheduling/scheduler.h"
 
 namespace softmax::server {
@@ -82,18 +83,10 @@ struct BatcherOptions {
   int offload_completion_requests = 32;
 };
 
-// Per-request timing, reported on the response.
-struct RequestTiming {
-  int64_t queue_ns = 0;       // admission to the submit of its batch
-  int64_t compute_ns = 0;     // the backend's time for its batch
-  int64_t kernel_ns = 0;      // of which its kernels (BatchResult::kernel_ns)
-  int64_t dispatch_ns = 0;    // submit to the start of that compute
-  int32_t batch_requests = 0;
-  int64_t batch_rows = 0;
-};
-
-// One request as the batcher sees it. The creator fills every field but
-// `enqueued`; everything pointed to must stay valid until `done` has run.
+// One request as the batcher sees it, private to the scheduling layer:
+// Admission makes one of each admitted InferenceRequest (front-ends never
+// see it). The creator fills every field but `enqueued`; everything
+// pointed to must stay valid until `done` has run.
 struct WorkItem {
   Segment segment;               // segment.output is set by the batcher
   std::string* output = nullptr; // resized to segment.bytes before compute
@@ -168,10 +161,10 @@ class Batcher final : public BatchSource {
   Batcher& operator=(const Batcher&) = delete;
 
   // Admits `item`. OK: `item->done` will be called exactly once, later, from
-  // another thread. UNAVAILABLE when the queue is full or the batcher is
-  // stopping: `item` is destroyed, `done` is not called, and the caller
-  // reports the returned status.
-  absl::Status Enqueue(std::unique_ptr<WorkItem> item);
+  // another thread, and `item` is moved from. UNAVAILABLE when the queue is
+  // full or the batcher is stopping: `item` stays the caller's, `done` is
+  // not called, and the caller reports the returned status.
+  absl::Status Enqueue(std::unique_ptr<WorkItem>&& item);
 
   // Memory of one of the backends for an input that its caller writes
   // there as it arrives (Backend::AllocateStaging); empty when none has it.

@@ -363,6 +363,22 @@ struct TestRequest {
   }
 };
 
+// A completion that records the outcome in `request` (and fails the test
+// when called twice).
+inline std::function<void(const absl::Status&, const RequestTiming&)> RecordAnswer(
+    TestRequest* request) {
+  return [request](const absl::Status& status, const RequestTiming& timing) {
+    if (request->answers.fetch_add(1) != 0) {
+      ADD_FAILURE() << "done called twice";
+      return;
+    }
+    request->status = status;
+    request->timing = timing;
+    request->answered_on = std::this_thread::get_id();
+    request->done.Notify();
+  };
+}
+
 // A WorkItem of `rows` x `n` (a [rows, n, 1] tensor) whose input bytes are
 // a pattern and whose `done` records the outcome in `request` (and fails
 // the test when called twice).
@@ -380,16 +396,7 @@ inline std::unique_ptr<WorkItem> MakeItem(TestRequest* request, int64_t rows, in
   item->segment.shape = SoftmaxShape{rows, n, 1};
   item->segment.options = options;
   item->output = &request->output;
-  item->done = [request](const absl::Status& status, const RequestTiming& timing) {
-    if (request->answers.fetch_add(1) != 0) {
-      ADD_FAILURE() << "done called twice";
-      return;
-    }
-    request->status = status;
-    request->timing = timing;
-    request->answered_on = std::this_thread::get_id();
-    request->done.Notify();
-  };
+  item->done = RecordAnswer(request);
   return item;
 }
 

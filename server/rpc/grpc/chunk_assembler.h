@@ -11,7 +11,7 @@
 // the GPU's pinned memory, which then needs no copy at admission). The
 // tensor's input and output
 // bytes are reserved in the MemoryBudget from the first chunk on; the lease
-// goes with the completed request to Dispatch. Every malformed sequence
+// goes with the completed request to its submission (dispatch.h). Every malformed sequence
 // yields exactly one error, for the request it belongs to; later chunks of a
 // failed request_id are dropped, without a response, up to its last chunk.
 //
@@ -38,6 +38,7 @@
 #include "common/chunk_wire.h"
 #include "server/scheduling/memory_budget.h"
 #include "server/rpc/tensor_buffer_pool.h"
+#include "server/rpc/softmax_v1.h"
 #include "server/rpc/validation.h"
 #include "server/scheduling/backend.h"
 #include "softmax/v1/softmax.pb.h"
@@ -121,9 +122,11 @@ class ChunkAssembler {
                                         " chunked tensors being assembled; send their last "
                                         "chunks first"));
     }
-    absl::StatusOr<ParsedRequest> header = ParseRequestHeader(*request, limits_);
-    if (!header.ok()) return Fail(request, header.status());
-    const int64_t total = header->bytes;
+    InferenceRequest header;
+    absl::Status checked = HeaderFromSoftmaxV1(*request, &header);
+    if (checked.ok()) checked = ValidateHeader(&header, limits_, kSoftmaxV1Fields);
+    if (!checked.ok()) return Fail(request, checked);
+    const int64_t total = header.tensor.bytes;
     const int64_t first = static_cast<int64_t>(request->input().data().size());
     if (first > total) return Fail(request, Beyond(id, 0, first, total));
     std::shared_ptr<const void> lease;

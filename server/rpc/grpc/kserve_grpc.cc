@@ -35,23 +35,21 @@ int64_t NanosSince(SteadyClock::time_point start) {
 // Statistics, metrics and access log of a finished request.
 void Record(KServeGrpcService* service, RpcMethod method, const InferCall& call,
             const absl::Status& status) {
-  RequestTiming timing;
-  timing.queue_ns = call.response.timing().queue_ns();
-  timing.compute_ns = call.response.timing().compute_ns();
   kserve::RecordInference(
       service->statistics(), service->front_end().metrics, method,
       call.model_known ? std::optional<kserve::Model>(call.model) : std::nullopt, status,
-      NanosSince(call.start), call.data_bytes, timing, [&call] { return call.context->peer(); });
+      NanosSince(call.start), call.data_bytes, call.timing,
+      [&call] { return call.context->peer(); });
 }
 
 // Parses `buffer` into `request` and starts `call` (owned by the completion
 // from here on); `complete` runs exactly once with the outcome, possibly
-// before this returns.
+// before this returns. `hold_refusals`: a unary call's (Responder).
 template <typename Complete>
 void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context,
                 grpc::ByteBuffer* buffer, inference::ModelInferRequest* request,
-                std::unique_ptr<InferCall> owned,
-                std::function<bool()> is_cancelled, Complete complete) {
+                std::unique_ptr<InferCall> owned, std::function<bool()> is_cancelled,
+                bool hold_refusals, Complete complete) {
   InferCall* call = owned.release();
   call->context = context;
   const FrontEnd& front_end = service->front_end();
@@ -65,19 +63,23 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
     }
     if (status.ok()) status = absl::CancelledError("the call ended before its request message arrived");
   }
+  InferenceRequest submitted;
   if (status.ok()) status = ParseInferRequest(buffer, call->buffers.get(), request);
-  if (status.ok()) status = PrepareInfer(request, service->shared_memory(), call);
-  if (status.ok()) {
-    status = kserve::RenameInputFields(
-        Dispatch(front_end, &call->request, &call->response, &call->view, context->deadline(),
-                 std::move(is_cancelled),
-                 [call, complete](const absl::Status& outcome) {
-                   complete(std::unique_ptr<InferCall>(call), outcome);
-                 },
-                 call->has_external ? &call->external : nullptr, &call->held),
-        call->data_field);
+  if (status.ok()) status = PrepareInfer(request, service->shared_memory(), call, &submitted);
+  if (!status.ok()) {
+    complete(std::unique_ptr<InferCall>(call), status);
+    return;
   }
-  if (!status.ok()) complete(std::unique_ptr<InferCall>(call), status);
+  submitted.deadline = context->deadline();
+  submitted.is_cancelled = std::move(is_cancelled);
+  Responder responder;
+  responder.hold_refusals = hold_refusals;
+  responder.done = [call, complete](const absl::Status& outcome, const RequestTiming& timing) {
+    call->timing = timing;
+    complete(std::unique_ptr<InferCall>(call), outcome);
+  };
+  Submit(front_end, std::move(submitted), kserve::FieldNamesFor(call->parts),
+         std::move(responder), &call->held);
 }
 
 // ModelStreamInfer's messages, for StreamReactor: a ModelInferRequest in, a
@@ -100,7 +102,7 @@ class StreamInferHandler {
   void Start(Entry* entry, std::function<bool()> is_cancelled,
              std::function<void(const absl::Status&)> done) {
     StartInfer(service_, context_, &entry->incoming, &entry->request,
-               std::make_unique<InferCall>(), std::move(is_cancelled),
+               std::make_unique<InferCall>(), std::move(is_cancelled), /*hold_refusals=*/false,
                [entry, done = std::move(done)](std::unique_ptr<InferCall> call,
                                                const absl::Status& outcome) {
                  entry->call = std::move(call);
@@ -266,9 +268,11 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerCont
   inference::ModelInferRequest* message = &call->message;
   // gRPC hands the request as const, but the buffer is this call's and is
   // not read again once this handler has it: parsing consumes it.
+  // A refusal while draining is held across Shutdown's GOAWAY, as every
+  // gRPC unary call's (Admission::Submit, Responder::hold_refusals).
   StartInfer(
       this, context, const_cast<grpc::ByteBuffer*>(request), message, std::move(call),
-      [context] { return context->IsCancelled(); },
+      [context] { return context->IsCancelled(); }, /*hold_refusals=*/true,
       [this, reactor, response](std::unique_ptr<InferCall> done, const absl::Status& status) {
         absl::Status outcome = status;
         if (outcome.ok()) {
@@ -279,15 +283,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerCont
         Record(this, RpcMethod::kModelInfer, *done, outcome);
         reactor->held = std::move(done->held);
         done.reset();
-        grpc::Status answer = ToGrpcStatus(outcome);
-        // Refused while draining: held across Shutdown's GOAWAY, as
-        // softmax.v1's refusals are (Admission::HoldRefusals).
-        if (outcome.code() == absl::StatusCode::kUnavailable &&
-            front_end_.admission->draining() &&
-            front_end_.admission->HoldRefusal([reactor, answer] { reactor->Finish(answer); })) {
-          return;
-        }
-        reactor->Finish(answer);
+        reactor->Finish(ToGrpcStatus(outcome));
       });
   return reactor;
 }

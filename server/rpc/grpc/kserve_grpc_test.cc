@@ -232,3 +232,66 @@ TEST(KServeGrpcTest, StreamAnswersEveryRequestAndErrorsInBand) {
 
 }  // namespace
 }  // namespace softmax::server
+
+namespace softmax::server {
+namespace {
+
+// Every gRPC unary protocol's refusal while draining is held across the
+// GOAWAY (Admission::HoldRefusals) until ReleaseHeldCalls, then answered
+// UNAVAILABLE: softmax.v1 Softmax and KServe ModelInfer alike. A stream's
+// refusal is answered in band at once.
+TEST(KServeGrpcTest, EveryUnaryProtocolsRefusalIsHeldAcrossTheGoaway) {
+  Harness harness(/*echo=*/true);
+  Admission& admission = *harness.front_ends->admission;
+  admission.StartDraining();
+  admission.HoldRefusals();
+  auto v1_stub = v1::SoftmaxService::NewStub(harness.channel);
+  std::atomic<int> answered{0};
+  grpc::Status v1_status, kserve_status;
+  auto call_deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(20); };
+  std::thread v1_call([&] {
+    grpc::ClientContext context;
+    context.set_deadline(call_deadline());
+    v1::SoftmaxRequest request;
+    request.mutable_input()->set_dtype(v1::DTYPE_FLOAT32);
+    request.mutable_input()->add_shape(2);
+    request.mutable_input()->set_data(std::string(8, '\0'));
+    v1::SoftmaxResponse response;
+    v1_status = v1_stub->Softmax(&context, request, &response);
+    answered.fetch_add(1);
+  });
+  std::thread kserve_call([&] {
+    grpc::ClientContext context;
+    context.set_deadline(call_deadline());
+    inference::ModelInferResponse response;
+    kserve_status = harness.stub->ModelInfer(&context, Request("k", Values(4, 1.0f), 1, false),
+                                             &response);
+    answered.fetch_add(1);
+  });
+  // A stream's refusal: in band, not held.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(call_deadline());
+    auto stream = harness.stub->ModelStreamInfer(&context);
+    // (A draining server may end the stream before reading it.)
+    inference::ModelStreamInferResponse response;
+    if (stream->Write(Request("s", Values(4, 1.0f), 1, false)) && stream->Read(&response)) {
+      EXPECT_NE(response.error_message().find("shutting down"), std::string::npos)
+          << response.error_message();
+    }
+    stream->WritesDone();
+    stream->Finish().IgnoreError();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(answered.load(), 0) << "a unary refusal was answered while refusals are held";
+  admission.ReleaseHeldCalls();
+  v1_call.join();
+  kserve_call.join();
+  EXPECT_EQ(v1_status.error_code(), grpc::StatusCode::UNAVAILABLE) << v1_status.error_message();
+  EXPECT_EQ(kserve_status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << kserve_status.error_message();
+  EXPECT_TRUE(admission.WaitForInFlight(absl::Now() + absl::Seconds(10)));
+}
+
+}  // namespace
+}  // namespace softmax::server

@@ -89,14 +89,15 @@ constexpr uint8_t kInferResponseTag = (2 << 3) | 2;
 }  // namespace
 
 absl::Status PrepareInfer(inference::ModelInferRequest* request,
-                          const SharedMemoryManager* shared_memory, InferCall* call) {
+                          const SharedMemoryManager* shared_memory, InferCall* call,
+                          InferenceRequest* out) {
   absl::StatusOr<kserve::Model> model =
       kserve::FindModel(request->model_name(), request->model_version());
   if (!model.ok()) return model.status();
   call->model_known = true;
   call->model = *model;
 
-  kserve::InferRequestParts parts;
+  kserve::InferRequestParts& parts = call->parts;
   parts.model_name = request->model_name();
   parts.model_version = request->model_version();
   parts.id = request->id();
@@ -140,7 +141,7 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request,
             "inputs[0]: data given both in shared memory and in the request; send one");
       }
       parts.input_region = **region;
-      call->data_field = "inputs[0].parameters.shared_memory_byte_size";
+      parts.data_field = "inputs[0].parameters.shared_memory_byte_size";
     } else if (request->raw_input_contents_size() == 1) {
       if (input.has_contents() && kserve::HasContents(input.contents())) {
         return absl::InvalidArgumentError(
@@ -148,7 +149,7 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request,
       }
       parts.input_data.swap(*request->mutable_raw_input_contents(0));
     } else {
-      call->data_field = "inputs[0].contents.fp32_contents";
+      parts.data_field = "inputs[0].contents.fp32_contents";
       absl::StatusOr<std::string> bytes =
           kserve::BytesFromContents(input.contents(), *dtype, "inputs[0].contents");
       if (!bytes.ok()) return bytes.status();
@@ -159,25 +160,28 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request,
                            : static_cast<int64_t>(parts.input_data.size());
   }
   kserve::Model built = call->model;
-  SOFTMAX_RETURN_IF_ERROR(kserve::BuildSoftmaxRequest(&parts, &built, &call->request));
-  SOFTMAX_RETURN_IF_ERROR(
-      kserve::BindRegions(parts, shared_memory, &call->external, &call->leases));
-  call->has_external = parts.input_region.has_value() || parts.output_region.has_value();
-  call->output_region = parts.output_region;
-  call->outputs = *kserve::AnswerOutputs(parts);  // checked by BuildSoftmaxRequest
+  SOFTMAX_RETURN_IF_ERROR(kserve::BuildInferenceRequest(&parts, &built, out));
+  SOFTMAX_RETURN_IF_ERROR(kserve::BindRegions(parts, shared_memory, out, &call->leases));
+  call->dtype = out->dtype;
+  call->top_k = out->top_k > 0;
+  call->outputs = *kserve::AnswerOutputs(parts);  // checked by BuildInferenceRequest
+  out->output.buffer = &call->output;
+  out->output.view = &call->view;
+  out->output.top_k = &call->top_k_result;
   return absl::OkStatus();
 }
 
 OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out) {
+  const kserve::InferRequestParts& parts = call->parts;
   out->set_model_name(kserve::ModelName(call->model));
   out->set_model_version(kserve::kModelVersion);
-  out->set_id(call->request.request_id());
+  out->set_id(parts.id);
   auto* output = out->add_outputs();
   output->set_name(kserve::kOutputName);
-  const auto dtype = static_cast<DType>(static_cast<int>(call->request.input().dtype()));
+  const DType dtype = call->dtype;
   output->set_datatype(kserve::DatatypeName(dtype));
-  output->mutable_shape()->CopyFrom(call->request.input().shape());
-  if (const auto& region = call->output_region) {
+  output->mutable_shape()->Add(parts.input_shape.begin(), parts.input_shape.end());
+  if (const auto& region = parts.output_region) {
     // Written into the caller's region: no bytes in the response.
     auto& parameters = *output->mutable_parameters();
     parameters["shared_memory_region"].set_string_param(region->name);
@@ -188,31 +192,31 @@ OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out
     out->add_raw_output_contents();
     return OutputView{};
   }
-  if (call->response.has_top_k()) {
+  if (call->top_k) {
     // Classification (BYTES "<value>:<index>"), or TOP_K_VALUES and
     // TOP_K_INDICES (kserve.h): small, copied.
     out->clear_outputs();
-    const v1::TopK& top_k = call->response.top_k();
+    const TopKResult& top_k = call->top_k_result;
     for (kserve::AnswerOutput kind : call->outputs) {
       auto* tensor = out->add_outputs();
-      tensor->mutable_shape()->CopyFrom(top_k.values().shape());
+      tensor->mutable_shape()->Add(top_k.dims.begin(), top_k.dims.end());
       std::string* raw = out->add_raw_output_contents();
       switch (kind) {
         case kserve::AnswerOutput::kOutput:  // not with a top K
         case kserve::AnswerOutput::kClassification:
           tensor->set_name(kserve::kOutputName);
           tensor->set_datatype("BYTES");
-          *raw = kserve::SerializeBytesTensor(kserve::ClassificationStrings(top_k));
+          *raw = kserve::SerializeBytesTensor(kserve::ClassificationStrings(top_k, dtype));
           break;
         case kserve::AnswerOutput::kTopKValues:
           tensor->set_name(kserve::kTopKValuesName);
           tensor->set_datatype(kserve::DatatypeName(dtype));
-          *raw = top_k.values().data();
+          *raw = top_k.values;
           break;
         case kserve::AnswerOutput::kTopKIndices:
           tensor->set_name(kserve::kTopKIndicesName);
           tensor->set_datatype("INT64");
-          *raw = top_k.indices();
+          *raw = top_k.indices;
           break;
       }
     }
@@ -220,9 +224,10 @@ OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out
   }
   if (call->view.data != nullptr) return std::move(call->view);
   // A large output (echo, CPU backend) is sent by reference, not copied.
-  if (call->buffers != nullptr) LendLargeOutput(call->buffers, &call->response, &call->view);
-  if (call->view.data != nullptr) return std::move(call->view);
-  out->add_raw_output_contents()->swap(*call->response.mutable_output()->mutable_data());
+  if (call->buffers != nullptr && call->output.size() >= TensorBufferPool::kMinPooledBytes) {
+    return TensorBufferPool::LendAsView(call->buffers, std::move(call->output));
+  }
+  out->add_raw_output_contents()->swap(call->output);
   return OutputView{};
 }
 

@@ -1,6 +1,6 @@
 // The KServe v2 gRPC front-end's conversions: a ModelInferRequest as gRPC
-// hands it over, into the softmax.v1 request that Dispatch takes, and the
-// answer back into a ModelInferResponse's bytes. KServeGrpcService
+// hands it over, into the InferenceRequest that is submitted (dispatch.h),
+// and the answer back into a ModelInferResponse's bytes. KServeGrpcService
 // (kserve_grpc.h) serves them; wire_fuzzer.cc feeds them arbitrary bytes.
 #ifndef SOFTMAX_SERVER_RPC_GRPC_KSERVE_INFER_H_
 #define SOFTMAX_SERVER_RPC_GRPC_KSERVE_INFER_H_
@@ -18,46 +18,52 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "inference/grpc_service.pb.h"
-#include "server/rpc/dispatch.h"
 #include "server/rpc/kserve.h"
 #include "server/rpc/tensor_buffer_pool.h"
+#include "server/scheduling/inference_request.h"
 #include "server/shm/shared_memory.h"
-#include "softmax/v1/softmax.pb.h"
 
 namespace softmax::server {
 
-// One inference request on its way through Dispatch.
+// One inference request on its way through the scheduler: what it was
+// read as, and what its answer is written into.
 struct InferCall {
   ~InferCall() {
-    if (buffers != nullptr) RecycleBuffers(buffers.get(), &request, &response);
+    if (buffers == nullptr) return;
+    buffers->Give(std::move(parts.input_data));
+    buffers->Give(std::move(output));
   }
   // Where its large tensor buffers go back to (the service's pool).
   std::shared_ptr<TensorBufferPool> buffers;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   bool model_known = false;
   kserve::Model model = kserve::Model::kSoftmax;
-  std::string data_field = "raw_input_contents[0]";
   int64_t data_bytes = 0;
-  v1::SoftmaxRequest request;
-  v1::SoftmaxResponse response;
+  // The request as read: its id, shape and input bytes (the submitted
+  // request's input is a view of parts.input_data).
+  kserve::InferRequestParts parts;
+  DType dtype = DType::kFloat32;
+  bool top_k = false;  // answered by its top K (parameter top_k, classification)
+  // The answer: the output (in `output`, or lent in `view`), the top K.
+  std::string output;
   OutputView view;
+  TopKResult top_k_result;
+  RequestTiming timing;
   inference::ModelInferRequest message;  // the unary call's parsed request
-  // Shared memory: where the tensors are (when has_external), the output's
-  // region for the response, and what keeps the regions mapped.
-  bool has_external = false;
-  ExternalTensors external;
-  std::optional<kserve::RegionRef> output_region;
   // The answer's outputs (kserve::AnswerOutputs).
   std::vector<kserve::AnswerOutput> outputs = {kserve::AnswerOutput::kOutput};
+  // What keeps the shared-memory regions mapped.
   std::vector<std::shared_ptr<const void>> leases;
   std::shared_ptr<const void> held;  // its share of the memory budget
   grpc::CallbackServerContext* context = nullptr;  // the call's; for the access log
 };
 
-// Turns `request` (whose raw contents are taken) into call->request, with
-// its tensors' regions in `shared_memory` (may be null) bound.
+// Turns `request` (whose raw contents are taken) into `*out`, answered into
+// `call` and with its tensors' regions in `shared_memory` (may be null)
+// bound. Errors name KServe's fields.
 absl::Status PrepareInfer(inference::ModelInferRequest* request,
-                          const SharedMemoryManager* shared_memory, InferCall* call);
+                          const SharedMemoryManager* shared_memory, InferCall* call,
+                          InferenceRequest* out);
 
 // Fills `out` with the answer of an OK `call` but its output bytes, which
 // are returned: a view of the lent output, or (view.data null) moved into

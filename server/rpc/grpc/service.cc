@@ -20,6 +20,7 @@
 #include "server/rpc/grpc/status_util.h"
 #include "server/rpc/grpc/stream_reactor.h"
 #include "server/rpc/grpc/wire.h"
+#include "server/rpc/softmax_v1.h"
 
 namespace softmax::server {
 
@@ -49,12 +50,14 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   v1::SoftmaxRequest& request() { return request_; }
   v1::SoftmaxResponse& response() { return response_; }
   OutputView& view() { return view_; }
+  TopKResult& top_k() { return top_k_; }
   // The request's share of the memory budget, given back once it is sent.
   std::shared_ptr<const void>* held() { return &held_; }
   // The request's input data size (its output is as large), for the metrics.
   void set_data_bytes(int64_t bytes) { data_bytes_ = bytes; }
 
-  void Complete(const absl::Status& status) {
+  void Complete(const absl::Status& status, const RequestTiming& timing = RequestTiming{}) {
+    if (status.ok()) FinishSoftmaxV1Response(request_, timing, &top_k_, &response_);
     if (metrics_ != nullptr) {
       metrics_->RecordRequest(RpcMethod::kSoftmax, status.code(), SecondsSince(start_),
                               2 * data_bytes_);
@@ -85,6 +88,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   v1::SoftmaxRequest request_;
   v1::SoftmaxResponse response_;
   OutputView view_;
+  TopKResult top_k_;
   std::shared_ptr<const void> held_;
 };
 
@@ -107,6 +111,7 @@ class SoftmaxStreamHandler {
     v1::SoftmaxRequest request;
     v1::SoftmaxResponse response;
     OutputView view;            // the output, when the backend lent it
+    TopKResult top_k;           // the top K, when asked for
     grpc::ByteBuffer outgoing;  // the response as written (its first chunk)
     std::deque<grpc::ByteBuffer> more_outgoing;  // its later chunks, in order
     SteadyClock::time_point start;
@@ -238,10 +243,11 @@ class SoftmaxStreamHandler {
         whole->held = std::move(step.lease);
         if (step.staged.data != nullptr) {
           whole->data_bytes = step.staged.bytes;
-          ExternalTensors staged;
-          staged.input = step.staged.data;
-          staged.input_bytes = step.staged.bytes;
-          staged.input_staged = std::move(step.staged.owner);
+          InputTensor staged;
+          staged.data = step.staged.data;
+          staged.bytes = step.staged.bytes;
+          staged.external = true;  // its budget was reserved as it arrived
+          staged.staged = std::move(step.staged.owner);
           Dispatch(*std::move(step.owner), &staged);
         } else {
           whole->data_bytes = static_cast<int64_t>(whole->request.input().data().size());
@@ -260,13 +266,29 @@ class SoftmaxStreamHandler {
     }
   }
 
-  void Dispatch(Started started, const ExternalTensors* external = nullptr) {
+  // Submits the request of `started` (its input in `staged` when it was
+  // assembled in a backend's staging).
+  void Dispatch(Started started, InputTensor* staged = nullptr) {
     Entry* entry = started.entry;
-    const absl::Status status =
-        server::Dispatch(front_end_, &entry->request, &entry->response, &entry->view,
-                         context_->deadline(), std::move(started.is_cancelled), started.done,
-                         external, &entry->held);
-    if (!status.ok()) started.done(status);
+    InferenceRequest request;
+    if (absl::Status built = FromSoftmaxV1(&entry->request, &entry->response, &entry->view,
+                                           &entry->top_k, &request);
+        !built.ok()) {
+      started.done(built);
+      return;
+    }
+    if (staged != nullptr) request.input = std::move(*staged);
+    request.deadline = context_->deadline();
+    request.is_cancelled = std::move(started.is_cancelled);
+    Responder responder;
+    responder.done = [entry, done = std::move(started.done)](const absl::Status& status,
+                                                             const RequestTiming& timing) {
+      if (status.ok()) {
+        FinishSoftmaxV1Response(entry->request, timing, &entry->top_k, &entry->response);
+      }
+      done(status);
+    };
+    Submit(front_end_, std::move(request), kSoftmaxV1Fields, std::move(responder), &entry->held);
   }
 
   // A chunk taken into another request's entry: its own entry ends unanswered.
@@ -367,20 +389,24 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
     status = absl::InvalidArgumentError(
         "chunk_offset, more_chunks: chunked requests are for SoftmaxStream only");
   }
+  InferenceRequest submitted;
   if (status.ok()) {
-    status = server::Dispatch(
-        front_end_, &call->request(), &call->response(), &call->view(), context->deadline(),
-        [context] { return context->IsCancelled(); },
-        [call](const absl::Status& outcome) { call->Complete(outcome); }, nullptr,
-        call->held());
+    status = FromSoftmaxV1(&call->request(), &call->response(), &call->view(), &call->top_k(),
+                           &submitted);
   }
   if (!status.ok()) {
-    if (status.code() == absl::StatusCode::kUnavailable && front_end_.admission->draining() &&
-        front_end_.admission->HoldRefusal([call, status] { call->Complete(status); })) {
-      return call;
-    }
     call->Complete(status);
+    return call;
   }
+  submitted.deadline = context->deadline();
+  submitted.is_cancelled = [context] { return context->IsCancelled(); };
+  // A refusal while draining is held across Shutdown's GOAWAY, as every
+  // gRPC unary call's (Admission::Submit, Responder::hold_refusals).
+  Submit(front_end_, std::move(submitted), kSoftmaxV1Fields,
+         Responder{[call](const absl::Status& outcome,
+                          const RequestTiming& timing) { call->Complete(outcome, timing); },
+                   /*hold_refusals=*/true},
+         call->held());
   return call;
 }
 

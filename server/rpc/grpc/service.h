@@ -18,8 +18,9 @@
 // Both methods take and give raw byte buffers (server/rpc/grpc/wire.h): requests are
 // parsed here, and a response may reference its output where the backend
 // left it (OutputView) instead of a copy. On the wire nothing differs.
-// Requests enter the scheduler through Dispatch (dispatch.h), that is
-// through the server's Admission, as every other front-end's do.
+// Each request becomes an InferenceRequest (softmax_v1.h) and enters the
+// scheduler through Submit (dispatch.h), that is through the server's
+// Admission, as every other front-end's do.
 //
 // Thread-safety: gRPC calls the service from its own threads.
 #ifndef SOFTMAX_SERVER_RPC_GRPC_SERVICE_H_

@@ -10,6 +10,7 @@
 #include <grpcpp/support/slice.h>
 
 #include "absl/strings/str_cat.h"
+#include "softmax/v1/softmax.pb.h"
 
 namespace softmax::server {
 namespace {

@@ -15,7 +15,13 @@
 #include "absl/strings/string_view.h"
 #include "server/rpc/tensor_buffer_pool.h"
 #include "server/scheduling/backend.h"
-#include "softmax/v1/softmax.pb.h"
+
+// softmax.v1's messages (softmax/v1/softmax.pb.h), declared only: the
+// KServe front-end uses SetHeadAndView without softmax.v1's generated code.
+namespace softmax::v1 {
+class SoftmaxRequest;
+class SoftmaxResponse;
+}  // namespace softmax::v1
 
 namespace softmax::server {
 
@@ -32,6 +38,11 @@ absl::Status UnparsableMessage(absl::string_view type, absl::string_view problem
 absl::Status ParseRequestMessage(grpc::ByteBuffer* buffer, TensorBufferPool* pool,
                                  v1::SoftmaxRequest* request);
 
+// Makes `out` the serialised `head` followed by the view's bytes, referenced
+// and not copied; the view's owner is released with the buffer's last
+// reference (once gRPC has sent it).
+void SetHeadAndView(grpc::Slice head, OutputView view, grpc::ByteBuffer* out);
+
 // Serialises `response` into `out`. Without a view (view.data null) this is
 // protobuf's own serialisation. With one, the output's data is the view's
 // bytes, referenced and not copied: the buffer holds the message without its
@@ -40,11 +51,6 @@ absl::Status ParseRequestMessage(grpc::ByteBuffer* buffer, TensorBufferPool* poo
 // twice is merged). The view's owner is released when gRPC releases the
 // buffer's last reference. `response`'s output data is cleared first (it
 // holds nothing of the result when there is a view).
-// Makes `out` the serialised `head` followed by the view's bytes, referenced
-// and not copied; the view's owner is released with the buffer's last
-// reference (once gRPC has sent it).
-void SetHeadAndView(grpc::Slice head, OutputView view, grpc::ByteBuffer* out);
-
 absl::Status SerializeResponse(v1::SoftmaxResponse* response, OutputView view,
                                grpc::ByteBuffer* out);
 

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/civetweb_stop.h"
 #include "server/logging/log.h"
+#include "server/rpc/dispatch.h"
 #include "server/rpc/status_macros.h"
 
 namespace softmax::server {
@@ -204,9 +205,11 @@ Json OutputJsonData(const char* data, int64_t bytes, DType dtype) {
 // handler and the batcher's completion, so it lives as long as either needs
 // it (the handler may give up waiting).
 struct HttpCall {
-  v1::SoftmaxRequest request;
-  v1::SoftmaxResponse response;
+  kserve::InferRequestParts parts;  // the request as read; owns its input
+  std::string output;
   OutputView view;
+  TopKResult top_k;
+  RequestTiming timing;
   absl::Status status;
   absl::Notification done;
   std::atomic<bool> abandoned{false};
@@ -475,7 +478,8 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
     }
   }
 
-  kserve::InferRequestParts parts;
+  auto call = std::make_shared<HttpCall>();
+  kserve::InferRequestParts& parts = call->parts;
   parts.model_name = name;
   parts.model_version = version;
   HttpInferOptions options;
@@ -483,26 +487,29 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
   body = std::string();
   data_bytes = parts.input_region.has_value() ? parts.input_region->byte_size
                                               : static_cast<int64_t>(parts.input_data.size());
-  auto call = std::make_shared<HttpCall>();
   kserve::Model built = *model;
-  if (status.ok()) status = kserve::BuildSoftmaxRequest(&parts, &built, &call->request);
-  ExternalTensors external;
-  if (status.ok()) status = kserve::BindRegions(parts, shared_memory, &external, &call->leases);
+  InferenceRequest request;
+  if (status.ok()) status = kserve::BuildInferenceRequest(&parts, &built, &request);
+  if (status.ok()) status = kserve::BindRegions(parts, shared_memory, &request, &call->leases);
   if (!status.ok()) return fail(status);
-  const bool has_external = parts.input_region.has_value() || parts.output_region.has_value();
-
-  status = kserve::RenameInputFields(
-      Dispatch(
-          front_end, &call->request, &call->response, &call->view,
-          std::chrono::system_clock::now() + kHttpRequestTimeout,
-          [raw = call.get()] { return raw->abandoned.load(std::memory_order_relaxed); },
-          [call](const absl::Status& outcome) {
-            call->status = outcome;
-            call->done.Notify();
-          },
-          has_external ? &external : nullptr, &call->held),
-      parts.data_field);
-  if (!status.ok()) return fail(status);
+  const DType dtype = request.dtype;
+  const bool answer_top_k = request.top_k > 0;
+  request.output.buffer = &call->output;
+  request.output.view = &call->view;
+  request.output.top_k = &call->top_k;
+  request.deadline = std::chrono::system_clock::now() + kHttpRequestTimeout;
+  request.is_cancelled = [raw = call.get()] {
+    return raw->abandoned.load(std::memory_order_relaxed);
+  };
+  // A refusal is answered (503) at once: no GOAWAY can cancel it.
+  Submit(front_end, std::move(request), kserve::FieldNamesFor(parts),
+         Responder{[call](const absl::Status& outcome, const RequestTiming& timing) {
+                     call->timing = timing;
+                     call->status = outcome;
+                     call->done.Notify();
+                   },
+                   /*hold_refusals=*/false},
+         &call->held);
   // The batcher drops the request at its deadline; the margin covers a batch
   // already computing then.
   if (!call->done.WaitForNotificationWithTimeout(
@@ -512,25 +519,21 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
   }
   if (!call->status.ok()) return fail(call->status);
 
-  const auto dtype = static_cast<DType>(static_cast<int>(call->request.input().dtype()));
-  const char* out_data = call->view.data != nullptr ? call->view.data
-                                                    : call->response.output().data().data();
+  const char* out_data = call->view.data != nullptr ? call->view.data : call->output.data();
   const int64_t out_bytes = call->view.data != nullptr
                                 ? call->view.bytes
-                                : static_cast<int64_t>(call->response.output().data().size());
+                                : static_cast<int64_t>(call->output.size());
   Json output = {{"name", kserve::kOutputName},
                  {"datatype", kserve::DatatypeName(dtype)},
-                 {"shape", std::vector<int64_t>(call->request.input().shape().begin(),
-                                                call->request.input().shape().end())}};
+                 {"shape", parts.input_shape}};
   Reply reply;
   Json outputs = Json::array();
-  if (call->response.has_top_k()) {
+  if (answer_top_k) {
     // Classification (BYTES "<value>:<index>"), or TOP_K_VALUES and
     // TOP_K_INDICES (kserve.h); binary data follows in the outputs' order.
-    const v1::TopK& top_k = call->response.top_k();
-    const std::vector<int64_t> shape(top_k.values().shape().begin(),
-                                     top_k.values().shape().end());
-    // Checked by BuildSoftmaxRequest.
+    const TopKResult& top_k = call->top_k;
+    const std::vector<int64_t>& shape = top_k.dims;
+    // Checked by BuildInferenceRequest.
     const std::vector<kserve::AnswerOutput> kinds = *kserve::AnswerOutputs(parts);
     for (kserve::AnswerOutput kind : kinds) {
       Json tensor = {{"shape", shape}};
@@ -539,26 +542,25 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
         tensor["name"] = kserve::kTopKValuesName;
         tensor["datatype"] = kserve::DatatypeName(dtype);
         if (options.binary_output) {
-          binary = top_k.values().data();
+          binary = top_k.values;
         } else {
-          tensor["data"] = OutputJsonData(top_k.values().data().data(),
-                                          static_cast<int64_t>(top_k.values().data().size()),
-                                          dtype);
+          tensor["data"] = OutputJsonData(top_k.values.data(),
+                                          static_cast<int64_t>(top_k.values.size()), dtype);
         }
       } else if (kind == kserve::AnswerOutput::kTopKIndices) {
         tensor["name"] = kserve::kTopKIndicesName;
         tensor["datatype"] = "INT64";
         if (options.binary_output) {
-          binary = top_k.indices();
+          binary = top_k.indices;
         } else {
-          std::vector<int64_t> indices(top_k.indices().size() / sizeof(int64_t));
-          std::memcpy(indices.data(), top_k.indices().data(), top_k.indices().size());
+          std::vector<int64_t> indices(top_k.indices.size() / sizeof(int64_t));
+          std::memcpy(indices.data(), top_k.indices.data(), top_k.indices.size());
           tensor["data"] = std::move(indices);
         }
       } else {
         tensor["name"] = kserve::kOutputName;
         tensor["datatype"] = "BYTES";
-        std::vector<std::string> elements = kserve::ClassificationStrings(top_k);
+        std::vector<std::string> elements = kserve::ClassificationStrings(top_k, dtype);
         if (options.binary_output) {
           binary = kserve::SerializeBytesTensor(elements);
         } else {
@@ -589,12 +591,9 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
   Json response = {{"model_name", kserve::ModelName(*model)},
                    {"model_version", kserve::kModelVersion},
                    {"outputs", std::move(outputs)}};
-  if (!call->request.request_id().empty()) response["id"] = call->request.request_id();
+  if (!parts.id.empty()) response["id"] = parts.id;
   reply.body = response.dump();
-  RequestTiming timing;
-  timing.queue_ns = call->response.timing().queue_ns();
-  timing.compute_ns = call->response.timing().compute_ns();
-  return finish(reply, absl::OkStatus(), &timing);
+  return finish(reply, absl::OkStatus(), &call->timing);
 }
 
 int HandleRequest(mg_connection* connection, void* server) {

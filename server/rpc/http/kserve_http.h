@@ -77,7 +77,7 @@ struct HttpInferOptions {
 // without Inference-Header-Content-Length), then the binary tensor data.
 // Fills `parts` but model_name / model_version (from the URL), including
 // parts->data_field; INVALID_ARGUMENT naming the field otherwise. What is
-// checked later (BuildSoftmaxRequest, Dispatch) is left to them.
+// checked later (BuildInferenceRequest, validation) is left to them.
 absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_length,
                                    kserve::InferRequestParts* parts, HttpInferOptions* options);
 

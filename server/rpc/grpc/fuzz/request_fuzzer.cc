@@ -15,6 +15,7 @@
 #include <string>
 
 #include "kernels/cpu_softmax.h"
+#include "server/rpc/softmax_v1.h"
 #include "server/rpc/validation.h"
 #include "softmax/v1/softmax.pb.h"
 
@@ -34,21 +35,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
   softmax::server::RequestLimits limits;
   limits.max_tensor_bytes = kMaxTensorBytes;
-  absl::StatusOr<softmax::server::ParsedRequest> parsed =
-      softmax::server::ParseRequest(request, limits);
-  if (!parsed.ok()) {
+  softmax::server::InferenceRequest submitted;
+  absl::Status status = softmax::server::HeaderFromSoftmaxV1(request, &submitted);
+  submitted.input.data = request.input().data().data();
+  submitted.input.bytes = static_cast<int64_t>(request.input().data().size());
+  if (status.ok()) {
+    status = softmax::server::ValidateRequest(&submitted, limits,
+                                              softmax::server::kSoftmaxV1Fields);
+  }
+  if (!status.ok()) {
     // Every refusal is a client error that names what is wrong.
-    Check(parsed.status().code() == absl::StatusCode::kInvalidArgument);
-    Check(!parsed.status().message().empty());
+    Check(status.code() == absl::StatusCode::kInvalidArgument);
+    Check(!status.message().empty());
     return 0;
   }
-  const softmax::server::ParsedRequest& p = *parsed;
+  const softmax::server::ValidatedTensor& p = submitted.tensor;
+  Check(p.valid);
   Check(p.bytes == static_cast<int64_t>(request.input().data().size()));
   Check(p.bytes <= kMaxTensorBytes);
-  Check(p.bytes == p.elements * softmax::ItemSize(p.dtype));
+  Check(p.bytes == p.elements * softmax::ItemSize(submitted.dtype));
   Check(p.shape.rows() * p.shape.n == p.elements || p.elements == 0);
   std::string output(static_cast<size_t>(p.bytes), '\0');
-  softmax::CpuSoftmaxRows(request.input().data().data(), output.data(), p.dtype, p.shape,
+  softmax::CpuSoftmaxRows(request.input().data().data(), output.data(), submitted.dtype, p.shape,
                           p.options, 0, p.elements == 0 ? 0 : p.shape.rows());
   return 0;
 }

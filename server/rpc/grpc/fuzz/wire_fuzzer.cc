@@ -24,6 +24,7 @@
 // other builds fuzz_replay_main.cc drives it over the corpus and a bounded
 // number of mutations (the ctest smoke run). See README.md.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -51,6 +52,8 @@
 #include "server/rpc/grpc/kserve_infer.h"
 #include "server/rpc/grpc/service.h"
 #include "server/rpc/grpc/wire.h"
+#include "server/rpc/dispatch.h"
+#include "server/rpc/softmax_v1.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
 #include "server/shm/shared_memory.h"
@@ -141,34 +144,29 @@ void CheckKServeRefusal(const absl::Status& status) {
 
 // What a request wrote into its output region: the region's first
 // input_bytes (all of it when smaller; the answer's count check then fails).
-std::string RegionOutput(const ExternalTensors& external, int64_t input_bytes) {
-  return std::string(external.output,
-                     static_cast<size_t>(std::min(external.output_bytes, input_bytes)));
+std::string RegionOutput(const char* region, int64_t region_bytes, int64_t input_bytes) {
+  return std::string(region, static_cast<size_t>(std::min(region_bytes, input_bytes)));
 }
 
-// What an answer must carry, taken from a request before Dispatch (which
-// may move its input away). `external` (may be null): its shared-memory
-// tensors.
+// What an answer must carry, taken from a request before it is submitted
+// (which may move its input away).
 struct Expected {
-  Expected(const v1::SoftmaxRequest& request, const ExternalTensors* external)
-      : request_id(request.request_id()),
-        dtype(request.input().dtype()),
-        shape(request.input().shape().begin(), request.input().shape().end()),
-        log(request.log()),
-        top_k(request.top_k()),
-        full_output(request.full_output()) {
-    const bool in_region = external != nullptr && external->input != nullptr;
-    const char* data = in_region ? external->input : request.input().data().data();
-    input_bytes = in_region ? external->input_bytes
-                            : static_cast<int64_t>(request.input().data().size());
-    if (dtype == v1::DTYPE_FLOAT32 && input_bytes > 0 && input_bytes % 4 == 0) {
+  explicit Expected(const InferenceRequest& request)
+      : request_id(request.id),
+        dtype(request.dtype),
+        shape(request.dims),
+        log(request.log),
+        top_k(request.top_k),
+        full_output(request.full_output),
+        input_bytes(request.input.bytes) {
+    if (dtype == DType::kFloat32 && input_bytes > 0 && input_bytes % 4 == 0) {
       finite_inputs.resize(static_cast<size_t>(input_bytes / 4));
-      std::memcpy(finite_inputs.data(), data, static_cast<size_t>(input_bytes));
+      std::memcpy(finite_inputs.data(), request.input.data, static_cast<size_t>(input_bytes));
     }
   }
 
   // `output`: the answer's output bytes, of `dtype` and `shape`.
-  void CheckOutput(const std::string& id, v1::DType output_dtype,
+  void CheckOutput(const std::string& id, DType output_dtype,
                    const std::vector<int64_t>& output_shape, absl::string_view output) const {
     Check(id == request_id, "the answer carries the request's id");
     Check(output_dtype == dtype, "the output has the input's dtype");
@@ -194,21 +192,18 @@ struct Expected {
 
   // The top K answer of an accepted request with top_k: its values in the
   // input's dtype, as many int64 indices, no output unless asked for.
-  void CheckTopK(const v1::SoftmaxResponse& response) const {
-    Check(response.has_top_k(), "a top K request is answered with its top K");
-    const v1::Tensor& values = response.top_k().values();
-    Check(values.dtype() == dtype, "the top K values have the input's dtype");
-    const int64_t item = dtype == v1::DTYPE_FLOAT32 ? 4 : 2;
-    Check(static_cast<int64_t>(values.data().size()) / item * 8 ==
-              static_cast<int64_t>(response.top_k().indices().size()),
+  void CheckTopK(DType values_dtype, size_t value_bytes, size_t index_bytes,
+                 bool has_output) const {
+    Check(values_dtype == dtype, "the top K values have the input's dtype");
+    Check(value_bytes > 0 || input_bytes == 0, "a top K request is answered with its top K");
+    Check(value_bytes / static_cast<size_t>(ItemSize(dtype)) * 8 == index_bytes,
           "the top K has one index per value");
-    Check(static_cast<int64_t>(values.data().size()) <= input_bytes,
-          "the top K is no larger than the output");
-    Check(full_output == response.has_output(), "the whole output comes only with full_output");
+    Check(static_cast<int64_t>(value_bytes) <= input_bytes, "the top K is no larger than the output");
+    Check(full_output == has_output, "the whole output comes only with full_output");
   }
 
   std::string request_id;
-  v1::DType dtype;
+  DType dtype;
   std::vector<int64_t> shape;
   bool log;
   int64_t top_k = 0;
@@ -217,32 +212,24 @@ struct Expected {
   std::vector<float> finite_inputs;
 };
 
-// Dispatches `request` and waits for its one answer: true when it is OK
-// (then `response` / `view` hold it), false for a checked refusal.
-bool DispatchAndWait(v1::SoftmaxRequest* request, v1::SoftmaxResponse* response,
-                     OutputView* view, const ExternalTensors* external = nullptr,
-                     std::shared_ptr<const void>* held = nullptr,
-                     absl::string_view data_field = {}) {
+// Submits `request` (validated there, with `names`) and waits for its one
+// answer: true when it is OK (then the request's sink holds it), false for
+// a checked refusal.
+bool SubmitAndWait(InferenceRequest request, const FieldNames& names,
+                   std::shared_ptr<const void>* held = nullptr) {
   absl::Notification done;
-  int answers = 0;
+  std::atomic<int> answers{0};
   absl::Status outcome;
-  absl::Status accepted = Dispatch(
-      GetHarness().front_end, request, response, view,
-      std::chrono::system_clock::now() + std::chrono::seconds(10), [] { return false; },
-      [&](const absl::Status& status) {
-        outcome = status;
-        ++answers;
-        done.Notify();
-      },
-      external, held);
-  if (!data_field.empty()) accepted = kserve::RenameInputFields(accepted, data_field);
-  if (!accepted.ok()) {
-    CheckRefusal(accepted);
-    Check(answers == 0, "a refused request gets no answer");
-    return false;
-  }
-  Check(done.WaitForNotificationWithTimeout(kAnswerWithin), "an accepted request is answered");
-  Check(answers == 1, "an accepted request is answered once");
+  request.deadline = std::chrono::system_clock::now() + std::chrono::seconds(10);
+  Submit(GetHarness().front_end, std::move(request), names,
+         Responder{[&](const absl::Status& status, const RequestTiming&) {
+                     outcome = status;
+                     if (answers.fetch_add(1) == 0) done.Notify();
+                   },
+                   false},
+         held);
+  Check(done.WaitForNotificationWithTimeout(kAnswerWithin), "every request is answered");
+  Check(answers.load() == 1, "every request is answered once");
   if (!outcome.ok()) {
     CheckRefusal(outcome);
     return false;
@@ -250,22 +237,34 @@ bool DispatchAndWait(v1::SoftmaxRequest* request, v1::SoftmaxResponse* response,
   return true;
 }
 
-// A softmax.v1 request: dispatched, and its answer serialised and parsed back.
+// A softmax.v1 request: submitted, and its answer serialised and parsed back.
 void DispatchAndCheck(v1::SoftmaxRequest* request) {
-  const Expected expected(*request, nullptr);
   v1::SoftmaxResponse response;
   OutputView view;
-  if (!DispatchAndWait(request, &response, &view)) return;
+  TopKResult top_k;
+  InferenceRequest submitted;
+  if (absl::Status built = FromSoftmaxV1(request, &response, &view, &top_k, &submitted);
+      !built.ok()) {
+    CheckRefusal(built);
+    return;
+  }
+  const Expected expected(submitted);
+  if (!SubmitAndWait(std::move(submitted), kSoftmaxV1Fields)) return;
+  FinishSoftmaxV1Response(*request, RequestTiming{}, &top_k, &response);
   grpc::ByteBuffer wire;
   Check(SerializeResponse(&response, std::move(view), &wire).ok(), "the answer serialises");
   v1::SoftmaxResponse parsed;
   Check(parsed.ParseFromString(BufferBytes(wire)), "the answer parses back");
   if (expected.top_k > 0) {
     Check(parsed.request_id() == expected.request_id, "the answer carries the request's id");
-    expected.CheckTopK(parsed);
+    Check(parsed.has_top_k(), "a top K request is answered with its top K");
+    expected.CheckTopK(static_cast<DType>(static_cast<int>(parsed.top_k().values().dtype())),
+                       parsed.top_k().values().data().size(), parsed.top_k().indices().size(),
+                       parsed.has_output());
     if (!expected.full_output) return;
   }
-  expected.CheckOutput(parsed.request_id(), parsed.output().dtype(),
+  expected.CheckOutput(parsed.request_id(),
+                       static_cast<DType>(static_cast<int>(parsed.output().dtype())),
                        {parsed.output().shape().begin(), parsed.output().shape().end()},
                        parsed.output().data());
 }
@@ -309,7 +308,7 @@ void SoftmaxV1(const uint8_t* data, size_t size) {
 }
 
 // A KServe HTTP infer body, as the server's handler takes it: parsed,
-// built, its shared-memory tensors bound, dispatched.
+// built, its shared-memory tensors bound, submitted.
 void KServeHttp(const uint8_t* data, size_t size) {
   if (size < 2) return;
   const std::string body(reinterpret_cast<const char*>(data) + 2, size - 2);
@@ -318,56 +317,60 @@ void KServeHttp(const uint8_t* data, size_t size) {
   parts.model_name = "softmax";
   HttpInferOptions options;
   absl::Status status = ParseHttpInferRequest(body, header_length, &parts, &options);
-  v1::SoftmaxRequest request;
+  InferenceRequest request;
   kserve::Model model = kserve::Model::kSoftmax;
-  if (status.ok()) status = kserve::BuildSoftmaxRequest(&parts, &model, &request);
-  ExternalTensors external;
+  if (status.ok()) status = kserve::BuildInferenceRequest(&parts, &model, &request);
   std::vector<std::shared_ptr<const void>> leases;
   if (status.ok()) {
-    status = kserve::BindRegions(parts, GetHarness().shared_memory.get(), &external, &leases);
+    status = kserve::BindRegions(parts, GetHarness().shared_memory.get(), &request, &leases);
   }
   if (!status.ok()) {
     CheckKServeRefusal(status);
     return;
   }
-  if (!parts.input_region.has_value() && !parts.output_region.has_value()) {
-    DispatchAndCheck(&request);
-    return;
-  }
   // The handler builds its JSON from the request; here the bytes are checked.
-  const Expected expected(request, &external);
-  v1::SoftmaxResponse response;
+  std::string output;
   OutputView view;
-  if (!DispatchAndWait(&request, &response, &view, &external, nullptr, parts.data_field)) return;
-  if (external.output != nullptr) {
-    expected.CheckBytes(RegionOutput(external, expected.input_bytes));
+  TopKResult top_k;
+  request.output.buffer = &output;
+  request.output.view = &view;
+  request.output.top_k = &top_k;
+  const Expected expected(request);
+  const char* region = request.output.region;
+  const int64_t region_bytes = request.output.region_bytes;
+  if (!SubmitAndWait(std::move(request), kserve::FieldNamesFor(parts))) return;
+  if (region != nullptr) {
+    expected.CheckBytes(RegionOutput(region, region_bytes, expected.input_bytes));
   } else if (expected.top_k > 0) {
-    Check(response.request_id() == expected.request_id, "the answer carries the request's id");
-    expected.CheckTopK(response);
+    expected.CheckTopK(expected.dtype, top_k.values.size(), top_k.indices.size(),
+                       expected.input_bytes == 0 ? expected.full_output
+                                                 : view.data != nullptr || !output.empty());
   } else {
-    Check(response.request_id() == expected.request_id, "the answer carries the request's id");
     expected.CheckBytes(view.data != nullptr
                             ? absl::string_view(view.data, static_cast<size_t>(view.bytes))
-                            : absl::string_view(response.output().data()));
+                            : absl::string_view(output));
   }
 }
 
-// A KServe gRPC ModelInferRequest: parsed, converted, dispatched, and its
+// A KServe gRPC ModelInferRequest: parsed, converted, submitted, and its
 // answer serialised (`in_stream`: as ModelStreamInfer's) and parsed back.
 void KServeGrpc(const uint8_t* data, size_t size, bool in_stream) {
   grpc::Slice slice(data, size);
   grpc::ByteBuffer buffer(&slice, 1);
   InferCall call;
+  InferenceRequest request;
   absl::Status status = ParseInferRequest(&buffer, nullptr, &call.message);
-  if (status.ok()) status = PrepareInfer(&call.message, GetHarness().shared_memory.get(), &call);
+  if (status.ok()) {
+    status = PrepareInfer(&call.message, GetHarness().shared_memory.get(), &call, &request);
+  }
   if (!status.ok()) {
     CheckKServeRefusal(status);
     return;
   }
-  const ExternalTensors* external = call.has_external ? &call.external : nullptr;
-  const Expected expected(call.request, external);
-  if (!DispatchAndWait(&call.request, &call.response, &call.view, external, &call.held,
-                       call.data_field)) {
+  const Expected expected(request);
+  const char* region = request.output.region;
+  const int64_t region_bytes = request.output.region_bytes;
+  if (!SubmitAndWait(std::move(request), kserve::FieldNamesFor(call.parts), &call.held)) {
     return;
   }
   inference::ModelInferResponse answer;
@@ -400,7 +403,7 @@ void KServeGrpc(const uint8_t* data, size_t size, bool in_stream) {
         continue;
       }
       if (output.datatype() != "BYTES") {
-        Check(output.datatype() == kserve::DatatypeName(static_cast<DType>(expected.dtype)),
+        Check(output.datatype() == kserve::DatatypeName(expected.dtype),
               "the top K values have the input's datatype");
         continue;
       }
@@ -425,13 +428,13 @@ void KServeGrpc(const uint8_t* data, size_t size, bool in_stream) {
   const absl::StatusOr<DType> dtype = kserve::ParseDatatype(output.datatype(), "datatype");
   Check(dtype.ok(), "the output's datatype is FP32, FP16 or BF16");
   std::string bytes = parsed.raw_output_contents(0);
-  if (call.output_region.has_value()) {
+  if (region != nullptr) {
     Check(bytes.empty(), "an output written into a region is not in the answer");
     Check(output.parameters().at("shared_memory_region").string_param() == kRegionName,
           "the answer names the output's region");
-    bytes = RegionOutput(call.external, expected.input_bytes);
+    bytes = RegionOutput(region, region_bytes, expected.input_bytes);
   }
-  expected.CheckOutput(parsed.id(), static_cast<v1::DType>(static_cast<int>(*dtype)),
+  expected.CheckOutput(parsed.id(), *dtype,
                        {output.shape().begin(), output.shape().end()}, bytes);
 }
 
