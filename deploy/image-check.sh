@@ -33,6 +33,7 @@ if [[ $# -ne 1 ]]; then
   exit 2
 fi
 source_dir=$(cd "$(dirname "$0")/.." && pwd)
+. "$source_dir/scripts/listening.sh"
 work=$(mkdir -p "$1" && cd "$1" && pwd)
 architectures=${CUDA_ARCHITECTURES:-90-real}
 cuda_source=${CUDA_SOURCE:-pypi}
@@ -123,18 +124,17 @@ binaries=$(buildah "${storage[@]}" run --isolation chroot "$server_container" --
 
 step "starting the image's server on the CPU"
 log="$work/server.log"
-buildah "${storage[@]}" run --isolation chroot "$server_container" -- \
-  /opt/softmax-serve/softmax-server --grpc_address=127.0.0.1:0 --http_address= \
-  --metrics_address= --device=cpu > "$log" 2>&1 &
+# The server (the image's user) writes its --listening_file into a folder of
+# this host's, mounted into the container.
+mkdir -p "$work/listening" && chmod 1777 "$work/listening"
+buildah "${storage[@]}" run --isolation chroot -v "$work/listening:/listening" \
+  "$server_container" -- /opt/softmax-serve/softmax-server --grpc_address=127.0.0.1:0 \
+  --http_address= --metrics_address= --device=cpu \
+  --listening_file=/listening/listening.json > "$log" 2>&1 &
 server_pid=$!
-address=""
-for _ in $(seq 1 300); do
-  address=$(sed -n 's/^.* softmax-server: listening grpc=\([^ ]*\) .*$/\1/p' "$log")
-  [[ -n "$address" ]] && break
-  kill -0 "$server_pid" 2> /dev/null || fail "the image's server exited: $(cat "$log")"
-  sleep 0.1
-done
-[[ -n "$address" ]] || fail "the image's server did not start: $(cat "$log")"
+wait_for_listening "$work/listening/listening.json" "$server_pid" \
+  || fail "the image's server did not start: $(cat "$log")"
+address=$(listening_address "$work/listening/listening.json" grpc)
 
 client() {
   buildah "${storage[@]}" run --isolation chroot "$server_container" -- \

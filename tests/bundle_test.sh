@@ -9,6 +9,7 @@ set -euo pipefail
 build_dir=$1
 work=$2
 source_dir=$(cd "$(dirname "$0")/.." && pwd)
+. "$source_dir/scripts/listening.sh"
 
 rm -rf "$work"
 mkdir -p "$work/out" "$work/unpacked"
@@ -49,18 +50,14 @@ fi
 ln -s "$bundle/softmax-server" "$work/server-link"
 log="$work/server.log"
 (cd / && exec env -i PATH=/usr/bin:/bin "$work/server-link" --grpc_address=127.0.0.1:0 \
-    --metrics_address= --http_address=127.0.0.1:0 --device=cpu) 2> "$log" &
+    --metrics_address= --http_address=127.0.0.1:0 --device=cpu \
+    --listening_file="$work/listening.json") 2> "$log" &
 pid=$!
 trap 'kill -KILL $pid 2>/dev/null || true' EXIT
-address=""
-for _ in $(seq 1 300); do
-  address=$(sed -n 's/^.* softmax-server: listening grpc=\([^ ]*\) http=[^ ]* metrics=off$/\1/p' "$log")
-  [[ -n "$address" ]] && break
-  kill -0 $pid 2>/dev/null || fail "bundled server exited: $(cat "$log")"
-  sleep 0.1
-done
-[[ -n "$address" ]] || fail "no 'listening' line: $(cat "$log")"
-http=$(sed -n 's/^.* softmax-server: listening grpc=[^ ]* http=\([^ ]*\) metrics=off$/\1/p' "$log")
+wait_for_listening "$work/listening.json" $pid || fail "bundled server did not start: $(cat "$log")"
+address=$(listening_address "$work/listening.json" grpc)
+http=$(listening_address "$work/listening.json" http)
+[[ "$(listening_address "$work/listening.json" metrics)" == off ]] || fail "metrics listener not off"
 
 health=$(env -i PATH=/usr/bin:/bin "$bundle/softmax-client" health --target="$address")
 [[ "$health" == "SERVING" ]] || fail "health: $health"

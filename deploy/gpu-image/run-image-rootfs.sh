@@ -304,17 +304,17 @@ echo
 log="$work/server.log"
 say "starting the image's softmax-server as $image_user: ${command_line[*]}"
 started=$(date +%s.%N)
-"${launch[@]}" "$server_binary" "${command_line[@]:1}" > "$log" 2>&1 &
+"${launch[@]}" "$server_binary" "${command_line[@]:1}" \
+  --listening_file="$report_dir/listening.json" > "$log" 2>&1 &
 server_pid=$!
-listening=""
 for _ in $(seq 1 1200); do
-  listening=$(grep -m1 ' softmax-server: listening grpc=' "$log" || true)
-  [[ -n "$listening" ]] && break
+  [[ -s "$report_host/listening.json" ]] && break
   kill -0 "$server_pid" 2> /dev/null || { cat "$log"; fail "the image's server exited"; }
   sleep 0.1
 done
-[[ -n "$listening" ]] || { cat "$log"; fail "the image's server did not start in 120 s"; }
-port_of() { sed -n "s/^.* $1=[^ ]*:\([0-9]*\).*$/\1/p" <<< "$listening"; }
+[[ -s "$report_host/listening.json" ]] \
+  || { cat "$log"; fail "the image's server did not start in 120 s"; }
+port_of() { report_field listening.json "r['$1'].rsplit(':', 1)[-1]"; }
 grpc_port=$(port_of grpc)
 http_port=$(port_of http)
 metrics_port=$(port_of metrics)

@@ -39,6 +39,7 @@ fi
 export_dir=$(readlink -f "$1")
 out=$(readlink -f "$2")
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../../scripts/listening.sh"
 [[ -f "$export_dir/softmax-serve-rootfs.tar" ]] || { echo "no $export_dir/softmax-serve-rootfs.tar" >&2; exit 1; }
 for tool in strace python3 xz chroot; do
   command -v "$tool" > /dev/null || { echo "trim-rootfs: $tool is needed" >&2; exit 1; }
@@ -78,19 +79,15 @@ traced() {  # traced LOG COMMAND...: files opened or executed after the chroot
 "${tracer[@]}" -o "$work/trace-server" env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   HOME=/ chroot --userspec=10001:10001 "$full" /opt/softmax-serve/softmax-server --device=cpu \
   --grpc_address=127.0.0.1:0 --http_address=127.0.0.1:0 --metrics_address=127.0.0.1:0 \
-  > "$work/server.log" 2>&1 &
+  --listening_file=/tmp/trim-listening.json > "$work/server.log" 2>&1 &
 strace_pid=$!
-address=""
-for _ in $(seq 1 600); do
-  address=$(sed -n 's/^.* softmax-server: listening grpc=\([^ ]*\) .*$/\1/p' "$work/server.log")
-  [[ -n "$address" ]] && break
-  sleep 0.1
-done
-[[ -n "$address" ]] || { cat "$work/server.log"; echo "trim-rootfs: the server did not start" >&2; exit 1; }
+wait_for_listening "$full/tmp/trim-listening.json" "$strace_pid" 60 \
+  || { cat "$work/server.log"; echo "trim-rootfs: the server did not start" >&2; exit 1; }
+address=$(listening_address "$full/tmp/trim-listening.json" grpc)
 # env, chroot and the launcher exec each other: strace's one child is the server.
 server_pid=$(pgrep -P "$strace_pid")
 traced "$work/trace-health" /opt/softmax-serve/softmax-client health --target="$address"
-http_address=$(sed -n 's/^.* softmax-server: listening .* http=\([^ ]*\) .*$/\1/p' "$work/server.log")
+http_address=$(listening_address "$full/tmp/trim-listening.json" http)
 for dtype in float32 float16 bfloat16; do
   traced "$work/trace-$dtype" /opt/softmax-serve/softmax-client --target="$address" \
     --shape=4,1000 --dtype="$dtype" --check > /dev/null
