@@ -45,6 +45,11 @@ namespace detail {
 
 // Blocks of kWarps warps (BlockMerge's slots), as the split kernels.
 constexpr int kTopKThreads = kThreads;
+// Blocks per SM the registers allow (shared memory, 33 KiB a block, would
+// allow 6): float32 fits 64 registers (4 blocks) without spills; the 16-bit
+// types, 8 elements a vector, spilled 36 bytes at 64 and take 3 (85).
+template <typename T>
+constexpr int kTopKBlocks = sizeof(T) == 4 ? 4 : 3;
 // Keys one warp's buffer holds: K kept and a step's 32 * V arrivals (256
 // for the 16-bit types) with room to spare; 4 KiB a warp, 32 KiB a block.
 constexpr int kTopKBuffer = 512;
@@ -112,32 +117,46 @@ struct TopKWarp {
   float bar_value;         // the bar's value
   bool inclusive;          // first group: keep values equal to the bar
   bool saturated;          // the bar is NaN: nothing later can enter
+  bool sorted;             // buffer[0, count) is sorted, count <= k: TopKSelect has nothing to do
 };
 
-// Sorts buffer[0, count) descending (one warp; keys past count are padded
-// with 0 up to a power of two), keeps the best k and raises the bar.
-__device__ __forceinline__ void TopKSelect(TopKWarp& w) {
+// Sorts buffer[0, size) descending (one warp, size a power of two >= 2),
+// given that each run of `run` keys (a power of two) is sorted descending
+// already (run 1: none is). A bitonic network in its one-direction form:
+// each merge level first compares i with its mirror in the block of 2 runs,
+// then halves.
+__device__ __forceinline__ void TopKSortRuns(unsigned long long* buffer, int size, int run) {
   const int lane = threadIdx.x & 31;
-  int size = 32;
-  while (size < w.count) size <<= 1;
-  for (int i = w.count + lane; i < size; i += 32) w.buffer[i] = 0ull;
-  __syncwarp();
-  for (int k = 2; k <= size; k <<= 1) {
+  for (int k = 2 * run; k <= size; k <<= 1) {
     for (int j = k >> 1; j > 0; j >>= 1) {
       for (int t = lane; t < size / 2; t += 32) {
         const int i = 2 * j * (t / j) + (t % j);
-        const int l = i + j;
-        const unsigned long long a = w.buffer[i];
-        const unsigned long long b = w.buffer[l];
-        const bool descending = (i & k) == 0;
-        if ((a < b) == descending) {
-          w.buffer[i] = b;
-          w.buffer[l] = a;
+        // First step of a level: i against its mirror in the block of k.
+        const int l = j == (k >> 1) ? (i | (k - 1)) - (i & (k - 1)) : i + j;
+        const unsigned long long a = buffer[i];
+        const unsigned long long b = buffer[l];
+        if (a < b) {
+          buffer[i] = b;
+          buffer[l] = a;
         }
       }
       __syncwarp();
     }
   }
+}
+
+// Sorts buffer[0, count) descending (one warp; keys past count are padded
+// with 0 up to a power of two), keeps the best k and raises the bar. A
+// buffer already sorted and cut (w.sorted) is left as it is.
+__device__ __forceinline__ void TopKSelect(TopKWarp& w) {
+  if (w.sorted) return;
+  const int lane = threadIdx.x & 31;
+  int size = 32;
+  while (size < w.count) size <<= 1;
+  for (int i = w.count + lane; i < size; i += 32) w.buffer[i] = 0ull;
+  __syncwarp();
+  TopKSortRuns(w.buffer, size, 1);
+  w.sorted = true;  // and below, count <= k
   if (w.count >= w.k) {
     w.count = w.k;
     w.bar = w.buffer[w.k - 1];
@@ -155,12 +174,13 @@ __device__ __forceinline__ void TopKPush(TopKWarp& w, bool pass, unsigned long l
   const int lane = threadIdx.x & 31;
   if (pass) w.buffer[w.count + __popc(mask & ((1u << lane) - 1u))] = key;
   w.count += __popc(mask);
+  w.sorted = false;
 }
 
 // Lane-wise pass test of one vector against the bar (NaN passes an unordered compare).
 template <int V>
-__device__ __forceinline__ void TopKPasses(const TopKWarp& w, const float (&x)[V], long long e0,
-                                           long long n, bool (&pass)[V]) {
+__device__ __forceinline__ void TopKPasses(const TopKWarp& w, const float (&x)[V], int e0, int n,
+                                           bool (&pass)[V]) {
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     const bool above = w.inclusive ? !(x[k] < w.bar_value) : !(x[k] <= w.bar_value);
@@ -200,8 +220,11 @@ __device__ __forceinline__ uint4 TopKLoad(const void* row, long long vi, long lo
   }
 }
 
-// The block's best k of warps' sorted lists: warp 0 gathers them into its
-// buffer and sorts. Returns in warp 0's w (count = k, sorted).
+// The block's best k of the warps' lists, each sorted and cut (TopKSelect):
+// warp 0 lays them out as runs of a power of two >= k (padded with 0) and
+// merges the runs (TopKSortRuns). Returns in warp 0's w (sorted, count =
+// min(k, keys held)).
+static_assert(kWarps * kMaxFusedTopK <= kTopKBuffer, "every warp's run fits warp 0's buffer");
 __device__ __forceinline__ void TopKBlockMerge(TopKWarp& w, unsigned long long (*buffers)[kTopKBuffer],
                                                int* counts) {
   const int warp = threadIdx.x >> 5;
@@ -209,15 +232,20 @@ __device__ __forceinline__ void TopKBlockMerge(TopKWarp& w, unsigned long long (
   if (lane == 0) counts[warp] = w.count;
   __syncthreads();
   if (warp == 0) {
-    int total = w.count;
-    for (int other = 1; other < kWarps; ++other) {
+    int run = 1;
+    while (run < w.k) run <<= 1;
+    int total = 0;
+    for (int other = 0; other < kWarps; ++other) {
       const int c = counts[other];
-      for (int i = lane; i < c; i += 32) w.buffer[total + i] = buffers[other][i];
+      for (int i = lane; i < run; i += 32) {
+        w.buffer[other * run + i] = i < c ? buffers[other][i] : 0ull;
+      }
       total += c;
     }
     __syncwarp();
-    w.count = total;
-    TopKSelect(w);
+    TopKSortRuns(w.buffer, kWarps * run, run);
+    w.count = min(total, w.k);
+    w.sorted = true;
   }
 }
 
@@ -246,7 +274,7 @@ __device__ __forceinline__ void TopKWrite(const TopKArgs& a, const TopKWarp& w, 
 // kMode: TopKMode (kTopKVectors needs inner == 1, a 16-byte aligned input and
 // n % V == 0).
 template <typename T, int kMode>
-__global__ void __launch_bounds__(kTopKThreads) TopKKernel(const TopKArgs a) {
+__global__ void __launch_bounds__(kTopKThreads, kTopKBlocks<T>) TopKKernel(const TopKArgs a) {
   constexpr int V = VecWidth<T>();
   constexpr int U = kTopKUnroll;
   using Bits = typename Traits<T>::Bits;
@@ -263,31 +291,39 @@ __global__ void __launch_bounds__(kTopKThreads) TopKKernel(const TopKArgs a) {
   const long long o = row / a.inner;
   const long long i = row - o * a.inner;
   const Bits* row_input = static_cast<const Bits*>(a.input) + o * a.n * a.inner + i;
-  const long long vectors = (a.n + V - 1) / V;
-  const long long first = part * a.part_vectors;
-  const long long end = min(vectors, first + a.part_vectors);
+  // Element and vector indices within the row: n < 2^31.
+  const int n = static_cast<int>(a.n);
+  const int vectors = (n + V - 1) / V;
+  const int first = static_cast<int>(part * a.part_vectors);
+  const int end = static_cast<int>(min(static_cast<long long>(vectors), first + a.part_vectors));
 
-  TopKWarp w{buffers[warp], 0, a.k, 0ull, -INFINITY, true, false};
+  TopKWarp w{buffers[warp], 0, a.k, 0ull, -INFINITY, true, false, false};
   MaxSum ms{-INFINITY, 0.0f};
-  const long long group_vectors = static_cast<long long>(U) * kWarps * 32;
-  for (long long g = first; g < end; g += group_vectors) {
+  constexpr int group_vectors = U * kWarps * 32;
+  for (int g = first; g < end; g += group_vectors) {
     uint4 raw[U];
 #pragma unroll
     for (int j = 0; j < U; ++j) {
-      const long long vi = g + (j * kWarps + warp) * 32 + lane;
+      const int vi = g + (j * kWarps + warp) * 32 + lane;
       raw[j] = vi < end ? TopKLoad<T, kMode>(row_input, vi, a.n, a.inner) : NegInfVector<T>();
     }
     ms = Merge(ms, LocalMaxSum<T, U>(raw, a.scale), a.scale);
     if (g == first) {
-      // The bar's first value: the K-th largest of J maxima per lane over
-      // disjoint slots (J = ceil(k / 32)); at least K elements reach it.
+      // The bar's first value: the K-th largest of the J largest vector
+      // maxima of each lane (J = ceil(k / 32), distinct elements); at least
+      // K elements reach it.
       const int per_lane = (a.k + 31) / 32;
       float m0 = -INFINITY;
       float m1 = -INFINITY;
 #pragma unroll
       for (int j = 0; j < U; ++j) {
+        // m0, m1: the two largest of the lane's vector maxima (distinct elements).
+        // A NaN maximum is left out (fminf would count m0 twice).
         const float v = VectorMax<T>(raw[j]);
-        if (per_lane == 1 || j < U / 2) m0 = fmaxf(m0, v); else m1 = fmaxf(m1, v);
+        if (v == v) {
+          m1 = fmaxf(m1, fminf(m0, v));
+          m0 = fmaxf(m0, v);
+        }
       }
       w.buffer[lane] = static_cast<unsigned long long>(TopKValueKey(m0)) << 32;
       if (per_lane > 1) w.buffer[32 + lane] = static_cast<unsigned long long>(TopKValueKey(m1)) << 32;
@@ -303,11 +339,11 @@ __global__ void __launch_bounds__(kTopKThreads) TopKKernel(const TopKArgs a) {
     if (!w.saturated) {
 #pragma unroll
       for (int j = 0; j < U; ++j) {
-        const long long vi = g + (j * kWarps + warp) * 32 + lane;
+        const int vi = g + (j * kWarps + warp) * 32 + lane;
         float x[V];
         Unpack<T>(raw[j], x);
         bool pass[V];
-        TopKPasses<V>(w, x, vi * V, vi < end ? a.n : 0, pass);
+        TopKPasses<V>(w, x, vi * V, vi < end ? n : 0, pass);
         bool any = false;
 #pragma unroll
         for (int k = 0; k < V; ++k) any = any || pass[k];
@@ -349,7 +385,7 @@ __global__ void __launch_bounds__(kTopKThreads) TopKKernel(const TopKArgs a) {
   if (!last) return;
   __threadfence();
   const MaxSum total = MergePartials(a.partials + row * a.parts, a.parts, a.scale, slots);
-  TopKWarp m{buffers[warp], 0, a.k, 0ull, -INFINITY, false, false};
+  TopKWarp m{buffers[warp], 0, a.k, 0ull, -INFINITY, false, false, false};
   for (int p = warp; p < a.parts; p += kWarps) {
     const unsigned long long* keys = a.keys + (row * a.parts + p) * a.k;
     for (int r0 = 0; r0 < a.k; r0 += 32) {
