@@ -46,7 +46,7 @@ void FinishTopK(const TopKAnswer& answer, const std::vector<int64_t>& dims,
 }  // namespace
 
 void Submit(const FrontEnd& front_end, InferenceRequest request, const FieldNames& names,
-            Responder responder, std::shared_ptr<const void>* held) {
+            Responder responder, Admission::Admitted* admitted) {
   if (absl::Status valid = ValidateRequest(&request, front_end.limits, names); !valid.ok()) {
     responder.done(valid, RequestTiming{});
     return;
@@ -60,7 +60,7 @@ void Submit(const FrontEnd& front_end, InferenceRequest request, const FieldName
   // Echo answers carry no timing worth a histogram.
   Metrics* metrics = admission.echo() ? nullptr : front_end.metrics;
   if (request.top_k == 0 && metrics == nullptr) {
-    admission.Submit(std::move(request), std::move(responder), held);
+    admission.Submit(std::move(request), std::move(responder), admitted);
     return;
   }
   TopKAnswer top_k{request.top_k, request.full_output, request.dtype, request.tensor.shape,
@@ -78,7 +78,7 @@ void Submit(const FrontEnd& front_end, InferenceRequest request, const FieldName
     }
     done(status, timing);
   };
-  admission.Submit(std::move(request), std::move(responder), held);
+  admission.Submit(std::move(request), std::move(responder), admitted);
 }
 
 }  // namespace softmax::server

@@ -24,9 +24,9 @@ namespace softmax::server {
 // only with full_output (else the view is emptied and the buffer given back
 // to front_end.buffers). The request's input buffer may have been moved into
 // the output: callers must not read it after submitting.
-// `held` as for Admission::Submit.
+// `admitted` as for Admission::Submit.
 void Submit(const FrontEnd& front_end, InferenceRequest request, const FieldNames& names,
-            Responder responder, std::shared_ptr<const void>* held = nullptr);
+            Responder responder, Admission::Admitted* admitted = nullptr);
 
 }  // namespace softmax::server
 

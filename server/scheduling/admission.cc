@@ -28,14 +28,19 @@ void Admission::Refuse(const absl::Status& status, Responder responder) {
   responder.done(status, RequestTiming{});
 }
 
-void Admission::Submit(InferenceRequest request, Responder responder,
-                       std::shared_ptr<const void>* held) {
+void Admission::Submit(InferenceRequest request, Responder responder, Admitted* admitted) {
   if (!request.tensor.valid) {
     // A front-end that skipped validation: its fault, not the caller's.
     responder.done(absl::InternalError("request submitted without validation"), RequestTiming{});
     return;
   }
+  // Kept by the caller (`admitted`) or, without one, until answered. Taken
+  // before the drain is checked: a request that passes it is waited for.
+  Admitted own;
+  Admitted& keep = admitted != nullptr ? *admitted : own;
+  Ticket ticket = keep.ticket ? Ticket() : Enter();
   if (draining_.load(std::memory_order_relaxed)) {
+    ticket.Release();
     Refuse(absl::UnavailableError("server is shutting down; retry on another replica"),
            std::move(responder));
     return;
@@ -44,23 +49,19 @@ void Admission::Submit(InferenceRequest request, Responder responder,
   const OutputSink& output = request.output;
   const int64_t bytes = request.tensor.bytes;
   std::shared_ptr<const void> lease;
-  bool reserved_into_held = false;
-  if (options_.budget != nullptr && (held == nullptr || *held == nullptr)) {
+  if (options_.budget != nullptr && keep.budget == nullptr) {
     // The input and the output, each unless it lies in a caller's region.
     const int64_t held_bytes =
         (input.external ? 0 : bytes) + (output.region != nullptr ? 0 : bytes);
     lease = options_.budget->TryReserve(held_bytes);
     if (lease == nullptr) {
+      ticket.Release();
       Refuse(absl::UnavailableError(absl::StrCat(
                  "server memory budget spent: requests hold ", options_.budget->held(),
                  " bytes and this one needs ", held_bytes, " more (--max_held_bytes=",
                  options_.budget->limit(), "); retry with backoff")),
              std::move(responder));
       return;
-    }
-    if (held != nullptr) {
-      *held = std::move(lease);
-      reserved_into_held = true;
     }
   }
 
@@ -76,8 +77,12 @@ void Admission::Submit(InferenceRequest request, Responder responder,
     } else {
       output.buffer->assign(input.data, size);
     }
+    if (admitted != nullptr) {
+      if (ticket) keep.ticket = std::move(ticket);
+      if (lease != nullptr) keep.budget = std::move(lease);
+    }
     responder.done(absl::OkStatus(), RequestTiming{});
-    return;
+    return;  // (without `admitted`: the ticket and lease go now)
   }
 
   auto item = std::make_unique<WorkItem>();
@@ -104,13 +109,27 @@ void Admission::Submit(InferenceRequest request, Responder responder,
   item->deadline = request.deadline;
   item->is_cancelled = std::move(request.is_cancelled);
   item->done = std::move(responder.done);
-  item->lease = std::move(lease);  // given back once the request is answered
+  // Given to the caller before the item can be answered (Enqueue may answer
+  // it on another thread at once); taken back if the item is refused.
+  const bool took_ticket = static_cast<bool>(ticket);
+  const bool took_lease = lease != nullptr;
+  if (admitted != nullptr) {
+    if (took_ticket) keep.ticket = std::move(ticket);
+    if (took_lease) keep.budget = std::move(lease);
+  } else if (took_ticket || took_lease) {
+    // Given back once the request is answered.
+    auto kept = std::make_shared<Admitted>();
+    kept->ticket = std::move(ticket);
+    kept->budget = std::move(lease);
+    item->lease = std::move(kept);
+  }
   absl::Status enqueued = batcher_->Enqueue(std::move(item));
   if (enqueued.ok()) return;
   // Still ours: nothing of it is kept, and its responder answers the refusal.
   responder.done = std::move(item->done);
   item.reset();
-  if (reserved_into_held) held->reset();
+  if (took_ticket) keep.ticket.Release();
+  if (took_lease) keep.budget.reset();
   Refuse(enqueued, std::move(responder));
 }
 

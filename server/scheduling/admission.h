@@ -3,19 +3,25 @@
 // Every way a request enters or is refused is here, the same for every
 // protocol:
 //
-//   Enter()      a call counts as in flight from its start until its
-//                answer is sent: the Ticket it holds (RAII; it cannot be
-//                counted twice or forgotten). Shutdown waits for none.
 //   Submit()     a validated InferenceRequest (inference_request.h; the
-//                front-ends validate it through server/rpc/dispatch.h) is
+//                front-ends validate it through server/rpc/dispatch.h)
+//                takes its in-flight ticket (Shutdown waits for it) and is
 //                  1. refused UNAVAILABLE while draining (retry elsewhere);
 //                  2. refused UNAVAILABLE when the memory budget is spent
 //                     (--max_held_bytes), before anything is allocated;
 //                  3. answered at once with its input (echo, --device=none);
 //                  4. or enqueued: UNAVAILABLE when the queue is full.
-//                A refused request holds nothing of the budget. Its
+//                A refused request keeps neither ticket nor budget. Its
 //                Responder is called exactly once, whichever way it ends;
 //                a refusal is held (below) when the Responder asks for it.
+//                What an admitted request keeps (Admitted: its ticket and
+//                its share of the budget) the caller keeps until its answer
+//                is sent, or Submit until the Responder has run.
+//   Enter()      a stream's message counts as in flight from its read,
+//                before it reaches Submit (a chunk of a request still being
+//                assembled), until its answer is written or dropped: its
+//                Ticket, handed to Submit in Admitted (RAII; it cannot be
+//                counted twice or forgotten).
 //   AllocateStaging()  a backend's memory for an input that arrives in
 //                parts; declined (empty) in echo mode or with no backend
 //                that stages.
@@ -83,6 +89,7 @@ class Admission {
 
   // A request counted as in flight until the ticket is destroyed (or
   // Release()d). Movable, not copyable: one count per ticket.
+  // (Submit takes one; a stream takes one at each read, see Enter above.)
   class Ticket {
    public:
     Ticket() = default;
@@ -107,19 +114,26 @@ class Admission {
   };
   Ticket Enter();
 
+  // What an admitted request keeps until its answer is sent; destroying it
+  // gives both back. A caller that keeps one passes it to Submit and
+  // destroys it once the answer is on its way (after `responder.done`).
+  struct Admitted {
+    Ticket ticket;                       // in flight (see in_flight())
+    std::shared_ptr<const void> budget;  // its share of the memory budget
+  };
+
   // Admits `request` (steps 1-4 above) and answers it through `responder`
   // exactly once: with its outcome, possibly before Submit returns, or with
   // a refusal (UNAVAILABLE), held until ReleaseHeldCalls when
   // responder.hold_refusals and refusals are being held. REQUIRES:
   // request.tensor.valid (validated), and what request.input and
   // request.output point to lives until `responder.done` has run.
-  // `held` (may be null) receives the request's share of the budget, for
-  // the caller to keep until its answer is sent (null: given back once the
-  // responder has run); when `*held` is already set it is the share
-  // reserved earlier (a chunked request's) and nothing more is reserved.
-  // A refused request keeps nothing reserved here.
-  void Submit(InferenceRequest request, Responder responder,
-              std::shared_ptr<const void>* held = nullptr);
+  // `admitted` (may be null: then Submit keeps both until the responder has
+  // run) receives the request's ticket and its share of the budget, unless
+  // it holds them already: a ticket taken at a stream's read (Enter), a
+  // share reserved as a chunked request arrived; nothing more is taken
+  // then. A refused request keeps nothing that Submit took.
+  void Submit(InferenceRequest request, Responder responder, Admitted* admitted = nullptr);
 
   // A backend's memory for an input that arrives in parts, to hand in as
   // the item's segment.staged; empty in echo mode or when no backend has any.

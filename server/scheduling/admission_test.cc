@@ -116,20 +116,21 @@ TEST(AdmissionTest, TheCallersShareIsKeptUntilItLetsGo) {
   MemoryBudget budget(10 * kBytes);
   Admission admission({false, &budget}, &held.batcher);
   TestRequest request;
-  std::shared_ptr<const void> share;
+  Admission::Admitted share;
   admission.Submit(Request(&request), Answer(&request), &share);
-  ASSERT_NE(share, nullptr);
+  ASSERT_NE(share.budget, nullptr);
   ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
   held.backend.ReleaseOne();
   ASSERT_TRUE(request.Wait());
   // Answered, not yet sent: still held.
   EXPECT_EQ(budget.held(), 2 * kBytes);
-  share.reset();
+  share.budget.reset();
   EXPECT_EQ(budget.held(), 0);
 
   // A share reserved earlier (a chunked request's) is not reserved again.
   std::shared_ptr<const void> earlier = budget.TryReserve(3 * kBytes);
-  std::shared_ptr<const void> kept = earlier;
+  Admission::Admitted kept;
+  kept.budget = earlier;
   TestRequest second;
   admission.Submit(Request(&second), Answer(&second), &kept);
   EXPECT_EQ(budget.held(), 3 * kBytes);
@@ -145,14 +146,15 @@ TEST(AdmissionTest, ASpentBudgetRefusesBeforeAnythingIsQueued) {
   Admission admission({false, &budget}, &held.batcher);
   TestRequest first, second;
   admission.Submit(Request(&first), Answer(&first));
-  std::shared_ptr<const void> share;
+  Admission::Admitted share;
   admission.Submit(Request(&second), Answer(&second), &share);
   // Answered once, at once, with the refusal; nothing of it kept.
   ASSERT_EQ(second.answers.load(), 1);
   EXPECT_EQ(second.status.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(second.status.message().find("--max_held_bytes"), std::string::npos)
       << second.status;
-  EXPECT_EQ(share, nullptr);
+  EXPECT_EQ(share.budget, nullptr);
+  EXPECT_FALSE(share.ticket);
   EXPECT_EQ(budget.held(), 2 * kBytes);  // the first's only
   ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
   held.backend.ReleaseOne();
@@ -168,11 +170,12 @@ TEST(AdmissionTest, AFullQueueKeepsNothingOfTheBudget) {
   admission.Submit(Request(&computing), Answer(&computing));
   ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
   admission.Submit(Request(&queued), Answer(&queued));
-  std::shared_ptr<const void> share;
+  Admission::Admitted share;
   admission.Submit(Request(&refused), Answer(&refused), &share);
   ASSERT_EQ(refused.answers.load(), 1);
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kUnavailable) << refused.status;
-  EXPECT_EQ(share, nullptr);
+  EXPECT_EQ(share.budget, nullptr);
+  EXPECT_FALSE(share.ticket);
   // Neither kept nor given back twice: exactly the two admitted ones'.
   EXPECT_EQ(budget.held(), 4 * kBytes);
   held.backend.ReleaseOne();
@@ -313,6 +316,114 @@ TEST(AdmissionTest, SubmitHoldsTheRefusalsOfRespondersThatAsk) {
   EXPECT_EQ(unary.status.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(unary.status.message().find("shutting down"), std::string::npos) << unary.status;
   EXPECT_TRUE(unary.output.empty());
+}
+
+// Submit takes the request's in-flight ticket: kept by the caller's
+// Admitted until the answer is sent, or by Submit until the responder has
+// run; given back on every exit path, refusals included, exactly once.
+TEST(AdmissionTest, SubmitTakesTheTicketAndEveryExitGivesItBack) {
+  Held held(/*max_queued_requests=*/1);
+  MemoryBudget budget(6 * kBytes);
+  Admission admission({false, &budget}, &held.batcher);
+  // Computed, kept by the caller: in flight until it lets go.
+  TestRequest computing;
+  Admission::Admitted kept;
+  admission.Submit(Request(&computing), Answer(&computing), &kept);
+  EXPECT_TRUE(kept.ticket);
+  EXPECT_EQ(admission.in_flight(), 1);
+  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
+  // Queued, kept by Submit: in flight until answered.
+  TestRequest queued;
+  admission.Submit(Request(&queued), Answer(&queued));
+  EXPECT_EQ(admission.in_flight(), 2);
+  // Refused, queue full.
+  TestRequest full;
+  Admission::Admitted refused_full;
+  admission.Submit(Request(&full), Answer(&full), &refused_full);
+  ASSERT_EQ(full.answers.load(), 1);
+  EXPECT_EQ(full.status.code(), absl::StatusCode::kUnavailable) << full.status;
+  EXPECT_FALSE(refused_full.ticket);
+  EXPECT_EQ(admission.in_flight(), 2);
+  // Refused, budget spent.
+  std::shared_ptr<const void> hog = budget.TryReserve(2 * kBytes);
+  ASSERT_NE(hog, nullptr);
+  TestRequest spent;
+  Admission::Admitted refused_spent;
+  admission.Submit(Request(&spent), Answer(&spent), &refused_spent);
+  ASSERT_EQ(spent.answers.load(), 1);
+  EXPECT_NE(spent.status.message().find("--max_held_bytes"), std::string::npos) << spent.status;
+  EXPECT_FALSE(refused_spent.ticket);
+  EXPECT_EQ(admission.in_flight(), 2);
+  hog.reset();
+  // Unvalidated: refused before anything is taken.
+  TestRequest unchecked;
+  InferenceRequest invalid = Request(&unchecked);
+  invalid.tensor.valid = false;
+  admission.Submit(std::move(invalid), Answer(&unchecked));
+  ASSERT_EQ(unchecked.answers.load(), 1);
+  EXPECT_EQ(admission.in_flight(), 2);
+
+  held.backend.ReleaseOne();
+  ASSERT_TRUE(computing.Wait());
+  EXPECT_EQ(admission.in_flight(), 2);  // answered, not yet sent
+  kept = Admission::Admitted();
+  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
+  held.backend.ReleaseOne();
+  ASSERT_TRUE(queued.Wait());
+  EXPECT_TRUE(testing::Await([&] { return admission.in_flight() == 0; }));
+
+  // Draining: refused, nothing taken.
+  admission.StartDraining();
+  TestRequest late;
+  Admission::Admitted refused_late;
+  admission.Submit(Request(&late), Answer(&late), &refused_late);
+  ASSERT_EQ(late.answers.load(), 1);
+  EXPECT_FALSE(refused_late.ticket);
+  EXPECT_EQ(admission.in_flight(), 0);
+  EXPECT_TRUE(testing::Await([&] { return budget.held() == 0; }));
+}
+
+TEST(AdmissionTest, EchoKeepsTheTicketOnlyForACallerThatAsks) {
+  Admission admission({/*echo=*/true, nullptr}, nullptr);
+  TestRequest alone;
+  admission.Submit(Request(&alone), Answer(&alone));
+  ASSERT_EQ(alone.answers.load(), 1);
+  EXPECT_EQ(admission.in_flight(), 0);
+  TestRequest kept;
+  Admission::Admitted admitted;
+  admission.Submit(Request(&kept), Answer(&kept), &admitted);
+  ASSERT_EQ(kept.answers.load(), 1);
+  EXPECT_EQ(admission.in_flight(), 1);  // until the answer is sent
+  admitted.ticket.Release();
+  EXPECT_EQ(admission.in_flight(), 0);
+}
+
+// A stream's message holds the ticket taken at its read: Submit takes no
+// second one, and a refusal leaves it to the stream (in flight until its
+// answer is written).
+TEST(AdmissionTest, ATicketTakenAtTheReadIsNotTakenAgain) {
+  Held held;
+  Admission admission({false, nullptr}, &held.batcher);
+  TestRequest request;
+  Admission::Admitted entry;
+  entry.ticket = admission.Enter();
+  admission.Submit(Request(&request), Answer(&request), &entry);
+  EXPECT_EQ(admission.in_flight(), 1);
+  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
+  held.backend.ReleaseOne();
+  ASSERT_TRUE(request.Wait());
+  EXPECT_EQ(admission.in_flight(), 1);
+  entry = Admission::Admitted();
+  EXPECT_EQ(admission.in_flight(), 0);
+
+  admission.StartDraining();
+  TestRequest refused;
+  Admission::Admitted read;
+  read.ticket = admission.Enter();
+  admission.Submit(Request(&refused), Answer(&refused), &read);
+  ASSERT_EQ(refused.answers.load(), 1);
+  EXPECT_TRUE(read.ticket);  // the stream's, until its error is written
+  EXPECT_EQ(admission.in_flight(), 1);
 }
 
 TEST(AdmissionTest, TicketsCountOnceUnderConcurrency) {

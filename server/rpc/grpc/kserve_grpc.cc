@@ -79,7 +79,7 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
     complete(std::unique_ptr<InferCall>(call), outcome);
   };
   Submit(front_end, std::move(submitted), kserve::FieldNamesFor(call->parts),
-         std::move(responder), &call->held);
+         std::move(responder), &call->admitted);
 }
 
 // ModelStreamInfer's messages, for StreamReactor: a ModelInferRequest in, a
@@ -91,7 +91,9 @@ class StreamInferHandler {
     inference::ModelInferRequest request;
     std::unique_ptr<InferCall> call;
     grpc::ByteBuffer outgoing;  // the response as written
-    Admission::Ticket ticket;   // in flight until answered (StreamReactor)
+    // In flight from its read until its answer is written (StreamReactor):
+    // the ticket, and the budget Submit adds to it.
+    Admission::Admitted admitted;
   };
 
   StreamInferHandler(KServeGrpcService* service, grpc::CallbackServerContext* context)
@@ -101,10 +103,15 @@ class StreamInferHandler {
 
   void Start(Entry* entry, std::function<bool()> is_cancelled,
              std::function<void(const absl::Status&)> done) {
-    StartInfer(service_, context_, &entry->incoming, &entry->request,
-               std::make_unique<InferCall>(), std::move(is_cancelled), /*hold_refusals=*/false,
+    // The call submits with the entry's ticket and gives both back with
+    // its outcome, for the entry to keep until its answer is written.
+    auto call = std::make_unique<InferCall>();
+    call->admitted = std::move(entry->admitted);
+    StartInfer(service_, context_, &entry->incoming, &entry->request, std::move(call),
+               std::move(is_cancelled), /*hold_refusals=*/false,
                [entry, done = std::move(done)](std::unique_ptr<InferCall> call,
                                                const absl::Status& outcome) {
+                 entry->admitted = std::move(call->admitted);
                  entry->call = std::move(call);
                  done(outcome);
                });
@@ -247,15 +254,13 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelStatistics(
 
 namespace {
 
-// A unary ModelInfer: holds the request's share of the memory budget until
-// gRPC has sent the answer (OnDone), not only until it is serialised.
-// Counted as in flight (its ticket) until then too.
+// A unary ModelInfer: keeps what its request was admitted with (its
+// in-flight ticket and share of the memory budget) until gRPC has sent the
+// answer (OnDone), not only until it is serialised.
 class InferReactor final : public grpc::ServerUnaryReactor {
  public:
-  explicit InferReactor(Admission* admission) : ticket(admission->Enter()) {}
   void OnDone() override { delete this; }
-  Admission::Ticket ticket;
-  std::shared_ptr<const void> held;
+  Admission::Admitted admitted;
 };
 
 }  // namespace
@@ -263,7 +268,7 @@ class InferReactor final : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerContext* context,
                                                         const grpc::ByteBuffer* request,
                                                         grpc::ByteBuffer* response) {
-  auto* reactor = new InferReactor(front_end_.admission);
+  auto* reactor = new InferReactor;
   auto call = std::make_unique<InferCall>();
   inference::ModelInferRequest* message = &call->message;
   // gRPC hands the request as const, but the buffer is this call's and is
@@ -281,7 +286,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerCont
           outcome = SerializeInferResponse(&answer, std::move(view), false, response);
         }
         Record(this, RpcMethod::kModelInfer, *done, outcome);
-        reactor->held = std::move(done->held);
+        reactor->admitted = std::move(done->admitted);
         done.reset();
         reactor->Finish(ToGrpcStatus(outcome));
       });

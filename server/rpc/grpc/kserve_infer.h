@@ -20,6 +20,7 @@
 #include "inference/grpc_service.pb.h"
 #include "server/rpc/kserve.h"
 #include "server/rpc/tensor_buffer_pool.h"
+#include "server/scheduling/admission.h"
 #include "server/scheduling/inference_request.h"
 #include "server/shm/shared_memory.h"
 
@@ -54,7 +55,8 @@ struct InferCall {
   std::vector<kserve::AnswerOutput> outputs = {kserve::AnswerOutput::kOutput};
   // What keeps the shared-memory regions mapped.
   std::vector<std::shared_ptr<const void>> leases;
-  std::shared_ptr<const void> held;  // its share of the memory budget
+  // Its in-flight ticket and share of the memory budget (Admission::Submit).
+  Admission::Admitted admitted;
   grpc::CallbackServerContext* context = nullptr;  // the call's; for the access log
 };
 

@@ -33,15 +33,14 @@ double SecondsSince(SteadyClock::time_point start) {
 }
 
 // Unary call: finished from whichever thread completes the request, and
-// counted as in flight (its ticket) from its start until OnDone.
+// counted as in flight (its ticket, Admission::Submit's) until OnDone.
 // The call owns its request and response messages; `response_buffer` is
 // gRPC's, sent on an OK finish.
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
   UnaryCall(const FrontEnd& front_end, grpc::ByteBuffer* response_buffer,
             grpc::CallbackServerContext* context)
-      : ticket_(front_end.admission->Enter()),
-        buffers_(front_end.buffers),
+      : buffers_(front_end.buffers),
         metrics_(front_end.metrics),
         context_(context),
         response_buffer_(response_buffer),
@@ -51,8 +50,8 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   v1::SoftmaxResponse& response() { return response_; }
   OutputView& view() { return view_; }
   TopKResult& top_k() { return top_k_; }
-  // The request's share of the memory budget, given back once it is sent.
-  std::shared_ptr<const void>* held() { return &held_; }
+  // Its ticket and share of the memory budget, given back once it is sent.
+  Admission::Admitted* admitted() { return &admitted_; }
   // The request's input data size (its output is as large), for the metrics.
   void set_data_bytes(int64_t bytes) { data_bytes_ = bytes; }
 
@@ -78,7 +77,6 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   }
 
  private:
-  Admission::Ticket ticket_;
   const std::shared_ptr<TensorBufferPool> buffers_;
   Metrics* const metrics_;
   grpc::CallbackServerContext* const context_;  // valid until OnDone
@@ -89,7 +87,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   v1::SoftmaxResponse response_;
   OutputView view_;
   TopKResult top_k_;
-  std::shared_ptr<const void> held_;
+  Admission::Admitted admitted_;
 };
 
 // SoftmaxStream's messages, for StreamReactor: a SoftmaxRequest in, a
@@ -116,8 +114,9 @@ class SoftmaxStreamHandler {
     std::deque<grpc::ByteBuffer> more_outgoing;  // its later chunks, in order
     SteadyClock::time_point start;
     int64_t data_bytes = 0;  // the request's input bytes, as received
-    std::shared_ptr<const void> held;  // its share of the memory budget
-    Admission::Ticket ticket;  // in flight until answered (StreamReactor)
+    // In flight from its read until answered (StreamReactor): its ticket,
+    // and its share of the memory budget (Submit's, or its chunks').
+    Admission::Admitted admitted;
     // A chunked request's: the output's chunk size; 0 for one message.
     int64_t response_chunk_bytes = 0;
     bool absorbed = false;  // a chunk taken into another entry: no answer
@@ -240,7 +239,7 @@ class SoftmaxStreamHandler {
         Absorb(std::move(started));
         Entry* whole = step.owner->entry;
         whole->response_chunk_bytes = std::max(step.largest_chunk, kMinResponseChunkBytes);
-        whole->held = std::move(step.lease);
+        whole->admitted.budget = std::move(step.lease);
         if (step.staged.data != nullptr) {
           whole->data_bytes = step.staged.bytes;
           InputTensor staged;
@@ -288,7 +287,7 @@ class SoftmaxStreamHandler {
       }
       done(status);
     };
-    Submit(front_end_, std::move(request), kSoftmaxV1Fields, std::move(responder), &entry->held);
+    Submit(front_end_, std::move(request), kSoftmaxV1Fields, std::move(responder), &entry->admitted);
   }
 
   // A chunk taken into another request's entry: its own entry ends unanswered.
@@ -406,7 +405,7 @@ grpc::ServerUnaryReactor* SoftmaxServiceImpl::Softmax(grpc::CallbackServerContex
          Responder{[call](const absl::Status& outcome,
                           const RequestTiming& timing) { call->Complete(outcome, timing); },
                    /*hold_refusals=*/true},
-         call->held());
+         call->admitted());
   return call;
 }
 

@@ -44,8 +44,9 @@
 //
 // A Handler provides:
 //   using Entry = ...;  // one message; has grpc::ByteBuffer incoming, outgoing
-//                       // and Admission::Ticket ticket (in flight from its
-//                       // read until its answer is written or dropped)
+//                       // and Admission::Admitted admitted, whose ticket is
+//                       // taken at its read (in flight until its answer is
+//                       // written or dropped) and handed to Submit
 //   std::unique_ptr<Entry> NewEntry();
 //   // Starts `entry` (its message read into `incoming`): calls `done`
 //   // exactly once with the outcome, possibly before it returns.
@@ -151,7 +152,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       return;
     }
     got_message_.store(true, std::memory_order_relaxed);
-    reading_->ticket = admission_->Enter();
+    reading_->admitted.ticket = admission_->Enter();
     {
       absl::MutexLock lock(&mu_);
       ++pending_;

@@ -214,7 +214,7 @@ struct HttpCall {
   absl::Notification done;
   std::atomic<bool> abandoned{false};
   std::vector<std::shared_ptr<const void>> leases;  // shared-memory regions in use
-  std::shared_ptr<const void> held;                  // its share of the memory budget
+  Admission::Admitted admitted;  // its ticket and budget, until the reply is sent
 };
 
 // Reads the request body into `body` (sized to its Content-Length); the
@@ -424,8 +424,6 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
           const SharedMemoryManager* shared_memory) {
   const int64_t max_tensor_bytes = front_end.limits.max_tensor_bytes;
   const SteadyClock::time_point start = SteadyClock::now();
-  // In flight from here until the reply is sent.
-  const Admission::Ticket ticket = front_end.admission->Enter();
   int64_t data_bytes = 0;
   std::optional<kserve::Model> known_model;
   auto finish = [&](const Reply& reply, const absl::Status& status,
@@ -509,7 +507,7 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
                      call->done.Notify();
                    },
                    /*hold_refusals=*/false},
-         &call->held);
+         &call->admitted);
   // The batcher drops the request at its deadline; the margin covers a batch
   // already computing then.
   if (!call->done.WaitForNotificationWithTimeout(

@@ -216,7 +216,7 @@ struct Expected {
 // answer: true when it is OK (then the request's sink holds it), false for
 // a checked refusal.
 bool SubmitAndWait(InferenceRequest request, const FieldNames& names,
-                   std::shared_ptr<const void>* held = nullptr) {
+                   Admission::Admitted* admitted = nullptr) {
   absl::Notification done;
   std::atomic<int> answers{0};
   absl::Status outcome;
@@ -227,7 +227,7 @@ bool SubmitAndWait(InferenceRequest request, const FieldNames& names,
                      if (answers.fetch_add(1) == 0) done.Notify();
                    },
                    false},
-         held);
+         admitted);
   Check(done.WaitForNotificationWithTimeout(kAnswerWithin), "every request is answered");
   Check(answers.load() == 1, "every request is answered once");
   if (!outcome.ok()) {
@@ -370,7 +370,7 @@ void KServeGrpc(const uint8_t* data, size_t size, bool in_stream) {
   const Expected expected(request);
   const char* region = request.output.region;
   const int64_t region_bytes = request.output.region_bytes;
-  if (!SubmitAndWait(std::move(request), kserve::FieldNamesFor(call.parts), &call.held)) {
+  if (!SubmitAndWait(std::move(request), kserve::FieldNamesFor(call.parts), &call.admitted)) {
     return;
   }
   inference::ModelInferResponse answer;
