@@ -8,7 +8,8 @@ and equal values) is asked once with the server idle: those bytes
 are its reference. Then background callers flood the server over softmax.v1
 unary with random tensors of mixed shapes, dtypes, axes and temperatures,
 while every probe is sent again and again over every protocol: softmax.v1
-unary, softmax.v1 stream, chunked stream, KServe gRPC and HTTP (binary
+unary, softmax.v1 stream, chunked stream, softmax.v1 unary asking the top K
+(values and indices; a third of the flood asks a top K too), KServe gRPC and HTTP (binary
 tensors, tritonclient), system shared memory over both and, on the GPU
 backend, CUDA shared memory over both; every answer's
 bytes must equal the reference's. The server runs with a short
@@ -65,7 +66,7 @@ DATATYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 BITS = {"float32": "<u4", "float16": "<u2", "bfloat16": "<u2"}
 LOG_ATOL = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}
 
-V1_PROTOCOLS = ["v1-unary", "v1-stream", "v1-chunked"]
+V1_PROTOCOLS = ["v1-unary", "v1-stream", "v1-chunked", "v1-top-k"]
 KSERVE_PROTOCOLS = ["kserve-grpc", "kserve-http", "shm-grpc", "shm-http"]
 # CUDA shared memory: the probe's input and output in device memory (GPU backend).
 CUDA_SHM_PROTOCOLS = ["cudashm-grpc", "cudashm-http"]
@@ -142,6 +143,8 @@ class Probe:
         self.data = self.tensor.data
         self.nbytes = len(self.data)
         self.reference = None  # the idle answer's bytes
+        self.top_k = min(64 if index % 2 else 5, self.shape[axis])
+        self.top_k_reference = None  # the idle top K's values and indices
         self.name = (f"{dtype}{list(self.shape)} axis={axis} T={temperature} "
                      f"{'log_softmax' if log else 'softmax'}{' special' if special else ''}")
 
@@ -153,6 +156,11 @@ class Probe:
             fields["temperature"] = self.temperature
         return softmax_pb2.SoftmaxRequest(request_id=request_id, input=self.tensor,
                                           log=self.log, **fields)
+
+    def top_k_request(self, request_id):
+        request = self.request(request_id)
+        request.top_k = self.top_k
+        return request
 
     def kserve_parameters(self):
         parameters = {}
@@ -232,7 +240,8 @@ def flood_requests(device, count=96, seed=5):
         values = rng.normal(0, float(rng.choice([0.5, 3, 20])), size=shape).astype(np.float32)
         requests.append(softmax_pb2.SoftmaxRequest(
             request_id=f"flood-{i}", input=encode(values, dtype), axis=axis,
-            temperature=float(rng.choice([1.0, 0.5, 2.0, 0.7])), log=bool(rng.random() < 0.5)))
+            temperature=float(rng.choice([1.0, 0.5, 2.0, 0.7])), log=bool(rng.random() < 0.5),
+            top_k=min(8, n) if i % 3 == 0 else 0))
     return requests
 
 
@@ -345,6 +354,9 @@ class Prober:
         if protocol == "v1-unary":
             response = self.stub.Softmax(probe.request(rid), timeout=120)
             return [(response.output.data, response.timing.batch_requests)]
+        if protocol == "v1-top-k":
+            response = self.stub.Softmax(probe.top_k_request(rid), timeout=120)
+            return [(top_k_bytes(response), response.timing.batch_requests)]
         if protocol in ("v1-stream", "v1-chunked"):
             return _stream_data(probe, self.stub, protocol == "v1-chunked", rid)
         if protocol == "kserve-grpc":
@@ -408,7 +420,15 @@ def check_reference(probe, response):
         e2e_util.assert_close(actual, expected, probe.dtype, probe.name)
 
 
+def top_k_bytes(response):
+    """A top-K answer's values and indices, as one byte string."""
+    return response.top_k.values.data + response.top_k.indices
+
+
 def describe_difference(probe, protocol, got):
+    if protocol == "v1-top-k":
+        return (f"{probe.name} top {probe.top_k} via {protocol}: other values or indices "
+                f"({len(got)} bytes, {len(probe.top_k_reference)} idle)")
     if len(got) != probe.nbytes:
         return f"{probe.name} via {protocol}: {len(got)} bytes, expected {probe.nbytes}"
     want = np.frombuffer(probe.reference, dtype=BITS[probe.dtype])
@@ -453,6 +473,11 @@ def test_probe_bits_under_flood_on_every_protocol(server, capsys):
             response = stub.Softmax(probe.request(f"idle-{probe.index}"), timeout=120)
             check_reference(probe, response)
             probe.reference = response.output.data
+            response = stub.Softmax(probe.top_k_request(f"idle-top-k-{probe.index}"), timeout=120)
+            assert response.timing.batch_requests == 1, (probe.name, response.timing)
+            rows = int(np.prod(probe.shape)) // probe.shape[probe.axis]
+            assert len(response.top_k.indices) == 8 * rows * probe.top_k, probe.name
+            probe.top_k_reference = top_k_bytes(response)
 
     inputs = {}
     if not TRITONCLIENT_MISSING:
@@ -521,7 +546,9 @@ def test_probe_bits_under_flood_on_every_protocol(server, capsys):
                     if batch_requests is not None:
                         shared[1] += 1
                         shared[0] += batch_requests > 1
-                    if data != probe.reference:
+                    reference = (probe.top_k_reference if protocol == "v1-top-k"
+                                 else probe.reference)
+                    if data != reference:
                         stats[protocol][1] += 1
                         differences.append(describe_difference(probe, protocol, data))
                         differing_probes[probe.name] = differing_probes.get(probe.name, 0) + 1

@@ -155,7 +155,14 @@ BatchResult CpuBackend::Execute(int slot, Batch& batch) {
                           .count();
   // The CPU computes in place of a kernel: its bandwidth is over compute time.
   result.kernel_ns = result.compute_ns;
-  result.kernel_bytes = 2 * batch.bytes;
+  // Each input read once per pass; written: whole outputs and top Ks.
+  for (const Segment& segment : batch.segments) {
+    result.kernel_bytes += segment.bytes;
+    if (segment.full_output) result.kernel_bytes += segment.bytes;
+    if (segment.top_k > 0) {
+      result.kernel_bytes += TopKBytes(segment.dtype, segment.shape.rows(), segment.top_k);
+    }
+  }
   return result;
 }
 
@@ -178,8 +185,15 @@ void CpuBackend::RunTask(const Task& task) {
     const int64_t begin = s == task.first_segment ? task.first_row : 0;
     const int64_t end = s == task.last_segment ? task.last_row_end : segment.shape.rows();
     if (segment.shape.n == 0 || begin >= end) continue;
-    CpuSoftmaxRows(segment.input, segment.output, segment.dtype, segment.shape, segment.options,
-                   begin, end);
+    // The top K first: the output may be the input itself.
+    if (segment.top_k > 0) {
+      CpuSoftmaxTopKRows(segment.input, segment.dtype, segment.shape, segment.options,
+                         segment.top_k, segment.top_k_values, segment.top_k_indices, begin, end);
+    }
+    if (segment.full_output) {
+      CpuSoftmaxRows(segment.input, segment.output, segment.dtype, segment.shape,
+                     segment.options, begin, end);
+    }
   }
   if (task.job->remaining.fetch_sub(1) == 1) task.job->finished.Notify();
 }

@@ -1,6 +1,7 @@
 // CPU backend: one execution slot whose thread splits each batch's rows
 // (over all its segments) into tasks of roughly equal element counts and runs
-// softmax::CpuSoftmaxRows on them, with a fixed pool of helper threads.
+// softmax::CpuSoftmaxRows on them (and CpuSoftmaxTopKRows for a segment's
+// top K), with a fixed pool of helper threads.
 // Correct for every axis; float64 accumulation.
 //
 // Thread-safety: Execute is called by the scheduler's one slot thread;

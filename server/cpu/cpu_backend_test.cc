@@ -13,6 +13,7 @@
 
 #include "kernels/cpu_softmax.h"
 #include "kernels/dtype.h"
+#include "kernels/top_k_testing.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
 #include "server/testing/test_backends.h"
@@ -102,6 +103,58 @@ TEST(CpuBackendTest, MixedSegmentsInOneBatch) {
   for (const Case& c : cases) ExpectMatchesReference(c);
   // The scalar: log-softmax of one element is 0.
   EXPECT_EQ(LoadAsFloat(cases[4].output.data(), DType::kFloat32, 0), 0.0f);
+}
+
+TEST(CpuBackendTest, ComputesTopKAloneOrBesideTheWholeOutput) {
+  // Top K alone (no output written), top K with the whole output, the
+  // output computed in place over its input, and a plain segment, in one
+  // batch cut into small tasks across dtypes and axes.
+  CpuBackend backend(CpuBackendOptions{3, 64});
+  std::vector<Case> cases;
+  cases.push_back(MakeCase(DType::kFloat32, {37, 1000, 1}, {1.0f, false}, 21));
+  cases.push_back(MakeCase(DType::kFloat16, {3, 300, 7}, {0.5f, true}, 22));
+  cases.push_back(MakeCase(DType::kBFloat16, {5, 4096, 1}, {2.0f, false}, 23));
+  cases.push_back(MakeCase(DType::kFloat32, {4, 64, 3}, {1.0f, false}, 24));
+  cases.push_back(MakeCase(DType::kBFloat16, {9, 70, 1}, {1.0f, true}, 25));
+  for (Case& c : cases) c.output.assign(c.input.size(), '\x7f');
+  Batch batch = testing::MakeBatch(cases);
+  std::vector<testing::TestTopK> top_k(cases.size());
+  testing::AskTopK(cases[0], 5, false, &top_k[0], &batch.segments[0]);
+  testing::AskTopK(cases[1], 64, true, &top_k[1], &batch.segments[1]);
+  testing::AskTopK(cases[2], 1, false, &top_k[2], &batch.segments[2]);
+  testing::AskTopK(cases[3], 64, true, &top_k[3], &batch.segments[3]);
+  // In place: the ranking must read the input before the output replaces it.
+  const std::string in_place_input = cases[3].input;
+  batch.segments[3].output = cases[3].input.data();
+  const BatchResult result = testing::RunOnSlot(backend, batch);
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  for (size_t i = 0; i < 4; ++i) {
+    const Case& c = cases[i];
+    const std::string& input = i == 3 ? in_place_input : c.input;
+    EXPECT_EQ(softmax::testing::CheckTopK(input.data(), c.dtype, c.shape, c.options, top_k[i].k,
+                                 top_k[i].values.data(), top_k[i].indices.data()),
+              "")
+        << "segment " << i;
+  }
+  // No whole output where none was asked for; the others' as ever.
+  EXPECT_EQ(cases[0].output, std::string(cases[0].input.size(), '\x7f'));
+  EXPECT_EQ(cases[2].output, std::string(cases[2].input.size(), '\x7f'));
+  ExpectMatchesReference(cases[1]);
+  ExpectMatchesReference(cases[4]);
+  Case in_place = cases[3];
+  in_place.output = cases[3].input;
+  in_place.input = in_place_input;
+  ExpectMatchesReference(in_place);
+  // Read once; written: two whole outputs and the top Ks.
+  int64_t expected_bytes = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    expected_bytes += cases[i].input.size();
+    if (batch.segments[i].full_output) expected_bytes += cases[i].input.size();
+    if (i < 4) {
+      expected_bytes += static_cast<int64_t>(top_k[i].values.size() + 8 * top_k[i].indices.size());
+    }
+  }
+  EXPECT_EQ(result.kernel_bytes, expected_bytes);
 }
 
 TEST(CpuBackendTest, TasksSpanSegmentsAndCutThemAnywhere) {

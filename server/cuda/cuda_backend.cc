@@ -651,6 +651,162 @@ absl::Status RunPieces(const gpu::LaunchPlan& plan, CachingAllocator& device_mem
   return status;
 }
 
+// Runs the fused top K (LaunchSoftmaxTopK) of the batch's `segments` (all
+// with top_k > 0), on the slot's stream: packs the inputs that are neither
+// staged nor direct into pinned memory, copies them to the device unless
+// they total at most `zero_copy_max_bytes` (then the kernel reads them over
+// the bus, as RunPiecesIn does), launches once per dtype, and has the kernel
+// write K values and indices per row straight into pinned memory, from
+// which they are copied into each segment's top_k_values and top_k_indices.
+// Uses the slot's staging when it fits, else blocks of the run's size.
+absl::Status RunTopK(CachingAllocator& device_memory, CachingAllocator& pinned_memory,
+                     cudaStream_t stream, cudaEvent_t kernel_start, cudaEvent_t kernel_end,
+                     cudaEvent_t done, int64_t spin_us, int64_t zero_copy_max_bytes,
+                     const Block& slot_pinned, const Block& slot_device_in, const Batch& batch,
+                     const std::vector<int>& segments, int64_t* kernel_ns, int* launches) {
+  const size_t count = segments.size();
+  // Pinned layout: packed inputs, then each segment's values and indices.
+  // Device layout (when copying): every input that is not direct.
+  std::vector<int64_t> packed_offset(count, -1), device_offset(count, -1);
+  std::vector<int64_t> values_offset(count), indices_offset(count);
+  int64_t host_total = 0;
+  int64_t device_total = 0;
+  for (size_t k = 0; k < count; ++k) {
+    const Segment& segment = batch.segments[segments[k]];
+    if (InputDirect(segment)) continue;
+    if (segment.staged == nullptr) {
+      host_total = AlignUp(host_total, kStagingAlignment);
+      packed_offset[k] = host_total;
+      host_total += segment.bytes;
+    }
+    device_total = AlignUp(device_total, kStagingAlignment);
+    device_offset[k] = device_total;
+    device_total += segment.bytes;
+  }
+  for (size_t k = 0; k < count; ++k) {
+    const Segment& segment = batch.segments[segments[k]];
+    const int64_t answers = segment.shape.rows() * segment.top_k;
+    values_offset[k] = AlignUp(host_total, kStagingAlignment);
+    indices_offset[k] = AlignUp(values_offset[k] + answers * ItemSize(segment.dtype),
+                                kStagingAlignment);
+    host_total = indices_offset[k] + answers * static_cast<int64_t>(sizeof(int64_t));
+  }
+  const bool zero_copy = device_total <= zero_copy_max_bytes;
+  Block own_pinned;
+  Block own_device;
+  char* host = static_cast<char*>(slot_pinned.data());
+  if (host_total > static_cast<int64_t>(slot_pinned.size())) {
+    absl::StatusOr<Block> block = pinned_memory.Allocate(host_total);
+    if (!block.ok()) return block.status();
+    own_pinned = std::move(*block);
+    host = static_cast<char*>(own_pinned.data());
+  }
+  char* device = static_cast<char*>(slot_device_in.data());
+  if (!zero_copy && device_total > static_cast<int64_t>(slot_device_in.size())) {
+    absl::StatusOr<Block> block = device_memory.Allocate(device_total);
+    if (!block.ok()) return block.status();
+    own_device = std::move(*block);
+    device = static_cast<char*>(own_device.data());
+  }
+  // Given back to the system afterwards when the slot's did not fit, as
+  // RunPieces does.
+  struct Release {
+    CachingAllocator& pinned;
+    CachingAllocator& device;
+    const Block& slot_pinned;
+    const Block& slot_device;
+    Block& own_pinned;
+    Block& own_device;
+    ~Release() {
+      const bool any = static_cast<bool>(own_pinned) || static_cast<bool>(own_device);
+      own_pinned.Reset();
+      own_device.Reset();
+      if (!any) return;
+      pinned.ReleaseCachedAbove(slot_pinned.size());
+      device.ReleaseCachedAbove(slot_device.size());
+    }
+  } release{pinned_memory, device_memory, slot_pinned, slot_device_in, own_pinned, own_device};
+
+  std::map<DType, std::vector<gpu::TopKSegment>> tables;
+  for (size_t k = 0; k < count; ++k) {
+    const Segment& segment = batch.segments[segments[k]];
+    gpu::TopKSegment t;
+    const char* host_input = segment.staged != nullptr ? static_cast<const char*>(segment.input)
+                                                       : host + packed_offset[k];
+    t.input = InputDirect(segment) ? segment.input
+              : zero_copy          ? static_cast<const void*>(host_input)
+                                   : device + device_offset[k];
+    t.values = host + values_offset[k];
+    t.indices = reinterpret_cast<int64_t*>(host + indices_offset[k]);
+    t.outer = segment.shape.outer;
+    t.n = segment.shape.n;
+    t.inner = segment.shape.inner;
+    t.k = segment.top_k;
+    t.temperature = segment.options.temperature;
+    t.log = segment.options.log;
+    tables[segment.dtype].push_back(t);
+  }
+  std::vector<Block> scratch;
+  for (auto& [dtype, table] : tables) {
+    const size_t bytes =
+        gpu::SoftmaxTopKScratchBytes(dtype, table.data(), static_cast<int>(table.size()));
+    absl::StatusOr<Block> block = device_memory.Allocate(bytes);
+    if (!block.ok()) return block.status();
+    scratch.push_back(std::move(*block));
+  }
+  std::vector<HostCopy> copies;
+  for (size_t k = 0; k < count; ++k) {
+    if (packed_offset[k] < 0) continue;
+    const Segment& segment = batch.segments[segments[k]];
+    copies.push_back(
+        {host + packed_offset[k], static_cast<const char*>(segment.input), segment.bytes});
+  }
+  CopyAll(copies);
+
+  auto enqueue_and_wait = [&]() -> absl::Status {
+    if (!zero_copy) {
+      for (size_t k = 0; k < count; ++k) {
+        if (device_offset[k] < 0) continue;
+        const Segment& segment = batch.segments[segments[k]];
+        const char* source = packed_offset[k] >= 0 ? host + packed_offset[k]
+                                                   : static_cast<const char*>(segment.input);
+        SOFTMAX_RETURN_IF_CUDA(cudaMemcpyAsync(device + device_offset[k], source, segment.bytes,
+                                               cudaMemcpyHostToDevice, stream));
+      }
+    }
+    SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_start, stream));
+    size_t table_index = 0;
+    for (auto& [dtype, table] : tables) {
+      Block& block = scratch[table_index++];
+      int kernels = 0;
+      SOFTMAX_RETURN_IF_CUDA(gpu::LaunchSoftmaxTopK(dtype, table.data(),
+                                                    static_cast<int>(table.size()), block.data(),
+                                                    block.size(), stream, &kernels));
+      *launches += kernels;
+    }
+    SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_end, stream));
+    SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(done, stream));
+    return WaitForEvent(done, spin_us);
+  };
+  if (absl::Status status = enqueue_and_wait(); !status.ok()) {
+    cudaStreamSynchronize(stream);
+    cudaGetLastError();
+    return status;
+  }
+  float kernel_ms = 0;
+  SOFTMAX_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, kernel_start, kernel_end));
+  *kernel_ns += static_cast<int64_t>(kernel_ms * 1e6);
+  for (size_t k = 0; k < count; ++k) {
+    const Segment& segment = batch.segments[segments[k]];
+    const int64_t answers = segment.shape.rows() * segment.top_k;
+    std::memcpy(segment.top_k_values, host + values_offset[k],
+                answers * ItemSize(segment.dtype));
+    std::memcpy(segment.top_k_indices, host + indices_offset[k],
+                answers * static_cast<int64_t>(sizeof(int64_t)));
+  }
+  return absl::OkStatus();
+}
+
 // Decides which outputs of a batch that runs in one piece (`pieces`) stay in
 // pinned memory for their responses to reference: those of requests that
 // accept it (output_view_ok) of at least `min_bytes`, while the bytes lent
@@ -713,6 +869,7 @@ BatchResult CudaBackend::RunBatch(Slot& slot, Batch& batch) {
   // Cut segments into pieces of whole slabs that fit the staging limit (a
   // segment that needs no staging stays whole).
   std::vector<Piece> pieces;
+  std::vector<int> top_k_segments;
   for (int i = 0; i < static_cast<int>(batch.segments.size()); ++i) {
     const Segment& segment = batch.segments[i];
     if (segment.shape.elements() == 0) continue;  // empty: nothing to compute
@@ -721,6 +878,25 @@ BatchResult CudaBackend::RunBatch(Slot& slot, Batch& batch) {
       any_failed = true;
       continue;
     }
+    if (segment.top_k > gpu::kMaxFusedTopK) {
+      // Past the fused kernel's K: on this thread, ranked alike (the CPU
+      // backend's routine), before any output is written over the input.
+      if (segment.input_memory == MemoryKind::kDevice) {
+        segment_status[i] = absl::FailedPreconditionError(absl::StrCat(
+            "a top K of more than ", gpu::kMaxFusedTopK,
+            " is computed on the host, and this tensor is in GPU memory"));
+        any_failed = true;
+        continue;
+      }
+      CpuSoftmaxTopKRows(segment.input, segment.dtype, segment.shape, segment.options,
+                         segment.top_k, segment.top_k_values, segment.top_k_indices, 0,
+                         segment.shape.rows());
+      result.kernel_bytes +=
+          segment.bytes + TopKBytes(segment.dtype, segment.shape.rows(), segment.top_k);
+    } else if (segment.top_k > 0) {
+      top_k_segments.push_back(i);
+    }
+    if (!segment.full_output) continue;
     Piece piece;
     piece.segment = i;
     piece.slab_bytes = segment.shape.n * segment.shape.inner * ItemSize(segment.dtype);
@@ -757,6 +933,58 @@ BatchResult CudaBackend::RunBatch(Slot& slot, Batch& batch) {
     lent = LendOutputs(state.loans, batch, runs[0], options_.pinned_response_min_bytes,
                        options_.pinned_responses_max_bytes);
   }
+  // The top Ks first (an output computed in place overwrites its input), in
+  // runs whose inputs fit the staging; out of memory, each alone.
+  auto top_k_run = [&](const std::vector<int>& run_segments) {
+    return RunTopK(*state.device_memory, *state.pinned_memory, slot.stream, slot.kernel_start,
+                   slot.kernel_end, slot.done, options_.event_spin_us,
+                   options_.zero_copy_max_bytes, slot.pinned, slot.device_in, batch,
+                   run_segments, &result.kernel_ns, &result.launches);
+  };
+  std::vector<std::vector<int>> top_k_runs;
+  int64_t top_k_bytes = 0;
+  for (int i : top_k_segments) {
+    const int64_t padded = AlignUp(batch.segments[i].bytes, kStagingAlignment);
+    if (top_k_runs.empty() || top_k_bytes + padded > limit) {
+      top_k_runs.emplace_back();
+      top_k_bytes = 0;
+    }
+    top_k_runs.back().push_back(i);
+    top_k_bytes += padded;
+  }
+  for (const std::vector<int>& top_k_segments_run : top_k_runs) {
+    absl::Status status = top_k_run(top_k_segments_run);
+    if (absl::IsResourceExhausted(status) && top_k_segments_run.size() > 1) {
+      status = absl::OkStatus();
+      for (int i : top_k_segments_run) {
+        absl::Status alone = top_k_run({i});
+        if (!alone.ok() && IsStickyCudaError(CudaErrorOf(alone))) {
+          status = alone;
+          break;
+        }
+        if (!alone.ok()) {
+          segment_status[i] = alone;
+          any_failed = true;
+        }
+      }
+    }
+    if (status.ok()) continue;
+    if (IsStickyCudaError(CudaErrorOf(status))) {
+      Fault(status);
+      result.status = absl::InternalError(absl::StrCat("GPU fault: ", status.message()));
+      result.segment_status.clear();
+      return result;
+    }
+    for (int i : top_k_segments_run) segment_status[i] = status;
+    any_failed = true;
+  }
+  for (int i : top_k_segments) {
+    const Segment& segment = batch.segments[i];
+    if (!segment_status[i].ok()) continue;
+    result.kernel_bytes +=
+        segment.bytes + TopKBytes(segment.dtype, segment.shape.rows(), segment.top_k);
+  }
+
   bool lent_filled = false;
   auto run = [&](const std::vector<Piece>& run_pieces, bool fault, LentOutputs* lend) {
     return RunPieces(state.plan, *state.device_memory, *state.pinned_memory, slot.stream,

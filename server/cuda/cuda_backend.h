@@ -21,6 +21,13 @@
 // caches and retry once; if the batch still does not fit, each request is
 // retried alone and only those that do not fit fail, RESOURCE_EXHAUSTED.
 //
+// A segment's top K (Segment::top_k) runs first, in its own pass: its
+// inputs packed (or read where they are staged), copied to the device unless
+// small (zero copy as above), ONE fused LaunchSoftmaxTopK per dtype writing
+// K values and indices per row straight into pinned memory; only those come
+// back. A K past gpu::kMaxFusedTopK is computed on the slot's thread with
+// the CPU backend's routine (same ranking), from host memory only.
+//
 // Large outputs need not be copied back at all: a batch's outputs may stay
 // in a pinned block of their own that the responses reference until gRPC
 // has sent them (OutputView; see kPinnedResponsesMaxBytes).

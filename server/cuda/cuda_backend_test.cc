@@ -1,6 +1,7 @@
 // GPU tests of the CudaBackend: ragged mixed batches, pieces cut through a
 // small staging limit, in place, zero copy, out of memory, lent outputs,
-// staged inputs, shared-memory segments read and written in place, a sticky fault, batches on every slot at once, and the
+// staged inputs, shared-memory segments read and written in place, the fused
+// top K beside whole outputs, a sticky fault, batches on every slot at once, and the
 // backend under the scheduler and the batcher. Skipped without a GPU.
 #include "server/cuda/cuda_backend.h"
 
@@ -22,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu_softmax.h"
 #include "kernels/dtype.h"
+#include "kernels/top_k_testing.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/scheduler.h"
 #include "server/testing/test_backends.h"
@@ -122,6 +124,130 @@ TEST(CudaBackendTest, RaggedMixedBatchMatchesReference) {
   EXPECT_GT(result.kernel_ns, 0);
   EXPECT_GE(result.launches, 3);  // one per dtype at least
   for (const Tensor& t : tensors) ExpectMatchesReference(t);
+}
+
+// Expects each of `tensors`' top K (where top_k[i].k > 0) to be the
+// reference's (kernels/top_k_testing.h): its indices exactly, its values
+// within tolerance. `inputs` are the inputs as they were before compute.
+void ExpectTopKMatchesReference(const std::vector<Tensor>& tensors,
+                                const std::vector<std::string>& inputs,
+                                const std::vector<testing::TestTopK>& top_k) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (top_k[i].k == 0) continue;
+    const Tensor& t = tensors[i];
+    EXPECT_EQ(softmax::testing::CheckTopK(inputs[i].data(), t.dtype, t.shape, t.options,
+                                          top_k[i].k, top_k[i].values.data(),
+                                          top_k[i].indices.data()),
+              "")
+        << "segment " << i << ": " << DTypeName(t.dtype) << " [" << t.shape.outer << ","
+        << t.shape.n << "," << t.shape.inner << "] k " << top_k[i].k;
+  }
+}
+
+TEST(CudaBackendTest, TopKBesideWholeOutputsOnEveryPathAndTheSameAloneAsBatched) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(66);
+  // Zero copy (small batches), with copies (past 256 KiB), through staging
+  // of 1 MiB (runs split; a segment larger than it gets staging of its own).
+  for (const int64_t max_staging_bytes : {int64_t{64} << 20, int64_t{1} << 20}) {
+    for (const bool small : {true, false}) {
+      auto worker = MakeWorker(max_staging_bytes);
+      ASSERT_NE(worker, nullptr);
+      std::vector<Tensor> tensors;
+      std::vector<int64_t> ks;
+      std::vector<bool> full;
+      auto add = [&](DType dtype, SoftmaxShape shape, SoftmaxOptions options, int64_t k,
+                     bool full_output) {
+        tensors.push_back(MakeTensor(rng, dtype, shape, options));
+        ks.push_back(k);
+        full.push_back(full_output);
+      };
+      add(DType::kBFloat16, {small ? 2 : 64, 32000, 1}, {}, 5, false);
+      add(DType::kFloat16, {3, small ? 40 : 4096, 7}, {0.5f, true}, 64, true);
+      add(DType::kFloat32, {5, 1000, 1}, {2.0f, false}, 0, true);  // plain softmax
+      add(DType::kFloat32, {small ? 1 : 2, small ? 33 : (1 << 20), 1}, {}, 64, false);
+      add(DType::kBFloat16, {9, 64, 1}, {1.0f, true}, 64, false);  // K == n
+      add(DType::kFloat16, {1, small ? 8192 : 131072, 1}, {}, 1, true);
+      add(DType::kBFloat16, {2, 0, 4}, {}, 0, true);  // empty
+      add(DType::kFloat32, {3, 500, 2}, {}, 100, true);  // past the fused K: on the host
+      std::vector<std::string> inputs;
+      for (const Tensor& t : tensors) inputs.push_back(t.input);
+      Batch batch = MakeBatch(tensors);
+      std::vector<testing::TestTopK> top_k(tensors.size());
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        if (ks[i] > 0) testing::AskTopK(tensors[i], ks[i], full[i], &top_k[i], &batch.segments[i]);
+      }
+      // Computed in place: the ranking reads the input before the output.
+      batch.segments[1].output = tensors[1].input.data();
+      BatchResult result = RunAndWait(*worker, std::move(batch));
+      ASSERT_TRUE(result.status.ok()) << result.status;
+      EXPECT_TRUE(result.segment_status.empty());
+      ExpectTopKMatchesReference(tensors, inputs, top_k);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        Tensor t = tensors[i];
+        if (i == 1) {
+          t.output = t.input;
+          t.input = inputs[i];
+        }
+        if (full[i]) {
+          ExpectMatchesReference(t);
+        } else {  // no whole output where none was asked for
+          EXPECT_EQ(t.output, std::string(t.input.size(), '\xff')) << "segment " << i;
+        }
+      }
+      // Each top K alone gives the same bits as inside the batch.
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        if (ks[i] == 0) continue;
+        std::vector<Tensor> alone{tensors[i]};
+        alone[0].input = inputs[i];
+        Batch one = MakeBatch(alone);
+        testing::TestTopK mine;
+        testing::AskTopK(alone[0], ks[i], false, &mine, &one.segments[0]);
+        BatchResult single = RunAndWait(*worker, std::move(one));
+        ASSERT_TRUE(single.status.ok()) << single.status;
+        EXPECT_EQ(mine.values, top_k[i].values) << "segment " << i;
+        EXPECT_EQ(mine.indices, top_k[i].indices) << "segment " << i;
+      }
+    }
+  }
+}
+
+TEST(CudaBackendTest, StagedTopKInputsAreReadWhereTheyAre) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(67);
+  CudaBackendOptions options;
+  options.zero_copy_max_bytes = kTestZeroCopyMaxBytes;
+  options.pinned_response_min_bytes = 16 << 10;
+  auto worker = CreateWorker(options);
+  ASSERT_NE(worker, nullptr);
+  // 4 MiB staged (copied to the device), 64 KiB staged, 1 KiB packed.
+  std::vector<Tensor> tensors;
+  tensors.push_back(MakeTensor(rng, DType::kBFloat16, {64, 32000, 1}, {}));
+  tensors.push_back(MakeTensor(rng, DType::kFloat32, {4, 4096, 1}, {1.0f, true}));
+  tensors.push_back(MakeTensor(rng, DType::kFloat16, {1, 512, 1}, {}));
+  std::vector<std::string> inputs;
+  for (const Tensor& t : tensors) inputs.push_back(t.input);
+  for (const bool zero_copy : {false, true}) {
+    Batch batch = MakeBatch(tensors);
+    std::vector<testing::TestTopK> top_k(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      Segment& segment = batch.segments[i];
+      segment.output_view_ok = true;
+      if (i < 2 && (!zero_copy || i == 1)) {
+        ASSERT_TRUE(worker->StageInput(segment)) << i;
+      }
+      testing::AskTopK(tensors[i], 8, false, &top_k[i], &segment);
+    }
+    // Without the 4 MiB tensor the batch is read over the bus.
+    if (zero_copy) {
+      batch.segments.erase(batch.segments.begin());
+      top_k[0].k = 0;  // not run
+    }
+    BatchResult result = RunAndWait(*worker, std::move(batch));
+    ASSERT_TRUE(result.status.ok()) << result.status;
+    ExpectTopKMatchesReference(tensors, inputs, top_k);
+    EXPECT_TRUE(result.output_views.empty());
+  }
 }
 
 TEST(CudaBackendTest, LargeTensorIsCutIntoPiecesThroughSmallStaging) {

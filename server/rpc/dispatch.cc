@@ -20,13 +20,15 @@ struct TopKAnswer {
   int axis = 0;
 };
 
-// Selects the top K of the whole output (in `view` when the backend lent
-// one, else in `buffer`) into `result`, and drops the output unless asked.
-void FinishTopK(const TopKAnswer& answer, const std::vector<int64_t>& dims,
+// Finishes `result`: a top K the backend computed (`fused`) needs its dims
+// only. In echo mode selects the top K of the whole output, the input itself
+// (in `view` when lent, else in `buffer`), and drops it unless asked.
+void FinishTopK(const TopKAnswer& answer, const std::vector<int64_t>& dims, bool fused,
                 TensorBufferPool* pool, std::string* buffer, OutputView* view,
                 TopKResult* result) {
-  const char* data = view != nullptr && view->data != nullptr ? view->data : buffer->data();
   result->dims = TopKDims(dims, answer.axis, answer.k);
+  if (fused) return;
+  const char* data = view != nullptr && view->data != nullptr ? view->data : buffer->data();
   const int64_t count = answer.shape.rows() * answer.k;
   result->values.resize(static_cast<size_t>(count * ItemSize(answer.dtype)));
   std::vector<int64_t> indices(static_cast<size_t>(count));
@@ -67,14 +69,17 @@ void Submit(const FrontEnd& front_end, InferenceRequest request, const FieldName
                    request.tensor.axis};
   std::vector<int64_t> dims;
   if (request.top_k != 0) dims = request.dims;
-  responder.done = [metrics, top_k, dims = std::move(dims), pool = front_end.buffers,
+  // As Admission decides it: the backend computes the top K; echo answers
+  // with the input, selected here.
+  const bool fused = !admission.echo();
+  responder.done = [metrics, top_k, fused, dims = std::move(dims), pool = front_end.buffers,
                     buffer = request.output.buffer, view = request.output.view,
                     result = request.output.top_k,
                     done = std::move(responder.done)](const absl::Status& status,
                                                       const RequestTiming& timing) {
     if (metrics != nullptr) metrics->RecordRequestTiming(timing);
     if (status.ok() && top_k.k != 0 && result != nullptr) {
-      FinishTopK(top_k, dims, pool.get(), buffer, view, result);
+      FinishTopK(top_k, dims, fused, pool.get(), buffer, view, result);
     }
     done(status, timing);
   };

@@ -19,10 +19,12 @@ namespace softmax::server {
 // is called exactly once, possibly before Submit returns: with the
 // validation error (never held), a refusal (held as the responder asks),
 // or the outcome. On OK the output is in request.output (its buffer, view or
-// region) and, for a request with top_k, the top K in request.output.top_k
-// (top_k.h), selected on the thread that answers; the whole output then
-// only with full_output (else the view is emptied and the buffer given back
-// to front_end.buffers). The request's input buffer may have been moved into
+// region) and, for a request with top_k, the top K in request.output.top_k,
+// computed by the backend (Segment::top_k; no whole output unless
+// full_output). In echo mode it is selected from the echoed input on the
+// thread that answers (top_k.h), and the input kept as the output only with
+// full_output (else the view is emptied and the buffer given back to
+// front_end.buffers). The request's input buffer may have been moved into
 // the output: callers must not read it after submitting.
 // `admitted` as for Admission::Submit.
 void Submit(const FrontEnd& front_end, InferenceRequest request, const FieldNames& names,

@@ -1,13 +1,15 @@
-// The top K of a computed softmax: the K largest values of every row along
-// the axis and their indices, selected on the host from the output a backend
-// wrote (CPU or CUDA alike), per request, as Dispatch finishes it. One routine
-// for every backend and front-end, so a request's ranking is the same
-// wherever it was computed.
+// The top K of a tensor selected on the host: the K largest values of every
+// row along the axis and their indices. The backends compute a request's top
+// K themselves from its input (Segment::top_k: the GPU's fused kernel, or
+// CpuSoftmaxTopKRows); this selection serves echo mode, whose answer is the
+// input itself, and the benchmarks.
 //
-// Order: by value descending as the output dtype holds it (compared widened
-// to float, exactly); equal values come lower index first (+0 equals -0);
-// NaN ranks above every number (as torch.topk), NaNs lower index first. The
-// selection reads only the row, so it is the same whatever else was batched.
+// Order: the backends' (kernels/cpu_softmax.h): by value descending
+// (compared widened to float, exactly); equal values come lower index first
+// (+0 equals -0); NaN ranks above every number (as torch.topk), NaNs lower
+// index first. Applied to a request's input it is the ranking every answer
+// has, whatever K or backend. The selection reads only the row, so it is
+// the same whatever else was batched.
 //
 // Thread-safety: pure functions; concurrent calls on disjoint outputs are safe.
 #ifndef SOFTMAX_SERVER_RPC_TOP_K_H_

@@ -48,11 +48,18 @@ void Admission::Submit(InferenceRequest request, Responder responder, Admitted* 
   const InputTensor& input = request.input;
   const OutputSink& output = request.output;
   const int64_t bytes = request.tensor.bytes;
+  // The backend computes the top K (Segment::top_k); echo answers with the
+  // input, selected from it afterwards (server/rpc/dispatch.h).
+  const bool backend_top_k = request.top_k > 0 && !options_.echo && batcher_ != nullptr;
   std::shared_ptr<const void> lease;
   if (options_.budget != nullptr && keep.budget == nullptr) {
     // The input and the output, each unless it lies in a caller's region.
-    const int64_t held_bytes =
-        (input.external ? 0 : bytes) + (output.region != nullptr ? 0 : bytes);
+    int64_t output_bytes = output.region != nullptr ? 0 : bytes;
+    if (backend_top_k) {
+      output_bytes = (request.full_output ? output_bytes : 0) +
+                     TopKBytes(request.dtype, request.tensor.shape.rows(), request.top_k);
+    }
+    const int64_t held_bytes = (input.external ? 0 : bytes) + output_bytes;
     lease = options_.budget->TryReserve(held_bytes);
     if (lease == nullptr) {
       ticket.Release();
@@ -105,6 +112,11 @@ void Admission::Submit(InferenceRequest request, Responder responder, Admitted* 
     item->output_view = nullptr;
     item->segment.output_memory = output.region_memory;
     item->segment.output_device = output.region_device;
+  }
+  if (backend_top_k) {
+    item->segment.top_k = request.top_k;
+    item->segment.full_output = request.full_output;
+    item->top_k = output.top_k;
   }
   item->deadline = request.deadline;
   item->is_cancelled = std::move(request.is_cancelled);

@@ -38,7 +38,8 @@ enum class MemoryKind {
 // One request's share of a batch: a contiguous [outer, n, inner] tensor.
 struct Segment {
   const void* input = nullptr;  // points into the request's data; not owned
-  void* output = nullptr;       // the response's data, already sized; not owned
+  // The response's data, already sized; not owned. Null when !full_output.
+  void* output = nullptr;
   int64_t bytes = 0;            // input bytes == output bytes
   DType dtype = DType::kFloat32;
   SoftmaxShape shape;
@@ -56,7 +57,25 @@ struct Segment {
   MemoryKind output_memory = MemoryKind::kHost;
   int input_device = -1;  // the GPU of a kDevice input
   int output_device = -1;
+  // The top K of each row (0: none), 1 <= top_k <= shape.n: the backend
+  // writes, for row (o, i), its K best
+  // elements' softmax (or log-softmax) values in `dtype` to
+  // top_k_values[(o * top_k + j) * inner + i] and their indices along the
+  // axis to top_k_indices[...], j = 0 (best) .. K-1, ranked by the input
+  // value exactly (CpuSoftmaxTopKRows, kernels/cpu_softmax.h). Both are host
+  // memory, already sized, and computed before `output` is written (which
+  // may be `input` itself).
+  int64_t top_k = 0;
+  void* top_k_values = nullptr;
+  int64_t* top_k_indices = nullptr;
+  // False only with top_k: no whole output is computed (`output` is null).
+  bool full_output = true;
 };
+
+// Bytes of a top K of `rows` rows: K values of `dtype` and K int64 indices each.
+inline int64_t TopKBytes(DType dtype, int64_t rows, int64_t k) {
+  return rows * k * (ItemSize(dtype) + static_cast<int64_t>(sizeof(int64_t)));
+}
 
 // Memory of a backend's own for one input (Backend::AllocateStaging):
 // `bytes` writable bytes at `data`, valid while `owner` lives. Empty

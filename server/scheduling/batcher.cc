@@ -248,6 +248,21 @@ std::unique_ptr<Batch> Batcher::TakeBatch() {
   batch->segments.reserve(batch->items.size());
   for (auto& item : batch->items) {
     std::string* input = item->input_buffer;
+    if (item->segment.top_k > 0) {
+      const int64_t count = item->segment.shape.rows() * item->segment.top_k;
+      item->top_k->values.resize(static_cast<size_t>(count * ItemSize(item->segment.dtype)));
+      item->top_k->indices.resize(static_cast<size_t>(count) * sizeof(int64_t));
+      item->segment.top_k_values = item->top_k->values.data();
+      // std::string's buffer is aligned for any scalar (operator new, or
+      // its in-object buffer after a size_t).
+      item->segment.top_k_indices = reinterpret_cast<int64_t*>(item->top_k->indices.data());
+      if (!item->segment.full_output) {
+        item->segment.output = nullptr;
+        item->segment.output_view_ok = false;
+        batch->segments.push_back(item->segment);
+        continue;
+      }
+    }
     if (item->fixed_output != nullptr) {
       // Into the caller's region; never answered by a view.
       item->segment.output = item->fixed_output;
@@ -315,7 +330,7 @@ void Batcher::Complete(std::unique_ptr<Batch> batch, BatchResult result, int bac
   for (size_t i = 0; i < batch->items.size(); ++i) {
     WorkItem& item = *batch->items[i];
     const bool ok = per_segment ? result.segment_status[i].ok() : result.status.ok();
-    if (!ok || item.output_view == nullptr) continue;
+    if (!ok || item.output_view == nullptr || !item.segment.full_output) continue;
     if (lent && result.output_views[i].data != nullptr) {
       *item.output_view = std::move(result.output_views[i]);
     } else if (item.segment.staged != nullptr) {

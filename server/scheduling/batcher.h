@@ -100,6 +100,11 @@ struct WorkItem {
   // output is there and `*output` holds nothing of it. Null: the output is
   // always written into `*output`.
   OutputView* output_view = nullptr;
+  // Required with segment.top_k: where the backend's top K goes; the
+  // batcher sizes its values and indices before compute (its dims are the
+  // creator's). With !segment.full_output, `*output`, `output_view` and
+  // `fixed_output` are left untouched.
+  TopKResult* top_k = nullptr;
   // Optional: where the output goes (a shared-memory region of at least
   // segment.bytes) instead of `*output`, which is then left untouched.
   void* fixed_output = nullptr;

@@ -348,6 +348,29 @@ inline Batch MakeBatch(std::vector<TestTensor>& tensors) {
   return batch;
 }
 
+// Where a segment's top K goes (Segment::top_k), for the backends' tests.
+struct TestTopK {
+  int64_t k = 0;
+  std::string values;
+  std::vector<int64_t> indices;
+};
+
+// Asks `segment` (of `tensor`) for its top K into `top_k`, sized and
+// poisoned (0x7f bytes, -1 indices); without `full_output` the segment
+// computes no whole output.
+inline void AskTopK(const TestTensor& tensor, int64_t k, bool full_output, TestTopK* top_k,
+                    Segment* segment) {
+  const int64_t count = tensor.shape.rows() * k;
+  top_k->k = k;
+  top_k->values.assign(static_cast<size_t>(count * ItemSize(tensor.dtype)), '\x7f');
+  top_k->indices.assign(static_cast<size_t>(count), -1);
+  segment->top_k = k;
+  segment->top_k_values = top_k->values.data();
+  segment->top_k_indices = top_k->indices.data();
+  segment->full_output = full_output;
+  if (!full_output) segment->output = nullptr;
+}
+
 // One request through the batcher: its storage and outcome.
 struct TestRequest {
   std::string input;
