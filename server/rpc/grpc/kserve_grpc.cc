@@ -154,6 +154,18 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// The one authentication step of every method but the health checks
+// (ServerLive, ServerReady, ModelReady) and inference (StartInfer, the
+// stream's refusal): the call fails UNAUTHENTICATED without a known token,
+// else finishes with what `body` returns (run only then).
+template <typename Body>
+grpc::ServerUnaryReactor* Authenticated(const FrontEnd& front_end,
+                                        grpc::CallbackServerContext* context, Body body) {
+  absl::Status status = Authenticate(front_end.authenticator, *context);
+  if (status.ok()) status = body();
+  return FinishWith(context, status);
+}
+
 }  // namespace
 
 KServeGrpcService::KServeGrpcService(const FrontEnd& front_end,
@@ -167,12 +179,10 @@ KServeGrpcService::KServeGrpcService(const FrontEnd& front_end,
 
 grpc::ServerUnaryReactor* KServeGrpcService::Unimplemented(grpc::CallbackServerContext* context,
                                                            const char* rpc) {
-  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
-    return FinishWith(context, allowed);
-  }
-  return FinishWith(context, absl::UnimplementedError(absl::StrCat(
-                                 "inference.GRPCInferenceService/", rpc,
-                                 " is not implemented by softmax-serve")));
+  return Authenticated(front_end_, context, [&]() -> absl::Status {
+    return absl::UnimplementedError(absl::StrCat("inference.GRPCInferenceService/", rpc,
+                                                 " is not implemented by softmax-serve"));
+  });
 }
 
 grpc::ServerUnaryReactor* KServeGrpcService::ServerLive(grpc::CallbackServerContext* context,
@@ -202,54 +212,50 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelReady(
 grpc::ServerUnaryReactor* KServeGrpcService::ServerMetadata(
     grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
-  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
-    return FinishWith(context, allowed);
-  }
-  response->set_name(kserve::kServerName);
-  response->set_version(server_version_);
-  for (const std::string& extension : kserve::Extensions(shared_memory_)) {
-    response->add_extensions(extension);
-  }
-  return FinishWith(context, absl::OkStatus());
+  return Authenticated(front_end_, context, [&]() -> absl::Status {
+    response->set_name(kserve::kServerName);
+    response->set_version(server_version_);
+    for (const std::string& extension : kserve::Extensions(shared_memory_)) {
+      response->add_extensions(extension);
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* KServeGrpcService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
-  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
-    return FinishWith(context, allowed);
-  }
-  absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
-  if (model.ok()) *response = kserve::Metadata(*model);
-  return FinishWith(context, model.status());
+  return Authenticated(front_end_, context, [&]() -> absl::Status {
+    absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
+    if (model.ok()) *response = kserve::Metadata(*model);
+    return model.status();
+  });
 }
 
 grpc::ServerUnaryReactor* KServeGrpcService::ModelConfig(
     grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
     inference::ModelConfigResponse* response) {
-  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
-    return FinishWith(context, allowed);
-  }
-  absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
-  if (model.ok()) *response->mutable_config() = kserve::Config(*model);
-  return FinishWith(context, model.status());
+  return Authenticated(front_end_, context, [&]() -> absl::Status {
+    absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
+    if (model.ok()) *response->mutable_config() = kserve::Config(*model);
+    return model.status();
+  });
 }
 
 grpc::ServerUnaryReactor* KServeGrpcService::ModelStatistics(
     grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
-  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
-    return FinishWith(context, allowed);
-  }
-  if (request->name().empty()) {
-    for (kserve::Model model : kserve::kModels) {
-      *response->add_model_stats() = statistics_->Get(model);
+  return Authenticated(front_end_, context, [&]() -> absl::Status {
+    if (request->name().empty()) {
+      for (kserve::Model model : kserve::kModels) {
+        *response->add_model_stats() = statistics_->Get(model);
+      }
+      return absl::OkStatus();
     }
-    return FinishWith(context, absl::OkStatus());
-  }
-  absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
-  if (model.ok()) *response->add_model_stats() = statistics_->Get(*model);
-  return FinishWith(context, model.status());
+    absl::StatusOr<kserve::Model> model = kserve::FindModel(request->name(), request->version());
+    if (model.ok()) *response->add_model_stats() = statistics_->Get(*model);
+    return model.status();
+  });
 }
 
 namespace {
@@ -320,91 +326,81 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryStatus(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
-  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
-    return FinishWith(context, allowed);
-  }
-  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
-  absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
-      shared_memory_->Status(SharedMemoryKind::kSystem, request->name());
-  if (!regions.ok()) return FinishWith(context, regions.status());
-  for (const SharedMemoryRegionStatus& region : *regions) {
-    auto& out = (*response->mutable_regions())[region.name];
-    out.set_name(region.name);
-    out.set_key(region.key);
-    out.set_offset(static_cast<uint64_t>(region.offset));
-    out.set_byte_size(static_cast<uint64_t>(region.byte_size));
-  }
-  return FinishWith(context, absl::OkStatus());
+  return Authenticated(front_end_, context, [&]() -> absl::Status {
+    if (shared_memory_ == nullptr) return NoSharedMemory();
+    absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
+        shared_memory_->Status(SharedMemoryKind::kSystem, request->name());
+    if (!regions.ok()) return regions.status();
+    for (const SharedMemoryRegionStatus& region : *regions) {
+      auto& out = (*response->mutable_regions())[region.name];
+      out.set_name(region.name);
+      out.set_key(region.key);
+      out.set_offset(static_cast<uint64_t>(region.offset));
+      out.set_byte_size(static_cast<uint64_t>(region.byte_size));
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryRegister(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse*) {
-  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
-    return FinishWith(context, allowed);
-  }
-  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
-  return FinishWith(context, shared_memory_->RegisterSystem(request->name(), request->key(),
-                                                            ToInt64(request->offset()),
-                                                            ToInt64(request->byte_size())));
+  return Authenticated(front_end_, context, [&]() -> absl::Status {
+    if (shared_memory_ == nullptr) return NoSharedMemory();
+    return shared_memory_->RegisterSystem(request->name(), request->key(),
+                                          ToInt64(request->offset()),
+                                          ToInt64(request->byte_size()));
+  });
 }
 
 grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryUnregister(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryUnregisterRequest* request,
     inference::SystemSharedMemoryUnregisterResponse*) {
-  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
-    return FinishWith(context, allowed);
-  }
-  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
-  return FinishWith(context, shared_memory_->Unregister(SharedMemoryKind::kSystem,
-                                                        request->name()));
+  return Authenticated(front_end_, context, [&]() -> absl::Status {
+    if (shared_memory_ == nullptr) return NoSharedMemory();
+    return shared_memory_->Unregister(SharedMemoryKind::kSystem, request->name());
+  });
 }
 
 grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryStatus(
     grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
     inference::CudaSharedMemoryStatusResponse* response) {
-  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
-    return FinishWith(context, allowed);
-  }
-  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
-  absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
-      shared_memory_->Status(SharedMemoryKind::kCuda, request->name());
-  if (!regions.ok()) return FinishWith(context, regions.status());
-  for (const SharedMemoryRegionStatus& region : *regions) {
-    auto& out = (*response->mutable_regions())[region.name];
-    out.set_name(region.name);
-    out.set_device_id(static_cast<uint64_t>(region.device));
-    out.set_byte_size(static_cast<uint64_t>(region.byte_size));
-  }
-  return FinishWith(context, absl::OkStatus());
+  return Authenticated(front_end_, context, [&]() -> absl::Status {
+    if (shared_memory_ == nullptr) return NoSharedMemory();
+    absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
+        shared_memory_->Status(SharedMemoryKind::kCuda, request->name());
+    if (!regions.ok()) return regions.status();
+    for (const SharedMemoryRegionStatus& region : *regions) {
+      auto& out = (*response->mutable_regions())[region.name];
+      out.set_name(region.name);
+      out.set_device_id(static_cast<uint64_t>(region.device));
+      out.set_byte_size(static_cast<uint64_t>(region.byte_size));
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryRegister(
     grpc::CallbackServerContext* context,
     const inference::CudaSharedMemoryRegisterRequest* request,
     inference::CudaSharedMemoryRegisterResponse*) {
-  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
-    return FinishWith(context, allowed);
-  }
-  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
-  return FinishWith(context,
-                    shared_memory_->RegisterCuda(request->name(), request->raw_handle(),
-                                                 request->device_id(),
-                                                 ToInt64(request->byte_size())));
+  return Authenticated(front_end_, context, [&]() -> absl::Status {
+    if (shared_memory_ == nullptr) return NoSharedMemory();
+    return shared_memory_->RegisterCuda(request->name(), request->raw_handle(),
+                                        request->device_id(), ToInt64(request->byte_size()));
+  });
 }
 
 grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryUnregister(
     grpc::CallbackServerContext* context,
     const inference::CudaSharedMemoryUnregisterRequest* request,
     inference::CudaSharedMemoryUnregisterResponse*) {
-  if (absl::Status allowed = Authenticate(front_end_.authenticator, *context); !allowed.ok()) {
-    return FinishWith(context, allowed);
-  }
-  if (shared_memory_ == nullptr) return FinishWith(context, NoSharedMemory());
-  return FinishWith(context, shared_memory_->Unregister(SharedMemoryKind::kCuda,
-                                                        request->name()));
+  return Authenticated(front_end_, context, [&]() -> absl::Status {
+    if (shared_memory_ == nullptr) return NoSharedMemory();
+    return shared_memory_->Unregister(SharedMemoryKind::kCuda, request->name());
+  });
 }
 
 }  // namespace softmax::server
