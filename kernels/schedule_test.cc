@@ -66,8 +66,8 @@ std::map<RowOrder, long long> OrdersOf(const Schedule& schedule, uintptr_t begin
   std::map<RowOrder, long long> out;
   for (const LaunchStep& step : schedule.steps) {
     const std::string name = SoftmaxKernelName(step.kernel);
-    switch (step.kernel) {
-      case SoftmaxKernel::kFlat:
+    switch (KernelInfoOf(step.kernel).args) {
+      case StepArgs::kFlat:
         // The flat kernel runs the flat table kernel's order for its rows:
         // the same key as a flat table entry of 2 vectors per thread.
         if (Within(step.flat.input, begin, end)) {
@@ -75,10 +75,7 @@ std::map<RowOrder, long long> OrdersOf(const Schedule& schedule, uintptr_t begin
                               ScaleBits(step.flat.scale)}}] += step.flat.rows;
         }
         break;
-      case SoftmaxKernel::kFlatTable:
-      case SoftmaxKernel::kRowStaged:
-      case SoftmaxKernel::kOnChip:
-      case SoftmaxKernel::kStaged:
+      case StepArgs::kTable:
         for (const RowSegment& r : step.table) {
           if (!Within(r.input, begin, end)) continue;
           RowOrder order;
@@ -93,36 +90,32 @@ std::map<RowOrder, long long> OrdersOf(const Schedule& schedule, uintptr_t begin
             order = {name, {step.threads, r.config, r.n, ScaleBits(r.scale)}};
           } else if (step.kernel == SoftmaxKernel::kOnChip) {
             order = {name, {r.config, r.n, ScaleBits(r.scale)}};
-          } else {
+          } else if (step.kernel == SoftmaxKernel::kStaged) {
             // The instantiation (4 or 14 stages) is part of a staged row's order.
             order = {name, {step.cluster, step.short_shares, r.unused[kStagedChunkSlot],
                             r.config, r.n, ScaleBits(r.scale)}};
+          } else {
+            // A table family without a key of its own: all its step and entry carry.
+            order = {name, {step.cluster, step.threads, step.short_shares, r.unused[0],
+                            r.unused[1], r.config, r.n, ScaleBits(r.scale)}};
           }
           out[order] += r.rows;
         }
         break;
-      case SoftmaxKernel::kSplitStaged:
-      case SoftmaxKernel::kSplitFused:
-      case SoftmaxKernel::kSplitStats:
-      case SoftmaxKernel::kSplitMerge:
-      case SoftmaxKernel::kSplitNormalize:
-      case SoftmaxKernel::kSplitNormalizeUnits:
+      case StepArgs::kSplit:
         if (Within(step.split.input, begin, end)) {
           out[{name, {step.split.parts, step.split.part_vectors, step.split.vec, step.split.log,
                       step.split.n, ScaleBits(step.split.scale)}}] += step.split.rows;
         }
         break;
-      case SoftmaxKernel::kStridedStaged:
-        if (Within(step.strided.input, begin, end)) {
+      case StepArgs::kStrided:
+        if (!Within(step.strided.input, begin, end)) break;
+        if (step.kernel == SoftmaxKernel::kStridedStaged) {
           out[{name, {step.cluster, step.strided.tile_vectors, step.strided.part_rows,
                       step.strided.strips, step.strided.log,
                       step.strided.n, step.strided.inner, ScaleBits(step.strided.scale)}}] +=
               step.strided.outer;
-        }
-        break;
-      case SoftmaxKernel::kStridedStats:
-      case SoftmaxKernel::kStridedNormalize:
-        if (Within(step.strided.input, begin, end)) {
+        } else {
           out[{name, {step.strided.lanes_log2, step.strided.strips, step.strided.part_rows,
                       step.strided.parts, step.strided.vec, step.strided.log, step.strided.n,
                       step.strided.inner, ScaleBits(step.strided.scale)}}] += step.strided.outer;

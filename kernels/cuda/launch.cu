@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/executor.cuh"
 #include "kernels/cuda/flat.cuh"
 #include "kernels/cuda/on_chip.cuh"
 #include "kernels/cuda/plan.h"
@@ -251,46 +253,23 @@ cudaError_t FillTable(const LaunchStep& step, void* table_scratch, cudaStream_t 
                          cudaMemcpyHostToDevice, stream);
 }
 
-// Launches `kernel` with a step's geometry: its grid, block, dynamic shared
-// memory, cluster dimension (when set) and cooperative attribute (when set:
-// every block resident at once, which the split kernels' waits rely on).
-template <typename Args>
-cudaError_t LaunchStepKernel(void (*kernel)(Args), const LaunchStep& step, cudaStream_t stream,
-                             const Args& args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(step.grid, 1, 1);
-  config.blockDim = dim3(static_cast<unsigned>(step.threads), 1, 1);
-  config.dynamicSmemBytes = step.shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attributes[3];
-  unsigned count = 0;
-  if (step.cluster > 0) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = static_cast<unsigned>(step.cluster);
-    attributes[count].val.clusterDim.y = 1;
-    attributes[count].val.clusterDim.z = 1;
-    ++count;
-  }
-  if (step.cooperative) {
-    attributes[count].id = cudaLaunchAttributeCooperative;
-    attributes[count].val.cooperative = 1;
-    ++count;
-  }
-  if (step.overlap_previous) {
-    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[count].val.programmaticStreamSerializationAllowed = 1;
-    ++count;
-  }
-  config.attrs = count > 0 ? attributes : nullptr;
-  config.numAttrs = count;
-  SOFTMAX_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, args));
-  return cudaGetLastError();
+// Runs a step with its kernel's Executor (each family's header holds its
+// own): one comparison per SoftmaxKernel value.
+template <typename T, int... I>
+cudaError_t Dispatch(const LaunchStep& step, const StepArguments& args, cudaStream_t stream,
+                     std::integer_sequence<int, I...>) {
+  cudaError_t error = cudaErrorInvalidValue;
+  (void)((static_cast<int>(step.kernel) == I &&
+          ((error = Executor<static_cast<SoftmaxKernel>(I)>::template Run<T>(step, args, stream)),
+           true)) ||
+         ...);
+  return error;
 }
 
 // Executes a schedule (PlanSchedule in plan.cc, where every decision is
-// made): picks each kernel's instantiation, resolves scratch offsets into
-// pointers, copies tables that do not travel inline, zeroes counters and
-// launches, in order.
+// made): resolves scratch offsets into pointers, copies tables that do not
+// travel inline, zeroes counters and launches each step with its kernel's
+// Executor, in order.
 template <typename T>
 cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream) {
   void* table_scratch = schedule.table_bytes > 0 ? scratch : nullptr;
@@ -299,81 +278,23 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
       SOFTMAX_CUDA_RETURN_IF_ERROR(
           cudaMemsetAsync(scratch + step.counters_offset, 0, step.zero_bytes, stream));
     }
-    SplitArgs split = step.split;
-    StridedArgs strided = step.strided;
-    split.partials = strided.partials = reinterpret_cast<float2*>(scratch + step.partials_offset);
-    split.totals = strided.finals = reinterpret_cast<float2*>(scratch + step.finals_offset);
-    split.counters = strided.counters = reinterpret_cast<unsigned*>(scratch + step.counters_offset);
-    TableArgs table;
+    StepArguments args;
+    args.flat = step.flat;
+    args.split = step.split;
+    args.strided = step.strided;
+    args.split.partials = args.strided.partials =
+        reinterpret_cast<float2*>(scratch + step.partials_offset);
+    args.split.totals = args.strided.finals =
+        reinterpret_cast<float2*>(scratch + step.finals_offset);
+    args.split.counters = args.strided.counters =
+        reinterpret_cast<unsigned*>(scratch + step.counters_offset);
     if (!step.table.empty()) {
-      SOFTMAX_CUDA_RETURN_IF_ERROR(FillTable(step, table_scratch, stream, &table));
-      table.launch_cluster = step.table_word;
-      table.prefetch_units = step.prefetch_units;
+      SOFTMAX_CUDA_RETURN_IF_ERROR(FillTable(step, table_scratch, stream, &args.table));
+      args.table.launch_cluster = step.table_word;
+      args.table.prefetch_units = step.prefetch_units;
     }
-    switch (step.kernel) {
-      case SoftmaxKernel::kFlat:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
-            step.vec ? (step.log ? FlatKernel<T, true, true> : FlatKernel<T, true, false>)
-                     : (step.log ? FlatKernel<T, false, true> : FlatKernel<T, false, false>),
-            step, stream, step.flat));
-        break;
-      case SoftmaxKernel::kRowStaged:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(RowStagedKernel<T>, step, stream, table));
-        break;
-      case SoftmaxKernel::kFlatTable:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(FlatTableKernel<T>, step, stream, table));
-        break;
-      case SoftmaxKernel::kOnChip:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(OnChipKernel<T>, step, stream, table));
-        break;
-      case SoftmaxKernel::kStaged:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
-            step.short_shares ? StagedKernel<T, kStagedShortStages> : StagedKernel<T, kStagedMaxStages>,
-            step, stream, table));
-        break;
-      case SoftmaxKernel::kSplitStaged:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(SplitStagedKernel<T>, step, stream, split));
-        break;
-      case SoftmaxKernel::kSplitFused:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
-            step.vec ? SplitFusedKernel<T, true> : SplitFusedKernel<T, false>, step, stream, split));
-        break;
-      case SoftmaxKernel::kSplitStats:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
-            step.vec ? SplitStatsKernel<T, true> : SplitStatsKernel<T, false>, step, stream, split));
-        break;
-      case SoftmaxKernel::kSplitMerge:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(SplitMergeKernel, step, stream, split));
-        break;
-      case SoftmaxKernel::kSplitNormalize:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(SplitNormalizeKernel<T>, step, stream, split));
-        break;
-      case SoftmaxKernel::kSplitNormalizeUnits:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(
-            LaunchStepKernel(SplitNormalizeUnitsKernel<T>, step, stream, split));
-        break;
-      case SoftmaxKernel::kStridedStats:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
-            step.vec ? StridedStatsKernel<T, true> : StridedStatsKernel<T, false>, step, stream,
-            strided));
-        break;
-      case SoftmaxKernel::kStridedStaged:
-        if constexpr (std::is_same<T, float>::value) {
-          if (strided.tile_vectors == kStridedWideTileVectors) {
-            SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
-                StridedStagedKernel<T, kStridedWideTileVectors>, step, stream, strided));
-            break;
-          }
-        }
-        SOFTMAX_CUDA_RETURN_IF_ERROR(
-            LaunchStepKernel(StridedStagedKernel<T, kStridedTileVectors>, step, stream, strided));
-        break;
-      case SoftmaxKernel::kStridedNormalize:
-        SOFTMAX_CUDA_RETURN_IF_ERROR(LaunchStepKernel(
-            step.vec ? StridedNormalizeKernel<T, true> : StridedNormalizeKernel<T, false>, step,
-            stream, strided));
-        break;
-    }
+    SOFTMAX_CUDA_RETURN_IF_ERROR(
+        Dispatch<T>(step, args, stream, std::make_integer_sequence<int, kSoftmaxKernels>()));
   }
   return cudaSuccess;
 }

@@ -336,30 +336,6 @@ bool Always(const LaunchPlan&, DType, const SoftmaxSegment&) { return true; }
 
 }  // namespace
 
-const KernelInfo& KernelInfoOf(SoftmaxKernel kernel) {
-  using K = SoftmaxKernel;
-  static const KernelInfo kInfo[] = {
-      {K::kFlat, "flat", false, K::kFlat},
-      {K::kFlatTable, "flat_table", true, K::kFlatTable},
-      {K::kOnChip, "on_chip", true, K::kOnChip},
-      {K::kStaged, "staged", true, K::kStaged},
-      {K::kSplitStaged, "split_staged", false, K::kSplitStaged},
-      {K::kSplitFused, "split_fused", false, K::kSplitFused},
-      {K::kSplitStats, "split_stats", false, K::kSplitStats},
-      {K::kSplitNormalize, "split_normalize", false, K::kSplitStats},
-      {K::kStridedStats, "strided_stats", false, K::kStridedStats},
-      {K::kStridedNormalize, "strided_normalize", false, K::kStridedStats},
-      {K::kStridedStaged, "strided_staged", false, K::kStridedStaged},
-      {K::kRowStaged, "row_staged", true, K::kRowStaged},
-      {K::kSplitMerge, "split_merge", false, K::kSplitStats},
-      {K::kSplitNormalizeUnits, "split_normalize_units", false, K::kSplitStats},
-  };
-  static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kSoftmaxKernels, "one entry per kernel");
-  static const KernelInfo kUnknown = {K::kFlat, "unknown", false, K::kFlat};
-  const int i = static_cast<int>(kernel);
-  return i >= 0 && i < kSoftmaxKernels && kInfo[i].kernel == kernel ? kInfo[i] : kUnknown;
-}
-
 const std::vector<RowFamily>& RowFamilies() {
   static const std::vector<RowFamily> families = {
       {SoftmaxKernel::kStridedStaged, nullptr, StridedStagedTakes},
@@ -778,6 +754,35 @@ void StridedStagedSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegmen
 
 }  // namespace
 
+const KernelInfo& KernelInfoOf(SoftmaxKernel kernel) {
+  using K = SoftmaxKernel;
+  using A = StepArgs;
+  const auto strided_staged = [](const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s,
+                                 size_t*, std::vector<LaunchStep>* steps) {
+    StridedStagedSteps(plan, dtype, s, steps);
+  };
+  static const KernelInfo kInfo[] = {
+      {K::kFlat, "flat", A::kFlat, K::kFlat, nullptr},
+      {K::kFlatTable, "flat_table", A::kTable, K::kFlatTable, nullptr},
+      {K::kOnChip, "on_chip", A::kTable, K::kOnChip, nullptr},
+      {K::kStaged, "staged", A::kTable, K::kStaged, nullptr},
+      {K::kSplitStaged, "split_staged", A::kSplit, K::kSplitStaged, SplitSteps},
+      {K::kSplitFused, "split_fused", A::kSplit, K::kSplitFused, SplitSteps},
+      {K::kSplitStats, "split_stats", A::kSplit, K::kSplitStats, SplitSteps},
+      {K::kSplitNormalize, "split_normalize", A::kSplit, K::kSplitStats, nullptr},
+      {K::kStridedStats, "strided_stats", A::kStrided, K::kStridedStats, StridedSteps},
+      {K::kStridedNormalize, "strided_normalize", A::kStrided, K::kStridedStats, nullptr},
+      {K::kStridedStaged, "strided_staged", A::kStrided, K::kStridedStaged, strided_staged},
+      {K::kRowStaged, "row_staged", A::kTable, K::kRowStaged, nullptr},
+      {K::kSplitMerge, "split_merge", A::kSplit, K::kSplitStats, nullptr},
+      {K::kSplitNormalizeUnits, "split_normalize_units", A::kSplit, K::kSplitStats, nullptr},
+  };
+  static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == kSoftmaxKernels, "one entry per kernel");
+  static const KernelInfo kUnknown = {K::kFlat, "unknown", A::kFlat, K::kFlat, nullptr};
+  const int i = static_cast<int>(kernel);
+  return i >= 0 && i < kSoftmaxKernels && kInfo[i].kernel == kernel ? kInfo[i] : kUnknown;
+}
+
 cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                          int count, bool allow_flat, Schedule* schedule) {
   Schedule out;
@@ -893,24 +898,13 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   }
   RowStagedSteps(plan, dtype, std::move(row_staged_rows), &out.steps);
   FlatTableSteps(plan, dtype, flat_rows, &out.steps);
-  // One launch (two for rows read twice) per split or strided segment.
+  // The launches of each segment whose family plans them alone (split,
+  // strided: one launch, or two for rows read twice).
   for (int i = 0; i < count; ++i) {
     const SoftmaxSegment& s = segments[i];
     if (Empty(s)) continue;
-    switch (kernels[i]) {
-      case SoftmaxKernel::kSplitStaged:
-      case SoftmaxKernel::kSplitFused:
-      case SoftmaxKernel::kSplitStats:
-        SplitSteps(plan, dtype, s, &offset, &out.steps);
-        break;
-      case SoftmaxKernel::kStridedStats:
-        StridedSteps(plan, dtype, s, &offset, &out.steps);
-        break;
-      case SoftmaxKernel::kStridedStaged:
-        StridedStagedSteps(plan, dtype, s, &out.steps);
-        break;
-      default:
-        break;
+    if (const auto segment_steps = KernelInfoOf(kernels[i]).segment_steps) {
+      segment_steps(plan, dtype, s, &offset, &out.steps);
     }
   }
   // Table launches of other segments overlap the tail of the launch before
@@ -924,7 +918,7 @@ cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegme
   // the tail of the pass before too: it loads its first unit, then waits for
   // that pass to complete before it reads what it wrote. H200, 16 x 2^24
   // fp16: 1.014x.
-  const auto overlaps = [](SoftmaxKernel k) { return KernelInfoOf(k).table; };
+  const auto overlaps = [](SoftmaxKernel k) { return KernelInfoOf(k).table(); };
   // A pass of a form right after the pass before it (a segment's passes are
   // consecutive steps; a form's first pass starts a segment).
   const auto second_pass = [](SoftmaxKernel first, SoftmaxKernel second) {
@@ -974,23 +968,16 @@ std::string Schedule::ToString() const {
       out << "  partials @" << step.partials_offset << " finals @" << step.finals_offset
           << " counters @" << step.counters_offset;
     }
-    switch (step.kernel) {
-      case SoftmaxKernel::kFlat:
+    switch (KernelInfoOf(step.kernel).args) {
+      case StepArgs::kFlat:
         out << "  rows " << step.flat.rows << " n " << step.flat.n << " group 2^"
             << step.flat.group_log2;
         break;
-      case SoftmaxKernel::kSplitStaged:
-      case SoftmaxKernel::kSplitFused:
-      case SoftmaxKernel::kSplitStats:
-      case SoftmaxKernel::kSplitMerge:
-      case SoftmaxKernel::kSplitNormalize:
-      case SoftmaxKernel::kSplitNormalizeUnits:
+      case StepArgs::kSplit:
         out << "  rows " << step.split.rows << " n " << step.split.n << " parts "
             << step.split.parts << " x " << step.split.part_vectors << " vectors";
         break;
-      case SoftmaxKernel::kStridedStats:
-      case SoftmaxKernel::kStridedNormalize:
-      case SoftmaxKernel::kStridedStaged:
+      case StepArgs::kStrided:
         out << "  [" << step.strided.outer << ", " << step.strided.n << ", "
             << step.strided.inner << "] strips " << step.strided.strips << " parts "
             << step.strided.parts << " x " << step.strided.part_rows << " rows";
@@ -998,7 +985,7 @@ std::string Schedule::ToString() const {
           out << " tile " << step.strided.tile_vectors * 16 << " bytes";
         }
         break;
-      default:
+      case StepArgs::kTable:
         break;
     }
     out << "\n";

@@ -352,16 +352,36 @@ const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, i
 // and kStridedStats (strided_stats, then strided_normalize).
 SoftmaxKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
 
-// What the planner knows of each kernel, one entry per SoftmaxKernel value
-// (KernelInfoOf): its name (probes, logs, LaunchKernels), whether it runs
-// a table (TableArgs: such launches of other segments may overlap each
-// other), and the first pass of its form (itself for a one-pass kernel; a
-// later pass right after a pass of the same form overlaps its tail).
+// Which of LaunchStep's argument sets a kernel takes: the executor passes
+// it (Executor<K> in executor.cuh), the log prints it and schedule_test keys
+// rows by it.
+enum class StepArgs {
+  kFlat,     // LaunchStep::flat
+  kTable,    // LaunchStep::table (TableArgs); launches of other segments may overlap each other
+  kSplit,    // LaunchStep::split, scratch offsets resolved
+  kStrided,  // LaunchStep::strided, scratch offsets resolved
+};
+
+struct LaunchStep;
+
+// A kernel family's descriptor, one per SoftmaxKernel value (KernelInfoOf),
+// in enum order; with its RowFamilies() entries (which rows it takes) and
+// its Executor<K> (which instantiation runs a step), all the planner and
+// the executor know of it: its name (probes, logs, LaunchKernels), its
+// arguments, the first pass of its form (itself for a one-pass kernel; a
+// later pass right after a pass of the same form overlaps its tail) and,
+// for a kernel that plans each segment's launches alone (split, strided:
+// the first pass of its form), the function that appends them, taking
+// scratch from *offset on. Table kernels (null there) share launches;
+// PlanSchedule builds their tables.
 struct KernelInfo {
   SoftmaxKernel kernel;
   const char* name;
-  bool table;
+  StepArgs args;
   SoftmaxKernel first_pass;
+  void (*segment_steps)(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment,
+                        size_t* offset, std::vector<LaunchStep>* steps);
+  bool table() const { return args == StepArgs::kTable; }
 };
 const KernelInfo& KernelInfoOf(SoftmaxKernel kernel);
 
@@ -370,8 +390,8 @@ const KernelInfo& KernelInfoOf(SoftmaxKernel kernel);
 // the row's dtype; nullptr: none, or its shape rule asks the plan itself)
 // and its shape rule (dtypes, alignment, lengths, inner). RowKernelOf gives
 // a row to the first entry whose probe the plan holds and whose rule takes
-// it; a new family is an entry here at its precedence, its steps in
-// PlanSchedule and its executor in launch.cu.
+// it; a new family is an entry here at its precedence, its KernelInfo and
+// its Executor<K> (executor.cuh; kernels/README.md lists the files).
 struct RowFamily {
   SoftmaxKernel kernel;
   const char* probe;

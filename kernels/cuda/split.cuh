@@ -10,6 +10,7 @@
 #define SOFTMAX_KERNELS_CUDA_SPLIT_CUH_
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/executor.cuh"
 
 namespace softmax {
 namespace gpu {
@@ -249,6 +250,15 @@ __global__ void __launch_bounds__(kThreads, 2) SplitFusedKernel(const SplitArgs 
     prev_u = u;
   }
 }
+
+// The executors of this family's kernels (executor.cuh).
+SOFTMAX_EXECUTOR(kSplitFused, split,
+                 step.vec ? SplitFusedKernel<T, true> : SplitFusedKernel<T, false>);
+SOFTMAX_EXECUTOR(kSplitStats, split,
+                 step.vec ? SplitStatsKernel<T, true> : SplitStatsKernel<T, false>);
+SOFTMAX_EXECUTOR(kSplitMerge, split, SplitMergeKernel);
+SOFTMAX_EXECUTOR(kSplitNormalize, split, SplitNormalizeKernel<T>);
+SOFTMAX_EXECUTOR(kSplitNormalizeUnits, split, SplitNormalizeUnitsKernel<T>);
 
 }  // namespace detail
 }  // namespace gpu
