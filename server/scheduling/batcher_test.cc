@@ -1,11 +1,13 @@
 // The batcher over the scheduler and fake backends: batch formation (row and
 // byte limits, the delay, idle dispatch), admission, drops, errors, answers
-// (on slot threads or completion threads), lent outputs and staged inputs.
+// (on slot threads or completion threads), lent outputs, staged inputs and
+// top Ks (sized for the backend, no whole output unless asked).
 #include "server/scheduling/batcher.h"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <string>
@@ -935,6 +937,75 @@ TEST(BatcherTest, StagedInputsAreComputedInPlaceAndAnsweredFromTheirBuffer) {
     ASSERT_EQ(a_view.data[i], static_cast<char>(~a_input[i])) << i;
   }
   EXPECT_TRUE(a.output.empty());
+  ASSERT_EQ(b.output.size(), b.input.size());
+  for (size_t i = 0; i < b.input.size(); ++i) {
+    ASSERT_EQ(b.output[i], static_cast<char>(~b.input[i])) << i;
+  }
+}
+
+TEST(BatcherTest, TopKIsSizedForTheBackendAndNoWholeOutputUnlessAsked) {
+  absl::Mutex mu;
+  std::vector<Segment> seen;
+  FakeBackendOptions staging;
+  staging.stage_inputs = true;
+  staging.computes_in_place = true;
+  staging.compute = [&](int, Batch& batch, BatchResult&) {
+    {
+      absl::MutexLock lock(&mu);
+      for (const Segment& s : batch.segments) seen.push_back(s);
+    }
+    // Each top K: values 0x5a bytes, indices 0, 1, ... per row.
+    for (const Segment& s : batch.segments) {
+      const int64_t count = s.shape.rows() * s.top_k;
+      std::memset(s.top_k_values, 0x5a, static_cast<size_t>(count * ItemSize(s.dtype)));
+      for (int64_t i = 0; i < count; ++i) s.top_k_indices[i] = i % s.top_k;
+    }
+    testing::ComplementInputsIntoOutputs(batch);
+  };
+  FakeBackend backend(staging);
+  Scheduler scheduler({&backend});
+  Batcher batcher(Options(64, 1 << 30, kForever), &scheduler);
+  // a: the top 3 alone, staged (it offers a view); b: the top 2 and the
+  // whole output, not staged.
+  TestRequest a, b;
+  OutputView a_view;
+  TopKResult a_top_k, b_top_k;
+  auto item_a = MakeItem(&a, 5, 8, DType::kFloat16);
+  item_a->input_buffer = &a.input;
+  item_a->output_view = &a_view;
+  item_a->segment.top_k = 3;
+  item_a->segment.full_output = false;
+  item_a->top_k = &a_top_k;
+  auto item_b = MakeItem(&b, 2, 4);
+  item_b->segment.top_k = 2;
+  item_b->top_k = &b_top_k;
+  ASSERT_TRUE(batcher.Enqueue(std::move(item_a)).ok());
+  ASSERT_TRUE(batcher.Enqueue(std::move(item_b)).ok());
+  batcher.Stop();
+  for (TestRequest* r : {&a, &b}) {
+    ASSERT_TRUE(r->Wait());
+    EXPECT_TRUE(r->status.ok()) << r->status;
+  }
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(seen.size(), 2u);
+    EXPECT_EQ(seen[0].output, nullptr);
+    EXPECT_FALSE(seen[0].output_view_ok);
+    EXPECT_EQ(seen[0].top_k, 3);
+    EXPECT_NE(seen[1].output, nullptr);
+    EXPECT_TRUE(seen[1].full_output);
+  }
+  // Only the top K for a: no whole output, no view of its staged input.
+  EXPECT_EQ(a_view.data, nullptr);
+  EXPECT_TRUE(a.output.empty());
+  EXPECT_EQ(a_top_k.values, std::string(5 * 3 * 2, '\x5a'));
+  ASSERT_EQ(a_top_k.indices.size(), 5 * 3 * sizeof(int64_t));
+  int64_t last = -1;
+  std::memcpy(&last, a_top_k.indices.data() + 14 * sizeof(int64_t), sizeof(int64_t));
+  EXPECT_EQ(last, 2);
+  // b: both.
+  EXPECT_EQ(b_top_k.values.size(), 2u * 2 * 4);
+  EXPECT_EQ(b_top_k.indices.size(), 2u * 2 * sizeof(int64_t));
   ASSERT_EQ(b.output.size(), b.input.size());
   for (size_t i = 0; i < b.input.size(); ++i) {
     ASSERT_EQ(b.output[i], static_cast<char>(~b.input[i])) << i;

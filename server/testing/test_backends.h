@@ -54,11 +54,12 @@ inline bool Await(const std::function<bool()>& condition, absl::Duration timeout
   return true;
 }
 
-// What the fake backends compute: each segment's output is its input.
+// What the fake backends compute: each segment's output is its input (none
+// for a segment without full_output).
 inline void CopyInputsToOutputs(const Batch& batch) {
   for (const Segment& s : batch.segments) {
     // In place (output == input) the output already holds the input.
-    if (s.bytes > 0 && s.output != s.input) {
+    if (s.bytes > 0 && s.output != nullptr && s.output != s.input) {
       std::memcpy(s.output, s.input, static_cast<size_t>(s.bytes));
     }
   }
@@ -68,6 +69,7 @@ inline void CopyInputsToOutputs(const Batch& batch) {
 // copy, an output computed in place is told apart from one never computed.
 inline void ComplementInputsIntoOutputs(const Batch& batch) {
   for (const Segment& s : batch.segments) {
+    if (s.output == nullptr) continue;  // no full_output
     const char* in = static_cast<const char*>(s.input);
     char* out = static_cast<char*>(s.output);
     for (int64_t i = 0; i < s.bytes; ++i) out[i] = static_cast<char>(~in[i]);
