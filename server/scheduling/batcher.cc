@@ -342,7 +342,18 @@ void Batcher::Complete(std::unique_ptr<Batch> batch, BatchResult result, int bac
   const int64_t requests = static_cast<int64_t>(batch->items.size());
   const bool many = options_.offload_completion_requests > 0 &&
                     requests >= options_.offload_completion_requests;
-  if (workers == 0 || (batch->bytes < options_.offload_completion_bytes && !many)) {
+  // What answering sends: whole outputs, and top Ks (a few bytes a row).
+  std::vector<int64_t> answer_bytes(batch->items.size());
+  int64_t total_answer_bytes = 0;
+  for (size_t i = 0; i < batch->items.size(); ++i) {
+    const Segment& segment = batch->items[i]->segment;
+    answer_bytes[i] = (segment.full_output ? segment.bytes : 0) +
+                      (segment.top_k > 0 ? TopKBytes(segment.dtype, segment.shape.rows(),
+                                                     segment.top_k)
+                                         : 0);
+    total_answer_bytes += answer_bytes[i];
+  }
+  if (workers == 0 || (total_answer_bytes < options_.offload_completion_bytes && !many)) {
     // Small: answered here, on the slot's thread, with no hand-off.
     for (size_t i = 0; i < batch->items.size(); ++i) {
       auto& item = batch->items[i];
@@ -360,8 +371,8 @@ void Batcher::Complete(std::unique_ptr<Batch> batch, BatchResult result, int bac
   // the requests are answered by the completion threads, in up to `workers`
   // groups of about equal bytes (each at least offload_completion_bytes, or
   // offload_completion_requests requests).
-  const int64_t by_bytes =
-      (batch->bytes + options_.offload_completion_bytes - 1) / options_.offload_completion_bytes;
+  const int64_t by_bytes = (total_answer_bytes + options_.offload_completion_bytes - 1) /
+                           options_.offload_completion_bytes;
   const int64_t by_requests = many ? requests / options_.offload_completion_requests : 0;
   const int64_t groups =
       std::min<int64_t>({workers, requests, std::max<int64_t>({1, by_bytes, by_requests})});
@@ -369,9 +380,10 @@ void Batcher::Complete(std::unique_ptr<Batch> batch, BatchResult result, int bac
   int64_t bytes_so_far = 0;
   for (size_t i = 0; i < batch->items.size(); ++i) {
     // The group is decided by where the request's bytes start in the batch.
-    const size_t g = static_cast<size_t>(bytes_so_far * groups / std::max<int64_t>(1, batch->bytes));
+    const size_t g =
+        static_cast<size_t>(bytes_so_far * groups / std::max<int64_t>(1, total_answer_bytes));
     CompletionGroup& group = pending[std::min(g, pending.size() - 1)];
-    bytes_so_far += batch->items[i]->segment.bytes;
+    bytes_so_far += answer_bytes[i];
     group.timing = timing;
     group.items.emplace_back(std::move(batch->items[i]),
                              per_segment ? result.segment_status[i] : result.status);

@@ -72,6 +72,7 @@ struct BatcherOptions {
   // every batch on the slot's thread. Four threads and 1 MiB: 64 x 32000
   // bfloat16 at 16 / 64 / 256 callers went from 730 / 646 / 642 to
   // 976 / 924 / 886 requests/s on the H200 host; 16 threads were no faster.
+  // Bytes answered: whole outputs plus top Ks (a top K alone is small).
   int completion_threads = 4;
   int64_t offload_completion_bytes = int64_t{1} << 20;
   // Batches of at least this many requests are answered by the completion

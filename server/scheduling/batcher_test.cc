@@ -946,6 +946,7 @@ TEST(BatcherTest, StagedInputsAreComputedInPlaceAndAnsweredFromTheirBuffer) {
 TEST(BatcherTest, TopKIsSizedForTheBackendAndNoWholeOutputUnlessAsked) {
   absl::Mutex mu;
   std::vector<Segment> seen;
+  std::thread::id slot_thread;
   FakeBackendOptions staging;
   staging.stage_inputs = true;
   staging.computes_in_place = true;
@@ -953,6 +954,7 @@ TEST(BatcherTest, TopKIsSizedForTheBackendAndNoWholeOutputUnlessAsked) {
     {
       absl::MutexLock lock(&mu);
       for (const Segment& s : batch.segments) seen.push_back(s);
+      slot_thread = std::this_thread::get_id();
     }
     // Each top K: values 0x5a bytes, indices 0, 1, ... per row.
     for (const Segment& s : batch.segments) {
@@ -964,13 +966,16 @@ TEST(BatcherTest, TopKIsSizedForTheBackendAndNoWholeOutputUnlessAsked) {
   };
   FakeBackend backend(staging);
   Scheduler scheduler({&backend});
-  Batcher batcher(Options(64, 1 << 30, kForever), &scheduler);
+  // 10 KB of inputs, 230 bytes of answers: answered on the slot's thread.
+  BatcherOptions options = Options(64, 1 << 30, kForever);
+  options.offload_completion_bytes = 1000;
+  Batcher batcher(options, &scheduler);
   // a: the top 3 alone, staged (it offers a view); b: the top 2 and the
   // whole output, not staged.
   TestRequest a, b;
   OutputView a_view;
   TopKResult a_top_k, b_top_k;
-  auto item_a = MakeItem(&a, 5, 8, DType::kFloat16);
+  auto item_a = MakeItem(&a, 5, 1000, DType::kFloat16);
   item_a->input_buffer = &a.input;
   item_a->output_view = &a_view;
   item_a->segment.top_k = 3;
@@ -994,6 +999,8 @@ TEST(BatcherTest, TopKIsSizedForTheBackendAndNoWholeOutputUnlessAsked) {
     EXPECT_EQ(seen[0].top_k, 3);
     EXPECT_NE(seen[1].output, nullptr);
     EXPECT_TRUE(seen[1].full_output);
+    EXPECT_EQ(a.answered_on, slot_thread);
+    EXPECT_EQ(b.answered_on, slot_thread);
   }
   // Only the top K for a: no whole output, no view of its staged input.
   EXPECT_EQ(a_view.data, nullptr);
