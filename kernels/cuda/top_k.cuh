@@ -61,6 +61,7 @@ constexpr int kTopKUnroll = 4;
 // that the last block's merge reads at most kTopKMaxParts * K keys.
 constexpr long long kTopKPartVectors = static_cast<long long>(kTopKUnroll) * kTopKThreads;
 constexpr long long kTopKMaxParts = 512;
+static_assert(kTopKUnroll * 32 >= kMaxFusedTopK, "a warp's first vector maxima prime the bar");
 // How a row is read: 16-byte vectors, elements at any address, or a strided
 // (non-last) axis. The same elements reach the same lanes in each.
 enum TopKMode : int { kTopKVectors = 0, kTopKElements = 1, kTopKStrided = 2 };
@@ -220,30 +221,32 @@ __device__ __forceinline__ uint4 TopKLoad(const void* row, long long vi, long lo
   }
 }
 
-// The block's best k of the warps' lists, each sorted and cut (TopKSelect):
-// warp 0 lays them out as runs of a power of two >= k (padded with 0) and
-// merges the runs (TopKSortRuns). Returns in warp 0's w (sorted, count =
-// min(k, keys held)).
-static_assert(kWarps * kMaxFusedTopK <= kTopKBuffer, "every warp's run fits warp 0's buffer");
-__device__ __forceinline__ void TopKBlockMerge(TopKWarp& w, unsigned long long (*buffers)[kTopKBuffer],
+// The block's best k of the warps' lists, each sorted and cut (TopKSelect),
+// merged pairwise in a tree: each list padded with 0 to a run of a power of
+// two >= k, then at each level warp w < half appends warp w + half's run to
+// its own, merges the two (TopKSortRuns) and keeps the best run. Returns in
+// warp 0's w (sorted, count = min(k, keys held)). Called by every thread.
+static_assert(2 * kMaxFusedTopK <= kTopKBuffer, "two runs fit a warp's buffer");
+__device__ __forceinline__ void TopKBlockMerge(TopKWarp& w,
+                                               unsigned long long (*buffers)[kTopKBuffer],
                                                int* counts) {
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
+  int run = 1;
+  while (run < w.k) run <<= 1;
+  for (int i = w.count + lane; i < run; i += 32) w.buffer[i] = 0ull;
   if (lane == 0) counts[warp] = w.count;
-  __syncthreads();
-  if (warp == 0) {
-    int run = 1;
-    while (run < w.k) run <<= 1;
-    int total = 0;
-    for (int other = 0; other < kWarps; ++other) {
-      const int c = counts[other];
-      for (int i = lane; i < run; i += 32) {
-        w.buffer[other * run + i] = i < c ? buffers[other][i] : 0ull;
-      }
-      total += c;
+  for (int half = kWarps / 2; half > 0; half >>= 1) {
+    __syncthreads();
+    if (warp < half) {
+      for (int i = lane; i < run; i += 32) w.buffer[run + i] = buffers[warp + half][i];
+      __syncwarp();
+      TopKSortRuns(w.buffer, 2 * run, run);
     }
-    __syncwarp();
-    TopKSortRuns(w.buffer, kWarps * run, run);
+  }
+  if (warp == 0) {
+    int total = 0;
+    for (int other = 0; other < kWarps; ++other) total += counts[other];
     w.count = min(total, w.k);
     w.sorted = true;
   }
@@ -309,26 +312,27 @@ __global__ void __launch_bounds__(kTopKThreads, kTopKBlocks<T>) TopKKernel(const
     }
     ms = Merge(ms, LocalMaxSum<T, U>(raw, a.scale), a.scale);
     if (g == first) {
-      // The bar's first value: the K-th largest of the J largest vector
-      // maxima of each lane (J = ceil(k / 32), distinct elements); at least
-      // K elements reach it.
-      const int per_lane = (a.k + 31) / 32;
-      float m0 = -INFINITY;
-      float m1 = -INFINITY;
+      // The bar's first value: the K-th largest of the lanes' maxima (K <=
+      // 32) or of every vector's maximum (U per lane); distinct elements, so
+      // at least K elements reach it. K = 64, normal data (host simulation):
+      // 81 of a warp's 512 float32 elements pass (227 with two maxima per lane).
+      if (a.k <= 32) {
+        float m = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < U; ++j) {
-        // m0, m1: the two largest of the lane's vector maxima (distinct elements).
-        // A NaN maximum is left out (fminf would count m0 twice).
-        const float v = VectorMax<T>(raw[j]);
-        if (v == v) {
-          m1 = fmaxf(m1, fminf(m0, v));
-          m0 = fmaxf(m0, v);
+        for (int j = 0; j < U; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
+        w.buffer[lane] = static_cast<unsigned long long>(TopKValueKey(m)) << 32;
+        w.count = 32;
+      } else {
+        // Every vector's maximum (NaN ones as -inf, a bound all the same).
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+          const float v = VectorMax<T>(raw[j]);
+          const unsigned key = TopKValueKey(v == v ? v : -INFINITY);
+          w.buffer[j * 32 + lane] = static_cast<unsigned long long>(key) << 32;
         }
+        w.count = 32 * U;
       }
-      w.buffer[lane] = static_cast<unsigned long long>(TopKValueKey(m0)) << 32;
-      if (per_lane > 1) w.buffer[32 + lane] = static_cast<unsigned long long>(TopKValueKey(m1)) << 32;
       __syncwarp();
-      w.count = 32 * per_lane;
       TopKSelect(w);
       w.bar = 0ull;  // the maxima held no index: the bar is a value only
       w.count = 0;
