@@ -389,18 +389,32 @@ __global__ void __launch_bounds__(kTopKThreads, kTopKBlocks<T>) TopKKernel(const
   if (!last) return;
   __threadfence();
   const MaxSum total = MergePartials(a.partials + row * a.parts, a.parts, a.scale, slots);
-  TopKWarp m{buffers[warp], 0, a.k, 0ull, -INFINITY, false, false, false};
+  // Each part's keys are sorted (0 past its count): warp w lays parts w,
+  // w + kWarps, ... out as runs of a power of two >= k and merges them
+  // (TopKSortRuns), keeping the best run when the buffer fills.
+  int run = 1;
+  while (run < a.k) run <<= 1;
+  const int run_slots = kTopKBuffer / run;
+  TopKWarp m{buffers[warp], 0, a.k, 0ull, -INFINITY, false, false, true};
+  int held = 0;
   for (int p = warp; p < a.parts; p += kWarps) {
-    const unsigned long long* keys = a.keys + (row * a.parts + p) * a.k;
-    for (int r0 = 0; r0 < a.k; r0 += 32) {
-      const int r = r0 + lane;
-      const unsigned long long key = r < a.k ? __ldcg(keys + r) : 0ull;
-      if (m.count + 32 > kTopKBuffer) TopKSelect(m);
-      TopKPush(m, key > m.bar, key);
-      __syncwarp();
+    if (held == run_slots) {
+      TopKSortRuns(m.buffer, kTopKBuffer, run);
+      held = 1;
     }
+    const unsigned long long* keys = a.keys + (row * a.parts + p) * a.k;
+    for (int r = lane; r < run; r += 32) {
+      m.buffer[held * run + r] = r < a.k ? __ldcg(keys + r) : 0ull;
+    }
+    ++held;
+    __syncwarp();
   }
-  TopKSelect(m);
+  int runs = 1;
+  while (runs < held) runs <<= 1;
+  for (int i = held * run + lane; i < runs * run; i += 32) m.buffer[i] = 0ull;
+  __syncwarp();
+  TopKSortRuns(m.buffer, runs * run, run);
+  m.count = held > 0 ? a.k : 0;  // a row's parts hold at least k elements (k <= n)
   TopKBlockMerge(m, buffers, counts);
   if (warp == 0) TopKWrite<T>(a, m, row, total);
 }
