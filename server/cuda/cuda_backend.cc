@@ -443,6 +443,25 @@ const char* StagedInput(const Batch& batch, const Piece& piece) {
   return static_cast<const char*>(segment.input) + piece.outer_begin * piece.slab_bytes;
 }
 
+// Runs `enqueue_and_wait` (queues a run's copies and kernels on `stream`
+// between the kernel_start and kernel_end events, and waits for it). On an
+// error, waits until whatever was queued is finished before the buffers go
+// back to the caches, where another slot could take them; on success adds
+// the kernels' time to `kernel_ns`.
+absl::Status RunAndTime(const std::function<absl::Status()>& enqueue_and_wait,
+                        cudaStream_t stream, cudaEvent_t kernel_start, cudaEvent_t kernel_end,
+                        int64_t* kernel_ns) {
+  if (absl::Status status = enqueue_and_wait(); !status.ok()) {
+    cudaStreamSynchronize(stream);
+    cudaGetLastError();
+    return status;
+  }
+  float kernel_ms = 0;
+  SOFTMAX_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, kernel_start, kernel_end));
+  *kernel_ns += static_cast<int64_t>(kernel_ms * 1e6);
+  return absl::OkStatus();
+}
+
 // Runs `pieces` through `staging` once: pack, H2D, one launch per dtype, D2H,
 // wait, unpack. Adds the kernel time and launches to the totals.
 //
@@ -571,16 +590,11 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(done, stream));
     return WaitForEvent(done, spin_us);
   };
-  if (absl::Status status = enqueue_and_wait(); !status.ok()) {
-    // Whatever was queued must be finished before the buffers go back to
-    // the caches, where another slot could take them.
-    cudaStreamSynchronize(stream);
-    cudaGetLastError();
+  if (absl::Status status =
+          RunAndTime(enqueue_and_wait, stream, kernel_start, kernel_end, kernel_ns);
+      !status.ok()) {
     return status;
   }
-  float kernel_ms = 0;
-  SOFTMAX_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, kernel_start, kernel_end));
-  *kernel_ns += static_cast<int64_t>(kernel_ms * 1e6);
 
   copies.clear();
   for (size_t k = 0; k < pieces.size(); ++k) {
@@ -788,14 +802,11 @@ absl::Status RunTopK(CachingAllocator& device_memory, CachingAllocator& pinned_m
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(done, stream));
     return WaitForEvent(done, spin_us);
   };
-  if (absl::Status status = enqueue_and_wait(); !status.ok()) {
-    cudaStreamSynchronize(stream);
-    cudaGetLastError();
+  if (absl::Status status =
+          RunAndTime(enqueue_and_wait, stream, kernel_start, kernel_end, kernel_ns);
+      !status.ok()) {
     return status;
   }
-  float kernel_ms = 0;
-  SOFTMAX_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, kernel_start, kernel_end));
-  *kernel_ns += static_cast<int64_t>(kernel_ms * 1e6);
   for (size_t k = 0; k < count; ++k) {
     const Segment& segment = batch.segments[segments[k]];
     const int64_t answers = segment.shape.rows() * segment.top_k;
