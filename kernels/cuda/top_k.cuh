@@ -131,7 +131,7 @@ __device__ __forceinline__ void TopKSortRuns(unsigned long long* buffer, int siz
   for (int k = 2 * run; k <= size; k <<= 1) {
     for (int j = k >> 1; j > 0; j >>= 1) {
       for (int t = lane; t < size / 2; t += 32) {
-        const int i = 2 * j * (t / j) + (t % j);
+        const int i = ((t & ~(j - 1)) << 1) | (t & (j - 1));  // 2 j (t / j) + t % j, j a power of two
         // First step of a level: i against its mirror in the block of k.
         const int l = j == (k >> 1) ? (i | (k - 1)) - (i & (k - 1)) : i + j;
         const unsigned long long a = buffer[i];
