@@ -31,9 +31,12 @@ constexpr std::chrono::milliseconds kCloseLinger(200);
 // Admission::HoldRefusals): Shutdown sends its GOAWAY at once, and
 // loopback clients read it well within this.
 constexpr std::chrono::milliseconds kHoldRefusalsAfterShutdown(100);
-// Once every request is answered, Shutdown waits this long for the idle
-// connections to go before it closes them: gRPC 1.51 otherwise waits until
-// each client closes its own after the GOAWAY (grpcio: about 4.5 s).
+// Once every request is answered and the held refusals are released,
+// Shutdown waits this long for the idle connections to go before it closes
+// them (cancelling what is left): gRPC 1.51 otherwise waits until each
+// client closes its own after the GOAWAY (grpcio: about 4.5 s). Counted from
+// when the release is due, not from Shutdown's start, so that the released
+// refusals keep this long to be written after the hold.
 constexpr std::chrono::milliseconds kCloseIdleConnectionsAfter(300);
 // The grace after a device fault, instead of --shutdown_grace_s: requests in
 // flight then fail INTERNAL at once, and this lets those answers reach
@@ -318,7 +321,8 @@ void Server::Drain() {
   std::this_thread::sleep_for(kCloseLinger);
   const absl::Time close_by =
       all_answered
-          ? std::min(grace_end, absl::Now() + absl::FromChrono(kCloseIdleConnectionsAfter))
+          ? std::min(grace_end, absl::Now() + absl::FromChrono(kHoldRefusalsAfterShutdown +
+                                                               kCloseIdleConnectionsAfter))
           : grace_end;
   shutdown_ = std::thread([this, close_by] {
     grpc_.server->Shutdown(absl::ToChronoTime(close_by));

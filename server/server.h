@@ -35,9 +35,10 @@
 //      endpoint has been stopping since step 4.
 //   7. kShutdownStarted: after kCloseLinger (callers read their last
 //      responses), grpc::Server::Shutdown starts on a thread of its own (it
-//      sends the GOAWAY; it closes the idle connections after
-//      kCloseIdleConnectionsAfter, or at the grace deadline when some
-//      request is still in flight), and kHoldRefusalsAfterShutdown passes.
+//      sends the GOAWAY; it closes the idle connections
+//      kCloseIdleConnectionsAfter after step 8 is due, or at the grace
+//      deadline when some request is still in flight), and
+//      kHoldRefusalsAfterShutdown passes.
 //   8. kHeldCallsReleased: Admission::ReleaseHeldCalls: the held
 //      calls are answered UNAVAILABLE. Drain returns here.
 //   Wait then joins the Shutdown, the gRPC server, /metrics and HTTP, and
