@@ -1,4 +1,4 @@
-// softmax-server: parses flags into ServerOptions, checks them, and runs a
+// softmax-server: parses flags into ServerOptions, validates them, and runs a
 // Server (server/server.h) until a signal: SIGINT / SIGTERM drain and exit 0;
 // a GPU fault exits 2; SIGHUP re-reads the tokens.
 #include <signal.h>
@@ -26,11 +26,6 @@ namespace {
 const softmax::server::ServerOptions kDefaults;
 // Raised by the GPU backend's fault handler to wake the signal loop.
 constexpr int kFaultSignal = SIGUSR1;
-// An hour: longer batching delays are a mistake, and bounding them keeps the
-// batcher's time arithmetic far from overflow.
-constexpr int64_t kMaxQueueDelayUs = int64_t{3600} * 1000 * 1000;
-// gRPC takes the connection age in int milliseconds: about 24 days at most.
-constexpr int64_t kMaxConnectionAgeS = int64_t{24} * 24 * 3600;
 }  // namespace
 
 ABSL_FLAG(std::string, grpc_address, kDefaults.grpc_address,
@@ -181,37 +176,8 @@ int Run(const ServerOptions& options) {
   if (absl::Status configured = logging::ConfigureLogging(log_options); !configured.ok()) {
     return Fail(configured);
   }
-  if (options.max_tensor_bytes <= 0 || options.max_batch_rows <= 0 ||
-      options.max_batch_bytes <= 0 || options.max_queued_requests <= 0 ||
-      options.max_concurrent_streams <= 0) {
-    return Fail(absl::InvalidArgumentError(
-        "--max_tensor_bytes, --max_batch_rows, --max_batch_bytes, --max_queued_requests "
-        "and --max_concurrent_streams must be positive"));
-  }
-  if (options.max_connection_age_s < 0 || options.max_connection_age_s > kMaxConnectionAgeS) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--max_connection_age_s: 0 (no maximum) to ", kMaxConnectionAgeS, ", got ",
-        options.max_connection_age_s)));
-  }
-  if (options.max_stream_age_s < 0 || options.max_stream_age_s > kMaxConnectionAgeS) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--max_stream_age_s: 0 (no maximum) to ", kMaxConnectionAgeS, ", got ",
-        options.max_stream_age_s)));
-  }
-  if (options.max_held_bytes < 0) {
-    return Fail(absl::InvalidArgumentError("--max_held_bytes: must be >= 0 (0: no bound)"));
-  }
-  if (options.max_queue_delay_us < 0 || options.shutdown_grace_s < 0 ||
-      options.inject_fault_after_batches < 0) {
-    return Fail(absl::InvalidArgumentError(
-        "--max_queue_delay_us, --shutdown_grace_s and SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES "
-        "must not be negative"));
-  }
-  if (options.max_queue_delay_us > kMaxQueueDelayUs) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--max_queue_delay_us: at most ", kMaxQueueDelayUs, " (an hour), got ",
-        options.max_queue_delay_us)));
-  }
+  // The same checks as Server::Start's, before anything else is set up.
+  if (absl::Status valid = Validate(options); !valid.ok()) return Fail(valid);
   RaiseOpenFileLimit();
   // Before any other thread starts allocating (glibc's malloc only: tcmalloc
   // needs no settings).

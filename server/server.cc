@@ -77,6 +77,7 @@ Server::~Server() {
 }
 
 absl::Status Server::Start() {
+  if (absl::Status valid = Validate(options_); !valid.ok()) return valid;
   absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options_.device);
   if (!spec.ok()) return spec.status();
   absl::StatusOr<SharedMemoryMode> shared_memory_mode =

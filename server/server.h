@@ -131,14 +131,13 @@ class Server {
 
   // Brings everything up (see the top of this file) and listens; health is
   // SERVING once it returns OK. Errors are the failing part's own status,
-  // for the caller to report: INVALID_ARGUMENT for --device,
-  // --shared_memory or TLS files it cannot use,
+  // for the caller to report: Validate(options)'s INVALID_ARGUMENT first,
+  // then INVALID_ARGUMENT for TLS files it cannot use,
   // FAILED_PRECONDITION for a GPU asked for and absent, INTERNAL for a
   // failed warm-up softmax, UNAVAILABLE for an address that cannot be bound,
   // FAILED_PRECONDITION for a --listening_file it cannot write.
   // The server is then unusable (destroy it).
-  // REQUIRES: called once; `options` valid as softmax-server's main checks
-  // them (positive limits, ranges).
+  // REQUIRES: called once.
   absl::Status Start();
 
   // Runs steps 1 to 8 of the drain (see the top of this file) and returns

@@ -1,6 +1,7 @@
 // Everything softmax-server is configured with, one field per flag. main.cc
 // fills it from the command line and hands it to Server (server/server.h);
-// nothing else reads flags. What each flag means is written once, in its
+// nothing else reads flags. Validate checks what every field must be, for
+// softmax-server and for code that embeds a Server alike. What each flag means is written once, in its
 // help text in main.cc (`softmax-server --help`); the measured tuning values
 // that are no flags are named constants beside the code they tune
 // (scheduler.cc, batcher.h, cuda_backend.h, common/malloc_tuning.h; the
@@ -12,7 +13,15 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+
 namespace softmax::server {
+
+// An hour: longer batching delays are a mistake, and bounding them keeps the
+// batcher's time arithmetic far from overflow.
+inline constexpr int64_t kMaxQueueDelayUs = int64_t{3600} * 1000 * 1000;
+// gRPC takes the connection age in int milliseconds: about 24 days at most.
+inline constexpr int64_t kMaxConnectionAgeS = int64_t{24} * 24 * 3600;
 
 struct ServerOptions {
   std::string grpc_address = "0.0.0.0:50051";
@@ -52,6 +61,13 @@ struct ServerOptions {
   // passes its own (SOFTMAX_GIT_REVISION).
   std::string revision = "unknown";
 };
+
+// OK when `options` can be served; otherwise INVALID_ARGUMENT naming the
+// first flag out of range or unreadable ("--max_batch_rows: must be
+// positive, got 0"). Server::Start calls it first; softmax-server's main
+// before it configures anything. Files and addresses are checked where they
+// are used (Start), not here.
+absl::Status Validate(const ServerOptions& options);
 
 }  // namespace softmax::server
 

@@ -228,6 +228,15 @@ TEST(ServerTest, StartReturnsErrorsInsteadOfExiting) {
     EXPECT_EQ(started.code(), absl::StatusCode::kInvalidArgument) << started;
   }
   {
+    // Start refuses what Validate refuses, with its message.
+    ServerOptions options = QueueingOptions();
+    options.max_batch_rows = 0;
+    Server server(options);
+    const absl::Status started = server.Start();
+    EXPECT_EQ(started, Validate(options)) << started;
+    EXPECT_EQ(started.code(), absl::StatusCode::kInvalidArgument) << started;
+  }
+  {
     ServerOptions options = QueueingOptions();
     options.auth_tokens_file = "/nonexistent/tokens";
     Server server(options);
