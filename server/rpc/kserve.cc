@@ -1,6 +1,5 @@
 #include "server/rpc/kserve.h"
 
-#include "server/logging/log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +11,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/logging/log.h"
 #include "server/rpc/validation.h"
 
 namespace softmax::server::kserve {
@@ -381,25 +379,6 @@ void ModelStatistics::RecordFailure(Model model, int64_t total_ns) {
   c.fail_count.fetch_add(1, std::memory_order_relaxed);
   c.fail_ns.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, total_ns)),
                       std::memory_order_relaxed);
-}
-
-void RecordInference(ModelStatistics* statistics, Metrics* metrics, RpcMethod method,
-                     const std::optional<Model>& model, const absl::Status& status,
-                     int64_t elapsed_ns, int64_t data_bytes, const RequestTiming& timing,
-                     absl::FunctionRef<std::string()> peer) {
-  if (model.has_value()) {
-    if (status.ok()) {
-      statistics->RecordSuccess(*model, elapsed_ns, timing);
-    } else {
-      statistics->RecordFailure(*model, elapsed_ns);
-    }
-  }
-  const double seconds = static_cast<double>(elapsed_ns) * 1e-9;
-  if (metrics != nullptr) metrics->RecordRequest(method, status.code(), seconds, 2 * data_bytes);
-  const char* name = method == RpcMethod::kModelInfer         ? "ModelInfer"
-                     : method == RpcMethod::kModelStreamInfer ? "ModelStreamInfer"
-                                                              : "http_infer";
-  logging::LogAccess(name, status.code(), 2 * data_bytes, seconds, peer);
 }
 
 inference::ModelStatistics ModelStatistics::Get(Model model) const {

@@ -29,7 +29,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "inference/grpc_service.pb.h"
 #include "kernels/dtype.h"
@@ -232,16 +231,6 @@ class ModelStatistics {
   };
   std::array<Counters, kModelCount> models_;
 };
-
-// One finished inference, for both KServe front-ends: its model's
-// statistics (when the model was known), the request metrics (`metrics` may
-// be null) and the access log line. `data_bytes` is the request's input
-// size (its output is as large); `timing` the batcher's, read on success;
-// `peer` names the caller, called only when the line is logged.
-void RecordInference(ModelStatistics* statistics, Metrics* metrics, RpcMethod method,
-                     const std::optional<Model>& model, const absl::Status& status,
-                     int64_t elapsed_ns, int64_t data_bytes, const RequestTiming& timing,
-                     absl::FunctionRef<std::string()> peer);
 
 // The HTTP status of a canonical code, as the KServe HTTP API uses them.
 int HttpStatus(absl::StatusCode code);

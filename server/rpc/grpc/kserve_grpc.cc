@@ -25,21 +25,10 @@
 namespace softmax::server {
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
-
-int64_t NanosSince(SteadyClock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - start)
-      .count();
-}
-
-// Statistics, metrics and access log of a finished request.
-void Record(KServeGrpcService* service, RpcMethod method, const InferCall& call,
-            const absl::Status& status) {
-  kserve::RecordInference(
-      service->statistics(), service->front_end().metrics, method,
-      call.model_known ? std::optional<kserve::Model>(call.model) : std::nullopt, status,
-      NanosSince(call.start), call.data_bytes, call.timing,
-      [&call] { return call.context->peer(); });
+// The record of a finished request (request_record.h).
+void Record(KServeGrpcService* service, const InferCall& call, const absl::Status& status) {
+  WriteRequestRecord(call.record, status, {service->front_end().metrics, service->statistics()},
+                     [&call] { return call.context->peer(); });
 }
 
 // Parses `buffer` into `request` and starts `call` (owned by the completion
@@ -75,7 +64,7 @@ void StartInfer(KServeGrpcService* service, grpc::CallbackServerContext* context
   Responder responder;
   responder.hold_refusals = hold_refusals;
   responder.done = [call, complete](const absl::Status& outcome, const RequestTiming& timing) {
-    call->timing = timing;
+    call->record.timing = timing;
     complete(std::unique_ptr<InferCall>(call), outcome);
   };
   Submit(front_end, std::move(submitted), kserve::FieldNamesFor(call->parts),
@@ -106,6 +95,7 @@ class StreamInferHandler {
     // The call submits with the entry's ticket and gives both back with
     // its outcome, for the entry to keep until its answer is written.
     auto call = std::make_unique<InferCall>();
+    call->record.method = RpcMethod::kModelStreamInfer;
     call->admitted = std::move(entry->admitted);
     StartInfer(service_, context_, &entry->incoming, &entry->request, std::move(call),
                std::move(is_cancelled), /*hold_refusals=*/false,
@@ -133,7 +123,7 @@ class StreamInferHandler {
       error.mutable_infer_response()->set_model_name(entry.request.model_name());
       SerializeMessage(error, &entry.outgoing).IgnoreError();
     }
-    Record(service_, RpcMethod::kModelStreamInfer, *entry.call, outcome);
+    Record(service_, *entry.call, outcome);
     entry.call.reset();
     entry.request.Clear();
     return true;
@@ -291,7 +281,7 @@ grpc::ServerUnaryReactor* KServeGrpcService::ModelInfer(grpc::CallbackServerCont
           OutputView view = FillInferResponse(done.get(), &answer);
           outcome = SerializeInferResponse(&answer, std::move(view), false, response);
         }
-        Record(this, RpcMethod::kModelInfer, *done, outcome);
+        Record(this, *done, outcome);
         reactor->admitted = std::move(done->admitted);
         done.reset();
         reactor->Finish(ToGrpcStatus(outcome));

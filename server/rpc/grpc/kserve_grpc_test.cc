@@ -197,6 +197,91 @@ TEST(KServeGrpcTest, LargeTensorsTravelThroughPooledBuffers) {
   EXPECT_LE(pool.idle_buffers(), 2u);  // at most two calls were in flight at once
 }
 
+// softmax_requests_total of `method`, every code summed.
+double RequestsCounted(Metrics& metrics, const std::string& method) {
+  double total = 0;
+  for (const auto& family : metrics.Collect()) {
+    if (family.name != "softmax_requests_total") continue;
+    for (const auto& metric : family.metric) {
+      for (const auto& label : metric.label) {
+        if (label.name == "method" && label.value == method) total += metric.counter.value;
+      }
+    }
+  }
+  return total;
+}
+
+// Every answered request leaves exactly one record (request_record.h),
+// whichever gRPC front-end and whichever way it ended: the request counters
+// equal the answers, and the KServe statistics count each request of a known
+// model once, as a success or a failure.
+TEST(KServeGrpcTest, EveryAnswerIsRecordedExactlyOnce) {
+  Harness harness;
+  // KServe unary: 2 answered, 1 invalid, 1 of no such model (no statistics).
+  for (int i = 0; i < 4; ++i) {
+    inference::ModelInferRequest request = Request(std::to_string(i), Values(8, 1.0f), 2, false);
+    if (i == 2) (*request.mutable_parameters())["temperature"].set_double_param(-1.0);
+    if (i == 3) request.set_model_name("no_such_model");
+    grpc::ClientContext context;
+    inference::ModelInferResponse response;
+    const grpc::Status status = harness.stub->ModelInfer(&context, request, &response);
+    EXPECT_EQ(status.ok(), i < 2) << i << ": " << status.error_message();
+  }
+  // KServe stream: 3 answered, 1 invalid (in band).
+  {
+    grpc::ClientContext context;
+    auto stream = harness.stub->ModelStreamInfer(&context);
+    for (int i = 0; i < 4; ++i) {
+      inference::ModelInferRequest request = Request(std::to_string(i), Values(8, 1.0f), 2, true);
+      if (i == 1) (*request.mutable_parameters())["temperature"].set_double_param(-1.0);
+      ASSERT_TRUE(stream->Write(request));
+    }
+    stream->WritesDone();
+    inference::ModelStreamInferResponse response;
+    int answered = 0;
+    while (stream->Read(&response)) ++answered;
+    EXPECT_TRUE(stream->Finish().ok());
+    EXPECT_EQ(answered, 4);
+  }
+  // softmax.v1 unary: 1 answered, 1 invalid; stream: 2 answered, 1 invalid.
+  auto v1_stub = v1::SoftmaxService::NewStub(harness.channel);
+  auto v1_request = [](bool valid) {
+    v1::SoftmaxRequest request;
+    request.mutable_input()->set_dtype(v1::DTYPE_FLOAT32);
+    request.mutable_input()->add_shape(2);
+    request.mutable_input()->set_data(std::string(valid ? 8 : 5, '\0'));
+    return request;
+  };
+  for (bool valid : {true, false}) {
+    grpc::ClientContext context;
+    v1::SoftmaxResponse response;
+    EXPECT_EQ(v1_stub->Softmax(&context, v1_request(valid), &response).ok(), valid);
+  }
+  {
+    grpc::ClientContext context;
+    auto stream = v1_stub->SoftmaxStream(&context);
+    for (bool valid : {true, false, true}) ASSERT_TRUE(stream->Write(v1_request(valid)));
+    stream->WritesDone();
+    v1::SoftmaxResponse response;
+    int answered = 0;
+    while (stream->Read(&response)) ++answered;
+    stream->Finish().IgnoreError();
+    EXPECT_EQ(answered, 3);
+  }
+  Metrics& metrics = *harness.metrics;
+  EXPECT_EQ(RequestsCounted(metrics, "ModelInfer"), 4);
+  EXPECT_EQ(RequestsCounted(metrics, "ModelStreamInfer"), 4);
+  EXPECT_EQ(RequestsCounted(metrics, "Softmax"), 2);
+  EXPECT_EQ(RequestsCounted(metrics, "SoftmaxStream"), 3);
+  const kserve::ModelStatistics& statistics = harness.front_ends->statistics;
+  const inference::ModelStatistics softmax = statistics.Get(kserve::Model::kSoftmax);
+  const inference::ModelStatistics log = statistics.Get(kserve::Model::kLogSoftmax);
+  EXPECT_EQ(softmax.inference_count(), 2u);
+  EXPECT_EQ(softmax.inference_stats().fail().count(), 1u);
+  EXPECT_EQ(log.inference_count(), 3u);
+  EXPECT_EQ(log.inference_stats().fail().count(), 1u);
+}
+
 TEST(KServeGrpcTest, StreamAnswersEveryRequestAndErrorsInBand) {
   Harness harness;
   grpc::ClientContext context;

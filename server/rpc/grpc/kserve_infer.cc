@@ -94,8 +94,7 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request,
   absl::StatusOr<kserve::Model> model =
       kserve::FindModel(request->model_name(), request->model_version());
   if (!model.ok()) return model.status();
-  call->model_known = true;
-  call->model = *model;
+  call->record.model = *model;
 
   kserve::InferRequestParts& parts = call->parts;
   parts.model_name = request->model_name();
@@ -155,11 +154,11 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request,
       if (!bytes.ok()) return bytes.status();
       parts.input_data = std::move(*bytes);
     }
-    call->data_bytes = parts.input_region.has_value()
-                           ? parts.input_region->byte_size
-                           : static_cast<int64_t>(parts.input_data.size());
+    call->record.data_bytes = parts.input_region.has_value()
+                                  ? parts.input_region->byte_size
+                                  : static_cast<int64_t>(parts.input_data.size());
   }
-  kserve::Model built = call->model;
+  kserve::Model built = *call->record.model;
   SOFTMAX_RETURN_IF_ERROR(kserve::BuildInferenceRequest(&parts, &built, out));
   SOFTMAX_RETURN_IF_ERROR(kserve::BindRegions(parts, shared_memory, out, &call->leases));
   call->dtype = out->dtype;
@@ -173,7 +172,7 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request,
 
 OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out) {
   const kserve::InferRequestParts& parts = call->parts;
-  out->set_model_name(kserve::ModelName(call->model));
+  out->set_model_name(kserve::ModelName(*call->record.model));
   out->set_model_version(kserve::kModelVersion);
   out->set_id(parts.id);
   auto* output = out->add_outputs();

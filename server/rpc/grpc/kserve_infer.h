@@ -22,6 +22,7 @@
 #include "server/rpc/tensor_buffer_pool.h"
 #include "server/scheduling/admission.h"
 #include "server/scheduling/inference_request.h"
+#include "server/rpc/request_record.h"
 #include "server/shm/shared_memory.h"
 
 namespace softmax::server {
@@ -36,10 +37,9 @@ struct InferCall {
   }
   // Where its large tensor buffers go back to (the service's pool).
   std::shared_ptr<TensorBufferPool> buffers;
-  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  bool model_known = false;
-  kserve::Model model = kserve::Model::kSoftmax;
-  int64_t data_bytes = 0;
+  // What it leaves behind once answered (its model once known, its input
+  // bytes, the batcher's timing); the stream's sets its method.
+  RequestRecord record{RpcMethod::kModelInfer};
   // The request as read: its id, shape and input bytes (the submitted
   // request's input is a view of parts.input_data).
   kserve::InferRequestParts parts;
@@ -49,7 +49,6 @@ struct InferCall {
   std::string output;
   OutputView view;
   TopKResult top_k_result;
-  RequestTiming timing;
   inference::ModelInferRequest message;  // the unary call's parsed request
   // The answer's outputs (kserve::AnswerOutputs).
   std::vector<kserve::AnswerOutput> outputs = {kserve::AnswerOutput::kOutput};

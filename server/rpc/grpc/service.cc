@@ -5,6 +5,7 @@
 #include <deque>
 #include <optional>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <utility>
 
@@ -20,17 +21,12 @@
 #include "server/rpc/grpc/status_util.h"
 #include "server/rpc/grpc/stream_reactor.h"
 #include "server/rpc/grpc/wire.h"
+#include "server/rpc/request_record.h"
 #include "server/rpc/softmax_v1.h"
 
 namespace softmax::server {
 
 namespace {
-
-using SteadyClock = std::chrono::steady_clock;
-
-double SecondsSince(SteadyClock::time_point start) {
-  return std::chrono::duration<double>(SteadyClock::now() - start).count();
-}
 
 // Unary call: finished from whichever thread completes the request, and
 // counted as in flight (its ticket, Admission::Submit's) until OnDone.
@@ -44,7 +40,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
         metrics_(front_end.metrics),
         context_(context),
         response_buffer_(response_buffer),
-        start_(SteadyClock::now()) {}
+        record_(RpcMethod::kSoftmax) {}
 
   v1::SoftmaxRequest& request() { return request_; }
   v1::SoftmaxResponse& response() { return response_; }
@@ -53,15 +49,11 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   // Its ticket and share of the memory budget, given back once it is sent.
   Admission::Admitted* admitted() { return &admitted_; }
   // The request's input data size (its output is as large), for the metrics.
-  void set_data_bytes(int64_t bytes) { data_bytes_ = bytes; }
+  void set_data_bytes(int64_t bytes) { record_.data_bytes = bytes; }
 
   void Complete(const absl::Status& status, const RequestTiming& timing = RequestTiming{}) {
     if (status.ok()) FinishSoftmaxV1Response(request_, timing, &top_k_, &response_);
-    if (metrics_ != nullptr) {
-      metrics_->RecordRequest(RpcMethod::kSoftmax, status.code(), SecondsSince(start_),
-                              2 * data_bytes_);
-    }
-    logging::LogAccess("Softmax", status.code(), 2 * data_bytes_, SecondsSince(start_),
+    WriteRequestRecord(record_, status, {metrics_, nullptr},
                        [this] { return context_->peer(); });
     absl::Status outcome = status;
     if (outcome.ok()) {
@@ -81,8 +73,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   Metrics* const metrics_;
   grpc::CallbackServerContext* const context_;  // valid until OnDone
   grpc::ByteBuffer* const response_buffer_;
-  const SteadyClock::time_point start_;
-  int64_t data_bytes_ = 0;
+  RequestRecord record_;  // its start and input bytes
   v1::SoftmaxRequest request_;
   v1::SoftmaxResponse response_;
   OutputView view_;
@@ -112,8 +103,8 @@ class SoftmaxStreamHandler {
     TopKResult top_k;           // the top K, when asked for
     grpc::ByteBuffer outgoing;  // the response as written (its first chunk)
     std::deque<grpc::ByteBuffer> more_outgoing;  // its later chunks, in order
-    SteadyClock::time_point start;
-    int64_t data_bytes = 0;  // the request's input bytes, as received
+    // Its start and input bytes as received (a chunk's, until it is whole).
+    RequestRecord record{RpcMethod::kSoftmaxStream};
     // In flight from its read until answered (StreamReactor): its ticket,
     // and its share of the memory budget (Submit's, or its chunks').
     Admission::Admitted admitted;
@@ -135,7 +126,7 @@ class SoftmaxStreamHandler {
 
   void Start(Entry* entry, std::function<bool()> is_cancelled,
              std::function<void(const absl::Status&)> done) {
-    entry->start = SteadyClock::now();
+    entry->record.start = std::chrono::steady_clock::now();
     Started started{entry, std::move(is_cancelled), std::move(done)};
     // A later chunk of a tensor being assembled is copied from the message
     // as it lies, without parsing it into entry->request first.
@@ -144,7 +135,7 @@ class SoftmaxStreamHandler {
       if (ReadLaterChunk(entry->incoming, kRequestChunkFields, &chunk)) {
         std::optional<ChunkAssembler<Started>::Step> step = assembler_->OfferLater(chunk);
         if (step.has_value()) {
-          entry->data_bytes = chunk.data_bytes;
+          entry->record.data_bytes = chunk.data_bytes;
           chunk = ChunkView{};
           entry->incoming.Clear();
           Handle(std::move(started), *std::move(step));
@@ -155,7 +146,7 @@ class SoftmaxStreamHandler {
     const absl::Status parsed =
         ParseRequestMessage(&entry->incoming, front_end_.buffers.get(), &entry->request);
     // Read before Dispatch, which may move the input bytes into the output.
-    entry->data_bytes = static_cast<int64_t>(entry->request.input().data().size());
+    entry->record.data_bytes = static_cast<int64_t>(entry->request.input().data().size());
     if (!parsed.ok()) {
       started.done(parsed);
       return;
@@ -241,7 +232,7 @@ class SoftmaxStreamHandler {
         whole->response_chunk_bytes = std::max(step.largest_chunk, kMinResponseChunkBytes);
         whole->admitted.budget = std::move(step.lease);
         if (step.staged.data != nullptr) {
-          whole->data_bytes = step.staged.bytes;
+          whole->record.data_bytes = step.staged.bytes;
           InputTensor staged;
           staged.data = step.staged.data;
           staged.bytes = step.staged.bytes;
@@ -249,7 +240,7 @@ class SoftmaxStreamHandler {
           staged.staged = std::move(step.staged.owner);
           Dispatch(*std::move(step.owner), &staged);
         } else {
-          whole->data_bytes = static_cast<int64_t>(whole->request.input().data().size());
+          whole->record.data_bytes = static_cast<int64_t>(whole->request.input().data().size());
           Dispatch(*std::move(step.owner));
         }
         return;
@@ -328,12 +319,8 @@ class SoftmaxStreamHandler {
   }
 
   void Record(const Entry& entry, const absl::Status& status) {
-    if (front_end_.metrics != nullptr) {
-      front_end_.metrics->RecordRequest(RpcMethod::kSoftmaxStream, status.code(),
-                                         SecondsSince(entry.start), 2 * entry.data_bytes);
-    }
-    logging::LogAccess("SoftmaxStream", status.code(), 2 * entry.data_bytes,
-                       SecondsSince(entry.start), [this] { return context_->peer(); });
+    WriteRequestRecord(entry.record, status, {front_end_.metrics, nullptr},
+                       [this] { return context_->peer(); });
   }
 
   // The per-request error response for `status`.

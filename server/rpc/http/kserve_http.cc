@@ -26,13 +26,13 @@
 #include "common/civetweb_stop.h"
 #include "server/logging/log.h"
 #include "server/rpc/dispatch.h"
+#include "server/rpc/request_record.h"
 #include "server/rpc/status_macros.h"
 
 namespace softmax::server {
 namespace {
 
 using Json = nlohmann::json;
-using SteadyClock = std::chrono::steady_clock;
 
 // Bytes a body may carry beyond its tensor's (JSON header, framing), and
 // the most bytes of JSON text per tensor byte accepted ("-1.2345678e-05, "
@@ -418,26 +418,25 @@ absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_lengt
 
 namespace {
 
+// The caller's address, for the access log.
+std::string Peer(mg_connection* connection) {
+  const mg_request_info* info = mg_get_request_info(connection);
+  return absl::StrCat(info->remote_addr, ":", info->remote_port);
+}
+
 // POST .../infer: reads the body, answers it; returns the HTTP status sent.
 int Infer(mg_connection* connection, const std::string& name, const std::string& version,
           const FrontEnd& front_end, kserve::ModelStatistics* statistics,
           const SharedMemoryManager* shared_memory) {
   const int64_t max_tensor_bytes = front_end.limits.max_tensor_bytes;
-  const SteadyClock::time_point start = SteadyClock::now();
-  int64_t data_bytes = 0;
-  std::optional<kserve::Model> known_model;
+  RequestRecord record(RpcMethod::kHttpInfer);
   auto finish = [&](const Reply& reply, const absl::Status& status,
                     const RequestTiming* timing) {
     Send(connection, reply);
-    const int64_t elapsed =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - start)
-            .count();
-    kserve::RecordInference(statistics, front_end.metrics, RpcMethod::kHttpInfer, known_model,
-                            status, elapsed, data_bytes,
-                            timing != nullptr ? *timing : RequestTiming{}, [connection] {
-                              const mg_request_info* info = mg_get_request_info(connection);
-                              return absl::StrCat(info->remote_addr, ":", info->remote_port);
-                            });
+    if (timing != nullptr) record.timing = *timing;
+    WriteRequestRecord(record, status, {front_end.metrics, statistics}, [connection] {
+      return Peer(connection);
+    });
     return reply.status;
   };
   auto fail = [&](const absl::Status& status) {
@@ -446,7 +445,7 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
 
   absl::StatusOr<kserve::Model> model = kserve::FindModel(name, version);
   if (!model.ok()) return fail(model.status());
-  known_model = *model;
+  record.model = *model;
 
   const mg_request_info* info = mg_get_request_info(connection);
   const int64_t max_body =
@@ -483,8 +482,9 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
   HttpInferOptions options;
   absl::Status status = ParseHttpInferRequest(body, header_length, &parts, &options);
   body = std::string();
-  data_bytes = parts.input_region.has_value() ? parts.input_region->byte_size
-                                              : static_cast<int64_t>(parts.input_data.size());
+  record.data_bytes = parts.input_region.has_value()
+                          ? parts.input_region->byte_size
+                          : static_cast<int64_t>(parts.input_data.size());
   kserve::Model built = *model;
   InferenceRequest request;
   if (status.ok()) status = kserve::BuildInferenceRequest(&parts, &built, &request);
@@ -702,9 +702,10 @@ int KServeHttpServer::Handle(mg_connection* connection) {
     const absl::Status allowed =
         front_end_.authenticator->CheckHeader(authorization != nullptr ? authorization : "");
     if (!allowed.ok()) {
-      if (Metrics* metrics = front_end_.metrics;
-          metrics != nullptr && segments.back() == "infer") {
-        metrics->RecordRequest(RpcMethod::kHttpInfer, allowed.code(), 0.0, 0);
+      if (segments.back() == "infer") {
+        WriteRequestRecord(RequestRecord(RpcMethod::kHttpInfer), allowed,
+                           {front_end_.metrics, statistics_},
+                           [connection] { return Peer(connection); });
       }
       return reply_and_return(ErrorReply(allowed));
     }
