@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -138,7 +139,7 @@ absl::Status Server::Start() {
   // No --metrics_address: no Metrics object, so nothing is recorded at all.
   const int64_t max_queued_bytes = MaxQueuedBytes(options_.max_held_bytes);
   if (!options_.metrics_address.empty()) {
-    absl::StatusOr<std::unique_ptr<Metrics>> created = Metrics::Create(options_.metrics_address);
+    absl::StatusOr<std::unique_ptr<Metrics>> created = Metrics::Create("");
     if (!created.ok()) return created.status();
     metrics_ = std::move(*created);
     metrics_->SetBackends(observed);
@@ -225,10 +226,16 @@ absl::Status Server::Start() {
         {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file});
     if (!tls.ok()) return tls;
   }
-  absl::StatusOr<RunningServer> grpc = StartGrpcServer(grpc_options, service_.get());
-  if (!grpc.ok()) return grpc.status();
-  grpc_ = std::move(*grpc);
-
+  // The listeners, in the order they start (they stop in reverse): /metrics,
+  // gRPC (health SERVING from here), then the KServe HTTP endpoint.
+  if (metrics_ != nullptr) {
+    listeners_.push_back(
+        std::make_unique<MetricsExposer>(metrics_.get(), options_.metrics_address));
+    metrics_exposer_ = listeners_.back().get();
+  }
+  auto grpc = std::make_unique<GrpcListener>(std::move(grpc_options), service_.get());
+  grpc_ = grpc.get();
+  listeners_.push_back(std::move(grpc));
   if (!options_.http_address.empty()) {
     HttpServerOptions http_options;
     http_options.address = options_.http_address;
@@ -236,18 +243,16 @@ absl::Status Server::Start() {
     http_options.shared_memory = shared_memory_.get();
     http_options.tls = {options_.tls_cert_file, options_.tls_key_file,
                         options_.tls_client_ca_file};
-    absl::StatusOr<std::unique_ptr<KServeHttpServer>> started =
-        KServeHttpServer::Start(http_options, front_end_, &kserve_statistics_);
-    if (!started.ok()) return started.status();
-    http_ = std::move(*started);
+    listeners_.push_back(
+        std::make_unique<KServeHttpServer>(http_options, front_end_, &kserve_statistics_));
+    http_ = listeners_.back().get();
+  }
+  for (const std::unique_ptr<Listener>& listener : listeners_) {
+    if (absl::Status started = listener->Start(); !started.ok()) return started;
   }
 
-  const size_t colon = options_.grpc_address.rfind(':');
-  const std::string grpc_host = colon == std::string::npos
-                                    ? options_.grpc_address
-                                    : options_.grpc_address.substr(0, colon);
   if (metrics_ != nullptr) metrics_->SetServing(true);
-  const std::string grpc_address = absl::StrCat(grpc_host, ":", grpc_.port);
+  const std::string grpc_address = grpc_->BoundAddress();
   logging::LogInfo("listening", {{"grpc", grpc_address},
                                  {"http", http_address()},
                                  {"metrics", metrics_address()}});
@@ -278,7 +283,7 @@ void Server::Drain() {
   // Health first, so balancers stop sending; refuse new requests with a
   // retryable UNAVAILABLE for the lame-duck period; then stop accepting and
   // let the RPCs in flight finish (the batcher keeps running for them).
-  SetServing(grpc_.server.get(), false);
+  grpc_->SetServing(false);
   if (metrics_ != nullptr) metrics_->SetServing(false);
   AfterStep(DrainStep::kNotServing);
   admission_->StartDraining();
@@ -291,15 +296,11 @@ void Server::Drain() {
   // Logged, so that the lame duck's length can be read off the server's own
   // clock (tests/test_shutdown.py), whatever the rest of the drain takes.
   logging::LogInfo("lame duck over; closing the listeners");
-  // The lame duck is over: /metrics and the HTTP endpoint go too (each stop
-  // takes about a second, spent beside the rest of the shutdown; the batcher
-  // has answered every HTTP request it admitted).
-  stop_metrics_ = std::thread([this] {
-    if (metrics_ != nullptr) metrics_->StopExposer();
-  });
-  stop_http_ = std::thread([this] {
-    if (http_ != nullptr) http_->Stop();
-  });
+  // The lame duck is over: every listener stops accepting, in reverse order.
+  // /metrics and the HTTP endpoint stop now (each stop takes about a second,
+  // spent beside the rest of the shutdown; the batcher has answered every
+  // HTTP request it admitted); gRPC keeps its port until its Shutdown below.
+  for (auto it = listeners_.rbegin(); it != listeners_.rend(); ++it) (*it)->StopAccepting();
   AfterStep(DrainStep::kLameDuckOver);
   // Let every accepted request be answered, then give the callers a moment
   // to read their last responses before the connections close (see
@@ -325,9 +326,8 @@ void Server::Drain() {
           ? std::min(grace_end, absl::Now() + absl::FromChrono(kHoldRefusalsAfterShutdown +
                                                                kCloseIdleConnectionsAfter))
           : grace_end;
-  shutdown_ = std::thread([this, close_by] {
-    grpc_.server->Shutdown(absl::ToChronoTime(close_by));
-  });
+  // gRPC's Shutdown sends the GOAWAY; the others are stopping already.
+  for (auto it = listeners_.rbegin(); it != listeners_.rend(); ++it) (*it)->Shutdown(close_by);
   std::this_thread::sleep_for(kHoldRefusalsAfterShutdown);
   AfterStep(DrainStep::kShutdownStarted);
   admission_->ReleaseHeldCalls();
@@ -341,10 +341,7 @@ void Server::Wait() {
     waited_ = true;
   }
   drained_.WaitForNotification();
-  shutdown_.join();
-  grpc_.server->Wait();
-  stop_metrics_.join();
-  stop_http_.join();
+  for (auto it = listeners_.rbegin(); it != listeners_.rend(); ++it) (*it)->Wait();
   logging::LogInfo("stopped");
 }
 
@@ -360,7 +357,7 @@ std::string Server::http_address() const {
 }
 
 std::string Server::metrics_address() const {
-  return metrics_ != nullptr ? metrics_->BoundAddress() : "off";
+  return metrics_exposer_ != nullptr ? metrics_exposer_->BoundAddress() : "off";
 }
 
 void Server::AfterStep(DrainStep step) {

@@ -8,8 +8,9 @@
 // anything listens; the metrics; the scheduler and the batcher; the token
 // check; the memory budget; Admission, the one door into the batcher, and the
 // FrontEnd every protocol shares; softmax.v1 (SoftmaxServiceImpl);
-// the KServe v2 gRPC service and shared-memory regions; the gRPC server (health
-// SERVING from here); the KServe HTTP endpoint; then the "listening" line and
+// the KServe v2 gRPC service and shared-memory regions; then the listeners
+// (server/listener.h), started in order: /metrics, the gRPC server (health
+// SERVING from here), the KServe HTTP endpoint; then the "listening" line and
 // the listening file (server/listening_file.h).
 //
 // The drain (Drain, then Wait), step by step. Each step is a DrainStep,
@@ -22,8 +23,9 @@
 //   3. kQueueFlushed: Batcher::Stop: what was queued is computed at once,
 //      without the batching delay, and answered.
 //   4. kLameDuckOver: kLameDuck (500 ms) waited out, "lame duck over;
-//      closing the listeners" logged; /metrics and the HTTP endpoint start
-//      stopping, each on a thread of its own (about a second each).
+//      closing the listeners" logged; every listener's StopAccepting, in
+//      reverse order: /metrics and the HTTP endpoint start stopping, each on
+//      a thread of its own (about a second each); gRPC keeps its port.
 //   5. kRequestsAnswered: every accepted request answered, or the grace
 //      deadline (--shutdown_grace_s after step 4; 5 s after a device fault)
 //      passed, which is logged as a warning.
@@ -34,15 +36,16 @@
 //      such window (its refusal is a 503 the caller reads whole), and its
 //      endpoint has been stopping since step 4.
 //   7. kShutdownStarted: after kCloseLinger (callers read their last
-//      responses), grpc::Server::Shutdown starts on a thread of its own (it
+//      responses), every listener's Shutdown, in reverse order:
+//      grpc::Server::Shutdown starts on a thread of its own (it
 //      sends the GOAWAY; it closes the idle connections
 //      kCloseIdleConnectionsAfter after step 8 is due, or at the grace
 //      deadline when some request is still in flight), and
 //      kHoldRefusalsAfterShutdown passes.
 //   8. kHeldCallsReleased: Admission::ReleaseHeldCalls: the held
 //      calls are answered UNAVAILABLE. Drain returns here.
-//   Wait then joins the Shutdown, the gRPC server, /metrics and HTTP, and
-//   logs "stopped".
+//   Wait then waits for every listener (Listener::Wait, in reverse order:
+//   HTTP, gRPC, /metrics), and logs "stopped".
 //
 // Ownership: the Server owns everything it wires (backends, metrics,
 // batcher, services, listeners) and the threads of its drain; what its
@@ -61,13 +64,14 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "server/device.h"
+#include "server/listener.h"
 #include "server/memory_trim.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
@@ -159,7 +163,7 @@ class Server {
   // True once a GPU has hit a sticky error (the process should exit 2).
   bool device_faulted() const { return device_faulted_.load(); }
   // The bound gRPC port (0 before Start).
-  int grpc_port() const { return grpc_.port; }
+  int grpc_port() const { return grpc_ != nullptr ? grpc_->port() : 0; }
   // The bound host:port of the HTTP endpoint and of /metrics; "off" when
   // not served.
   std::string http_address() const;
@@ -194,13 +198,17 @@ class Server {
   std::unique_ptr<DeviceMemoryMapper> memory_mapper_;
   std::unique_ptr<SharedMemoryManager> shared_memory_;
   std::unique_ptr<KServeGrpcService> kserve_service_;
-  RunningServer grpc_;
-  std::unique_ptr<KServeHttpServer> http_;
+  // The transports, in the order they start: /metrics (without
+  // --metrics_address, none), gRPC, HTTP (without --http_address, none).
+  // Drain and Wait drive them through the Listener calls only, in reverse;
+  // each stops on threads of its own, joined by its Wait.
+  std::vector<std::unique_ptr<Listener>> listeners_;
+  // Into listeners_: health and the bound port are gRPC's own; the
+  // addresses for the listening line (null: "off").
+  GrpcListener* grpc_ = nullptr;
+  Listener* http_ = nullptr;
+  Listener* metrics_exposer_ = nullptr;
 
-  // The drain's own threads: started by Drain, joined by Wait.
-  std::thread stop_metrics_;
-  std::thread stop_http_;
-  std::thread shutdown_;
   absl::Notification drained_;  // Drain has run steps 1 to 8
 
   absl::Mutex mu_;

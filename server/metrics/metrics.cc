@@ -260,35 +260,63 @@ Metrics::Metrics()
 
 Metrics::~Metrics() { exposer_.reset(); }
 
-void Metrics::StopExposer() {
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address) {
+  std::unique_ptr<Metrics> metrics(new Metrics());
+  if (address.empty()) return metrics;
+  metrics->exposer_ = std::make_unique<MetricsExposer>(metrics.get(), address);
+  if (absl::Status started = metrics->exposer_->Start(); !started.ok()) return started;
+  return metrics;
+}
+
+std::string Metrics::BoundAddress() const {
+  return exposer_ != nullptr ? exposer_->BoundAddress() : "off";
+}
+
+std::vector<std::shared_ptr<prometheus::Collectable>> Metrics::Collectables() const {
+  return {registry_, memory_, gpu_health_};
+}
+
+MetricsExposer::MetricsExposer(const Metrics* metrics, std::string address)
+    : metrics_(metrics), address_(std::move(address)) {}
+
+MetricsExposer::~MetricsExposer() {
+  stop_.Join();
+  Stop();
+}
+
+absl::Status MetricsExposer::Start() {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address_, "num_threads", std::to_string(kExposerThreads),
+        "request_timeout_ms", std::to_string(kExposerRequestTimeoutMs)});
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot listen on ", address_, ": ", e.what()));
+  }
+  for (const std::shared_ptr<prometheus::Collectable>& collectable : metrics_->Collectables()) {
+    exposer_->RegisterCollectable(collectable);
+  }
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(absl::StrCat("metrics: no port bound for ", address_));
+  }
+  bound_address_ = absl::StrCat(HostOf(address_), ":", ports.front());
+  return absl::OkStatus();
+}
+
+void MetricsExposer::StopAccepting() {
+  stop_.Begin([this] { Stop(); });
+}
+
+void MetricsExposer::Shutdown(absl::Time /*deadline*/) { StopAccepting(); }
+
+void MetricsExposer::Wait() { stop_.Join(); }
+
+void MetricsExposer::Stop() {
   if (exposer_ == nullptr) return;
   const std::vector<int> ports = exposer_->GetListeningPorts();
   StopCivetwebServer([this] { exposer_.reset(); }, ports.empty() ? 0 : ports.front());
 }
-
-absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address) {
-  std::unique_ptr<Metrics> metrics(new Metrics());
-  if (address.empty()) return metrics;
-  try {
-    metrics->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", address, "num_threads", std::to_string(kExposerThreads),
-        "request_timeout_ms", std::to_string(kExposerRequestTimeoutMs)});
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics: cannot listen on ", address, ": ", e.what()));
-  }
-  metrics->exposer_->RegisterCollectable(metrics->registry_);
-  metrics->exposer_->RegisterCollectable(metrics->memory_);
-  metrics->exposer_->RegisterCollectable(metrics->gpu_health_);
-  const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
-  if (ports.empty()) {
-    return absl::UnavailableError(absl::StrCat("metrics: no port bound for ", address));
-  }
-  metrics->bound_address_ = absl::StrCat(HostOf(address), ":", ports.front());
-  return metrics;
-}
-
-std::string Metrics::BoundAddress() const { return bound_address_; }
 
 Metrics::DeviceSeries Metrics::AddDeviceSeries(const prometheus::Labels& labels) {
   DeviceSeries series;

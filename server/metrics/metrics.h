@@ -1,5 +1,5 @@
 // Prometheus metrics for the server: a registry, the HTTP exposer serving
-// /metrics, and typed recording methods so call sites never touch
+// /metrics (MetricsExposer, a Listener), and typed recording methods so call sites never touch
 // prometheus-cpp directly. Names follow Prometheus conventions (base units,
 // `_seconds`, `_bytes`, `_total`, one unit per metric); the full list, with
 // what each measures, is in docs/metrics.md, and
@@ -35,6 +35,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "server/listener.h"
 #include "server/metrics/nvml_collector.h"
 #include "server/scheduling/backend.h"
 #include "server/scheduling/batcher.h"
@@ -51,13 +53,16 @@ enum class RpcMethod {
   kHttpInfer = 4,         // POST /v2/models/{model}/infer
 };
 
+class MetricsExposer;
+
 class Metrics final : public BatcherObserver {
  public:
   // Creates the metrics; when `address` (host:port, port 0 picks a free one)
   // is non-empty, also serves them at http://address/metrics. UNAVAILABLE
   // when the address cannot be bound. (softmax-server creates no Metrics at
   // all when --metrics_address is empty, so nothing is recorded; an empty
-  // address here gives an unexposed instance, for tests.)
+  // address here gives an unexposed instance, which Server exposes through
+  // a MetricsExposer of its own.)
   static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& address);
   // Stops the exposer before anything it reads is destroyed.
   ~Metrics() override;
@@ -65,12 +70,10 @@ class Metrics final : public BatcherObserver {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  // host:port actually bound, or "off" when not exposed.
+  // host:port Create's exposer bound, or "off" without one.
   std::string BoundAddress() const;
-  // Stops serving /metrics (recording goes on). Takes about a second
-  // (civetweb's stop), so softmax-server runs it beside the rest of its
-  // shutdown. Call at most once, from one thread, before destruction.
-  void StopExposer();
+  // What a scrape collects: the registry and the scrape-time collectors.
+  std::vector<std::shared_ptr<prometheus::Collectable>> Collectables() const;
 
   // The backends chosen at start, in the scheduler's order (BatchStats::
   // backend indexes them); empty for --device=none. Each one's Name() is the
@@ -198,8 +201,40 @@ class Metrics final : public BatcherObserver {
 
   // Declared last: destroyed first, so no scrape runs while the members it
   // reads are torn down.
+  std::unique_ptr<MetricsExposer> exposer_;
+};
+
+// Serves a Metrics' collectables at http://address/metrics: a Listener.
+// StopAccepting starts the exposer's stop on a thread of its own (the port
+// closes; a scrape being answered finishes; about a second, civetweb's
+// stop); Shutdown adds nothing; Wait joins the stop. Recording goes on
+// whether or not it serves.
+class MetricsExposer final : public Listener {
+ public:
+  // `metrics` must outlive the exposer. `address`: host:port, port 0 picks
+  // a free one.
+  MetricsExposer(const Metrics* metrics, std::string address);
+  ~MetricsExposer() override;
+
+  MetricsExposer(const MetricsExposer&) = delete;
+  MetricsExposer& operator=(const MetricsExposer&) = delete;
+
+  const char* name() const override { return "metrics"; }
+  // UNAVAILABLE when the address cannot be bound.
+  absl::Status Start() override;
+  std::string BoundAddress() const override { return bound_address_; }
+  void StopAccepting() override;
+  void Shutdown(absl::Time deadline) override;
+  void Wait() override;
+
+ private:
+  void Stop();
+
+  const Metrics* const metrics_;
+  const std::string address_;
   std::unique_ptr<prometheus::Exposer> exposer_;
-  std::string bound_address_ = "off";
+  std::string bound_address_;
+  StopThread stop_;
 };
 
 }  // namespace softmax::server

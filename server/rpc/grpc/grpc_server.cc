@@ -4,6 +4,7 @@
 #include <climits>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpc/compression.h>
@@ -137,6 +138,46 @@ absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
   }
   SetServing(running.server.get(), true);
   return running;
+}
+
+GrpcListener::GrpcListener(GrpcServerOptions options, grpc::Service* service)
+    : options_(std::move(options)), service_(service) {}
+
+GrpcListener::~GrpcListener() {
+  shutdown_.Join();
+  if (running_.server != nullptr) {
+    running_.server->Shutdown();  // returns at once when already shut down
+    running_.server->Wait();
+  }
+}
+
+absl::Status GrpcListener::Start() {
+  absl::StatusOr<RunningServer> started = StartGrpcServer(options_, service_);
+  if (!started.ok()) return started.status();
+  running_ = std::move(*started);
+  return absl::OkStatus();
+}
+
+std::string GrpcListener::BoundAddress() const {
+  const size_t colon = options_.address.rfind(':');
+  const std::string host =
+      colon == std::string::npos ? options_.address : options_.address.substr(0, colon);
+  return absl::StrCat(host, ":", running_.port);
+}
+
+void GrpcListener::Shutdown(absl::Time deadline) {
+  shutdown_.Begin([this, deadline] {
+    running_.server->Shutdown(absl::ToChronoTime(deadline));
+  });
+}
+
+void GrpcListener::Wait() {
+  shutdown_.Join();
+  running_.server->Wait();
+}
+
+void GrpcListener::SetServing(bool serving) {
+  softmax::server::SetServing(running_.server.get(), serving);
 }
 
 void SetServing(grpc::Server* server, bool serving) {

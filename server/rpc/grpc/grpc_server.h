@@ -1,9 +1,11 @@
 // Builds and starts the gRPC server around a service: message size limits
 // derived from the tensor limit, the standard health service and server
-// reflection. Shared by softmax-server's main and the in-process tests.
+// reflection. GrpcListener is that server as Server's Listener; the
+// in-process tests call StartGrpcServer themselves.
 //
-// Thread-safety: StartGrpcServer is not reentrant with itself (gRPC's global
-// health/reflection switches); SetServing may be called from any thread.
+// Thread-safety: StartGrpcServer (and GrpcListener::Start) is not reentrant
+// with itself (gRPC's global health/reflection switches); SetServing may be
+// called from any thread.
 #ifndef SOFTMAX_SERVER_RPC_GRPC_GRPC_SERVER_H_
 #define SOFTMAX_SERVER_RPC_GRPC_GRPC_SERVER_H_
 
@@ -15,6 +17,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/listener.h"
 #include "server/rpc/grpc/reset_guard.h"
 
 namespace softmax::server {
@@ -93,6 +97,41 @@ absl::StatusOr<RunningServer> StartGrpcServer(const GrpcServerOptions& options,
 // Marks "", kServiceName and kInferenceServiceName SERVING or NOT_SERVING in
 // the health service.
 void SetServing(grpc::Server* server, bool serving);
+
+// The gRPC server as a Listener. StopAccepting does nothing: gRPC 1.51
+// closes its port only in Shutdown, which also sends every connection its
+// GOAWAY, so the port stays open (and refusals reach callers) until then.
+// Shutdown(deadline) runs grpc::Server::Shutdown on a thread of its own: new
+// calls are refused, calls in flight get until `deadline`, then are
+// cancelled. Destroying a started listener without Shutdown shuts it down
+// at once.
+class GrpcListener final : public Listener {
+ public:
+  // `service` and options.additional_services must outlive the listener.
+  GrpcListener(GrpcServerOptions options, grpc::Service* service);
+  ~GrpcListener() override;
+
+  GrpcListener(const GrpcListener&) = delete;
+  GrpcListener& operator=(const GrpcListener&) = delete;
+
+  const char* name() const override { return "grpc"; }
+  absl::Status Start() override;
+  std::string BoundAddress() const override;
+  void StopAccepting() override {}
+  void Shutdown(absl::Time deadline) override;
+  void Wait() override;
+
+  // The bound port (0 before Start).
+  int port() const { return running_.port; }
+  // Health SERVING or NOT_SERVING (SetServing above). REQUIRES: started.
+  void SetServing(bool serving);
+
+ private:
+  const GrpcServerOptions options_;
+  grpc::Service* const service_;
+  RunningServer running_;
+  StopThread shutdown_;
+};
 
 }  // namespace softmax::server
 

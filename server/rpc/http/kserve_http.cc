@@ -607,16 +607,17 @@ bool IsHealthCheck(const std::vector<std::string>& segments) {
 
 }  // namespace
 
-KServeHttpServer::KServeHttpServer(const HttpServerOptions& options, const FrontEnd& front_end,
+KServeHttpServer::KServeHttpServer(HttpServerOptions options, const FrontEnd& front_end,
                                    kserve::ModelStatistics* statistics)
-    : options_(options), front_end_(front_end), statistics_(statistics) {}
+    : options_(std::move(options)), front_end_(front_end), statistics_(statistics) {}
 
-KServeHttpServer::~KServeHttpServer() { Stop(); }
+KServeHttpServer::~KServeHttpServer() {
+  stop_.Join();
+  Stop();
+}
 
-absl::StatusOr<std::unique_ptr<KServeHttpServer>> KServeHttpServer::Start(
-    const HttpServerOptions& options, const FrontEnd& front_end,
-    kserve::ModelStatistics* statistics) {
-  std::unique_ptr<KServeHttpServer> server(new KServeHttpServer(options, front_end, statistics));
+absl::Status KServeHttpServer::Start() {
+  const HttpServerOptions& options = options_;
   const bool tls = !options.tls.cert_file.empty() || !options.tls.key_file.empty();
   if (tls) {
     if (options.tls.cert_file.empty() || options.tls.key_file.empty()) {
@@ -646,27 +647,35 @@ absl::StatusOr<std::unique_ptr<KServeHttpServer>> KServeHttpServer::Start(
     self->tls_status_ = ConfigureTlsContext(ssl_ctx, self->options_.tls);
     return self->tls_status_.ok() ? 1 : -1;
   };
-  server->context_ = mg_start(&callbacks, server.get(), civet_options);
-  if (!server->tls_status_.ok()) {
-    if (server->context_ != nullptr) mg_stop(server->context_);
-    server->context_ = nullptr;
-    return server->tls_status_;
+  context_ = mg_start(&callbacks, this, civet_options);
+  if (!tls_status_.ok()) {
+    if (context_ != nullptr) mg_stop(context_);
+    context_ = nullptr;
+    return tls_status_;
   }
-  if (server->context_ == nullptr) {
+  if (context_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("http: cannot listen on ", options.address));
   }
-  mg_set_request_handler(server->context_, "/v2", &HandleRequest, server.get());
+  mg_set_request_handler(context_, "/v2", &HandleRequest, this);
   mg_server_port ports[4];
-  const int count = mg_get_server_ports(server->context_, 4, ports);
+  const int count = mg_get_server_ports(context_, 4, ports);
   if (count < 1) {
     return absl::UnavailableError(absl::StrCat("http: cannot listen on ", options.address));
   }
   const size_t colon = options.address.rfind(':');
   const std::string host =
       colon == std::string::npos ? options.address : options.address.substr(0, colon);
-  server->bound_address_ = absl::StrCat(host, ":", ports[0].port);
-  return server;
+  bound_address_ = absl::StrCat(host, ":", ports[0].port);
+  return absl::OkStatus();
 }
+
+void KServeHttpServer::StopAccepting() {
+  stop_.Begin([this] { Stop(); });
+}
+
+void KServeHttpServer::Shutdown(absl::Time /*deadline*/) { StopAccepting(); }
+
+void KServeHttpServer::Wait() { stop_.Join(); }
 
 void KServeHttpServer::Stop() {
   if (context_ == nullptr) return;

@@ -19,7 +19,8 @@
 // for the batcher's answer: at most kHttpRequestTimeout (the request's
 // deadline in the batcher, which drops it after that), then 504.
 //
-// Thread-safety: Start/Stop from one thread; handlers run on civetweb's.
+// Thread-safety: Start/Stop and the Listener calls from one thread;
+// handlers run on civetweb's.
 #ifndef SOFTMAX_SERVER_RPC_HTTP_KSERVE_HTTP_H_
 #define SOFTMAX_SERVER_RPC_HTTP_KSERVE_HTTP_H_
 
@@ -30,6 +31,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/listener.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/http/civetweb_tls.h"
 #include "server/rpc/kserve.h"
@@ -81,25 +84,35 @@ struct HttpInferOptions {
 absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_length,
                                    kserve::InferRequestParts* parts, HttpInferOptions* options);
 
-class KServeHttpServer {
+// The endpoint as a Listener. StopAccepting starts civetweb's stop on a
+// thread of its own: the port closes at once, and the stop returns once the
+// handlers running have answered and the keep-alive connections have closed
+// (up to kHttpKeepAliveMs' poll, 2 s). Shutdown adds nothing: civetweb has no
+// deadline to give. Wait joins the stop.
+class KServeHttpServer final : public Listener {
  public:
-  // Starts listening. `front_end`'s pointees and `statistics` must outlive
+  // Starts nothing. `front_end`'s pointees and `statistics` must outlive
   // the server. Bodies are limited by front_end.limits.max_tensor_bytes
   // (JSON text takes more bytes per element than binary data); with
   // front_end.authenticator, requests other than health checks need one of
   // its tokens.
-  // UNAVAILABLE when the address cannot be bound or TLS cannot be loaded;
-  // INVALID_ARGUMENT for unreadable or inconsistent TLS files.
-  static absl::StatusOr<std::unique_ptr<KServeHttpServer>> Start(
-      const HttpServerOptions& options, const FrontEnd& front_end,
-      kserve::ModelStatistics* statistics);
-  ~KServeHttpServer();  // Stop()
+  KServeHttpServer(HttpServerOptions options, const FrontEnd& front_end,
+                   kserve::ModelStatistics* statistics);
+  ~KServeHttpServer() override;  // Stop()
 
   KServeHttpServer(const KServeHttpServer&) = delete;
   KServeHttpServer& operator=(const KServeHttpServer&) = delete;
 
+  const char* name() const override { return "http"; }
+  // Starts listening. UNAVAILABLE when the address cannot be bound or TLS
+  // cannot be loaded; INVALID_ARGUMENT for unreadable or inconsistent TLS
+  // files.
+  absl::Status Start() override;
   // host:port actually bound.
-  const std::string& BoundAddress() const { return bound_address_; }
+  std::string BoundAddress() const override { return bound_address_; }
+  void StopAccepting() override;
+  void Shutdown(absl::Time deadline) override;
+  void Wait() override;
 
   // Closes the listener and waits for the handlers running. Idempotent.
   void Stop();
@@ -108,8 +121,6 @@ class KServeHttpServer {
   int Handle(mg_connection* connection);
 
  private:
-  KServeHttpServer(const HttpServerOptions& options, const FrontEnd& front_end,
-                   kserve::ModelStatistics* statistics);
   // /v2/systemsharedmemory/... and /v2/cudasharedmemory/...
   int SharedMemory(mg_connection* connection, const std::string& method,
                    const std::vector<std::string>& segments);
@@ -122,6 +133,7 @@ class KServeHttpServer {
   // Why the TLS setup failed (written by civetweb's init_ssl callback
   // during Start, on Start's thread).
   absl::Status tls_status_;
+  StopThread stop_;
 };
 
 }  // namespace softmax::server
