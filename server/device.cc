@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -16,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "kernels/cpu_softmax.h"
 #include "server/logging/log.h"
+#include "server/server_options.h"
 
 #if SOFTMAX_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -88,6 +90,15 @@ absl::StatusOr<DeviceSpec> ParseDeviceSpec(absl::string_view text) {
   return absl::InvalidArgumentError(absl::StrCat(
       "--device: expected auto, cpu, cuda, cuda:N, cuda:N,M,... (distinct), cuda:all or none, "
       "got \"", text, "\""));
+}
+
+BackendOptions BackendOptionsFor(const ServerOptions& options,
+                                 CudaBackend::FaultHandler on_fault) {
+  BackendOptions backend_options;
+  backend_options.cuda.max_staging_bytes = options.max_batch_bytes;
+  backend_options.cuda.inject_fault_after_batches = options.inject_fault_after_batches;
+  backend_options.on_fault = std::move(on_fault);
+  return backend_options;
 }
 
 CudaDevices QueryCudaDevices() {

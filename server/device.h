@@ -99,6 +99,15 @@ struct BackendOptions {
   CudaBackend::FaultHandler on_fault;
 };
 
+struct ServerOptions;
+
+// The backends' options from the server's: a GPU's staging memory bounded by
+// --max_batch_bytes, the testing fault injection, and `on_fault` for a
+// sticky GPU error. The CPU backend takes every core the process may run
+// on, and a GPU backend as much device memory as it needs (their defaults).
+BackendOptions BackendOptionsFor(const ServerOptions& options,
+                                 CudaBackend::FaultHandler on_fault);
+
 // What CreateBackends learns about the machine, and how it starts a GPU
 // backend: the real thing by default (SystemGpus), fakes in tests.
 struct GpuEnvironment {

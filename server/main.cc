@@ -36,7 +36,7 @@ ABSL_FLAG(std::string, http_address, kDefaults.http_address,
           "picks a free port");
 ABSL_FLAG(std::string, metrics_address, kDefaults.metrics_address,
           "host:port for Prometheus /metrics; empty disables; port 0 picks a free port");
-ABSL_FLAG(std::string, device, kDefaults.device,
+ABSL_FLAG(softmax::server::DeviceSpec, device, kDefaults.device,
           "auto (GPU 0 when usable, else the CPU; a GPU present but unusable is a warning and "
           "softmax_gpu_unusable) | cpu | cuda (= cuda:0; exits 1 when unusable) | cuda:N | "
           "cuda:N,M,... | cuda:all (one backend per GPU; batches go to the least-loaded one) | "
@@ -48,9 +48,10 @@ ABSL_FLAG(int64_t, max_batch_rows, kDefaults.max_batch_rows,
           "amortise launches, smaller ones cut latency");
 ABSL_FLAG(int64_t, max_batch_bytes, kDefaults.max_batch_bytes,
           "a batch closes at this many input bytes; bounds staging memory per batch");
-ABSL_FLAG(int64_t, max_queue_delay_us, kDefaults.max_queue_delay_us,
-          "longest wait of the oldest queued request for company while the device is busy; "
-          "0 forms a batch as soon as a slot is free (an idle device never waits)");
+ABSL_FLAG(softmax::server::MicrosecondsFlag, max_queue_delay_us, {kDefaults.max_queue_delay},
+          "longest wait of the oldest queued request for company while the device is busy, in "
+          "microseconds or with a unit (250us, 2ms), at most an hour; 0 forms a batch as soon as "
+          "a slot is free (an idle device never waits)");
 ABSL_FLAG(int64_t, max_queued_requests, kDefaults.max_queued_requests,
           "queued requests beyond which new ones get UNAVAILABLE (retryable)");
 ABSL_FLAG(int64_t, max_held_bytes, kDefaults.max_held_bytes,
@@ -61,16 +62,16 @@ ABSL_FLAG(int64_t, max_held_bytes, kDefaults.max_held_bytes,
 ABSL_FLAG(int, max_concurrent_streams, kDefaults.max_concurrent_streams,
           "calls one client connection may have open at once (HTTP/2 "
           "SETTINGS_MAX_CONCURRENT_STREAMS); bounds what one connection can hold");
-ABSL_FLAG(int64_t, max_connection_age_s, kDefaults.max_connection_age_s,
-          "opt-in connection rotation, for callers that balance over the replicas themselves "
+ABSL_FLAG(softmax::server::SecondsFlag, max_connection_age_s, {kDefaults.max_connection_age},
+          "opt-in connection rotation (seconds, or with a unit: 90m; at most 24 days), for callers that balance over the replicas themselves "
           "(round_robin over a headless Service): a gRPC connection older than this (+-10%) gets "
           "a GOAWAY, so such callers open their next calls on a new connection, to a replica "
           "added since if there is one; calls and streams open on the old one live on until they "
           "end. Its cost: a unary call racing the GOAWAY can be reset, uncomputed (callers "
           "without a retry policy see UNAVAILABLE). 0 = connections live as long as their "
           "callers keep them");
-ABSL_FLAG(int64_t, max_stream_age_s, kDefaults.max_stream_age_s,
-          "opt-in: a SoftmaxStream or ModelStreamInfer older than this answers the messages it "
+ABSL_FLAG(softmax::server::SecondsFlag, max_stream_age_s, {kDefaults.max_stream_age},
+          "opt-in (seconds, or with a unit: 90m; at most 24 days): a SoftmaxStream or ModelStreamInfer older than this answers the messages it "
           "has read and ends with a retryable UNAVAILABLE, so that long streams move to replicas "
           "added since. Its cost: streaming clients that do not reopen (tritonclient, plain "
           "grpcio) fail there; the project's clients reopen and resend what had no answer. "
@@ -88,13 +89,14 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "(health checks are exempt); re-read on SIGHUP");
 ABSL_FLAG(bool, reflection, kDefaults.reflection,
           "serve gRPC server reflection (lets grpcurl list and describe the services)");
-ABSL_FLAG(std::string, shared_memory, kDefaults.shared_memory,
+ABSL_FLAG(softmax::server::SharedMemoryMode, shared_memory, kDefaults.shared_memory,
           "Triton's shared-memory extensions on the KServe endpoints: off, system (POSIX "
           "shared memory) or all (also CUDA IPC memory). Any caller that reaches the port may "
           "then map any shared-memory key or IPC handle it can name");
-ABSL_FLAG(int, shutdown_grace_s, kDefaults.shutdown_grace_s,
-          "seconds in-flight RPCs get to finish after SIGINT/SIGTERM before they are cancelled");
-ABSL_FLAG(std::string, log_format, kDefaults.log_format,
+ABSL_FLAG(softmax::server::SecondsFlag, shutdown_grace_s, {kDefaults.shutdown_grace},
+          "seconds (or with a unit: 1500ms) in-flight RPCs get to finish after SIGINT/SIGTERM "
+          "before they are cancelled");
+ABSL_FLAG(softmax::server::logging::LogFormat, log_format, kDefaults.log_format,
           "text (timestamp, level letter, message, key=value) | json (one object per line: "
           "time, level, logger, msg and the line's fields), on stderr");
 ABSL_FLAG(int64_t, access_log_one_in, kDefaults.access_log_one_in,
@@ -118,19 +120,19 @@ ServerOptions OptionsFromFlags() {
   options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
   options.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
   options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
-  options.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
+  options.max_queue_delay = absl::GetFlag(FLAGS_max_queue_delay_us).value;
   options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.max_held_bytes = absl::GetFlag(FLAGS_max_held_bytes);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
-  options.max_connection_age_s = absl::GetFlag(FLAGS_max_connection_age_s);
-  options.max_stream_age_s = absl::GetFlag(FLAGS_max_stream_age_s);
+  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age_s).value;
+  options.max_stream_age = absl::GetFlag(FLAGS_max_stream_age_s).value;
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   options.reflection = absl::GetFlag(FLAGS_reflection);
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
-  options.shutdown_grace_s = absl::GetFlag(FLAGS_shutdown_grace_s);
+  options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace_s).value;
   options.log_format = absl::GetFlag(FLAGS_log_format);
   options.access_log_one_in = absl::GetFlag(FLAGS_access_log_one_in);
   options.listening_file = absl::GetFlag(FLAGS_listening_file);
@@ -168,10 +170,8 @@ int Fail(const absl::Status& status) {
 
 int Run(const ServerOptions& options) {
   // First, so that every later line is in the chosen format.
-  absl::StatusOr<logging::LogFormat> log_format = logging::ParseLogFormat(options.log_format);
-  if (!log_format.ok()) return Fail(log_format.status());
   logging::LogOptions log_options;
-  log_options.format = *log_format;
+  log_options.format = options.log_format;
   log_options.access_log_one_in = options.access_log_one_in;
   if (absl::Status configured = logging::ConfigureLogging(log_options); !configured.ok()) {
     return Fail(configured);
@@ -224,7 +224,7 @@ int Run(const ServerOptions& options) {
   } else {
     logging::LogInfo(absl::StrCat(signal_number == SIGINT ? "SIGINT" : "SIGTERM",
                                   " received; draining"),
-                     {{"grace_s", options.shutdown_grace_s}});
+                     {{"grace_s", absl::ToDoubleSeconds(options.shutdown_grace)}});
   }
   server.Drain();
   server.Wait();

@@ -79,29 +79,20 @@ Server::~Server() {
 
 absl::Status Server::Start() {
   if (absl::Status valid = Validate(options_); !valid.ok()) return valid;
-  absl::StatusOr<DeviceSpec> spec = ParseDeviceSpec(options_.device);
-  if (!spec.ok()) return spec.status();
-  absl::StatusOr<SharedMemoryMode> shared_memory_mode =
-      ParseSharedMemoryMode(options_.shared_memory);
-  if (!shared_memory_mode.ok()) return shared_memory_mode.status();
   memory_trimmer_ = std::make_unique<MemoryTrimmer>(kMemoryTrimPeriod);
 
-  // The CPU backend takes every core the process may run on, and a GPU
-  // backend as much device memory as it needs (their options' defaults).
-  BackendOptions backend_options;
-  backend_options.cuda.max_staging_bytes = options_.max_batch_bytes;
-  backend_options.cuda.inject_fault_after_batches = options_.inject_fault_after_batches;
   // A sticky GPU error: log it and tell the program (softmax-server's
   // signal loop), which takes the server down with a non-zero exit so that
   // its supervisor restarts it.
-  backend_options.on_fault = [this](const absl::Status& status) {
-    device_faulted_.store(true);
-    logging::LogError("fatal GPU error", {{"cause", status.message()}});
-    if (hooks_.on_device_fault) hooks_.on_device_fault();
-  };
+  const BackendOptions backend_options =
+      BackendOptionsFor(options_, [this](const absl::Status& status) {
+        device_faulted_.store(true);
+        logging::LogError("fatal GPU error", {{"cause", status.message()}});
+        if (hooks_.on_device_fault) hooks_.on_device_fault();
+      });
   absl::StatusOr<BackendChoice> choice = hooks_.create_backends
                                              ? hooks_.create_backends(backend_options)
-                                             : CreateBackends(*spec, backend_options);
+                                             : CreateBackends(options_.device, backend_options);
   if (!choice.ok()) return choice.status();
   choice_ = std::move(*choice);
   if (choice_.unusable != GpuUnusableCause::kNone) {
@@ -157,7 +148,7 @@ absl::Status Server::Start() {
     BatcherOptions batcher_options;
     batcher_options.max_batch_rows = options_.max_batch_rows;
     batcher_options.max_batch_bytes = options_.max_batch_bytes;
-    batcher_options.max_queue_delay = std::chrono::microseconds(options_.max_queue_delay_us);
+    batcher_options.max_queue_delay = absl::ToChronoMicroseconds(options_.max_queue_delay);
     batcher_options.dispatch_when_idle = !options_.test_no_idle_dispatch;
     batcher_options.max_queued_requests = options_.max_queued_requests;
     batcher_options.max_queued_bytes = max_queued_bytes;
@@ -186,14 +177,14 @@ absl::Status Server::Start() {
   front_end_.authenticator = authenticator_.get();
   front_end_.reset_guard = &reset_guard_;
   front_end_.limits.max_tensor_bytes = options_.max_tensor_bytes;
-  front_end_.max_stream_age = std::chrono::seconds(options_.max_stream_age_s);
+  front_end_.max_stream_age = absl::ToChronoMilliseconds(options_.max_stream_age);
   service_ = std::make_unique<SoftmaxServiceImpl>(front_end_);
 
   // The Open Inference Protocol (KServe v2): gRPC beside softmax.v1, HTTP on
   // its own port; both dispatch through `admission_`, into the one batcher.
   memory_mapper_ = CreateDeviceMemoryMapper(choice_.cuda_devices);
   shared_memory_ = std::make_unique<SharedMemoryManager>(
-      *shared_memory_mode, memory_mapper_.get(),
+      options_.shared_memory, memory_mapper_.get(),
       [metrics = metrics_.get()](SharedMemoryKind kind, int64_t regions, int64_t bytes) {
         if (metrics != nullptr) metrics->SetSharedMemory(SharedMemoryKindName(kind), regions, bytes);
       });
@@ -205,7 +196,7 @@ absl::Status Server::Start() {
   grpc_options.max_tensor_bytes = options_.max_tensor_bytes;
   grpc_options.additional_services.push_back(kserve_service_.get());
   grpc_options.max_concurrent_streams = options_.max_concurrent_streams;
-  grpc_options.max_connection_age_ms = options_.max_connection_age_s * 1000;
+  grpc_options.max_connection_age_ms = absl::ToInt64Milliseconds(options_.max_connection_age);
   grpc_options.reset_guard = &reset_guard_;
   grpc_options.tls_cert_file = options_.tls_cert_file;
   grpc_options.tls_key_file = options_.tls_key_file;
@@ -306,7 +297,7 @@ void Server::Drain() {
   // to read their last responses before the connections close (see
   // Admission::WaitForInFlight).
   const absl::Time grace_end =
-      absl::Now() + (fault ? kFaultGrace : absl::Seconds(options_.shutdown_grace_s));
+      absl::Now() + (fault ? kFaultGrace : options_.shutdown_grace);
   const bool all_answered = admission_->WaitForInFlight(grace_end);
   if (!all_answered) {
     logging::LogWarning("requests still in flight at the grace deadline",

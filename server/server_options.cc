@@ -1,9 +1,10 @@
 #include "server/server_options.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
-#include "server/device.h"
-#include "server/logging/log.h"
-#include "server/shm/shared_memory.h"
+#include "absl/strings/str_join.h"
 
 namespace softmax::server {
 namespace {
@@ -18,36 +19,45 @@ absl::Status MustNotBeNegative(const char* flag, int64_t value) {
   return absl::InvalidArgumentError(absl::StrCat(flag, ": must not be negative, got ", value));
 }
 
-absl::Status AgeInRange(const char* flag, int64_t seconds) {
-  if (seconds >= 0 && seconds <= kMaxConnectionAgeS) return absl::OkStatus();
+absl::Status MustNotBeNegative(const char* flag, absl::Duration value) {
+  if (value >= absl::ZeroDuration()) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(flag, ": 0 (no maximum) to ", kMaxConnectionAgeS, ", got ", seconds));
+      absl::StrCat(flag, ": must not be negative, got ", absl::FormatDuration(value)));
+}
+
+absl::Status AgeInRange(const char* flag, absl::Duration age) {
+  if (age >= absl::ZeroDuration() && age <= kMaxConnectionAge) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      flag, ": 0 (no maximum) to ", absl::ToInt64Seconds(kMaxConnectionAge), ", got ",
+      AbslUnparseFlag(SecondsFlag{age})));
+}
+
+// A DeviceSpec built by hand (not parsed) may name a GPU twice or below 0.
+absl::Status CheckDevice(const DeviceSpec& spec) {
+  std::vector<int> seen;
+  for (int index : spec.indices) {
+    if (index < 0 || std::find(seen.begin(), seen.end(), index) != seen.end()) {
+      return ParseDeviceSpec(AbslUnparseFlag(spec)).status();
+    }
+    seen.push_back(index);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::Status Validate(const ServerOptions& options) {
-  if (absl::StatusOr<DeviceSpec> device = ParseDeviceSpec(options.device); !device.ok()) {
-    return device.status();
-  }
-  if (absl::StatusOr<SharedMemoryMode> mode = ParseSharedMemoryMode(options.shared_memory);
-      !mode.ok()) {
-    return mode.status();
-  }
-  if (absl::StatusOr<logging::LogFormat> format = logging::ParseLogFormat(options.log_format);
-      !format.ok()) {
-    return format.status();
-  }
   for (absl::Status status : {
+           CheckDevice(options.device),
            MustBePositive("--max_tensor_bytes", options.max_tensor_bytes),
            MustBePositive("--max_batch_rows", options.max_batch_rows),
            MustBePositive("--max_batch_bytes", options.max_batch_bytes),
            MustBePositive("--max_queued_requests", options.max_queued_requests),
            MustBePositive("--max_concurrent_streams", options.max_concurrent_streams),
-           AgeInRange("--max_connection_age_s", options.max_connection_age_s),
-           AgeInRange("--max_stream_age_s", options.max_stream_age_s),
-           MustNotBeNegative("--max_queue_delay_us", options.max_queue_delay_us),
-           MustNotBeNegative("--shutdown_grace_s", options.shutdown_grace_s),
+           AgeInRange("--max_connection_age_s", options.max_connection_age),
+           AgeInRange("--max_stream_age_s", options.max_stream_age),
+           MustNotBeNegative("--max_queue_delay_us", options.max_queue_delay),
+           MustNotBeNegative("--shutdown_grace_s", options.shutdown_grace),
            MustNotBeNegative("--access_log_one_in", options.access_log_one_in),
            MustNotBeNegative("SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES",
                              options.inject_fault_after_batches),
@@ -58,12 +68,76 @@ absl::Status Validate(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_held_bytes: must be >= 0 (0: no bound), got ", options.max_held_bytes));
   }
-  if (options.max_queue_delay_us > kMaxQueueDelayUs) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_queue_delay_us: at most ",
-                                                   kMaxQueueDelayUs, " (an hour), got ",
-                                                   options.max_queue_delay_us));
+  if (options.max_queue_delay > kMaxQueueDelay) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_queue_delay_us: at most ", absl::ToInt64Microseconds(kMaxQueueDelay),
+        " (an hour), got ", AbslUnparseFlag(MicrosecondsFlag{options.max_queue_delay})));
   }
   return absl::OkStatus();
 }
 
+bool AbslParseFlag(absl::string_view text, DeviceSpec* spec, std::string* error) {
+  absl::StatusOr<DeviceSpec> parsed = ParseDeviceSpec(text);
+  if (!parsed.ok()) {
+    *error = std::string(parsed.status().message());
+    return false;
+  }
+  *spec = std::move(*parsed);
+  return true;
+}
+
+std::string AbslUnparseFlag(const DeviceSpec& spec) {
+  switch (spec.kind) {
+    case DeviceSpec::Kind::kAuto:
+      return "auto";
+    case DeviceSpec::Kind::kCpu:
+      return "cpu";
+    case DeviceSpec::Kind::kNone:
+      return "none";
+    case DeviceSpec::Kind::kCuda:
+      break;
+  }
+  return spec.indices.empty() ? "cuda:all" : absl::StrCat("cuda:", absl::StrJoin(spec.indices, ","));
+}
+
+bool AbslParseFlag(absl::string_view text, SharedMemoryMode* mode, std::string* error) {
+  absl::StatusOr<SharedMemoryMode> parsed = ParseSharedMemoryMode(text);
+  if (!parsed.ok()) {
+    *error = std::string(parsed.status().message());
+    return false;
+  }
+  *mode = *parsed;
+  return true;
+}
+
+std::string AbslUnparseFlag(SharedMemoryMode mode) {
+  switch (mode) {
+    case SharedMemoryMode::kOff:
+      return "off";
+    case SharedMemoryMode::kSystem:
+      return "system";
+    case SharedMemoryMode::kAll:
+      break;
+  }
+  return "all";
+}
+
 }  // namespace softmax::server
+
+namespace softmax::server::logging {
+
+bool AbslParseFlag(absl::string_view text, LogFormat* format, std::string* error) {
+  absl::StatusOr<LogFormat> parsed = ParseLogFormat(text);
+  if (!parsed.ok()) {
+    *error = std::string(parsed.status().message());
+    return false;
+  }
+  *format = *parsed;
+  return true;
+}
+
+std::string AbslUnparseFlag(LogFormat format) {
+  return format == LogFormat::kJson ? "json" : "text";
+}
+
+}  // namespace softmax::server::logging

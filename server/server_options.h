@@ -14,37 +14,88 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "server/device.h"
+#include "server/logging/log.h"
+#include "server/shm/shared_memory.h"
 
 namespace softmax::server {
 
 // An hour: longer batching delays are a mistake, and bounding them keeps the
 // batcher's time arithmetic far from overflow.
-inline constexpr int64_t kMaxQueueDelayUs = int64_t{3600} * 1000 * 1000;
+inline constexpr absl::Duration kMaxQueueDelay = absl::Hours(1);
 // gRPC takes the connection age in int milliseconds: about 24 days at most.
-inline constexpr int64_t kMaxConnectionAgeS = int64_t{24} * 24 * 3600;
+inline constexpr absl::Duration kMaxConnectionAge = absl::Hours(24 * 24);
+
+// A duration flag whose name ends in its unit (--shutdown_grace_s,
+// --max_queue_delay_us): a bare integer counts that unit, as the name says
+// ("5"), and a number with its own unit is read as absl::ParseDuration reads
+// it ("1.5s", "250ms", "2m"). Printed back as a count of the unit when it is
+// whole, otherwise with its own unit. kUnitNanos: the unit in nanoseconds.
+template <int64_t kUnitNanos>
+struct DurationFlag {
+  absl::Duration value;
+};
+using SecondsFlag = DurationFlag<int64_t{1000} * 1000 * 1000>;
+using MicrosecondsFlag = DurationFlag<1000>;
+
+template <int64_t kUnitNanos>
+bool AbslParseFlag(absl::string_view text, DurationFlag<kUnitNanos>* flag, std::string* error) {
+  int64_t count = 0;
+  if (absl::SimpleAtoi(text, &count)) {
+    flag->value = absl::Nanoseconds(kUnitNanos) * count;
+    return true;
+  }
+  if (absl::ParseDuration(text, &flag->value)) return true;
+  *error = "expected a whole number of the unit the flag's name ends in, or a number with "
+           "its unit (1.5s, 250ms, 2m)";
+  return false;
+}
+
+template <int64_t kUnitNanos>
+std::string AbslUnparseFlag(DurationFlag<kUnitNanos> flag) {
+  absl::Duration remainder;
+  const int64_t count = absl::IDivDuration(flag.value, absl::Nanoseconds(kUnitNanos), &remainder);
+  if (remainder == absl::ZeroDuration() && flag.value != absl::InfiniteDuration() &&
+      flag.value != -absl::InfiniteDuration()) {
+    return absl::StrCat(count);
+  }
+  return absl::FormatDuration(flag.value);
+}
+
+// --device, --shared_memory and --log_format as flag types: a bad value fails
+// at parse, with the error of ParseDeviceSpec, ParseSharedMemoryMode or
+// ParseLogFormat.
+bool AbslParseFlag(absl::string_view text, DeviceSpec* spec, std::string* error);
+std::string AbslUnparseFlag(const DeviceSpec& spec);
+bool AbslParseFlag(absl::string_view text, SharedMemoryMode* mode, std::string* error);
+std::string AbslUnparseFlag(SharedMemoryMode mode);
 
 struct ServerOptions {
   std::string grpc_address = "0.0.0.0:50051";
   std::string metrics_address = "0.0.0.0:9464";
   std::string http_address = "0.0.0.0:8000";
-  std::string device = "auto";
+  DeviceSpec device;  // auto
   int64_t max_tensor_bytes = int64_t{1} << 30;
   int64_t max_batch_rows = 8192;
   int64_t max_batch_bytes = int64_t{64} << 20;
-  int64_t max_queue_delay_us = 0;
+  absl::Duration max_queue_delay = absl::ZeroDuration();
   int64_t max_queued_requests = 8192;
   int64_t max_held_bytes = int64_t{8} << 30;
   int max_concurrent_streams = 1024;
-  int64_t max_connection_age_s = 0;
-  int64_t max_stream_age_s = 0;
+  absl::Duration max_connection_age = absl::ZeroDuration();  // none
+  absl::Duration max_stream_age = absl::ZeroDuration();      // none
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
   std::string auth_tokens_file;
   bool reflection = true;
-  std::string shared_memory = "all";
-  int shutdown_grace_s = 30;
-  std::string log_format = "text";
+  SharedMemoryMode shared_memory = SharedMemoryMode::kAll;
+  absl::Duration shutdown_grace = absl::Seconds(30);
+  logging::LogFormat log_format = logging::LogFormat::kText;
   int64_t access_log_one_in = 0;
   std::string listening_file;
   // Testing only, from SOFTMAX_TEST_INJECT_FAULT_AFTER_BATCHES: the GPU
@@ -70,5 +121,11 @@ struct ServerOptions {
 absl::Status Validate(const ServerOptions& options);
 
 }  // namespace softmax::server
+
+namespace softmax::server::logging {
+// --log_format as a flag type (beside LogFormat, where lookup finds them).
+bool AbslParseFlag(absl::string_view text, LogFormat* format, std::string* error);
+std::string AbslUnparseFlag(LogFormat format);
+}  // namespace softmax::server::logging
 
 #endif  // SOFTMAX_SERVER_SERVER_OPTIONS_H_

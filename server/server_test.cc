@@ -63,12 +63,12 @@ ServerOptions QueueingOptions() {
   options.grpc_address = "127.0.0.1:0";
   options.http_address = "";
   options.metrics_address = "127.0.0.1:0";
-  options.device = "cpu";
-  options.shared_memory = "off";
+  options.device.kind = DeviceSpec::Kind::kCpu;
+  options.shared_memory = SharedMemoryMode::kOff;
   options.max_batch_rows = 8;
-  options.max_queue_delay_us = int64_t{600} * 1000 * 1000;
+  options.max_queue_delay = absl::Minutes(10);
   options.test_no_idle_dispatch = true;
-  options.max_connection_age_s = 0;
+  options.max_connection_age = absl::ZeroDuration();
   options.server_version = "test";
   return options;
 }
@@ -222,7 +222,8 @@ class StepRecorder {
 TEST(ServerTest, StartReturnsErrorsInsteadOfExiting) {
   {
     ServerOptions options = QueueingOptions();
-    options.device = "tpu";
+    // A GPU named twice: only a DeviceSpec built by hand can say so.
+    options.device = {DeviceSpec::Kind::kCuda, {0, 0}};
     Server server(options);
     const absl::Status started = server.Start();
     EXPECT_EQ(started.code(), absl::StatusCode::kInvalidArgument) << started;
