@@ -60,16 +60,13 @@ void Admission::Submit(InferenceRequest request, Responder responder, Admitted* 
                      TopKBytes(request.dtype, request.tensor.shape.rows(), request.top_k);
     }
     const int64_t held_bytes = (input.external ? 0 : bytes) + output_bytes;
-    lease = options_.budget->TryReserve(held_bytes);
-    if (lease == nullptr) {
+    absl::StatusOr<std::shared_ptr<const void>> reserved = Reserve(held_bytes);
+    if (!reserved.ok()) {
       ticket.Release();
-      Refuse(absl::UnavailableError(absl::StrCat(
-                 "server memory budget spent: requests hold ", options_.budget->held(),
-                 " bytes and this one needs ", held_bytes, " more (--max_held_bytes=",
-                 options_.budget->limit(), "); retry with backoff")),
-             std::move(responder));
+      Refuse(reserved.status(), std::move(responder));
       return;
     }
+    lease = *std::move(reserved);
   }
 
   if (options_.echo || batcher_ == nullptr) {
@@ -143,6 +140,18 @@ void Admission::Submit(InferenceRequest request, Responder responder, Admitted* 
   if (took_ticket) keep.ticket.Release();
   if (took_lease) keep.budget.reset();
   Refuse(enqueued, std::move(responder));
+}
+
+absl::StatusOr<std::shared_ptr<const void>> Admission::Reserve(int64_t bytes) {
+  if (options_.budget == nullptr) return std::shared_ptr<const void>();
+  std::shared_ptr<const void> lease = options_.budget->TryReserve(bytes);
+  if (lease == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "server memory budget spent: requests hold ", options_.budget->held(),
+        " bytes and this one needs ", bytes, " more (--max_held_bytes=",
+        options_.budget->limit(), "); retry with backoff"));
+  }
+  return lease;
 }
 
 StagingBuffer Admission::AllocateStaging(int64_t bytes) const {

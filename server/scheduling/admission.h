@@ -22,6 +22,13 @@
 //                assembled), until its answer is written or dropped: its
 //                Ticket, handed to Submit in Admitted (RAII; it cannot be
 //                counted twice or forgotten).
+//   Reserve()    a chunked request's share of the memory budget, taken for
+//                its whole input and output as its first chunk arrives
+//                (before anything is allocated for it): UNAVAILABLE when the
+//                budget is spent, as Submit's step 2. Handed to Submit in
+//                Admitted.budget, which then reserves nothing more; given
+//                back once, when the last copy of the lease goes (a failed
+//                assembly's at once).
 //   AllocateStaging()  a backend's memory for an input that arrives in
 //                parts; declined (empty) in echo mode or with no backend
 //                that stages.
@@ -59,6 +66,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/scheduling/backend.h"
@@ -134,6 +142,12 @@ class Admission {
   // share reserved as a chunked request arrived; nothing more is taken
   // then. A refused request keeps nothing that Submit took.
   void Submit(InferenceRequest request, Responder responder, Admitted* admitted = nullptr);
+
+  // Reserves `bytes` of the memory budget (Reserve above) until the
+  // returned lease is destroyed; a null lease (OK) when there is no budget.
+  // UNAVAILABLE naming --max_held_bytes when the budget is spent: nothing
+  // is kept then.
+  absl::StatusOr<std::shared_ptr<const void>> Reserve(int64_t bytes);
 
   // A backend's memory for an input that arrives in parts, to hand in as
   // the item's segment.staged; empty in echo mode or when no backend has any.

@@ -140,6 +140,48 @@ TEST(AdmissionTest, TheCallersShareIsKeptUntilItLetsGo) {
   EXPECT_TRUE(second.status.ok()) << second.status;
 }
 
+// A chunked request's share (Reserve): refused when it would pass the
+// budget, keeping nothing; handed to Submit, which reserves nothing more;
+// given back exactly once, when its holder lets go (a second release would
+// leave the budget below zero).
+TEST(AdmissionTest, AReservationIsTakenOnceAndGivenBackOnce) {
+  Held held;
+  MemoryBudget budget(10 * kBytes);
+  Admission admission({false, &budget}, &held.batcher);
+  absl::StatusOr<std::shared_ptr<const void>> refused = admission.Reserve(11 * kBytes);
+  ASSERT_TRUE(refused.ok());  // an empty budget admits one request of any size
+  refused->reset();
+  absl::StatusOr<std::shared_ptr<const void>> first = admission.Reserve(3 * kBytes);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_NE(*first, nullptr);
+  EXPECT_EQ(budget.held(), 3 * kBytes);
+  refused = admission.Reserve(8 * kBytes);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("--max_held_bytes"), std::string::npos);
+  EXPECT_EQ(budget.held(), 3 * kBytes);
+
+  // Queued on its reservation: nothing more is reserved, and its caller
+  // keeps the share until the answer is sent.
+  Admission::Admitted kept;
+  kept.budget = *std::move(first);
+  TestRequest queued;
+  admission.Submit(Request(&queued), Answer(&queued), &kept);
+  EXPECT_EQ(budget.held(), 3 * kBytes);
+  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
+  held.backend.ReleaseOne();
+  ASSERT_TRUE(queued.Wait());
+  EXPECT_TRUE(queued.status.ok()) << queued.status;
+  EXPECT_EQ(budget.held(), 3 * kBytes);
+  kept = Admission::Admitted{};
+  EXPECT_EQ(budget.held(), 0);
+
+  // Without a budget: no share, never refused.
+  Admission unbounded({false, nullptr}, &held.batcher);
+  absl::StatusOr<std::shared_ptr<const void>> none = unbounded.Reserve(1 << 30);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
+}
+
 TEST(AdmissionTest, ASpentBudgetRefusesBeforeAnythingIsQueued) {
   Held held;
   MemoryBudget budget(3 * kBytes);

@@ -9,9 +9,9 @@
 // (from the TensorBufferPool when it is large), or straight into a backend's
 // staging when the caller's `stage` gives some (Backend::AllocateStaging:
 // the GPU's pinned memory, which then needs no copy at admission). The
-// tensor's input and output
-// bytes are reserved in the MemoryBudget from the first chunk on; the lease
-// goes with the completed request to its submission (dispatch.h). Every malformed sequence
+// tensor's input and output bytes are reserved through `reserve`
+// (Admission::Reserve) from the first chunk on; the lease goes with the
+// completed request to its submission (dispatch.h). Every malformed sequence
 // yields exactly one error, for the request it belongs to; later chunks of a
 // failed request_id are dropped, without a response, up to its last chunk.
 //
@@ -33,10 +33,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/chunk_wire.h"
-#include "server/scheduling/memory_budget.h"
 #include "server/rpc/tensor_buffer_pool.h"
 #include "server/rpc/softmax_v1.h"
 #include "server/rpc/validation.h"
@@ -85,11 +85,16 @@ class ChunkAssembler {
   // Memory for a tensor of the given bytes, or StagingBuffer{} for none.
   using Stage = std::function<StagingBuffer(int64_t bytes)>;
 
-  // `budget` and `pool` may be null; both must outlive the assembler.
-  // `stage` may be empty (every tensor is assembled in its request).
-  ChunkAssembler(const RequestLimits& limits, MemoryBudget* budget, TensorBufferPool* pool,
+  // A tensor's share of the memory budget (Admission::Reserve): a lease,
+  // null when there is no budget, or the refusal.
+  using Reserve = std::function<absl::StatusOr<std::shared_ptr<const void>>(int64_t bytes)>;
+
+  // `pool` may be null and must outlive the assembler. `reserve` and
+  // `stage` may be empty (no budget; every tensor is assembled in its
+  // request).
+  ChunkAssembler(const RequestLimits& limits, Reserve reserve, TensorBufferPool* pool,
                  Stage stage = nullptr)
-      : limits_(limits), budget_(budget), pool_(pool), stage_(std::move(stage)) {}
+      : limits_(limits), reserve_(std::move(reserve)), pool_(pool), stage_(std::move(stage)) {}
 
   // Offers the stream's next message. `request` is the message, parsed; for
   // kStarted, `*held` is moved into the assembler and `request` must stay
@@ -130,15 +135,10 @@ class ChunkAssembler {
     const int64_t first = static_cast<int64_t>(request->input().data().size());
     if (first > total) return Fail(request, Beyond(id, 0, first, total));
     std::shared_ptr<const void> lease;
-    if (budget_ != nullptr) {
-      lease = budget_->TryReserve(2 * total);
-      if (lease == nullptr) {
-        return Fail(request, absl::UnavailableError(absl::StrCat(
-                                 "server memory budget spent: requests hold ", budget_->held(),
-                                 " bytes and this chunked one needs ", 2 * total,
-                                 " more (--max_held_bytes=", budget_->limit(),
-                                 "); retry with backoff")));
-      }
+    if (reserve_) {
+      absl::StatusOr<std::shared_ptr<const void>> reserved = reserve_(2 * total);
+      if (!reserved.ok()) return Fail(request, reserved.status());
+      lease = *std::move(reserved);
     }
     StagingBuffer staging = stage_ ? stage_(total) : StagingBuffer{};
     std::string* field = request->mutable_input()->mutable_data();
@@ -306,7 +306,7 @@ class ChunkAssembler {
   }
 
   const RequestLimits limits_;
-  MemoryBudget* const budget_;
+  const Reserve reserve_;
   TensorBufferPool* const pool_;
   const Stage stage_;
   Map assembling_;

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "server/scheduling/admission.h"
+
 namespace softmax::server {
 namespace {
 
@@ -182,7 +184,12 @@ TEST_F(ChunkAssemblerTest, BoundsTensorsBeingAssembled) {
 
 TEST_F(ChunkAssemblerTest, PartialBytesCountAgainstTheBudget) {
   MemoryBudget budget(10000);
-  Assembler assembler(limits_, &budget, &pool_);
+  AdmissionOptions options;
+  options.echo = true;
+  options.budget = &budget;
+  Admission admission(options, nullptr);
+  Assembler assembler(
+      limits_, [&admission](int64_t bytes) { return admission.Reserve(bytes); }, &pool_);
   ASSERT_EQ(Offer(assembler, First("a", 100)).kind, Kind::kStarted);
   EXPECT_EQ(budget.held(), 8000);  // input and output
   ExpectError(Offer(assembler, First("b", 100)), absl::StatusCode::kUnavailable,

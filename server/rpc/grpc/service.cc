@@ -117,7 +117,9 @@ class SoftmaxStreamHandler {
       : front_end_(front_end),
         context_(context),
         assembler_(std::make_unique<ChunkAssembler<Started>>(
-            front_end.limits, front_end.admission->budget(), front_end.buffers.get(),
+            front_end.limits,
+            [admission = front_end.admission](int64_t bytes) { return admission->Reserve(bytes); },
+            front_end.buffers.get(),
             [admission = front_end.admission](int64_t bytes) {
               return admission->AllocateStaging(bytes);
             })) {}
