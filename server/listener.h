@@ -25,7 +25,6 @@
 #ifndef SOFTMAX_SERVER_LISTENER_H_
 #define SOFTMAX_SERVER_LISTENER_H_
 
-#include <functional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -51,27 +50,31 @@ class Listener {
   virtual void Wait() = 0;
 };
 
-// For a listener whose stop is one blocking call: Begin runs it on a thread
-// of its own (the first call only), Join waits for it; destruction joins.
-class StopThread {
+// A listener whose stop is one blocking call (civetweb's, which closes the
+// port, lets the handlers running return, then returns): StopAccepting runs
+// Stop on a thread of its own, Shutdown adds nothing (there is no deadline
+// to give such a call), Wait joins the thread. The subclass's destructor
+// must call JoinStop() and then Stop() before its members go.
+class StoppedByOneCall : public Listener {
  public:
-  StopThread() = default;
-  ~StopThread() { Join(); }
-  StopThread(const StopThread&) = delete;
-  StopThread& operator=(const StopThread&) = delete;
-
-  void Begin(std::function<void()> stop) {
-    if (begun_) return;
-    begun_ = true;
-    thread_ = std::thread(std::move(stop));
+  void StopAccepting() override {
+    if (stopping_) return;
+    stopping_ = true;
+    stop_ = std::thread([this] { Stop(); });
   }
-  void Join() {
-    if (thread_.joinable()) thread_.join();
+  void Shutdown(absl::Time /*deadline*/) override { StopAccepting(); }
+  void Wait() override { JoinStop(); }
+
+ protected:
+  // Stops serving and returns once stopped; idempotent.
+  virtual void Stop() = 0;
+  void JoinStop() {
+    if (stop_.joinable()) stop_.join();
   }
 
  private:
-  bool begun_ = false;
-  std::thread thread_;
+  bool stopping_ = false;
+  std::thread stop_;
 };
 
 }  // namespace softmax::server

@@ -1,13 +1,29 @@
 #include "server/server_options.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace softmax::server {
 namespace {
+
+// An AbslParseFlag by a parser returning absl::StatusOr<T>: its error's
+// message is the flag's.
+template <typename T, typename Parse>
+bool ParseInto(Parse parse, absl::string_view text, T* value, std::string* error) {
+  absl::StatusOr<T> parsed = parse(text);
+  if (!parsed.ok()) {
+    *error = std::string(parsed.status().message());
+    return false;
+  }
+  *value = *std::move(parsed);
+  return true;
+}
 
 absl::Status MustBePositive(const char* flag, int64_t value) {
   if (value > 0) return absl::OkStatus();
@@ -77,13 +93,7 @@ absl::Status Validate(const ServerOptions& options) {
 }
 
 bool AbslParseFlag(absl::string_view text, DeviceSpec* spec, std::string* error) {
-  absl::StatusOr<DeviceSpec> parsed = ParseDeviceSpec(text);
-  if (!parsed.ok()) {
-    *error = std::string(parsed.status().message());
-    return false;
-  }
-  *spec = std::move(*parsed);
-  return true;
+  return ParseInto(ParseDeviceSpec, text, spec, error);
 }
 
 std::string AbslUnparseFlag(const DeviceSpec& spec) {
@@ -101,13 +111,7 @@ std::string AbslUnparseFlag(const DeviceSpec& spec) {
 }
 
 bool AbslParseFlag(absl::string_view text, SharedMemoryMode* mode, std::string* error) {
-  absl::StatusOr<SharedMemoryMode> parsed = ParseSharedMemoryMode(text);
-  if (!parsed.ok()) {
-    *error = std::string(parsed.status().message());
-    return false;
-  }
-  *mode = *parsed;
-  return true;
+  return ParseInto(ParseSharedMemoryMode, text, mode, error);
 }
 
 std::string AbslUnparseFlag(SharedMemoryMode mode) {
@@ -127,13 +131,7 @@ std::string AbslUnparseFlag(SharedMemoryMode mode) {
 namespace softmax::server::logging {
 
 bool AbslParseFlag(absl::string_view text, LogFormat* format, std::string* error) {
-  absl::StatusOr<LogFormat> parsed = ParseLogFormat(text);
-  if (!parsed.ok()) {
-    *error = std::string(parsed.status().message());
-    return false;
-  }
-  *format = *parsed;
-  return true;
+  return ParseInto(ParseLogFormat, text, format, error);
 }
 
 std::string AbslUnparseFlag(LogFormat format) {

@@ -280,7 +280,7 @@ MetricsExposer::MetricsExposer(const Metrics* metrics, std::string address)
     : metrics_(metrics), address_(std::move(address)) {}
 
 MetricsExposer::~MetricsExposer() {
-  stop_.Join();
+  JoinStop();
   Stop();
 }
 
@@ -303,14 +303,6 @@ absl::Status MetricsExposer::Start() {
   bound_address_ = absl::StrCat(HostOf(address_), ":", ports.front());
   return absl::OkStatus();
 }
-
-void MetricsExposer::StopAccepting() {
-  stop_.Begin([this] { Stop(); });
-}
-
-void MetricsExposer::Shutdown(absl::Time /*deadline*/) { StopAccepting(); }
-
-void MetricsExposer::Wait() { stop_.Join(); }
 
 void MetricsExposer::Stop() {
   if (exposer_ == nullptr) return;

@@ -204,12 +204,11 @@ class Metrics final : public BatcherObserver {
   std::unique_ptr<MetricsExposer> exposer_;
 };
 
-// Serves a Metrics' collectables at http://address/metrics: a Listener.
-// StopAccepting starts the exposer's stop on a thread of its own (the port
-// closes; a scrape being answered finishes; about a second, civetweb's
-// stop); Shutdown adds nothing; Wait joins the stop. Recording goes on
-// whether or not it serves.
-class MetricsExposer final : public Listener {
+// Serves a Metrics' collectables at http://address/metrics: a Listener whose
+// stop is civetweb's (StoppedByOneCall: the port closes, a scrape being
+// answered finishes; about a second). Recording goes on whether or not it
+// serves.
+class MetricsExposer final : public StoppedByOneCall {
  public:
   // `metrics` must outlive the exposer. `address`: host:port, port 0 picks
   // a free one.
@@ -223,18 +222,14 @@ class MetricsExposer final : public Listener {
   // UNAVAILABLE when the address cannot be bound.
   absl::Status Start() override;
   std::string BoundAddress() const override { return bound_address_; }
-  void StopAccepting() override;
-  void Shutdown(absl::Time deadline) override;
-  void Wait() override;
 
  private:
-  void Stop();
+  void Stop() override;
 
   const Metrics* const metrics_;
   const std::string address_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::string bound_address_;
-  StopThread stop_;
 };
 
 }  // namespace softmax::server

@@ -4,6 +4,7 @@
 #include <climits>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -144,7 +145,7 @@ GrpcListener::GrpcListener(GrpcServerOptions options, grpc::Service* service)
     : options_(std::move(options)), service_(service) {}
 
 GrpcListener::~GrpcListener() {
-  shutdown_.Join();
+  if (shutdown_.joinable()) shutdown_.join();
   if (running_.server != nullptr) {
     running_.server->Shutdown();  // returns at once when already shut down
     running_.server->Wait();
@@ -166,13 +167,14 @@ std::string GrpcListener::BoundAddress() const {
 }
 
 void GrpcListener::Shutdown(absl::Time deadline) {
-  shutdown_.Begin([this, deadline] {
+  if (shutdown_.joinable()) return;
+  shutdown_ = std::thread([this, deadline] {
     running_.server->Shutdown(absl::ToChronoTime(deadline));
   });
 }
 
 void GrpcListener::Wait() {
-  shutdown_.Join();
+  if (shutdown_.joinable()) shutdown_.join();
   running_.server->Wait();
 }
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -130,7 +131,7 @@ class GrpcListener final : public Listener {
   const GrpcServerOptions options_;
   grpc::Service* const service_;
   RunningServer running_;
-  StopThread shutdown_;
+  std::thread shutdown_;
 };
 
 }  // namespace softmax::server

@@ -612,7 +612,7 @@ KServeHttpServer::KServeHttpServer(HttpServerOptions options, const FrontEnd& fr
     : options_(std::move(options)), front_end_(front_end), statistics_(statistics) {}
 
 KServeHttpServer::~KServeHttpServer() {
-  stop_.Join();
+  JoinStop();
   Stop();
 }
 
@@ -668,14 +668,6 @@ absl::Status KServeHttpServer::Start() {
   bound_address_ = absl::StrCat(host, ":", ports[0].port);
   return absl::OkStatus();
 }
-
-void KServeHttpServer::StopAccepting() {
-  stop_.Begin([this] { Stop(); });
-}
-
-void KServeHttpServer::Shutdown(absl::Time /*deadline*/) { StopAccepting(); }
-
-void KServeHttpServer::Wait() { stop_.Join(); }
 
 void KServeHttpServer::Stop() {
   if (context_ == nullptr) return;

@@ -84,12 +84,11 @@ struct HttpInferOptions {
 absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_length,
                                    kserve::InferRequestParts* parts, HttpInferOptions* options);
 
-// The endpoint as a Listener. StopAccepting starts civetweb's stop on a
-// thread of its own: the port closes at once, and the stop returns once the
-// handlers running have answered and the keep-alive connections have closed
-// (up to kHttpKeepAliveMs' poll, 2 s). Shutdown adds nothing: civetweb has no
-// deadline to give. Wait joins the stop.
-class KServeHttpServer final : public Listener {
+// The endpoint as a Listener whose stop is civetweb's (StoppedByOneCall):
+// the port closes at once, and the stop returns once the handlers running
+// have answered and the keep-alive connections have closed (up to
+// kHttpKeepAliveMs' poll, 2 s).
+class KServeHttpServer final : public StoppedByOneCall {
  public:
   // Starts nothing. `front_end`'s pointees and `statistics` must outlive
   // the server. Bodies are limited by front_end.limits.max_tensor_bytes
@@ -110,12 +109,9 @@ class KServeHttpServer final : public Listener {
   absl::Status Start() override;
   // host:port actually bound.
   std::string BoundAddress() const override { return bound_address_; }
-  void StopAccepting() override;
-  void Shutdown(absl::Time deadline) override;
-  void Wait() override;
 
   // Closes the listener and waits for the handlers running. Idempotent.
-  void Stop();
+  void Stop() override;
 
   // civetweb's request handler (public for its C callback).
   int Handle(mg_connection* connection);
@@ -133,7 +129,6 @@ class KServeHttpServer final : public Listener {
   // Why the TLS setup failed (written by civetweb's init_ssl callback
   // during Start, on Start's thread).
   absl::Status tls_status_;
-  StopThread stop_;
 };
 
 }  // namespace softmax::server
