@@ -296,6 +296,31 @@ std::vector<std::string> Extensions(const SharedMemoryManager* shared_memory) {
   return out;
 }
 
+absl::StatusOr<std::vector<SharedMemoryRegionStatus>> RunSharedMemoryCall(
+    const SharedMemoryCall& call, SharedMemoryManager* shared_memory) {
+  if (shared_memory == nullptr) {
+    return absl::UnimplementedError(
+        "shared memory is turned off on this server (--shared_memory=off)");
+  }
+  absl::Status status;
+  switch (call.action) {
+    case SharedMemoryCall::Action::kStatus:
+      return shared_memory->Status(call.kind, call.name);
+    case SharedMemoryCall::Action::kRegister:
+      status = call.kind == SharedMemoryKind::kSystem
+                   ? shared_memory->RegisterSystem(call.name, call.key, call.offset,
+                                                   call.byte_size)
+                   : shared_memory->RegisterCuda(call.name, call.raw_handle, call.device,
+                                                 call.byte_size);
+      break;
+    case SharedMemoryCall::Action::kUnregister:
+      status = shared_memory->Unregister(call.kind, call.name);
+      break;
+  }
+  if (!status.ok()) return status;
+  return std::vector<SharedMemoryRegionStatus>();
+}
+
 bool HasContents(const inference::InferTensorContents& c) {
   return c.bool_contents_size() > 0 || c.int_contents_size() > 0 ||
          c.int64_contents_size() > 0 || c.uint_contents_size() > 0 ||

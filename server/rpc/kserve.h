@@ -160,6 +160,30 @@ absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManag
                          InferenceRequest* request,
                          std::vector<std::shared_ptr<const void>>* leases);
 
+// One call of the system or CUDA shared-memory extension (register,
+// unregister or status), as either front-end parsed it from its wire form.
+struct SharedMemoryCall {
+  enum class Action { kStatus, kRegister, kUnregister };
+  Action action = Action::kStatus;
+  SharedMemoryKind kind = SharedMemoryKind::kSystem;
+  // The region; empty for unregister and status means every region of kind.
+  std::string name;
+  // Register's arguments: key and offset (system), raw_handle (the
+  // cudaIpcMemHandle_t's bytes) and device (cuda), byte_size (both).
+  std::string key;
+  int64_t offset = 0;
+  std::string raw_handle;
+  int64_t device = 0;
+  int64_t byte_size = 0;
+};
+
+// Runs `call` against `shared_memory` (null: shared memory is not served)
+// and returns the regions a status call lists (empty for the others).
+// UNIMPLEMENTED when shared memory is off (as Triton answers an extension it
+// does not serve); otherwise SharedMemoryManager's errors.
+absl::StatusOr<std::vector<SharedMemoryRegionStatus>> RunSharedMemoryCall(
+    const SharedMemoryCall& call, SharedMemoryManager* shared_memory);
+
 // The extensions ServerMetadata and GET /v2 list: kExtensions, and the
 // shared-memory ones `shared_memory` allows.
 std::vector<std::string> Extensions(const SharedMemoryManager* shared_memory);

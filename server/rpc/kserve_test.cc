@@ -1,7 +1,12 @@
 #include "server/rpc/kserve.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "server/rpc/validation.h"
 
 namespace softmax::server::kserve {
@@ -236,6 +241,59 @@ TEST(KServeTest, ConfigSaysDynamicBatchingAndVariableDims) {
   EXPECT_EQ(config.input(0).dims(0), -1);
   EXPECT_EQ(HttpStatus(absl::StatusCode::kNotFound), 404);
   EXPECT_EQ(HttpStatus(absl::StatusCode::kUnavailable), 503);
+}
+
+TEST(KServeTest, SharedMemoryCallsRegisterListAndUnregister) {
+  SharedMemoryCall status_call;
+  EXPECT_EQ(RunSharedMemoryCall(status_call, nullptr).status().code(),
+            absl::StatusCode::kUnimplemented);
+
+  const std::string key = absl::StrCat("/softmax-kserve-test-", getpid());
+  const int fd = shm_open(key.c_str(), O_CREAT | O_RDWR | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  close(fd);
+  {
+    SharedMemoryManager manager(SharedMemoryMode::kSystem, nullptr);
+    SharedMemoryCall call;
+    call.action = SharedMemoryCall::Action::kRegister;
+    call.name = "region";
+    call.key = key;
+    call.offset = 1024;
+    call.byte_size = 2048;
+    absl::StatusOr<std::vector<SharedMemoryRegionStatus>> answer =
+        RunSharedMemoryCall(call, &manager);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_TRUE(answer->empty());
+    EXPECT_EQ(RunSharedMemoryCall(call, &manager).status().code(),
+              absl::StatusCode::kAlreadyExists);
+
+    answer = RunSharedMemoryCall(status_call, &manager);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ASSERT_EQ(answer->size(), 1u);
+    EXPECT_EQ((*answer)[0].name, "region");
+    EXPECT_EQ((*answer)[0].key, key);
+    EXPECT_EQ((*answer)[0].offset, 1024);
+    EXPECT_EQ((*answer)[0].byte_size, 2048);
+    // The CUDA kind lists none of the system regions, and is off here.
+    SharedMemoryCall cuda = status_call;
+    cuda.kind = SharedMemoryKind::kCuda;
+    answer = RunSharedMemoryCall(cuda, &manager);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_TRUE(answer->empty());
+    cuda.action = SharedMemoryCall::Action::kRegister;
+    cuda.name = "gpu";
+    EXPECT_EQ(RunSharedMemoryCall(cuda, &manager).status().code(),
+              absl::StatusCode::kUnimplemented);
+
+    call.action = SharedMemoryCall::Action::kUnregister;
+    ASSERT_TRUE(RunSharedMemoryCall(call, &manager).ok());
+    EXPECT_EQ(RunSharedMemoryCall(call, &manager).status().code(), absl::StatusCode::kNotFound);
+    answer = RunSharedMemoryCall(status_call, &manager);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_TRUE(answer->empty());
+  }
+  shm_unlink(key.c_str());
 }
 
 }  // namespace

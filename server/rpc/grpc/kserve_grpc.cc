@@ -296,19 +296,37 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KServeGrpcService::
                                                StreamInferHandler(this, context));
 }
 
-// The shared-memory extensions. Without a manager (or with
-// --shared_memory=off) registration answers UNIMPLEMENTED, as Triton does for
-// an extension it does not serve.
+// The shared-memory extensions: each method parses its request into a
+// kserve::SharedMemoryCall and encodes what kserve::RunSharedMemoryCall
+// answers.
 namespace {
 
-absl::Status NoSharedMemory() {
-  return absl::UnimplementedError(
-      "shared memory is turned off on this server (--shared_memory=off)");
-}
+using kserve::SharedMemoryCall;
 
 int64_t ToInt64(uint64_t value) {
   return static_cast<int64_t>(std::min<uint64_t>(value, std::numeric_limits<int64_t>::max()));
 }
+
+SharedMemoryCall MakeCall(SharedMemoryCall::Action action, SharedMemoryKind kind,
+                          const std::string& name) {
+  SharedMemoryCall call;
+  call.action = action;
+  call.kind = kind;
+  call.name = name;
+  return call;
+}
+
+// Runs `call`; a status call's regions go through `add` into the response.
+template <typename Add>
+absl::Status RunCall(const SharedMemoryCall& call, SharedMemoryManager* shared_memory, Add add) {
+  absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
+      kserve::RunSharedMemoryCall(call, shared_memory);
+  if (!regions.ok()) return regions.status();
+  for (const SharedMemoryRegionStatus& region : *regions) add(region);
+  return absl::OkStatus();
+}
+
+void NoRegions(const SharedMemoryRegionStatus&) {}
 
 }  // namespace
 
@@ -317,18 +335,15 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryStatus(
     const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
   return Authenticated(front_end_, context, [&]() -> absl::Status {
-    if (shared_memory_ == nullptr) return NoSharedMemory();
-    absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
-        shared_memory_->Status(SharedMemoryKind::kSystem, request->name());
-    if (!regions.ok()) return regions.status();
-    for (const SharedMemoryRegionStatus& region : *regions) {
-      auto& out = (*response->mutable_regions())[region.name];
-      out.set_name(region.name);
-      out.set_key(region.key);
-      out.set_offset(static_cast<uint64_t>(region.offset));
-      out.set_byte_size(static_cast<uint64_t>(region.byte_size));
-    }
-    return absl::OkStatus();
+    return RunCall(MakeCall(SharedMemoryCall::Action::kStatus, SharedMemoryKind::kSystem,
+                            request->name()),
+                   shared_memory_, [response](const SharedMemoryRegionStatus& region) {
+                     auto& out = (*response->mutable_regions())[region.name];
+                     out.set_name(region.name);
+                     out.set_key(region.key);
+                     out.set_offset(static_cast<uint64_t>(region.offset));
+                     out.set_byte_size(static_cast<uint64_t>(region.byte_size));
+                   });
   });
 }
 
@@ -337,10 +352,12 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryRegister(
     const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse*) {
   return Authenticated(front_end_, context, [&]() -> absl::Status {
-    if (shared_memory_ == nullptr) return NoSharedMemory();
-    return shared_memory_->RegisterSystem(request->name(), request->key(),
-                                          ToInt64(request->offset()),
-                                          ToInt64(request->byte_size()));
+    SharedMemoryCall call = MakeCall(SharedMemoryCall::Action::kRegister,
+                                     SharedMemoryKind::kSystem, request->name());
+    call.key = request->key();
+    call.offset = ToInt64(request->offset());
+    call.byte_size = ToInt64(request->byte_size());
+    return RunCall(call, shared_memory_, NoRegions);
   });
 }
 
@@ -349,8 +366,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::SystemSharedMemoryUnregister(
     const inference::SystemSharedMemoryUnregisterRequest* request,
     inference::SystemSharedMemoryUnregisterResponse*) {
   return Authenticated(front_end_, context, [&]() -> absl::Status {
-    if (shared_memory_ == nullptr) return NoSharedMemory();
-    return shared_memory_->Unregister(SharedMemoryKind::kSystem, request->name());
+    return RunCall(MakeCall(SharedMemoryCall::Action::kUnregister, SharedMemoryKind::kSystem,
+                            request->name()),
+                   shared_memory_, NoRegions);
   });
 }
 
@@ -358,17 +376,14 @@ grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryStatus(
     grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
     inference::CudaSharedMemoryStatusResponse* response) {
   return Authenticated(front_end_, context, [&]() -> absl::Status {
-    if (shared_memory_ == nullptr) return NoSharedMemory();
-    absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
-        shared_memory_->Status(SharedMemoryKind::kCuda, request->name());
-    if (!regions.ok()) return regions.status();
-    for (const SharedMemoryRegionStatus& region : *regions) {
-      auto& out = (*response->mutable_regions())[region.name];
-      out.set_name(region.name);
-      out.set_device_id(static_cast<uint64_t>(region.device));
-      out.set_byte_size(static_cast<uint64_t>(region.byte_size));
-    }
-    return absl::OkStatus();
+    return RunCall(MakeCall(SharedMemoryCall::Action::kStatus, SharedMemoryKind::kCuda,
+                            request->name()),
+                   shared_memory_, [response](const SharedMemoryRegionStatus& region) {
+                     auto& out = (*response->mutable_regions())[region.name];
+                     out.set_name(region.name);
+                     out.set_device_id(static_cast<uint64_t>(region.device));
+                     out.set_byte_size(static_cast<uint64_t>(region.byte_size));
+                   });
   });
 }
 
@@ -377,9 +392,12 @@ grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryRegister(
     const inference::CudaSharedMemoryRegisterRequest* request,
     inference::CudaSharedMemoryRegisterResponse*) {
   return Authenticated(front_end_, context, [&]() -> absl::Status {
-    if (shared_memory_ == nullptr) return NoSharedMemory();
-    return shared_memory_->RegisterCuda(request->name(), request->raw_handle(),
-                                        request->device_id(), ToInt64(request->byte_size()));
+    SharedMemoryCall call = MakeCall(SharedMemoryCall::Action::kRegister,
+                                     SharedMemoryKind::kCuda, request->name());
+    call.raw_handle = request->raw_handle();
+    call.device = request->device_id();
+    call.byte_size = ToInt64(request->byte_size());
+    return RunCall(call, shared_memory_, NoRegions);
   });
 }
 
@@ -388,8 +406,9 @@ grpc::ServerUnaryReactor* KServeGrpcService::CudaSharedMemoryUnregister(
     const inference::CudaSharedMemoryUnregisterRequest* request,
     inference::CudaSharedMemoryUnregisterResponse*) {
   return Authenticated(front_end_, context, [&]() -> absl::Status {
-    if (shared_memory_ == nullptr) return NoSharedMemory();
-    return shared_memory_->Unregister(SharedMemoryKind::kCuda, request->name());
+    return RunCall(MakeCall(SharedMemoryCall::Action::kUnregister, SharedMemoryKind::kCuda,
+                            request->name()),
+                   shared_memory_, NoRegions);
   });
 }
 

@@ -774,6 +774,62 @@ int KServeHttpServer::Handle(mg_connection* connection) {
   return not_found();
 }
 
+namespace {
+
+// A register call's JSON body into `call` (of its kind): byte_size, and key
+// and offset (system) or device_id and raw_handle {"b64": ...} (cuda).
+absl::Status ParseRegisterBody(mg_connection* connection, kserve::SharedMemoryCall* call) {
+  const mg_request_info* info = mg_get_request_info(connection);
+  constexpr int64_t kMaxRegisterBody = 64 * 1024;  // a register body is a few fields
+  if (info->content_length < 0 || info->content_length > kMaxRegisterBody) {
+    return absl::InvalidArgumentError(absl::StrCat("request body: a JSON object of at most ",
+                                                   kMaxRegisterBody,
+                                                   " bytes with Content-Length is required"));
+  }
+  std::string body(static_cast<size_t>(info->content_length), '\0');
+  const size_t read = ReadBody(connection, &body);
+  const Json request = Json::parse(body.begin(), body.begin() + read, nullptr, false);
+  if (read != body.size() || request.is_discarded() || !request.is_object()) {
+    return absl::InvalidArgumentError("request body: not a JSON object");
+  }
+  auto integer = [&](const char* key, bool required, int64_t* out) -> absl::Status {
+    auto value = request.find(key);
+    if (value == request.end()) {
+      return required ? absl::InvalidArgumentError(absl::StrCat(key, ": missing"))
+                      : absl::OkStatus();
+    }
+    if (!value->is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": expected an integer"));
+    }
+    *out = value->is_number_unsigned()
+               ? static_cast<int64_t>(std::min<uint64_t>(value->get<uint64_t>(),
+                                                         std::numeric_limits<int64_t>::max()))
+               : value->get<int64_t>();
+    return absl::OkStatus();
+  };
+  SOFTMAX_RETURN_IF_ERROR(integer("byte_size", true, &call->byte_size));
+  if (call->kind == SharedMemoryKind::kSystem) {
+    SOFTMAX_RETURN_IF_ERROR(integer("offset", false, &call->offset));
+    auto key = request.find("key");
+    if (key == request.end() || !key->is_string()) {
+      return absl::InvalidArgumentError("key: expected a string");
+    }
+    call->key = key->get<std::string>();
+    return absl::OkStatus();
+  }
+  SOFTMAX_RETURN_IF_ERROR(integer("device_id", true, &call->device));
+  auto handle = request.find("raw_handle");
+  if (handle == request.end() || !handle->is_object() || !handle->contains("b64") ||
+      !(*handle)["b64"].is_string() ||
+      !absl::Base64Unescape((*handle)["b64"].get<std::string>(), &call->raw_handle)) {
+    return absl::InvalidArgumentError(
+        "raw_handle: expected {\"b64\": the cudaIpcMemHandle_t in base64}");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 // /v2/{system,cuda}sharedmemory[/region/NAME]/{status,register,unregister}
 // (Triton's shared-memory extensions over HTTP).
 int KServeHttpServer::SharedMemory(mg_connection* connection, const std::string& method,
@@ -800,87 +856,34 @@ int KServeHttpServer::SharedMemory(mg_connection* connection, const std::string&
         "no endpoint ", method, " /", absl::StrJoin(segments, "/"),
         " (see the shared-memory extensions of the KServe v2 HTTP API)"))));
   }
-  SharedMemoryManager* shm = options_.shared_memory;
-  if (shm == nullptr) {
-    return reply(ErrorReply(absl::UnimplementedError(
-        "shared memory is turned off on this server (--shared_memory=off)")));
+  using kserve::SharedMemoryCall;
+  SharedMemoryCall call;
+  call.kind = kind;
+  call.name = name;
+  call.action = action == "status"       ? SharedMemoryCall::Action::kStatus
+                : action == "unregister" ? SharedMemoryCall::Action::kUnregister
+                                         : SharedMemoryCall::Action::kRegister;
+  if (call.action == SharedMemoryCall::Action::kRegister && options_.shared_memory != nullptr) {
+    const absl::Status parsed = ParseRegisterBody(connection, &call);
+    if (!parsed.ok()) return reply(ErrorReply(parsed));
   }
-  if (action == "status") {
-    absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions = shm->Status(kind, name);
-    if (!regions.ok()) return reply(ErrorReply(regions.status()));
-    Json out = Json::array();
-    for (const SharedMemoryRegionStatus& region : *regions) {
-      if (kind == SharedMemoryKind::kSystem) {
-        out.push_back({{"name", region.name},
-                       {"key", region.key},
-                       {"offset", region.offset},
-                       {"byte_size", region.byte_size}});
-      } else {
-        out.push_back(
-            {{"name", region.name}, {"device_id", region.device}, {"byte_size", region.byte_size}});
-      }
+  absl::StatusOr<std::vector<SharedMemoryRegionStatus>> regions =
+      kserve::RunSharedMemoryCall(call, options_.shared_memory);
+  if (!regions.ok()) return reply(ErrorReply(regions.status()));
+  if (call.action != SharedMemoryCall::Action::kStatus) return reply(EmptyReply(200));
+  Json out = Json::array();
+  for (const SharedMemoryRegionStatus& region : *regions) {
+    if (kind == SharedMemoryKind::kSystem) {
+      out.push_back({{"name", region.name},
+                     {"key", region.key},
+                     {"offset", region.offset},
+                     {"byte_size", region.byte_size}});
+    } else {
+      out.push_back(
+          {{"name", region.name}, {"device_id", region.device}, {"byte_size", region.byte_size}});
     }
-    return reply(JsonReply(200, out));
   }
-  if (action == "unregister") {
-    const absl::Status status = shm->Unregister(kind, name);
-    return reply(status.ok() ? EmptyReply(200) : ErrorReply(status));
-  }
-  // register: a small JSON body.
-  const mg_request_info* info = mg_get_request_info(connection);
-  constexpr int64_t kMaxRegisterBody = 64 * 1024;
-  if (info->content_length < 0 || info->content_length > kMaxRegisterBody) {
-    return reply(ErrorReply(absl::InvalidArgumentError(absl::StrCat(
-        "request body: a JSON object of at most ", kMaxRegisterBody,
-        " bytes with Content-Length is required"))));
-  }
-  std::string body(static_cast<size_t>(info->content_length), '\0');
-  const size_t read = ReadBody(connection, &body);
-  const Json request = Json::parse(body.begin(), body.begin() + read, nullptr, false);
-  if (read != body.size() || request.is_discarded() || !request.is_object()) {
-    return reply(ErrorReply(absl::InvalidArgumentError("request body: not a JSON object")));
-  }
-  auto integer = [&](const char* key, bool required, int64_t* out) -> absl::Status {
-    auto value = request.find(key);
-    if (value == request.end()) {
-      return required ? absl::InvalidArgumentError(absl::StrCat(key, ": missing"))
-                      : absl::OkStatus();
-    }
-    if (!value->is_number_integer()) {
-      return absl::InvalidArgumentError(absl::StrCat(key, ": expected an integer"));
-    }
-    *out = value->is_number_unsigned()
-               ? static_cast<int64_t>(std::min<uint64_t>(value->get<uint64_t>(),
-                                                         std::numeric_limits<int64_t>::max()))
-               : value->get<int64_t>();
-    return absl::OkStatus();
-  };
-  int64_t byte_size = 0;
-  absl::Status status = integer("byte_size", true, &byte_size);
-  if (status.ok() && kind == SharedMemoryKind::kSystem) {
-    int64_t offset = 0;
-    status = integer("offset", false, &offset);
-    auto key = request.find("key");
-    if (status.ok() && (key == request.end() || !key->is_string())) {
-      status = absl::InvalidArgumentError("key: expected a string");
-    }
-    if (status.ok()) status = shm->RegisterSystem(name, key->get<std::string>(), offset, byte_size);
-  } else if (status.ok()) {
-    int64_t device = 0;
-    status = integer("device_id", true, &device);
-    auto handle = request.find("raw_handle");
-    std::string raw;
-    if (status.ok()) {
-      if (handle == request.end() || !handle->is_object() || !handle->contains("b64") ||
-          !(*handle)["b64"].is_string() ||
-          !absl::Base64Unescape((*handle)["b64"].get<std::string>(), &raw)) {
-        status = absl::InvalidArgumentError(
-            "raw_handle: expected {\"b64\": the cudaIpcMemHandle_t in base64}");
-      }
-    }
-    if (status.ok()) status = shm->RegisterCuda(name, raw, device, byte_size);
-  }
-  return reply(status.ok() ? EmptyReply(200) : ErrorReply(status));
+  return reply(JsonReply(200, out));
 }
 
 }  // namespace softmax::server
