@@ -180,6 +180,127 @@ def test_one_end_in_a_region_the_other_in_the_message(grpc_client, regions):
         grpc_client.unregister_system_shared_memory(region.name)
 
 
+# ------------------------------------------------------ top K into regions
+
+def infer_top_k(client, module, values, dtype, k, values_region=None, indices_region=None,
+                values_bytes=None, values_offset=0, classification_region=None):
+    """The parameter top_k = k over `values`; TOP_K_VALUES and TOP_K_INDICES
+    requested, each into its region when given (or OUTPUT with class_count
+    into classification_region)."""
+    tensor = module.InferInput("INPUT", list(values.shape), DATATYPES[dtype])
+    # tritonclient takes BF16 as float32 values.
+    tensor.set_data_from_numpy(representable(values, dtype).astype(np.float32)
+                               if dtype == "bfloat16" else stored(values, dtype))
+    if classification_region is not None:
+        # tritonclient refuses this itself ("shared memory can't be set on
+        # classification output"); the parameters are set by hand.
+        out = module.InferRequestedOutput("OUTPUT", class_count=k)
+        if module is triton_grpc:
+            out._output.parameters["shared_memory_region"].string_param = \
+                classification_region.name
+            out._output.parameters["shared_memory_byte_size"].int64_param = 1024
+        else:
+            out._parameters["shared_memory_region"] = classification_region.name
+            out._parameters["shared_memory_byte_size"] = 1024
+        return client.infer("softmax", [tensor], outputs=[out])
+    rows = int(np.prod(values.shape[:-1]))
+    outputs = []
+    for name, region, nbytes, offset in (
+            ("TOP_K_VALUES", values_region,
+             rows * k * np.dtype(STORAGE[dtype]).itemsize if values_bytes is None
+             else values_bytes, values_offset),
+            ("TOP_K_INDICES", indices_region, rows * k * 8, 0)):
+        out = module.InferRequestedOutput(name)
+        if region is not None:
+            out.set_shared_memory(region.name, nbytes, offset)
+        outputs.append(out)
+    return client.infer("softmax", [tensor], outputs=outputs, parameters={"top_k": k})
+
+
+def region_parameters(result, module, name):
+    """The shared-memory parameters the response gives for output `name`."""
+    output = result.get_output(name)
+    if module is triton_grpc:
+        parameters = output.parameters
+        return {key: getattr(parameters[key], parameters[key].WhichOneof("parameter_choice"))
+                for key in parameters}
+    return output.get("parameters", {})
+
+
+def data_in_response(result, module, name):
+    """Whether the response carries bytes or values for output `name`."""
+    if module is triton_grpc:
+        response = result.get_response()
+        index = [output.name for output in response.outputs].index(name)
+        return len(response.raw_output_contents[index]) > 0
+    output = result.get_output(name)
+    return "data" in output or "binary_data_size" in output.get("parameters", {})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_top_k_into_system_regions(protocol, regions, dtype):
+    """TOP_K_VALUES and TOP_K_INDICES written into the caller's regions (one
+    at an offset, one output in a region and the other in the response) are
+    the top K the same request returns without regions."""
+    client, module = protocol
+    rng = np.random.default_rng(11)
+    values = rng.standard_normal((3, 200)).astype(np.float32)
+    k = 5
+    plain = infer_top_k(client, module, values, dtype, k)
+    want_values = plain.as_numpy("TOP_K_VALUES")
+    want_indices = plain.as_numpy("TOP_K_INDICES")
+    assert want_values.shape == want_indices.shape == (3, k)
+
+    values_region, indices_region = regions(4096), regions(4096)
+    client.register_system_shared_memory(values_region.name, values_region.key, 4096)
+    client.register_system_shared_memory(indices_region.name, indices_region.key, 4096)
+    try:
+        values_region.write(np.full(1024, 0xAB, dtype=np.uint8))
+        result = infer_top_k(client, module, values, dtype, k, values_region=values_region,
+                             indices_region=indices_region, values_offset=64)
+        for name, region in (("TOP_K_VALUES", values_region),
+                             ("TOP_K_INDICES", indices_region)):
+            parameters = region_parameters(result, module, name)
+            assert parameters["shared_memory_region"] == region.name, parameters
+            assert not data_in_response(result, module, name), name
+        assert region_parameters(result, module, "TOP_K_VALUES")["shared_memory_offset"] == 64
+        got_values = values_region.read(STORAGE[dtype], [3, k], offset=64)
+        np.testing.assert_array_equal(as_float(got_values, dtype),
+                                      want_values.astype(np.float64))
+        np.testing.assert_array_equal(indices_region.read(np.int64, [3, k]), want_indices)
+        # The bytes before the offset are the caller's, untouched.
+        assert (values_region.read(np.uint8, [64]) == 0xAB).all()
+
+        # Only the indices into a region: the values come in the response.
+        result = infer_top_k(client, module, values, dtype, k, indices_region=indices_region)
+        np.testing.assert_array_equal(result.as_numpy("TOP_K_VALUES"), want_values)
+        assert "shared_memory_region" not in region_parameters(result, module, "TOP_K_VALUES")
+        np.testing.assert_array_equal(indices_region.read(np.int64, [3, k]), want_indices)
+    finally:
+        client.unregister_system_shared_memory(values_region.name)
+        client.unregister_system_shared_memory(indices_region.name)
+
+
+def test_top_k_regions_too_small_or_with_classification_are_refused(protocol, regions):
+    client, module = protocol
+    values = np.ones((3, 64), dtype=np.float32)
+    region = regions(4096)
+    client.register_system_shared_memory(region.name, region.key, 4096)
+    try:
+        # 3 rows of K = 5 float32: 60 bytes.
+        expect_error(lambda: infer_top_k(client, module, values, "float32", 5,
+                                         values_region=region, values_bytes=56),
+                     "INVALID_ARGUMENT", 400,
+                     "outputs[0].parameters.shared_memory_byte_size: 56 bytes",
+                     "smaller than TOP_K_VALUES's 60 bytes")
+        # As Triton (and its client): no classification into shared memory.
+        expect_error(lambda: infer_top_k(client, module, values, "float32", 5,
+                                         classification_region=region),
+                     "INVALID_ARGUMENT", 400, "'shared_memory_region' and 'classification'")
+    finally:
+        client.unregister_system_shared_memory(region.name)
+
+
 # ------------------------------------------------------ status, unregister
 
 def test_status_lists_regions_and_unregister_without_a_name_drops_all(protocol, regions):

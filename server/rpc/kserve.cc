@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/rpc/status_macros.h"
 #include "server/rpc/validation.h"
 
 namespace softmax::server::kserve {
@@ -243,13 +244,81 @@ absl::StatusOr<std::optional<RegionRef>> MakeRegionRef(std::optional<std::string
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".shared_memory_byte_size: required with shared_memory_region"));
   }
-  return std::optional<RegionRef>(RegionRef{*std::move(region), *byte_size, offset.value_or(0)});
+  return std::optional<RegionRef>(RegionRef{*std::move(region), *byte_size, offset.value_or(0), std::string(field)});
+}
+
+void SetOutputRegion(absl::string_view output_name, RegionRef region, InferRequestParts* parts) {
+  if (output_name == kTopKValuesName) {
+    parts->top_k_values_region = std::move(region);
+  } else if (output_name == kTopKIndicesName) {
+    parts->top_k_indices_region = std::move(region);
+  } else {
+    parts->output_region = std::move(region);
+  }
+}
+
+namespace {
+
+// The elements of a top K of `request` (validated or not): rows * K; none
+// when the axis is bad (validation names it).
+std::optional<int64_t> TopKElements(const InferenceRequest& request) {
+  const int rank = static_cast<int>(request.dims.size());
+  absl::StatusOr<int> axis = NormalizeAxis(request.axis, rank);
+  if (!axis.ok()) return std::nullopt;
+  int64_t rows = 1;
+  for (int i = 0; i < rank; ++i) {
+    if (i == *axis) continue;
+    if (request.dims[i] < 0) return std::nullopt;  // validation names it
+    if (request.dims[i] != 0 && rows > std::numeric_limits<int64_t>::max() / request.dims[i]) {
+      return std::nullopt;
+    }
+    rows *= request.dims[i];
+  }
+  if (rows > std::numeric_limits<int64_t>::max() / 8 / std::max<int64_t>(request.top_k, 1)) {
+    return std::nullopt;  // beyond any limit; validation refuses the shape
+  }
+  return rows * request.top_k;
+}
+
+// Resolves a TOP_K_* output's region of at least `needed` bytes (of
+// `tensor`) into `*data`.
+absl::Status BindTopKRegion(const RegionRef& ref, const SharedMemoryManager& shared_memory,
+                            std::optional<int64_t> needed, absl::string_view tensor, char** data,
+                            std::vector<std::shared_ptr<const void>>* leases) {
+  if (needed.has_value() && ref.byte_size < *needed) {
+    return absl::InvalidArgumentError(absl::StrCat(ref.field, ".shared_memory_byte_size: ",
+                                                   ref.byte_size, " bytes, smaller than ", tensor,
+                                                   "'s ", *needed, " bytes"));
+  }
+  absl::StatusOr<SharedMemoryTensor> region =
+      shared_memory.Resolve(ref.name, ref.offset, ref.byte_size, ref.field);
+  if (!region.ok()) return region.status();
+  if (region->memory == MemoryKind::kDevice) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ref.field, ".shared_memory_region: ", tensor,
+        " is written into system shared memory only, not a CUDA region"));
+  }
+  *data = region->data;
+  leases->push_back(std::move(region->lease));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void WriteTopKRegions(const TopKResult& top_k, const TopKRegions& regions) {
+  if (regions.values != nullptr) {
+    std::memcpy(regions.values, top_k.values.data(), top_k.values.size());
+  }
+  if (regions.indices != nullptr) {
+    std::memcpy(regions.indices, top_k.indices.data(), top_k.indices.size());
+  }
 }
 
 absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManager* shared_memory,
-                         InferenceRequest* request,
+                         InferenceRequest* request, TopKRegions* top_k_regions,
                          std::vector<std::shared_ptr<const void>>* leases) {
-  if (!parts.input_region.has_value() && !parts.output_region.has_value()) {
+  if (!parts.input_region.has_value() && !parts.output_region.has_value() &&
+      !parts.top_k_values_region.has_value() && !parts.top_k_indices_region.has_value()) {
     return absl::OkStatus();
   }
   const bool served = shared_memory != nullptr && shared_memory->mode() != SharedMemoryMode::kOff;
@@ -281,6 +350,20 @@ absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManag
     output.region_memory = tensor->memory;
     output.region_device = tensor->device;
     leases->push_back(std::move(tensor->lease));
+  }
+  // (AnswerOutputs has refused TOP_K_* outputs without top_k.)
+  const std::optional<int64_t> top_k_elements = TopKElements(*request);
+  if (const auto& values = parts.top_k_values_region) {
+    std::optional<int64_t> bytes;
+    if (top_k_elements) bytes = *top_k_elements * ItemSize(request->dtype);
+    SOFTMAX_RETURN_IF_ERROR(BindTopKRegion(*values, *shared_memory, bytes, kTopKValuesName,
+                                           &top_k_regions->values, leases));
+  }
+  if (const auto& indices = parts.top_k_indices_region) {
+    std::optional<int64_t> bytes;
+    if (top_k_elements) bytes = *top_k_elements * int64_t{sizeof(int64_t)};
+    SOFTMAX_RETURN_IF_ERROR(BindTopKRegion(*indices, *shared_memory, bytes, kTopKIndicesName,
+                                           &top_k_regions->indices, leases));
   }
   return absl::OkStatus();
 }

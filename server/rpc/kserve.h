@@ -93,6 +93,7 @@ struct RegionRef {
   std::string name;
   int64_t byte_size = 0;
   int64_t offset = 0;
+  std::string field;  // its parameters on the wire, for messages
 };
 
 // The RegionRef of a tensor's parameters as read from the wire (each one
@@ -128,6 +129,10 @@ struct InferRequestParts {
   // (then input_data is empty, and the response carries no output bytes).
   std::optional<RegionRef> input_region;
   std::optional<RegionRef> output_region;
+  // TOP_K_VALUES and TOP_K_INDICES written into shared memory (with top_k):
+  // the response then carries their metadata without data.
+  std::optional<RegionRef> top_k_values_region;
+  std::optional<RegionRef> top_k_indices_region;
   // The requested output's `classification` parameter (Triton's
   // classification extension): answer the top K of each row as BYTES.
   std::optional<int64_t> classification;
@@ -151,14 +156,31 @@ enum class AnswerOutput {
 // with classification.
 absl::StatusOr<std::vector<AnswerOutput>> AnswerOutputs(const InferRequestParts& parts);
 
+// Records `region`, read from the parameters of the requested output
+// `output_name`, in `parts`: TOP_K_VALUES' and TOP_K_INDICES' own regions,
+// output_region for any other name (AnswerOutputs names unknown outputs).
+void SetOutputRegion(absl::string_view output_name, RegionRef region, InferRequestParts* parts);
+
+// Where TOP_K_VALUES and TOP_K_INDICES are written in the caller's shared
+// memory (null: in the response), bound by BindRegions.
+struct TopKRegions {
+  char* values = nullptr;
+  char* indices = nullptr;
+};
+
 // Looks up `parts`' regions in `shared_memory` (may be null: none served)
-// and points `request`'s input or output at them; `leases` keep the regions
-// mapped until the request is answered. NOT_FOUND for an unknown region,
-// INVALID_ARGUMENT for a range outside its region (validation checks the
-// sizes against the shape).
+// and points `request`'s input or output, or `top_k_regions`, at them;
+// `leases` keep the regions mapped until the request is answered. Call
+// after BuildInferenceRequest. NOT_FOUND for an unknown region,
+// INVALID_ARGUMENT for a range outside its region, a top K region smaller
+// than its tensor (naming its shared_memory_byte_size) or in GPU memory
+// (validation checks the output's size against the shape).
 absl::Status BindRegions(const InferRequestParts& parts, const SharedMemoryManager* shared_memory,
-                         InferenceRequest* request,
+                         InferenceRequest* request, TopKRegions* top_k_regions,
                          std::vector<std::shared_ptr<const void>>* leases);
+
+// Copies `top_k`'s values and indices into the regions bound for them.
+void WriteTopKRegions(const TopKResult& top_k, const TopKRegions& regions);
 
 // One call of the system or CUDA shared-memory extension (register,
 // unregister or status), as either front-end parsed it from its wire form.

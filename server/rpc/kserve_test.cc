@@ -96,7 +96,7 @@ TEST(KServeTest, ClassificationAsksForAtMostTheRowsLength) {
   }
   parts = GoodParts();
   parts.classification = 1;
-  parts.output_region = RegionRef{"r", 24, 0};
+  parts.output_region = RegionRef{"r", 24, 0, "outputs[0].parameters"};
   EXPECT_EQ(Build(&parts, &model, &request).code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -107,7 +107,7 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request,
     absl::StatusOr<std::optional<kserve::RegionRef>> region =
         RegionOf(output.parameters(), absl::StrCat("outputs[", i, "].parameters"));
     if (!region.ok()) return region.status();
-    if (region->has_value()) parts.output_region = **region;
+    if (region->has_value()) kserve::SetOutputRegion(output.name(), **std::move(region), &parts);
     if (auto it = output.parameters().find("classification"); it != output.parameters().end()) {
       // An int64 parameter, as Triton requires (tritonclient's class_count).
       if (it->second.parameter_choice_case() != inference::InferParameter::kInt64Param) {
@@ -160,7 +160,8 @@ absl::Status PrepareInfer(inference::ModelInferRequest* request,
   }
   kserve::Model built = *call->record.model;
   SOFTMAX_RETURN_IF_ERROR(kserve::BuildInferenceRequest(&parts, &built, out));
-  SOFTMAX_RETURN_IF_ERROR(kserve::BindRegions(parts, shared_memory, out, &call->leases));
+  SOFTMAX_RETURN_IF_ERROR(kserve::BindRegions(
+      parts, shared_memory, out, &call->top_k_regions, &call->leases));
   call->dtype = out->dtype;
   call->top_k = out->top_k > 0;
   call->outputs = *kserve::AnswerOutputs(parts);  // checked by BuildInferenceRequest
@@ -196,10 +197,16 @@ OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out
     // TOP_K_INDICES (kserve.h): small, copied.
     out->clear_outputs();
     const TopKResult& top_k = call->top_k_result;
+    kserve::WriteTopKRegions(top_k, call->top_k_regions);
     for (kserve::AnswerOutput kind : call->outputs) {
       auto* tensor = out->add_outputs();
       tensor->mutable_shape()->Add(top_k.dims.begin(), top_k.dims.end());
       std::string* raw = out->add_raw_output_contents();
+      // Written into the caller's region: its parameters, no bytes.
+      const std::optional<kserve::RegionRef>& region =
+          kind == kserve::AnswerOutput::kTopKValues    ? parts.top_k_values_region
+          : kind == kserve::AnswerOutput::kTopKIndices ? parts.top_k_indices_region
+                                                       : std::nullopt;
       switch (kind) {
         case kserve::AnswerOutput::kOutput:  // not with a top K
         case kserve::AnswerOutput::kClassification:
@@ -210,13 +217,19 @@ OutputView FillInferResponse(InferCall* call, inference::ModelInferResponse* out
         case kserve::AnswerOutput::kTopKValues:
           tensor->set_name(kserve::kTopKValuesName);
           tensor->set_datatype(kserve::DatatypeName(dtype));
-          *raw = top_k.values;
+          if (!region) *raw = top_k.values;
           break;
         case kserve::AnswerOutput::kTopKIndices:
           tensor->set_name(kserve::kTopKIndicesName);
           tensor->set_datatype("INT64");
-          *raw = top_k.indices;
+          if (!region) *raw = top_k.indices;
           break;
+      }
+      if (region) {
+        auto& parameters = *tensor->mutable_parameters();
+        parameters["shared_memory_region"].set_string_param(region->name);
+        parameters["shared_memory_byte_size"].set_int64_param(region->byte_size);
+        if (region->offset != 0) parameters["shared_memory_offset"].set_int64_param(region->offset);
       }
     }
     return OutputView{};

@@ -54,6 +54,8 @@ struct InferCall {
   std::vector<kserve::AnswerOutput> outputs = {kserve::AnswerOutput::kOutput};
   // What keeps the shared-memory regions mapped.
   std::vector<std::shared_ptr<const void>> leases;
+  // Where the top K goes in shared memory, when it does.
+  kserve::TopKRegions top_k_regions;
   // Its in-flight ticket and share of the memory budget (Admission::Submit).
   Admission::Admitted admitted;
   grpc::CallbackServerContext* context = nullptr;  // the call's; for the access log

@@ -214,6 +214,7 @@ struct HttpCall {
   absl::Notification done;
   std::atomic<bool> abandoned{false};
   std::vector<std::shared_ptr<const void>> leases;  // shared-memory regions in use
+  kserve::TopKRegions top_k_regions;  // where the top K goes in shared memory
   Admission::Admitted admitted;  // its ticket and budget, until the reply is sent
 };
 
@@ -328,7 +329,9 @@ absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_lengt
       absl::StatusOr<std::optional<kserve::RegionRef>> region =
           RegionOf(output, absl::StrCat("outputs[", i, "].parameters"));
       if (!region.ok()) return region.status();
-      if (region->has_value()) parts->output_region = **region;
+      if (region->has_value()) {
+        kserve::SetOutputRegion(name->get<std::string>(), **std::move(region), parts);
+      }
       if (auto p = output.find("parameters"); p != output.end() && p->is_object()) {
         if (auto binary = p->find("binary_data"); binary != p->end() && binary->is_boolean()) {
           options->binary_output = options->binary_output || binary->get<bool>();
@@ -488,7 +491,8 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
   kserve::Model built = *model;
   InferenceRequest request;
   if (status.ok()) status = kserve::BuildInferenceRequest(&parts, &built, &request);
-  if (status.ok()) status = kserve::BindRegions(parts, shared_memory, &request, &call->leases);
+  if (status.ok()) status = kserve::BindRegions(parts, shared_memory, &request, &call->top_k_regions,
+                                                  &call->leases);
   if (!status.ok()) return fail(status);
   const DType dtype = request.dtype;
   const bool answer_top_k = request.top_k > 0;
@@ -533,9 +537,26 @@ int Infer(mg_connection* connection, const std::string& name, const std::string&
     const std::vector<int64_t>& shape = top_k.dims;
     // Checked by BuildInferenceRequest.
     const std::vector<kserve::AnswerOutput> kinds = *kserve::AnswerOutputs(parts);
+    kserve::WriteTopKRegions(top_k, call->top_k_regions);
     for (kserve::AnswerOutput kind : kinds) {
       Json tensor = {{"shape", shape}};
       std::string binary;
+      const std::optional<kserve::RegionRef>& region =
+          kind == kserve::AnswerOutput::kTopKValues    ? parts.top_k_values_region
+          : kind == kserve::AnswerOutput::kTopKIndices ? parts.top_k_indices_region
+                                                       : std::nullopt;
+      if (region) {
+        // Written into the caller's region: its parameters, no data.
+        tensor["name"] = kind == kserve::AnswerOutput::kTopKValues ? kserve::kTopKValuesName
+                                                                   : kserve::kTopKIndicesName;
+        tensor["datatype"] =
+            kind == kserve::AnswerOutput::kTopKValues ? kserve::DatatypeName(dtype) : "INT64";
+        tensor["parameters"] = {{"shared_memory_region", region->name},
+                                {"shared_memory_byte_size", region->byte_size}};
+        if (region->offset != 0) tensor["parameters"]["shared_memory_offset"] = region->offset;
+        outputs.push_back(std::move(tensor));
+        continue;
+      }
       if (kind == kserve::AnswerOutput::kTopKValues) {
         tensor["name"] = kserve::kTopKValuesName;
         tensor["datatype"] = kserve::DatatypeName(dtype);

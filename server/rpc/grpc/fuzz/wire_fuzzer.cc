@@ -321,8 +321,10 @@ void KServeHttp(const uint8_t* data, size_t size) {
   kserve::Model model = kserve::Model::kSoftmax;
   if (status.ok()) status = kserve::BuildInferenceRequest(&parts, &model, &request);
   std::vector<std::shared_ptr<const void>> leases;
+  kserve::TopKRegions top_k_regions;
   if (status.ok()) {
-    status = kserve::BindRegions(parts, GetHarness().shared_memory.get(), &request, &leases);
+    status = kserve::BindRegions(parts, GetHarness().shared_memory.get(), &request,
+                                 &top_k_regions, &leases);
   }
   if (!status.ok()) {
     CheckKServeRefusal(status);
