@@ -316,7 +316,7 @@ void ComputeRows(Batch& batch, std::optional<bool> log = std::nullopt) {
   }
 }
 
-// The README's readiness promise: a backend whose softmax or log-softmax is
+// docs/server.md's readiness promise: a backend whose softmax or log-softmax is
 // wrong fails Start with an error naming it and what was wrong, and neither
 // gRPC, HTTP nor /metrics ever listens.
 TEST(ServerTest, StartFailsAndNothingListensWhenTheWarmUpAnswersWrong) {
