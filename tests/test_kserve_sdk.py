@@ -226,24 +226,24 @@ def test_invalid_parameters(server, parameters, field):
 
 # ------------------------------------------------------------------- top K
 
-def ranking(output, k):
+def ranking(values, k):
     """The first k indices of each row (last axis) in the promised order:
-    by value descending, equal values lower index first."""
-    index = np.arange(output.shape[-1])
-    return np.stack([np.lexsort((index, -row))[:k] for row in output])
+    by input value descending, equal values lower index first."""
+    index = np.arange(values.shape[-1])
+    return np.stack([np.lexsort((index, -row))[:k] for row in values])
 
 
 @pytest.mark.parametrize("transport", ["grpc", "rest"])
 def test_top_k_and_classification(server, transport):
     """The request parameter top_k (TOP_K_VALUES, TOP_K_INDICES) and an
-    output's classification parameter, as the SDK sends them, against the
-    whole output's own ranking."""
+    output's classification parameter, as the SDK sends them: the indices
+    of the input's ranking, the values of the whole output there."""
     from kserve.protocol.infer_type import RequestedOutput
     values = e2e_util.representable(np.random.default_rng(9).normal(0, 3, size=(4, 200)),
                                     "float32")
     whole = infer(server, transport, make_request("softmax", values, "float32"))
     output = whole.outputs[0].as_numpy()
-    want = ranking(output, 3)
+    want = ranking(values, 3)
 
     request = make_request("softmax", values, "float32", parameters={"top_k": 3})
     request.request_outputs = [RequestedOutput("TOP_K_VALUES"), RequestedOutput("TOP_K_INDICES")]
