@@ -10,12 +10,11 @@
 
 #include "kernels/cpu_softmax.h"
 #include "kernels/dtype.h"
+#include "kernels/kernel_testing.h"
 #include "kernels/top_k_testing.h"
 
 namespace softmax {
 namespace {
-
-constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
 
 std::string RunAndCheck(const std::vector<uint8_t>& input, DType dtype, const SoftmaxShape& shape,
                         const SoftmaxOptions& options, int64_t k) {
@@ -32,7 +31,7 @@ std::string RunAndCheck(const std::vector<uint8_t>& input, DType dtype, const So
 
 TEST(CpuTopK, RandomRowsEveryDTypeAndK) {
   std::mt19937_64 rng(66);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (int64_t k : {1, 5, 64}) {
       for (int64_t n : {64, 100, 1000, 4096, 32000}) {
         for (int64_t inner : {1, 3}) {
@@ -52,7 +51,7 @@ TEST(CpuTopK, RandomRowsEveryDTypeAndK) {
 
 TEST(CpuTopK, SpecialValues) {
   std::mt19937_64 rng(64);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (int64_t k : {1, 5, 64}) {
       for (int64_t n : {64, 333, 5000}) {
         for (int64_t inner : {1, 2}) {
@@ -75,7 +74,7 @@ TEST(CpuTopK, SpecialValues) {
 
 TEST(CpuTopK, KEqualsTheRow) {
   std::mt19937_64 rng(3);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const SoftmaxShape shape{3, 7, 1};
     const std::vector<uint8_t> input = testing::RandomTensor(dtype, shape.elements(), rng);
     EXPECT_EQ(RunAndCheck(input, dtype, shape, SoftmaxOptions{}, 7), "") << DTypeName(dtype);

@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/plan.h"
 #include "kernels/dtype.h"
+#include "kernels/kernel_testing.h"
 #include "kernels/recorded_plan.h"
 #include "kernels/softmax_cuda.h"
 
@@ -27,10 +28,6 @@ namespace softmax {
 namespace gpu {
 namespace detail {
 namespace {
-
-constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
-
-int64_t VecWidth(DType dtype) { return 16 / ItemSize(dtype); }
 
 // What fixes the order of a row's reductions in one launch step: the kernel
 // and the values it reduces by. Rows counts and grids are left out.
@@ -319,7 +316,7 @@ SoftmaxSegment Filler(DType dtype, int slot, std::mt19937_64& rng) {
 // alignment class at any address. *checked counts the tables.
 void ScheduleTest::CheckRowOrders(uint64_t seed, int trials, int* checked) const {
   std::mt19937_64 rng(seed);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const std::vector<SoftmaxSegment> probes = Probes(plan_, dtype);
     for (size_t p = 0; p < probes.size(); ++p) {
       const SoftmaxSegment& probe = probes[p];
@@ -392,7 +389,7 @@ TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunch) {
 TEST_F(ScheduleTest, EveryRowFamilyTakesSomeRows) {
   const std::vector<RowFamily>& families = RowFamilies();
   std::vector<int> taken(families.size(), 0);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (const SoftmaxSegment& probe : Probes(plan_, dtype)) {
       size_t first = families.size();
       for (size_t f = 0; f < families.size() && first == families.size(); ++f) {
@@ -430,7 +427,7 @@ TEST_F(ScheduleTest, RowOrdersDoNotDependOnTheLaunchOnAnH100) {
 // order (RowOrdersDoNotDependOnTheLaunch keys them so); else, and in tables
 // without row_staged rows, they keep the flat table launch.
 TEST_F(ScheduleTest, FlatRowsJoinATablesRowStagedLaunch) {
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     const SoftmaxSegment long_rows = At(dtype, 0, 50, 2000 * v + 1, 1);
     const Schedule joined = Plan(dtype, {long_rows, At(dtype, 1, 30, 33 * v, 1, 1, 0.5f, true),
@@ -461,7 +458,7 @@ TEST_F(ScheduleTest, PlansWithoutRowStaged) {
     if (line.find("row_staged") == std::string::npos) text += line + "\n";
   }
   ASSERT_TRUE(LaunchPlan::Parse(text, &plan_));
-  for (DType dtype : kDTypes) ASSERT_EQ(plan_.Find("row_staged", dtype), nullptr);
+  for (DType dtype : kAllDTypes) ASSERT_EQ(plan_.Find("row_staged", dtype), nullptr);
   struct Case {
     DType dtype;
     int64_t n, misalign;
@@ -494,7 +491,7 @@ TEST_F(ScheduleTest, PlansWithoutRowStaged) {
 // beyond the inline limit fit the table area.
 TEST_F(ScheduleTest, ScratchRegionsFitAndDoNotOverlap) {
   std::mt19937_64 rng(7);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 200; ++trial) {
       std::vector<SoftmaxSegment> table;
       const int count = std::uniform_int_distribution<int>(1, trial % 4 == 0 ? 120 : 30)(rng);
@@ -530,7 +527,7 @@ TEST_F(ScheduleTest, ScratchRegionsFitAndDoNotOverlap) {
 TEST_F(ScheduleTest, TheLogSaysWhichTablesGoThroughTheScratch) {
   std::mt19937_64 rng(11);
   int mixed = 0;  // schedules with a table area and an inline table
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 100; ++trial) {
       std::vector<SoftmaxSegment> table;
       const int count = std::uniform_int_distribution<int>(20, 120)(rng);
@@ -561,7 +558,7 @@ TEST_F(ScheduleTest, TheLogSaysWhichTablesGoThroughTheScratch) {
 // found, shared memory within the opt-in limit.
 TEST_F(ScheduleTest, StepsFitTheDevice) {
   std::mt19937_64 rng(11);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 200; ++trial) {
       std::vector<SoftmaxSegment> table;
       const int count = std::uniform_int_distribution<int>(1, 30)(rng);
@@ -649,7 +646,7 @@ TEST_F(ScheduleTest, StagedInstantiationFollowsTheRowAlone) {
     if (!large_staged) text += line + "\n";
   }
   ASSERT_TRUE(LaunchPlan::Parse(text, &plan_));
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     ASSERT_NE(plan_.Find("staged", dtype, 4), nullptr);
     ASSERT_EQ(plan_.Find("staged", dtype, 8), nullptr);
     const int64_t v = VecWidth(dtype);
@@ -702,7 +699,7 @@ TEST_F(ScheduleTest, StridedStagedWideTiles) {
 // more outer slices than one launch's 2^31 - 1 blocks hold runs in several
 // launches of whole slices, each slice in the order it has alone.
 TEST_F(ScheduleTest, StridedStagedDoesNotDependOnTheOuterCount) {
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const SoftmaxSegment one = At(dtype, 0, 1, 4096, 65536);
     const Schedule alone = Plan(dtype, {one});
     ASSERT_EQ(alone.Kernels(), "strided_staged") << alone.ToString();
@@ -744,7 +741,7 @@ TEST_F(ScheduleTest, TableLaunchesTakeTheLongestRowsFirst) {
     }
   };
   std::map<std::string, int> seen;
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 200; ++trial) {
       std::vector<SoftmaxSegment> table;
       const int count = std::uniform_int_distribution<int>(2, 40)(rng);
@@ -772,7 +769,7 @@ TEST_F(ScheduleTest, TableLaunchesTakeTheLongestRowsFirst) {
 TEST_F(ScheduleTest, RowStagedTakesTheLongestRowsFirst) {
   std::mt19937_64 rng(17);
   int launches = 0;
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 100; ++trial) {
       std::vector<SoftmaxSegment> table;
       const int count = std::uniform_int_distribution<int>(2, 40)(rng);
@@ -810,7 +807,7 @@ TEST_F(ScheduleTest, OnlyIndependentTableLaunchesAndSecondPassesOverlap) {
            k == SoftmaxKernel::kRowStaged || k == SoftmaxKernel::kOnChip;
   };
   int overlapping = 0;
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 200; ++trial) {
       std::vector<SoftmaxSegment> table;
       const int count = std::uniform_int_distribution<int>(1, trial % 4 == 0 ? 120 : 30)(rng);

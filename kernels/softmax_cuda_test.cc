@@ -25,15 +25,13 @@
 #include <vector>
 
 #include "kernels/cpu_softmax.h"
+#include "kernels/cuda_testing.h"
 #include "kernels/dtype.h"
+#include "kernels/kernel_testing.h"
 
 namespace softmax {
 namespace gpu {
 namespace {
-
-constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
-
-int VecWidth(DType dtype) { return 16 / ItemSize(dtype); }
 
 double Rtol(DType dtype) { return ReferenceRelativeTolerance(dtype); }
 
@@ -82,13 +80,7 @@ std::vector<SoftmaxSegment> Described(const std::vector<Problem>& problems) {
 class SoftmaxCudaTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    int count = 0;
-    const cudaError_t error = cudaGetDeviceCount(&count);
-    if (error != cudaSuccess || count == 0) {
-      skip_reason_ = error != cudaSuccess ? cudaGetErrorString(error) : "no device";
-      cudaGetLastError();
-      return;
-    }
+    if (!HaveCudaDevice("no device", &skip_reason_)) return;
     plan_ = new LaunchPlan();
     const cudaError_t created = LaunchPlan::Create(0, plan_);
     if (created != cudaSuccess) {
@@ -333,7 +325,7 @@ int64_t RowsFor(int64_t n, int64_t budget = 1 << 20) {
 
 TEST_F(SoftmaxCudaTest, PlanDescribesEveryKernel) {
   const std::string text = plan_->ToString();
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (const char* family : {"on_chip", "flat_table", "row_staged", "flat.t64", "flat.t512",
                                "split_fused", "split_stats", "split_normalize_units", "strided_stats",
                                "strided_normalize"}) {
@@ -364,7 +356,7 @@ TEST_F(SoftmaxCudaTest, PlanDescribesEveryKernel) {
 
 TEST_F(SoftmaxCudaTest, EveryPathDTypeAndOp) {
   std::mt19937_64 rng(1);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (bool log : {false, true}) {
       for (const auto& [path, n] : LengthsPerPath(*plan_, dtype)) {
         Problem p = MakeProblem(dtype, RowsFor(n), n, 1, rng, log ? 0.7f : 1.0f, log);
@@ -383,7 +375,7 @@ TEST_F(SoftmaxCudaTest, EveryPathDTypeAndOp) {
 
 TEST_F(SoftmaxCudaTest, ClassBoundariesPlusMinusOne) {
   std::mt19937_64 rng(2);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     // Lane-group sizes of the warp path, the three path limits, and the
     // cluster sizes in between.
@@ -413,7 +405,7 @@ TEST_F(SoftmaxCudaTest, ClassBoundariesPlusMinusOne) {
 
 TEST_F(SoftmaxCudaTest, MisalignedPointersAndOddLengths) {
   std::mt19937_64 rng(3);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     std::vector<Problem> problems;
     for (int64_t n : {8 * v, 300 * v, 3000 * v, 7 * v + 3, int64_t{100003}}) {
@@ -450,7 +442,7 @@ TEST_F(SoftmaxCudaTest, EveryElementOffsetOfUnalignedRows) {
       {{2, 25000, 1}, "split_fused", true},
       {{1, 900000, 1}, "split_stats,split_normalize_units", false},
   };
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int v = VecWidth(dtype);
     std::vector<Case> shaped;
     for (const Case& c : cases) {
@@ -487,7 +479,7 @@ TEST_F(SoftmaxCudaTest, SpecialValues) {
   std::mt19937_64 rng(4);
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     const float big = dtype == DType::kFloat16 ? 3.0e4f : 1.0e4f;
     for (bool log : {false, true}) {
@@ -535,7 +527,7 @@ TEST_F(SoftmaxCudaTest, SpecialValues) {
 
 TEST_F(SoftmaxCudaTest, SingleRowEveryPath) {
   std::mt19937_64 rng(5);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     std::vector<Problem> problems;
     for (const auto& [path, n] : LengthsPerPath(*plan_, dtype)) {
       problems.push_back(MakeProblem(dtype, 1, n, 1, rng, 1.0f, n % 2 == 0));
@@ -551,7 +543,7 @@ TEST_F(SoftmaxCudaTest, SingleRowEveryPath) {
 // grid pass covers.
 TEST_F(SoftmaxCudaTest, FlatKernel) {
   std::mt19937_64 rng(9);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     struct Case {
       int64_t rows, n;
@@ -589,7 +581,7 @@ TEST_F(SoftmaxCudaTest, FlatKernel) {
 // blocks, also with a part count that does not divide the grid.
 TEST_F(SoftmaxCudaTest, SplitSingleAndTwoPass) {
   std::mt19937_64 rng(8);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t one_pass = SplitSinglePassMaxLength(*plan_, dtype);
     ASSERT_GT(one_pass, PathMaxLength(*plan_, dtype, SoftmaxPath::kBlockRows)) << DTypeName(dtype);
     const int64_t part = 2048 * VecWidth(dtype);  // elements one block holds
@@ -630,7 +622,7 @@ TEST_F(SoftmaxCudaTest, SplitStagedRows) {
   std::mt19937_64 rng(12);
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     const int64_t staged = PathMaxLength(*plan_, dtype, SoftmaxPath::kStagedRows);
     const int64_t longest = SplitStagedMaxLength(*plan_, dtype);
@@ -692,7 +684,7 @@ TEST_F(SoftmaxCudaTest, SplitStagedRows) {
 // that are misaligned or not whole vectors go to the register paths.
 TEST_F(SoftmaxCudaTest, StagedRows) {
   std::mt19937_64 rng(11);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     const int64_t staged = PathMaxLength(*plan_, dtype, SoftmaxPath::kStagedRows);
     if (staged == 0) {
@@ -731,7 +723,7 @@ TEST_F(SoftmaxCudaTest, StagedRows) {
 // travel inline (the table then goes through scratch), and fewer.
 TEST_F(SoftmaxCudaTest, RaggedSegmentTables) {
   std::mt19937_64 rng(6);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (int count : {7, 23, 150}) {
       std::vector<Problem> problems;
       std::uniform_int_distribution<int> kind(0, 9);
@@ -773,7 +765,7 @@ TEST_F(SoftmaxCudaTest, RaggedSegmentTables) {
 // of more than 1024 vectors (the staged kernel's) among them.
 TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
   std::mt19937_64 rng(10);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     for (int count : {2, 9, 70}) {
       std::vector<Problem> problems;
@@ -822,7 +814,7 @@ TEST_F(SoftmaxCudaTest, RaggedTablesFlatAndOnChip) {
 // (softmax_invariance_test compares their bits with the same rows alone.)
 TEST_F(SoftmaxCudaTest, FlatRowsInARowStagedLaunch) {
   std::mt19937_64 rng(13);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     std::vector<Problem> problems;
     int64_t flat_rows = 0;
@@ -853,7 +845,7 @@ TEST_F(SoftmaxCudaTest, OverlappingLaunchesKeepStreamOrder) {
   std::mt19937_64 rng(12);
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     std::vector<Problem> problems;
     problems.push_back(MakeProblem(dtype, 96, 30 * v + 1, 1, rng));     // flat_table
@@ -881,7 +873,7 @@ TEST_F(SoftmaxCudaTest, SecondPassesOverlapTheirFirstPass) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   constexpr int64_t kLong = (int64_t{1} << 23) + 1;  // unaligned: split_stats, split_normalize_units
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     // 32 MiB aligned rows: split_stats, split_merge, split_normalize.
     const int64_t aligned = (int64_t{1} << 25) / static_cast<int64_t>(ItemSize(dtype));
     std::vector<Problem> problems;
@@ -906,7 +898,7 @@ TEST_F(SoftmaxCudaTest, SecondPassesOverlapTheirFirstPass) {
 
 TEST_F(SoftmaxCudaTest, NonLastAxis) {
   std::mt19937_64 rng(7);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (bool log : {false, true}) {
       std::vector<Problem> problems;
       for (auto [outer, n, inner] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{

@@ -26,16 +26,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda_testing.h"
 #include "kernels/dtype.h"
+#include "kernels/kernel_testing.h"
 #include "kernels/softmax_cuda.h"
 
 namespace softmax {
 namespace gpu {
 namespace {
-
-constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
-
-int64_t VecWidth(DType dtype) { return 16 / ItemSize(dtype); }
 
 // A tensor [outer, n, inner] whose rows are compared bit for bit.
 struct Probe {
@@ -72,13 +70,7 @@ struct Placed {
 class SoftmaxInvarianceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    int count = 0;
-    const cudaError_t error = cudaGetDeviceCount(&count);
-    if (error != cudaSuccess || count == 0) {
-      skip_reason_ = error != cudaSuccess ? cudaGetErrorString(error) : "no device";
-      cudaGetLastError();
-      return;
-    }
+    if (!HaveCudaDevice("no device", &skip_reason_)) return;
     plan_ = new LaunchPlan();
     second_plan_ = new LaunchPlan();
     if (LaunchPlan::Create(0, plan_) != cudaSuccess ||
@@ -286,7 +278,7 @@ TEST_F(SoftmaxInvarianceTest, RowBitsDoNotDependOnTheRestOfTheLaunch) {
   int64_t differing = 0;
   int joined_launches = 0;
   std::ostringstream first;
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const size_t item = ItemSize(dtype);
     const int64_t v = VecWidth(dtype);
     std::vector<Probe> probes = MakeProbes(*plan_, dtype, rng);
@@ -433,7 +425,7 @@ TEST_F(SoftmaxInvarianceTest, FlatOrderIsOneTreeAtEverySpecialValue) {
   int compared = 0;
   int differing = 0;
   std::ostringstream first;
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     const size_t item = ItemSize(dtype);
     const bool row_staged = plan_->Find("row_staged", dtype) != nullptr;

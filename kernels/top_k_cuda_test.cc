@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "kernels/cpu_softmax.h"
+#include "kernels/cuda_testing.h"
 #include "kernels/dtype.h"
+#include "kernels/kernel_testing.h"
 #include "kernels/softmax_cuda.h"
 #include "kernels/top_k_testing.h"
 
@@ -27,23 +29,10 @@ namespace softmax {
 namespace gpu {
 namespace {
 
-constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
-
-bool HaveDevice(std::string* reason) {
-  int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess || count == 0) {
-    *reason = error != cudaSuccess ? cudaGetErrorString(error) : "no CUDA device";
-    cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_DEVICE()                                  \
-  do {                                                         \
-    std::string reason;                                        \
-    if (!HaveDevice(&reason)) GTEST_SKIP() << reason;          \
+#define SKIP_WITHOUT_DEVICE()                                               \
+  do {                                                                      \
+    std::string reason;                                                     \
+    if (!HaveCudaDevice("no CUDA device", &reason)) GTEST_SKIP() << reason; \
   } while (0)
 
 #define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(expr)
@@ -162,7 +151,7 @@ Problem Random(DType dtype, int64_t outer, int64_t n, int64_t inner, int64_t k,
 TEST(TopKCuda, RowLengthsEveryDTypeAndK) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937_64 rng(66);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     for (int64_t k : {1, 5, 64}) {
       std::vector<Problem> problems;
       for (int64_t n : {64LL, 100LL, 1000LL, 4096LL, 4097LL, 8192LL, 32000LL, 65539LL, 131072LL,
@@ -185,7 +174,7 @@ TEST(TopKCuda, RowLengthsEveryDTypeAndK) {
 TEST(TopKCuda, InnerAxes) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937_64 rng(7);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     std::vector<Problem> problems;
     problems.push_back(Random(dtype, 2, 1000, 3, 5, rng));
     problems.push_back(Random(dtype, 1, 40000, 5, 64, rng, SoftmaxOptions{2.0f, false}));
@@ -203,7 +192,7 @@ TEST(TopKCuda, InnerAxes) {
 TEST(TopKCuda, SpecialValues) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937_64 rng(64);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     std::vector<Problem> problems;
     for (int64_t k : {1, 5, 64}) {
       for (int64_t n : {64LL, 3000LL, 70000LL}) {
@@ -236,7 +225,7 @@ TEST(TopKCuda, BatchInvariance) {
   SKIP_WITHOUT_DEVICE();
   std::mt19937_64 rng(2026);
   int compared = 0;
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const size_t item = ItemSize(dtype);
     for (int64_t n : {32LL, 1000LL, 4096LL, 32000LL, 131072LL, 1LL << 20}) {
       for (int64_t k : {1LL, 5LL, 64LL}) {
