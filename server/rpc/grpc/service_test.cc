@@ -177,6 +177,13 @@ struct Harness {
 using testing::ExpectCorrect;
 using testing::RandomRequest;
 
+// One unary Softmax call, which must end OK.
+void CallOk(Harness& harness, const v1::SoftmaxRequest& request, v1::SoftmaxResponse* response) {
+  grpc::ClientContext context;
+  const grpc::Status status = harness.stub->Softmax(&context, request, response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+}
+
 // Writes `requests` on one stream (from another thread, so that writes and
 // reads overlap) and returns the responses in the order they came; the
 // stream must end OK.
@@ -202,9 +209,7 @@ TEST(ServiceTest, UnaryComputesSoftmaxAlongAnyAxis) {
   for (int axis : {0, 1, -1}) {
     const v1::SoftmaxRequest request = RandomRequest("u", {3, 17, 5}, axis, 7 + axis);
     v1::SoftmaxResponse response;
-    grpc::ClientContext context;
-    const grpc::Status status = harness.stub->Softmax(&context, request, &response);
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_NO_FATAL_FAILURE(CallOk(harness, request, &response));
     ExpectCorrect(request, response);
     EXPECT_GE(response.timing().batch_requests(), 1);
     EXPECT_GE(response.timing().batch_rows(), 15);
@@ -469,9 +474,7 @@ TEST(ServiceTest, InPlaceBackendComputesIntoTheRequestsOwnBuffers) {
   for (int axis : {0, 1, -1}) {
     const v1::SoftmaxRequest request = RandomRequest("u", {3, 17, 5}, axis, 70 + axis);
     v1::SoftmaxResponse response;
-    grpc::ClientContext context;
-    const grpc::Status status = harness.stub->Softmax(&context, request, &response);
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_NO_FATAL_FAILURE(CallOk(harness, request, &response));
     ExpectCorrect(request, response);
     ++sent;
   }
@@ -503,9 +506,7 @@ TEST(ServiceTest, LentOutputsAreSentWithoutACopyAndReleasedAfterwards) {
   for (int axis : {0, -1}) {
     const v1::SoftmaxRequest request = RandomRequest("u", {3, 170, 5}, axis, 90 + axis);
     v1::SoftmaxResponse response;
-    grpc::ClientContext context;
-    const grpc::Status status = harness.stub->Softmax(&context, request, &response);
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_NO_FATAL_FAILURE(CallOk(harness, request, &response));
     ExpectCorrect(request, response);
     EXPECT_GT(response.timing().compute_ns(), 0);
     ++sent;
@@ -686,9 +687,7 @@ TEST(ServiceTest, LargeTensorsTravelThroughPooledBuffers) {
     const v1::SoftmaxRequest request = RandomRequest("big", {1, kColumns}, -1, 5);
     for (int call = 0; call < 3; ++call) {
       v1::SoftmaxResponse response;
-      grpc::ClientContext context;
-      const grpc::Status status = harness.stub->Softmax(&context, request, &response);
-      ASSERT_TRUE(status.ok()) << status.error_message();
+      ASSERT_NO_FATAL_FAILURE(CallOk(harness, request, &response));
       if (echo) {
         EXPECT_TRUE(response.output().data() == request.input().data());
       } else {
