@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <initializer_list>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -87,17 +89,29 @@ std::string FormatLoadShape(const LoadShape& shape) {
                       absl::StrFormat("%g", shape.weight));
 }
 
-bool AbslParseFlag(absl::string_view text, Arrival* arrival, std::string* error) {
-  if (text == "constant") {
-    *arrival = Arrival::kConstant;
-    return true;
+namespace {
+
+// Sets *value to the value named `text` in `names` and returns true; or sets
+// *error to `want` and returns false.
+template <typename T>
+bool ParseNamed(absl::string_view text,
+                std::initializer_list<std::pair<absl::string_view, T>> names, const char* want,
+                T* value, std::string* error) {
+  for (const auto& [name, named] : names) {
+    if (text == name) {
+      *value = named;
+      return true;
+    }
   }
-  if (text == "poisson") {
-    *arrival = Arrival::kPoisson;
-    return true;
-  }
-  *error = "want constant or poisson";
+  *error = want;
   return false;
+}
+
+}  // namespace
+
+bool AbslParseFlag(absl::string_view text, Arrival* arrival, std::string* error) {
+  return ParseNamed(text, {{"constant", Arrival::kConstant}, {"poisson", Arrival::kPoisson}},
+                    "want constant or poisson", arrival, error);
 }
 
 std::string AbslUnparseFlag(Arrival arrival) {
@@ -105,20 +119,11 @@ std::string AbslUnparseFlag(Arrival arrival) {
 }
 
 bool AbslParseFlag(absl::string_view text, LoadProtocol* protocol, std::string* error) {
-  if (text == "softmax.v1") {
-    *protocol = LoadProtocol::kSoftmaxV1;
-    return true;
-  }
-  if (text == "kserve") {
-    *protocol = LoadProtocol::kKserve;
-    return true;
-  }
-  if (text == "http") {
-    *protocol = LoadProtocol::kHttp;
-    return true;
-  }
-  *error = "want softmax.v1, kserve or http";
-  return false;
+  return ParseNamed(text,
+                    {{"softmax.v1", LoadProtocol::kSoftmaxV1},
+                     {"kserve", LoadProtocol::kKserve},
+                     {"http", LoadProtocol::kHttp}},
+                    "want softmax.v1, kserve or http", protocol, error);
 }
 
 std::string AbslUnparseFlag(LoadProtocol protocol) {
