@@ -71,20 +71,28 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
+// Registers in `registry` the family that `builder` (prometheus::BuildCounter()
+// and the like) builds, under `name` and `help`.
+template <typename Builder>
+auto& AddFamily(prometheus::Registry& registry, Builder builder, const std::string& name,
+                const std::string& help) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
 prometheus::Gauge& AddGauge(prometheus::Registry& registry, const std::string& name,
                             const std::string& help, const prometheus::Labels& labels = {}) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(labels);
+  return AddFamily(registry, prometheus::BuildGauge(), name, help).Add(labels);
 }
 
 prometheus::Counter& AddCounter(prometheus::Registry& registry, const std::string& name,
                                 const std::string& help, const prometheus::Labels& labels = {}) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add(labels);
+  return AddFamily(registry, prometheus::BuildCounter(), name, help).Add(labels);
 }
 
 prometheus::Histogram& AddHistogram(prometheus::Registry& registry, const std::string& name,
                                     const std::string& help,
                                     const prometheus::Histogram::BucketBoundaries& buckets) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add({}, buckets);
+  return AddFamily(registry, prometheus::BuildHistogram(), name, help).Add({}, buckets);
 }
 
 }  // namespace
@@ -162,18 +170,14 @@ Metrics::Metrics()
       memory_(std::make_shared<MemoryCollectable>()),
       gpu_health_(std::make_shared<NvmlCollector>()) {
   prometheus::Registry& r = *registry_;
-  requests_total_ = &prometheus::BuildCounter()
-                         .Name("softmax_requests_total")
-                         .Help("Requests answered (unary calls and stream messages), by method "
-                               "and gRPC status code.")
-                         .Register(r);
+  requests_total_ = &AddFamily(r, prometheus::BuildCounter(), "softmax_requests_total",
+                               "Requests answered (unary calls and stream messages), by method "
+                               "and gRPC status code.");
   for (auto& per_method : request_counters_) {
     for (auto& counter : per_method) counter.store(nullptr);
   }
-  auto& duration = prometheus::BuildHistogram()
-                       .Name("softmax_request_duration_seconds")
-                       .Help("Time from receiving a request to sending its response, by method.")
-                       .Register(r);
+  auto& duration = AddFamily(r, prometheus::BuildHistogram(), "softmax_request_duration_seconds",
+                             "Time from receiving a request to sending its response, by method.");
   for (int m = 0; m < kMethods; ++m) {
     request_duration_[m] = &duration.Add({{"method", kMethodNames[m]}}, SecondsBuckets());
     // OK exists from the start, so rate() over it has a baseline.
@@ -189,34 +193,23 @@ Metrics::Metrics()
                                     "Per request: compute time of the batch it rode in.",
                                     SecondsBuckets());
 
-  batch_requests_family_ = &prometheus::BuildHistogram()
-                                .Name("softmax_batch_requests")
-                                .Help("Requests per computed batch, by device.")
-                                .Register(r);
-  batch_rows_family_ = &prometheus::BuildHistogram()
-                            .Name("softmax_batch_rows")
-                            .Help("Rows per computed batch, by device.")
-                            .Register(r);
+  batch_requests_family_ = &AddFamily(r, prometheus::BuildHistogram(), "softmax_batch_requests",
+                                      "Requests per computed batch, by device.");
+  batch_rows_family_ = &AddFamily(r, prometheus::BuildHistogram(), "softmax_batch_rows",
+                                  "Rows per computed batch, by device.");
   batch_bandwidth_family_ =
-      &prometheus::BuildHistogram()
-           .Name("softmax_batch_bandwidth_bytes_per_second")
-           .Help("Per OK batch, by device: bytes the kernels read and wrote over kernel time "
-                 "(CUDA events; the CPU backend: over compute time).")
-           .Register(r);
-  batches_family_ = &prometheus::BuildCounter()
-                         .Name("softmax_batches_total")
-                         .Help("Batches computed, by device and outcome (ok, error).")
-                         .Register(r);
-  kernel_launches_family_ = &prometheus::BuildCounter()
-                                 .Name("softmax_kernel_launches_total")
-                                 .Help("Kernel launches made, by device (0 on the CPU backend).")
-                                 .Register(r);
+      &AddFamily(r, prometheus::BuildHistogram(), "softmax_batch_bandwidth_bytes_per_second",
+                 "Per OK batch, by device: bytes the kernels read and wrote over kernel time "
+                 "(CUDA events; the CPU backend: over compute time).");
+  batches_family_ = &AddFamily(r, prometheus::BuildCounter(), "softmax_batches_total",
+                               "Batches computed, by device and outcome (ok, error).");
+  kernel_launches_family_ =
+      &AddFamily(r, prometheus::BuildCounter(), "softmax_kernel_launches_total",
+                 "Kernel launches made, by device (0 on the CPU backend).");
   // Unlabelled until SetBackends names the devices.
   devices_.push_back(AddDeviceSeries({}));
-  auto& dropped = prometheus::BuildCounter()
-                      .Name("softmax_dropped_requests_total")
-                      .Help("Queued requests dropped before compute, by reason.")
-                      .Register(r);
+  auto& dropped = AddFamily(r, prometheus::BuildCounter(), "softmax_dropped_requests_total",
+                            "Queued requests dropped before compute, by reason.");
   dropped_cancelled_ = &dropped.Add({{"reason", "cancelled"}});
   dropped_deadline_ = &dropped.Add({{"reason", "deadline_exceeded"}});
   rejected_total_ = &AddCounter(r, "softmax_rejected_requests_total",
@@ -233,14 +226,10 @@ Metrics::Metrics()
       &AddGauge(r, "softmax_queue_capacity_bytes",
                 "Admission limit on queued input bytes (half of --max_held_bytes).");
   {
-    auto& regions = prometheus::BuildGauge()
-                        .Name("softmax_shared_memory_regions")
-                        .Help("Shared-memory regions registered, by kind (system, cuda).")
-                        .Register(r);
-    auto& bytes = prometheus::BuildGauge()
-                      .Name("softmax_shared_memory_bytes")
-                      .Help("Bytes of the shared-memory regions registered, by kind.")
-                      .Register(r);
+    auto& regions = AddFamily(r, prometheus::BuildGauge(), "softmax_shared_memory_regions",
+                              "Shared-memory regions registered, by kind (system, cuda).");
+    auto& bytes = AddFamily(r, prometheus::BuildGauge(), "softmax_shared_memory_bytes",
+                            "Bytes of the shared-memory regions registered, by kind.");
     for (int k = 0; k < 2; ++k) {
       const std::string kind = k == 0 ? "system" : "cuda";
       shared_memory_regions_[k] = &regions.Add({{"kind", kind}});
@@ -327,11 +316,9 @@ Metrics::DeviceSeries Metrics::AddDeviceSeries(const prometheus::Labels& labels)
 
 void Metrics::SetBackends(const std::vector<const Backend*>& backends) {
   prometheus::Registry& r = *registry_;
-  auto& device_info = prometheus::BuildGauge()
-                          .Name("softmax_device_info")
-                          .Help("Constant 1 per device the server computes on, labelled with "
-                                "what it is (memory_bytes 0: host memory, not reported).")
-                          .Register(r);
+  auto& device_info = AddFamily(r, prometheus::BuildGauge(), "softmax_device_info",
+                                "Constant 1 per device the server computes on, labelled with "
+                                "what it is (memory_bytes 0: host memory, not reported).");
   if (backends.empty()) {
     device_info
         .Add({{"device", "none"},
@@ -343,7 +330,7 @@ void Metrics::SetBackends(const std::vector<const Backend*>& backends) {
     return;
   }
   auto gauge_family = [&r](const char* name, const char* help) {
-    return &prometheus::BuildGauge().Name(name).Help(help).Register(r);
+    return &AddFamily(r, prometheus::BuildGauge(), name, help);
   };
   prometheus::Family<prometheus::Gauge>* peak = nullptr;
   std::vector<DeviceSeries> devices;
