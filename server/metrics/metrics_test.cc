@@ -125,20 +125,17 @@ TEST(MetricsTest, RequestsCountByMethodAndCode) {
   }
   metrics->RecordRequest(RpcMethod::kSoftmaxStream, absl::StatusCode::kUnavailable, 0.0001, 0);
   const auto families = metrics->Collect();
-  EXPECT_EQ(CounterValue(families, "softmax_requests_total",
-                         {{"method", "Softmax"}, {"code", "OK"}}), 3);
-  EXPECT_EQ(CounterValue(families, "softmax_requests_total",
-                         {{"method", "Softmax"}, {"code", "INVALID_ARGUMENT"}}), 1);
-  EXPECT_EQ(CounterValue(families, "softmax_requests_total",
-                         {{"method", "SoftmaxStream"}, {"code", "INVALID_ARGUMENT"}}), 2);
-  EXPECT_EQ(CounterValue(families, "softmax_requests_total",
-                         {{"method", "SoftmaxStream"}, {"code", "UNAVAILABLE"}}), 1);
+  auto requests = [&families](const std::string& method, const std::string& code) {
+    return CounterValue(families, "softmax_requests_total", {{"method", method}, {"code", code}});
+  };
+  EXPECT_EQ(requests("Softmax", "OK"), 3);
+  EXPECT_EQ(requests("Softmax", "INVALID_ARGUMENT"), 1);
+  EXPECT_EQ(requests("SoftmaxStream", "INVALID_ARGUMENT"), 2);
+  EXPECT_EQ(requests("SoftmaxStream", "UNAVAILABLE"), 1);
   // OK of every method exists from the start; other codes only once seen.
-  EXPECT_EQ(CounterValue(families, "softmax_requests_total",
-                         {{"method", "SoftmaxStream"}, {"code", "OK"}}), 0);
+  EXPECT_EQ(requests("SoftmaxStream", "OK"), 0);
   for (const char* method : {"ModelInfer", "ModelStreamInfer", "http_infer"}) {
-    EXPECT_EQ(CounterValue(families, "softmax_requests_total",
-                           {{"method", method}, {"code", "OK"}}), 0) << method;
+    EXPECT_EQ(requests(method, "OK"), 0) << method;
   }
   EXPECT_EQ(FindFamily(families, "softmax_requests_total")->metric.size(), 8u);
 
@@ -414,14 +411,14 @@ TEST(MetricsTest, BatchAndAllocatorMetricsCarryTheDeviceOfTheirBackend) {
   metrics->OnBatchCompleted(on1);
   metrics->OnBatchCompleted(failed_on1);
   const auto families = metrics->Collect();
-  EXPECT_EQ(CounterValue(families, "softmax_batches_total",
-                         {{"device", "cuda:0"}, {"outcome", "ok"}}), 1);
-  EXPECT_EQ(CounterValue(families, "softmax_batches_total",
-                         {{"device", "cuda:0"}, {"outcome", "error"}}), 0);
-  EXPECT_EQ(CounterValue(families, "softmax_batches_total",
-                         {{"device", "cuda:1"}, {"outcome", "ok"}}), 2);
-  EXPECT_EQ(CounterValue(families, "softmax_batches_total",
-                         {{"device", "cuda:1"}, {"outcome", "error"}}), 1);
+  auto batches = [&families](const std::string& device, const std::string& outcome) {
+    return CounterValue(families, "softmax_batches_total",
+                        {{"device", device}, {"outcome", outcome}});
+  };
+  EXPECT_EQ(batches("cuda:0", "ok"), 1);
+  EXPECT_EQ(batches("cuda:0", "error"), 0);
+  EXPECT_EQ(batches("cuda:1", "ok"), 2);
+  EXPECT_EQ(batches("cuda:1", "error"), 1);
   EXPECT_EQ(CounterValue(families, "softmax_kernel_launches_total", {{"device", "cuda:0"}}), 1);
   EXPECT_EQ(CounterValue(families, "softmax_kernel_launches_total", {{"device", "cuda:1"}}), 12);
   const ClientMetric* requests0 = Find(families, "softmax_batch_requests", {{"device", "cuda:0"}});
