@@ -53,6 +53,13 @@ struct Held {
     while (backend.held() > 0) backend.ReleaseOne();
     batcher.Stop();
   }
+  // Waits until the backend holds one batch, then lets it compute; false if
+  // none came.
+  bool ReleaseTheHeldBatch() {
+    if (!testing::Await([&] { return backend.held() == 1; })) return false;
+    backend.ReleaseOne();
+    return true;
+  }
   FakeBackend backend;
   Scheduler scheduler;
   Batcher batcher;
@@ -104,8 +111,7 @@ TEST(AdmissionTest, BudgetIsGivenBackOnceTheRequestIsAnswered) {
   admission.Submit(Request(&request), Answer(&request));
   EXPECT_EQ(request.answers.load(), 0);
   EXPECT_EQ(budget.held(), 2 * kBytes);  // input and output, while computing
-  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
-  held.backend.ReleaseOne();
+  ASSERT_TRUE(held.ReleaseTheHeldBatch());
   ASSERT_TRUE(request.Wait());
   EXPECT_TRUE(request.status.ok()) << request.status;
   EXPECT_TRUE(testing::Await([&] { return budget.held() == 0; }));
@@ -119,8 +125,7 @@ TEST(AdmissionTest, TheCallersShareIsKeptUntilItLetsGo) {
   Admission::Admitted share;
   admission.Submit(Request(&request), Answer(&request), &share);
   ASSERT_NE(share.budget, nullptr);
-  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
-  held.backend.ReleaseOne();
+  ASSERT_TRUE(held.ReleaseTheHeldBatch());
   ASSERT_TRUE(request.Wait());
   // Answered, not yet sent: still held.
   EXPECT_EQ(budget.held(), 2 * kBytes);
@@ -134,8 +139,7 @@ TEST(AdmissionTest, TheCallersShareIsKeptUntilItLetsGo) {
   TestRequest second;
   admission.Submit(Request(&second), Answer(&second), &kept);
   EXPECT_EQ(budget.held(), 3 * kBytes);
-  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
-  held.backend.ReleaseOne();
+  ASSERT_TRUE(held.ReleaseTheHeldBatch());
   ASSERT_TRUE(second.Wait());
   EXPECT_TRUE(second.status.ok()) << second.status;
 }
@@ -167,8 +171,7 @@ TEST(AdmissionTest, AReservationIsTakenOnceAndGivenBackOnce) {
   TestRequest queued;
   admission.Submit(Request(&queued), Answer(&queued), &kept);
   EXPECT_EQ(budget.held(), 3 * kBytes);
-  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
-  held.backend.ReleaseOne();
+  ASSERT_TRUE(held.ReleaseTheHeldBatch());
   ASSERT_TRUE(queued.Wait());
   EXPECT_TRUE(queued.status.ok()) << queued.status;
   EXPECT_EQ(budget.held(), 3 * kBytes);
@@ -198,8 +201,7 @@ TEST(AdmissionTest, ASpentBudgetRefusesBeforeAnythingIsQueued) {
   EXPECT_EQ(share.budget, nullptr);
   EXPECT_FALSE(share.ticket);
   EXPECT_EQ(budget.held(), 2 * kBytes);  // the first's only
-  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
-  held.backend.ReleaseOne();
+  ASSERT_TRUE(held.ReleaseTheHeldBatch());
   ASSERT_TRUE(first.Wait());
   EXPECT_TRUE(testing::Await([&] { return budget.held() == 0; }));
 }
@@ -221,8 +223,7 @@ TEST(AdmissionTest, AFullQueueKeepsNothingOfTheBudget) {
   // Neither kept nor given back twice: exactly the two admitted ones'.
   EXPECT_EQ(budget.held(), 4 * kBytes);
   held.backend.ReleaseOne();
-  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
-  held.backend.ReleaseOne();
+  ASSERT_TRUE(held.ReleaseTheHeldBatch());
   ASSERT_TRUE(computing.Wait());
   ASSERT_TRUE(queued.Wait());
   EXPECT_TRUE(testing::Await([&] { return budget.held() == 0; }));
@@ -409,8 +410,7 @@ TEST(AdmissionTest, SubmitTakesTheTicketAndEveryExitGivesItBack) {
   ASSERT_TRUE(computing.Wait());
   EXPECT_EQ(admission.in_flight(), 2);  // answered, not yet sent
   kept = Admission::Admitted();
-  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
-  held.backend.ReleaseOne();
+  ASSERT_TRUE(held.ReleaseTheHeldBatch());
   ASSERT_TRUE(queued.Wait());
   EXPECT_TRUE(testing::Await([&] { return admission.in_flight() == 0; }));
 
@@ -451,8 +451,7 @@ TEST(AdmissionTest, ATicketTakenAtTheReadIsNotTakenAgain) {
   entry.ticket = admission.Enter();
   admission.Submit(Request(&request), Answer(&request), &entry);
   EXPECT_EQ(admission.in_flight(), 1);
-  ASSERT_TRUE(testing::Await([&] { return held.backend.held() == 1; }));
-  held.backend.ReleaseOne();
+  ASSERT_TRUE(held.ReleaseTheHeldBatch());
   ASSERT_TRUE(request.Wait());
   EXPECT_EQ(admission.in_flight(), 1);
   entry = Admission::Admitted();
