@@ -178,6 +178,14 @@ class LoadTest : public ::testing::Test {
     return options;
   }
 
+  // BaseOptions for exactly `requests` measured requests, with no time limit.
+  LoadOptions CountedOptions(int64_t requests) {
+    LoadOptions options = BaseOptions();
+    options.requests = requests;
+    options.duration = absl::InfiniteDuration();
+    return options;
+  }
+
   std::unique_ptr<FakeSoftmaxService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string target_;
@@ -204,11 +212,9 @@ void ExpectConsistent(const LoadReport& report) {
 
 TEST_F(LoadTest, ClosedLoopUnaryFollowsTheWeightsAndVerifies) {
   StartServer(/*echo=*/false);
-  LoadOptions options = BaseOptions();
+  LoadOptions options = CountedOptions(400);
   options.concurrency = 8;
   options.connections = 2;
-  options.requests = 400;
-  options.duration = absl::InfiniteDuration();
   absl::StatusOr<LoadReport> report = RunLoad(options);
   ASSERT_TRUE(report.ok()) << report.status();
   ExpectConsistent(*report);
@@ -229,12 +235,10 @@ TEST_F(LoadTest, ClosedLoopUnaryFollowsTheWeightsAndVerifies) {
 
 TEST_F(LoadTest, ClosedLoopStreamVerifies) {
   StartServer(/*echo=*/false);
-  LoadOptions options = BaseOptions();
+  LoadOptions options = CountedOptions(300);
   options.stream = true;
   options.concurrency = 6;
   options.connections = 3;
-  options.requests = 300;
-  options.duration = absl::InfiniteDuration();
   options.log = true;
   options.temperature = 0.5f;
   absl::StatusOr<LoadReport> report = RunLoad(options);
@@ -252,12 +256,10 @@ TEST_F(LoadTest, ClosedLoopStreamReopensAndResendsWhatWasUnanswered) {
   ending.after_requests = 40;
   ending.drop_last = true;  // so every end leaves at least one unanswered
   StartServer(/*echo=*/false, ending);
-  LoadOptions options = BaseOptions();
+  LoadOptions options = CountedOptions(600);
   options.stream = true;
   options.concurrency = 6;
   options.connections = 2;
-  options.requests = 600;
-  options.duration = absl::InfiniteDuration();
   absl::StatusOr<LoadReport> report = RunLoad(options);
   ASSERT_TRUE(report.ok()) << report.status();
   ExpectConsistent(*report);
@@ -284,12 +286,10 @@ TEST_F(LoadTest, ChunkedStreamDropsAHalfReceivedAnswerAndResendsItWhole) {
   ending.after_requests = 10;
   ending.half_answer_last = true;
   StartServer(/*echo=*/false, ending);
-  LoadOptions options = BaseOptions();
+  LoadOptions options = CountedOptions(100);
   options.stream = true;
   options.chunk_bytes = 100;  // every payload is several chunks
   options.concurrency = 3;
-  options.requests = 100;
-  options.duration = absl::InfiniteDuration();
   absl::StatusOr<LoadReport> report = RunLoad(options);
   ASSERT_TRUE(report.ok()) << report.status();
   ExpectConsistent(*report);
@@ -367,12 +367,10 @@ TEST_F(LoadTest, StreamEndingWithAnotherCodeStopsTheRunAndSaysWhy) {
 TEST_F(LoadTest, MoreConnectionsThanConcurrencyStillFinishes) {
   StartServer(/*echo=*/false);
   for (bool stream : {false, true}) {
-    LoadOptions options = BaseOptions();
+    LoadOptions options = CountedOptions(30);
     options.stream = stream;
     options.concurrency = 1;
     options.connections = 4;
-    options.requests = 30;
-    options.duration = absl::InfiniteDuration();
     absl::StatusOr<LoadReport> report = RunLoad(options);
     ASSERT_TRUE(report.ok()) << report.status();
     EXPECT_EQ(report->ok, 30) << "stream=" << stream;
@@ -418,9 +416,7 @@ TEST_F(LoadTest, OpenLoopPoissonStream) {
 
 TEST_F(LoadTest, VerifyCatchesAnEchoingServer) {
   StartServer(/*echo=*/true);
-  LoadOptions options = BaseOptions();
-  options.requests = 20;
-  options.duration = absl::InfiniteDuration();
+  LoadOptions options = CountedOptions(20);
   absl::StatusOr<LoadReport> report = RunLoad(options);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->ok, 20);
