@@ -310,6 +310,15 @@ SoftmaxSegment Filler(DType dtype, int slot, std::mt19937_64& rng) {
   }
 }
 
+// A table of fillers, min_count to max_count of them (the count drawn first).
+std::vector<SoftmaxSegment> Fillers(DType dtype, int min_count, int max_count,
+                                    std::mt19937_64& rng) {
+  const int count = std::uniform_int_distribution<int>(min_count, max_count)(rng);
+  std::vector<SoftmaxSegment> table;
+  for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+  return table;
+}
+
 // The rule, at the plan: a probe's rows (any run of them) get the orders
 // they get alone, inside random tables of up to 40 other segments (a third of
 // them with their flat rows in the row_staged launch), and within their
@@ -493,9 +502,8 @@ TEST_F(ScheduleTest, ScratchRegionsFitAndDoNotOverlap) {
   std::mt19937_64 rng(7);
   for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 200; ++trial) {
-      std::vector<SoftmaxSegment> table;
-      const int count = std::uniform_int_distribution<int>(1, trial % 4 == 0 ? 120 : 30)(rng);
-      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      std::vector<SoftmaxSegment> table = Fillers(dtype, 1, trial % 4 == 0 ? 120 : 30, rng);
+      const int count = static_cast<int>(table.size());
       const Schedule schedule = Plan(dtype, table);
       ASSERT_EQ(schedule.scratch_bytes,
                 SoftmaxScratchBytes(plan_, dtype, table.data(), count));
@@ -529,9 +537,7 @@ TEST_F(ScheduleTest, TheLogSaysWhichTablesGoThroughTheScratch) {
   int mixed = 0;  // schedules with a table area and an inline table
   for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 100; ++trial) {
-      std::vector<SoftmaxSegment> table;
-      const int count = std::uniform_int_distribution<int>(20, 120)(rng);
-      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      std::vector<SoftmaxSegment> table = Fillers(dtype, 20, 120, rng);
       const Schedule schedule = Plan(dtype, table);
       const std::string log = schedule.ToString();
       size_t in_scratch = 0;
@@ -560,9 +566,7 @@ TEST_F(ScheduleTest, StepsFitTheDevice) {
   std::mt19937_64 rng(11);
   for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 200; ++trial) {
-      std::vector<SoftmaxSegment> table;
-      const int count = std::uniform_int_distribution<int>(1, 30)(rng);
-      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      std::vector<SoftmaxSegment> table = Fillers(dtype, 1, 30, rng);
       for (bool allow_flat : {true, false}) {
         const Schedule schedule = Plan(dtype, table, allow_flat);
         for (const LaunchStep& step : schedule.steps) {
@@ -743,9 +747,7 @@ TEST_F(ScheduleTest, TableLaunchesTakeTheLongestRowsFirst) {
   std::map<std::string, int> seen;
   for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 200; ++trial) {
-      std::vector<SoftmaxSegment> table;
-      const int count = std::uniform_int_distribution<int>(2, 40)(rng);
-      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      std::vector<SoftmaxSegment> table = Fillers(dtype, 2, 40, rng);
       const Schedule schedule = Plan(dtype, table);
       int previous = 0;
       for (const LaunchStep& step : schedule.steps) {
@@ -771,9 +773,7 @@ TEST_F(ScheduleTest, RowStagedTakesTheLongestRowsFirst) {
   int launches = 0;
   for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 100; ++trial) {
-      std::vector<SoftmaxSegment> table;
-      const int count = std::uniform_int_distribution<int>(2, 40)(rng);
-      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      std::vector<SoftmaxSegment> table = Fillers(dtype, 2, 40, rng);
       const Schedule schedule = Plan(dtype, table);
       long long previous = std::numeric_limits<long long>::max();
       for (const LaunchStep& step : schedule.steps) {
@@ -809,9 +809,7 @@ TEST_F(ScheduleTest, OnlyIndependentTableLaunchesAndSecondPassesOverlap) {
   int overlapping = 0;
   for (DType dtype : kAllDTypes) {
     for (int trial = 0; trial < 200; ++trial) {
-      std::vector<SoftmaxSegment> table;
-      const int count = std::uniform_int_distribution<int>(1, trial % 4 == 0 ? 120 : 30)(rng);
-      for (int i = 0; i < count; ++i) table.push_back(Filler(dtype, i, rng));
+      std::vector<SoftmaxSegment> table = Fillers(dtype, 1, trial % 4 == 0 ? 120 : 30, rng);
       for (bool allow_flat : {true, false}) {
         const Schedule schedule = Plan(dtype, table, allow_flat);
         for (size_t i = 0; i < schedule.steps.size(); ++i) {
