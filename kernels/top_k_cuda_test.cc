@@ -135,6 +135,15 @@ std::string Describe(DType dtype, const Problem& p) {
          (p.options.log ? " log" : "") + " offset=" + std::to_string(p.offset);
 }
 
+// Runs `problems` as one launch and checks every answer.
+void RunAndCheck(DType dtype, const std::vector<Problem>& problems) {
+  std::vector<Answer> answers;
+  ASSERT_NO_FATAL_FAILURE(RunTopK(dtype, problems, &answers));
+  for (size_t i = 0; i < problems.size(); ++i) {
+    EXPECT_EQ(Check(dtype, problems[i], answers[i]), "") << Describe(dtype, problems[i]);
+  }
+}
+
 Problem Random(DType dtype, int64_t outer, int64_t n, int64_t inner, int64_t k,
                std::mt19937_64& rng, SoftmaxOptions options = {}, size_t offset = 0) {
   Problem p;
@@ -161,11 +170,7 @@ TEST(TopKCuda, RowLengthsEveryDTypeAndK) {
         problems.push_back(Random(dtype, 3, n, 1, k, rng, SoftmaxOptions{0.6f, true}, 1));
       }
       problems.push_back(Random(dtype, 9, 32, 1, std::min<int64_t>(k, 32), rng));
-      std::vector<Answer> answers;
-      ASSERT_NO_FATAL_FAILURE(RunTopK(dtype, problems, &answers));
-      for (size_t i = 0; i < problems.size(); ++i) {
-        EXPECT_EQ(Check(dtype, problems[i], answers[i]), "") << Describe(dtype, problems[i]);
-      }
+      ASSERT_NO_FATAL_FAILURE(RunAndCheck(dtype, problems));
     }
   }
 }
@@ -179,11 +184,7 @@ TEST(TopKCuda, InnerAxes) {
     problems.push_back(Random(dtype, 2, 1000, 3, 5, rng));
     problems.push_back(Random(dtype, 1, 40000, 5, 64, rng, SoftmaxOptions{2.0f, false}));
     problems.push_back(Random(dtype, 3, 64, 64, 64, rng, SoftmaxOptions{1.0f, true}));
-    std::vector<Answer> answers;
-    ASSERT_NO_FATAL_FAILURE(RunTopK(dtype, problems, &answers));
-    for (size_t i = 0; i < problems.size(); ++i) {
-      EXPECT_EQ(Check(dtype, problems[i], answers[i]), "") << Describe(dtype, problems[i]);
-    }
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(dtype, problems));
   }
 }
 
@@ -210,11 +211,7 @@ TEST(TopKCuda, SpecialValues) {
         }
       }
     }
-    std::vector<Answer> answers;
-    ASSERT_NO_FATAL_FAILURE(RunTopK(dtype, problems, &answers));
-    for (size_t i = 0; i < problems.size(); ++i) {
-      EXPECT_EQ(Check(dtype, problems[i], answers[i]), "") << Describe(dtype, problems[i]);
-    }
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(dtype, problems));
   }
 }
 
