@@ -31,6 +31,7 @@
 # both are rewritten after every step, so a run stopped at a time limit keeps
 # the steps it finished.
 set -uo pipefail
+. "$(dirname "$0")/listening.sh"
 bundle=$(cd "$1" && pwd)
 out=$2
 steps=${3:-unit,e2e,batching,service}
@@ -134,16 +135,9 @@ if step scrape; then
     --metrics_address=127.0.0.1:0 --listening_file="$work/scrape-listening.json" \
     > "$work/scrape-server.log" 2>&1 &
   server=$!
-  for _ in $(seq 300); do
-    [[ -s "$work/scrape-listening.json" ]] && break
-    sleep 0.1
-  done
-  listening() {  # the bound address of $1 (grpc, http, metrics) from --listening_file
-    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' \
-      "$work/scrape-listening.json" "$1"
-  }
-  grpc=$(listening grpc)
-  metrics=$(listening metrics)
+  wait_for_listening "$work/scrape-listening.json" "$server" || true
+  grpc=$(listening_address "$work/scrape-listening.json" grpc)
+  metrics=$(listening_address "$work/scrape-listening.json" metrics)
   "$bundle/softmax-client" load --target="$grpc" --shape=64,32000 --dtype=bfloat16 \
     --concurrency=16 --duration=8s --quiet > "$work/scrape-load.txt" 2>&1 &
   load=$!

@@ -7,6 +7,7 @@
 #   bench/metrics-cost/run.sh BIN_DIR [DEVICE=cpu] [PAIRS=6] [DURATION=8s]
 # BIN_DIR holds softmax-server and softmax-client (build/bin, or a bundle's top folder).
 set -euo pipefail
+. "$(dirname "$0")/../../scripts/listening.sh"
 bin=$1; device=${2:-cpu}; pairs=${3:-6}; duration=${4:-8s}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -16,10 +17,9 @@ one() {  # mode pair
   "$bin/softmax-server" --grpc_address=127.0.0.1:0 --metrics_address=$address \
       --device="$device" --listening_file="$work/listening.json" > "$work/server.log" 2>&1 &
   local pid=$!
-  for _ in $(seq 200); do [[ -s "$work/listening.json" ]] && break; sleep 0.05; done
+  wait_for_listening "$work/listening.json" "$pid" || { cat "$work/server.log"; exit 1; }
   local target
-  target=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["grpc"])' \
-      "$work/listening.json")
+  target=$(listening_address "$work/listening.json" grpc)
   rm -f "$work/load.json"
   "$bin/softmax-client" load --target="$target" --concurrency=64 --mix=1x1024:float32 \
       --duration="$duration" --warmup=2s --quiet --json="$work/load.json" > /dev/null
