@@ -27,13 +27,13 @@ REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "deploy" / "k8s" / "softmax-serve.yaml"
 ENVOY_MANIFEST = REPO / "deploy" / "k8s" / "envoy.yaml"
 ENVOY_CONFIG_MANIFEST = REPO / "deploy" / "k8s" / "envoy-config.yaml"
-MAKE_ENVOY_CONFIG = REPO / "deploy" / "k8s" / "make_envoy_config.py"
-MAKE_TLS_CONFIG = REPO / "deploy" / "envoy" / "make_tls_config.py"
+MAKE_ENVOY_CONFIG = "deploy.k8s.make_envoy_config"
+MAKE_TLS_CONFIG = "deploy.envoy.make_tls_config"
 HPA_MANIFEST = REPO / "deploy" / "k8s" / "autoscaling" / "hpa.yaml"
 KEDA_MANIFEST = REPO / "deploy" / "k8s" / "autoscaling" / "keda.yaml"
 MONITORING_MANIFEST = REPO / "deploy" / "k8s" / "monitoring.yaml"
 ADAPTER_RULES = REPO / "deploy" / "k8s" / "autoscaling" / "adapter-rules.yaml"
-MAKE_PROMETHEUS_RULE = REPO / "deploy" / "k8s" / "make_prometheus_rule.py"
+MAKE_PROMETHEUS_RULE = "deploy.k8s.make_prometheus_rule"
 K8S_SCHEMAS = REPO / "deploy" / "k8s" / "crd-schemas"
 # Built-in kinds only (kubernetes-validate knows them), with their resource counts.
 GATEWAY = REPO / "deploy" / "k8s" / "gateway"
@@ -314,10 +314,7 @@ def test_envoy_rotates_grpc_callers_connections_only(k8s):
 
 
 def test_envoy_mounts_the_tls_secrets_where_envoy_tls_reads_them(k8s):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("make_tls_config", MAKE_TLS_CONFIG)
-    tls = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tls)
+    from deploy.envoy import make_tls_config as tls
     pod = k8s[("Deployment", "softmax-envoy")]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -377,9 +374,9 @@ def test_services_headless_for_clients_and_through_envoy(k8s):
 
 
 @pytest.mark.parametrize("generator", [MAKE_TLS_CONFIG, MAKE_ENVOY_CONFIG],
-                         ids=lambda p: p.name)
+                         ids=lambda m: m.rsplit(".", 1)[1] + ".py")
 def test_envoy_config_map_is_up_to_date(generator):
-    result = subprocess.run([sys.executable, str(generator), "--check"],
+    result = subprocess.run([sys.executable, "-m", generator, "--check"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -534,7 +531,7 @@ def assert_check_catches(validate, manifest, mistake, expected, tmp_path):
 
 
 def test_prometheus_rule_is_up_to_date():
-    result = subprocess.run([sys.executable, str(MAKE_PROMETHEUS_RULE), "--check"],
+    result = subprocess.run([sys.executable, "-m", MAKE_PROMETHEUS_RULE, "--check"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 

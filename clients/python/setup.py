@@ -10,11 +10,10 @@ protoc; $SOFTMAX_PROTOC names a protoc to use instead. Only message classes
 are generated: the client builds its gRPC calls itself, so it does not depend
 on the gRPC stub generator's version.
 """
+import importlib.util
 import os
-import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -25,8 +24,15 @@ from setuptools.command.sdist import sdist
 HERE = Path(__file__).resolve().parent
 PROTO = Path("softmax") / "v1" / "softmax.proto"
 
-sys.path.insert(0, str(HERE / "build_backend"))
-from softmax_client_build import usable_protoc  # noqa: E402
+
+def _build_backend():
+    """The in-tree backend (build_backend/), loaded from its file: pip puts it on the path
+    for the build hooks, but not for `python setup.py sdist`."""
+    spec = importlib.util.spec_from_file_location(
+        "softmax_client_build", HERE / "build_backend" / "softmax_client_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def proto_root() -> Path:
@@ -45,7 +51,7 @@ def generate(out_dir: Path) -> None:
         # The .pyi beside the module types the message classes for checkers.
         args = [f"--proto_path={root}", f"--python_out={tmp}", f"--pyi_out={tmp}",
                 str(root / PROTO)]
-        protoc = usable_protoc()
+        protoc = _build_backend().usable_protoc()
         if protoc:
             subprocess.run([protoc, *args], check=True)
         else:

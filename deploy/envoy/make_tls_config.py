@@ -21,8 +21,8 @@ The folders are where deploy/k8s/envoy.yaml mounts its Secrets
 the files at start: a renewed certificate takes a rollout (kubectl rollout
 restart) to be used.
 
-    deploy/envoy/make_tls_config.py          write deploy/envoy/envoy-tls.yaml
-    deploy/envoy/make_tls_config.py --check  exit 1 when it is out of date
+    python3 -m deploy.envoy.make_tls_config          write deploy/envoy/envoy-tls.yaml
+    python3 -m deploy.envoy.make_tls_config --check  exit 1 when it is out of date
 
 tests/test_fleet_tls.py runs the result (certificate paths replaced) in front
 of replicas that serve only mutual TLS; tests/test_deploy.py runs --check.
@@ -32,9 +32,9 @@ import re
 import sys
 from pathlib import Path
 
+from deploy import generated_file
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-import generated_file  # noqa: E402  (deploy/generated_file.py)
 SOURCE = HERE / "envoy.yaml"
 TARGET = HERE / "envoy-tls.yaml"
 FRONT_DIR = "/etc/envoy-tls/front"

@@ -12,8 +12,8 @@ Envoy) for Prometheus and the readiness probe. Everything else (listeners,
 retries, health checks, outlier detection, overload manager) is the files'
 own, comments included.
 
-    deploy/k8s/make_envoy_config.py          write deploy/k8s/envoy-config.yaml
-    deploy/k8s/make_envoy_config.py --check  exit 1 when it is out of date
+    python3 -m deploy.k8s.make_envoy_config          write deploy/k8s/envoy-config.yaml
+    python3 -m deploy.k8s.make_envoy_config --check  exit 1 when it is out of date
 
 tests/test_deploy.py runs --check, and checks the result with `envoy --mode
 validate`.
@@ -23,9 +23,9 @@ import re
 import sys
 from pathlib import Path
 
+from deploy import generated_file
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-import generated_file  # noqa: E402  (deploy/generated_file.py)
 SOURCE = HERE.parent / "envoy" / "envoy.yaml"
 # ConfigMap key -> the configuration it holds.
 SOURCES = {"envoy.yaml": SOURCE, "envoy-tls.yaml": HERE.parent / "envoy" / "envoy-tls.yaml"}

@@ -7,8 +7,8 @@ their unit tests (alerts_test.yml, autoscaling_test.yml) test. The rule
 groups are copied as text, comments included; everything in monitoring.yaml
 above MARKER is hand-written and kept.
 
-    deploy/k8s/make_prometheus_rule.py          rewrite deploy/k8s/monitoring.yaml
-    deploy/k8s/make_prometheus_rule.py --check  exit 1 when it is out of date
+    python3 -m deploy.k8s.make_prometheus_rule          rewrite deploy/k8s/monitoring.yaml
+    python3 -m deploy.k8s.make_prometheus_rule --check  exit 1 when it is out of date
 
 tests/test_deploy.py runs --check, checks the PrometheusRule against the
 Operator's CRD schema and its rules with `promtool check rules`.
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import yaml
 
+from deploy import generated_file
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-import generated_file  # noqa: E402  (deploy/generated_file.py)
 SOURCES = [HERE.parent / "prometheus" / "alerts.yml",
            HERE.parent / "prometheus" / "autoscaling.yml"]
 TARGET = HERE / "monitoring.yaml"
