@@ -12,16 +12,18 @@
 # in even ones, the variants in the order given, reversed in even rounds; a
 # round starts each server afresh and runs every point against it.
 # Environment:
-#   POINTS    SHAPE:DTYPE:CALLERS[:MODE] ... (default 1x1024:float32:256), each
-#             over min(CALLERS, 16) connections, in MODE or else in every one
-#             of MODES
+#   POINTS    SHAPE:DTYPE:CALLERS[:MODE[:FLAG]] ... (default 1x1024:float32:256),
+#             each over min(CALLERS, 16) connections, in MODE (empty: every
+#             one of MODES), FLAG one more flag for the load client (e.g.
+#             64x32000:bfloat16:64::--top_k=5)
 #   MODES     unary and/or stream (softmax.v1's Softmax, SoftmaxStream);
 #             default "unary stream"
 #   ECHO=0    leaves the echo out
 #   DEV=cpu   the CPU backend instead of cuda
 #   DURATION, WARMUP  per run, with a unit (default 2.5s, 0.5s); PORT  gRPC port (50090)
 # Prints (and appends to OUT/ab.txt) one line per run: round, server, mode,
-# point, req/s, p99 ms, errors.
+# point, req/s, p50 ms, p99 ms, errors; `python3 -m bench.service.ab_table
+# OUT/ab.txt` makes the table.
 B=$1; OUT=$2; ROUNDS=$3; shift 3
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$B/lib
@@ -41,16 +43,16 @@ for r in $(seq 1 "$ROUNDS"); do
     # revisions older than --listening_file are compared here too.
     for i in $(seq 100); do (exec 3<> "/dev/tcp/127.0.0.1/$P") 2> /dev/null && break; sleep 0.1; done
     for point in ${POINTS:-1x1024:float32:256}; do
-      IFS=: read -r shape dtype callers only <<< "$point"
+      IFS=: read -r shape dtype callers only flag <<< "$point"
       for mode in ${only:-${MODES:-unary stream}}; do
         extra=""; [[ $mode == stream ]] && extra=--stream
-        name=$v-$mode-$shape-$dtype-$callers-$r
+        name=$v-$mode-$shape-$dtype-$callers${flag:+-${flag//[^a-z0-9]/}}-$r
         $B/bin/softmax-client load --target=127.0.0.1:$P --shape=$shape --dtype=$dtype \
-          --concurrency=$callers --connections=$(( callers < 16 ? callers : 16 )) $extra \
+          --concurrency=$callers --connections=$(( callers < 16 ? callers : 16 )) $extra $flag \
           --duration=${DURATION:-2.5s} --warmup=${WARMUP:-0.5s} --quiet --json="$OUT/$name.json" > "$OUT/$name.log" 2>&1 \
-          || { echo "$r $v $mode $shape:$dtype:$callers client failed: $(tail -1 "$OUT/$name.log")" | tee -a "$OUT/ab.txt"; continue; }
-        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(*sys.argv[2:], round(d['requests_per_s']), round(d['latency_us']['p99']/1000, 2), d['errors'])" \
-          "$OUT/$name.json" $r $v $mode $shape:$dtype:$callers | tee -a "$OUT/ab.txt"
+          || { echo "$r $v $mode $shape:$dtype:$callers${flag:+:$flag} client failed: $(tail -1 "$OUT/$name.log")" | tee -a "$OUT/ab.txt"; continue; }
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(*sys.argv[2:], round(d['requests_per_s']), round(d['latency_us']['p50']/1000, 2), round(d['latency_us']['p99']/1000, 2), d['errors'])" \
+          "$OUT/$name.json" $r $v $mode $shape:$dtype:$callers${flag:+:$flag} | tee -a "$OUT/ab.txt"
       done
     done
     kill $spid; wait $spid 2>/dev/null
