@@ -101,13 +101,13 @@ bundle: build
 	deploy/make-bundle.sh $(BUILD_DIR) dist
 
 # The bundle plus what scripts/gpu-check.sh runs on a GPU machine: the GPU
-# unit tests (the backend's, the kernels' and their batch invariance) and the
+# unit tests (the backend's, the kernels', their batch invariance and the fused top K) and the
 # Python stubs of the wire contract.
 gpu-bundle: build
 	deploy/make-bundle.sh $(BUILD_DIR) dist
 	b=$$(ls -d dist/softmax-serve-*-linux-* | grep -v tar.gz | head -1) && \
 	  cp $(BUILD_DIR)/bin/cuda_backend_test $(BUILD_DIR)/bin/softmax_cuda_test \
-	    $(BUILD_DIR)/bin/softmax_invariance_test $$b/bin/ && \
+	    $(BUILD_DIR)/bin/softmax_invariance_test $(BUILD_DIR)/bin/top_k_cuda_test $$b/bin/ && \
 	  rm -rf $$b/python && cp -r $(BUILD_DIR)/python $$b/python
 
 # The container image: built from a debootstrapped Debian 12 with buildah

@@ -65,9 +65,10 @@ if step unit; then
   LD_LIBRARY_PATH="$bundle/lib" bounded "$bundle/bin/cuda_backend_test" 2>&1 | tee "$work/cuda_backend_test.log" \
     | tail -8 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  # The kernels against the float64 reference, and their batch invariance
-  # (each probe's rows alone and inside random launches, bit for bit).
-  for t in softmax_cuda_test softmax_invariance_test; do
+  # The kernels against the float64 reference, their batch invariance (each
+  # probe's rows alone and inside random launches, bit for bit) and the fused
+  # top K (the reference's ranking, and its bits alone and batched).
+  for t in softmax_cuda_test softmax_invariance_test top_k_cuda_test; do
     note "kernel tests: $t"
     bounded "$bundle/bin/$t" 2>&1 | tee "$work/$t.log" \
       | grep -E "^batch invariance|^\[  (PASSED|FAILED|SKIPPED) " | tee -a "$work/summary.txt"
@@ -87,7 +88,7 @@ fi
 if step e2e; then
   note "end-to-end tests on the GPU backend"
   pytest_bounded tests/test_gpu_serving.py tests/test_numerics.py tests/test_stream.py \
-      tests/test_chunked_stream.py \
+      tests/test_chunked_stream.py tests/test_top_k.py \
       2>&1 | tee "$work/e2e.log" | tail -15 | tee -a "$work/summary.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   snapshot
