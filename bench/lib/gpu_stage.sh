@@ -116,3 +116,98 @@ gpu_stage_pip_install() {
   fi
   return "$rc"
 }
+
+# --- Wheels over one transfer: packed here into transfer folders, joined and
+# unpacked there (kernels/bench/stage_peers.sh and run_h200.sh).
+
+# gpu_stage_repack_wheel WHEEL DEST_DIR WORK [KEEP_PY]
+# WHEEL unpacked and recompressed as DEST_DIR/NAME.tar.xz (an unpacked
+# wheel's contents compress better than its zip: the CuTe DSL compiler, 87 MiB
+# as a wheel, is 61 MiB so); KEEP_PY, a Python expression in the archive path
+# f, keeps only the files for which it is true. Removes WHEEL.
+gpu_stage_repack_wheel() {
+  local wheel=$1 dest=$2 work=$3 keep=${4:-True} name
+  name=$(basename "$wheel" .whl)
+  python3 - "$wheel" "$work/$name" "$keep" <<'PY'
+import sys, zipfile
+wheel, dest, keep = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(dest, [i for i in z.infolist()
+                        if not i.is_dir() and eval(keep, {"f": i.filename})])
+PY
+  tar -C "$work/$name" -cf - . | xz -T2 -9 > "$dest/$name.tar.xz"
+  rm -rf "$work/$name" "$wheel"
+  echo "repacked $name: $(stat -c %s "$dest/$name.tar.xz") bytes"
+}
+
+# gpu_stage_split_transfers FILES OUT FIRST_KIB REST_KIB
+# Moves every file of FILES (smallest first) into transfer folders OUT/t1,
+# OUT/t2, ...: t1 holds FIRST_KIB (room for what travels beside it), each
+# later one REST_KIB; a file that does not fit is split into NAME.part-aa,
+# -ab, ... across them (gpu_stage_join_parts joins them). Removes FILES.
+gpu_stage_split_transfers() {
+  python3 - "$@" <<'PY'
+import os, string, sys
+files_dir, out, first, rest = sys.argv[1], sys.argv[2], int(sys.argv[3]) * 1024, int(sys.argv[4]) * 1024
+files = sorted(os.listdir(files_dir), key=lambda f: os.path.getsize(os.path.join(files_dir, f)))
+folder, room = 1, first
+def target():
+    d = os.path.join(out, "t%d" % folder)
+    os.makedirs(d, exist_ok=True)
+    return d
+suffixes = [a + b for a in string.ascii_lowercase for b in string.ascii_lowercase]
+for name in files:
+    path = os.path.join(files_dir, name)
+    size = os.path.getsize(path)
+    if size <= room:
+        os.rename(path, os.path.join(target(), name))
+        room -= size
+        continue
+    with open(path, "rb") as src:
+        part = 0
+        while True:
+            if room == 0:
+                folder, room = folder + 1, rest
+            chunk = src.read(room)
+            if not chunk:
+                break
+            with open(os.path.join(target(), "%s.part-%s" % (name, suffixes[part])), "wb") as dst:
+                dst.write(chunk)
+            room -= len(chunk)
+            part += 1
+    os.remove(path)
+os.rmdir(files_dir)
+PY
+  local d
+  for d in "$2"/t*; do
+    echo "$d: $(du -sb "$d" | cut -f1) bytes: $(ls "$d" | tr '\n' ' ')"
+  done
+}
+
+# gpu_stage_join_parts JOIN DIR... : copies every file of the transfer
+# folders DIR... into JOIN and joins NAME.part-* files into NAME.
+gpu_stage_join_parts() {
+  local join=$1 d base
+  shift
+  rm -rf "$join" && mkdir -p "$join"
+  for d in "$@"; do cp "$d"/* "$join"/ 2> /dev/null; done
+  for base in $(ls "$join" | grep '\.part-' | sed 's/\.part-.*$//' | sort -u); do
+    cat "$join/$base".part-* > "$join/$base" && rm -f "$join/$base".part-*
+    echo "joined $base"
+  done
+}
+
+# gpu_stage_unpack_into SITE JOIN : every JOIN/*.whl and *.tar.xz (a
+# repacked wheel) unpacked into SITE, a folder for PYTHONPATH (offline, no
+# dependency resolution: the machine's own torch, triton and numpy serve).
+gpu_stage_unpack_into() {
+  local site=$1 join=$2 f
+  mkdir -p "$site"
+  for f in "$join"/*.whl; do
+    [[ -e $f ]] && { python3 -m zipfile -e "$f" "$site" || echo "WARNING: cannot unpack $f"; }
+  done
+  for f in "$join"/*.tar.xz; do
+    [[ -e $f ]] && { python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$f" "$site" || echo "WARNING: cannot unpack $f"; }
+  done
+}

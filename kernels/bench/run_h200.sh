@@ -39,21 +39,10 @@ for f in "$DIR"/*.xz; do
 done
 
 if [ $# -gt 0 ]; then
+  . "$root/bench/lib/gpu_stage.sh"
   SITE=/tmp/peers_site
-  JOIN=/tmp/peers_join
-  rm -rf "$JOIN"; mkdir -p "$JOIN" "$SITE"
-  for d in "$@"; do cp "$d"/* "$JOIN"/ 2>/dev/null; done
-  for base in $(ls "$JOIN" | grep '\.part-' | sed 's/\.part-.*$//' | sort -u); do
-    cat "$JOIN/$base".part-* > "$JOIN/$base" && rm -f "$JOIN/$base".part-*
-    echo "joined $base"
-  done
-  for w in "$JOIN"/*.whl; do
-    [ -e "$w" ] && { "$PY" -m zipfile -e "$w" "$SITE" || echo "WARNING: cannot unpack $w"; }
-  done
-  for t in "$JOIN"/*.tar.xz; do
-    [ -e "$t" ] && { "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-      "$t" "$SITE" || echo "WARNING: cannot unpack $t"; }
-  done
+  gpu_stage_join_parts /tmp/peers_join "$@"
+  gpu_stage_unpack_into "$SITE" /tmp/peers_join
   # Unpacked wheels skip .pth files: nvidia_cutlass_dsl.pth adds dsl_packages.
   export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}"
   echo "peers installed in $SITE: $(ls "$SITE" | grep dist-info | tr '\n' ' ')"

@@ -39,66 +39,14 @@ else
     --no-deps "${pins[@]}"
 fi
 
+# FlashInfer keeps its Python files, headers and top-level sources.
+flashinfer_keep='f.endswith(".py") or ".dist-info/" in f or f.count("/") == 1 or f.startswith(("flashinfer/data/include/", "flashinfer/data/cccl/", "flashinfer/data/cutlass/")) or (f.startswith("flashinfer/data/csrc/") and f.count("/") == 3 and not f.split("/")[3].startswith("cake"))'
 for w in "$out"/files/*.whl; do
-  name=$(basename "$w" .whl)
-  if [[ $name == flashinfer_python-* ]]; then
-    python3 - "$w" "$out/work/$name" <<'EOF'
-import os, sys, zipfile
-wheel, dest = sys.argv[1:]
-def keep(f):
-    parts = f.split("/")
-    return (f.endswith(".py") or ".dist-info/" in f or len(parts) == 2
-            or f.startswith(("flashinfer/data/include/", "flashinfer/data/cccl/",
-                             "flashinfer/data/cutlass/"))
-            or (f.startswith("flashinfer/data/csrc/") and len(parts) == 4
-                and not parts[3].startswith("cake")))
-with zipfile.ZipFile(wheel) as z:
-    z.extractall(dest, [i for i in z.infolist() if not i.is_dir() and keep(i.filename)])
-EOF
+  if [[ $(basename "$w") == flashinfer_python-* ]]; then
+    gpu_stage_repack_wheel "$w" "$out/files" "$out/work" "$flashinfer_keep"
   elif (( $(stat -c %s "$w") > repack_kib * 1024 )); then
-    python3 -m zipfile -e "$w" "$out/work/$name"
-  else
-    continue
+    gpu_stage_repack_wheel "$w" "$out/files" "$out/work"
   fi
-  tar -C "$out/work/$name" -cf - . | xz -T2 -9 > "$out/files/$name.tar.xz"
-  rm -f "$w"
-  echo "repacked $name: $(stat -c %s "$out/files/$name.tar.xz") bytes"
 done
 rm -rf "$out/work"
-
-# Fill t1, t2, ...: whole files where they fit, else NAME.part-aa, -ab, ...
-python3 - "$out" "$first_kib" "$rest_kib" <<'EOF'
-import os, string, sys
-out, first, rest = sys.argv[1], int(sys.argv[2]) * 1024, int(sys.argv[3]) * 1024
-files = sorted(os.listdir(os.path.join(out, "files")), key=lambda f: os.path.getsize(os.path.join(out, "files", f)))
-folder, room = 1, first
-def target():
-    d = os.path.join(out, "t%d" % folder)
-    os.makedirs(d, exist_ok=True)
-    return d
-suffixes = [a + b for a in string.ascii_lowercase for b in string.ascii_lowercase]
-for name in files:
-    path = os.path.join(out, "files", name)
-    size = os.path.getsize(path)
-    if size <= room:
-        os.rename(path, os.path.join(target(), name))
-        room -= size
-        continue
-    with open(path, "rb") as src:
-        part = 0
-        while True:
-            if room == 0:
-                folder, room = folder + 1, rest
-            chunk = src.read(room)
-            if not chunk:
-                break
-            with open(os.path.join(target(), "%s.part-%s" % (name, suffixes[part])), "wb") as dst:
-                dst.write(chunk)
-            room -= len(chunk)
-            part += 1
-    os.remove(path)
-os.rmdir(os.path.join(out, "files"))
-EOF
-for d in "$out"/t*; do
-  echo "$d: $(du -sb "$d" | cut -f1) bytes: $(ls "$d" | tr '\n' ' ')"
-done
+gpu_stage_split_transfers "$out/files" "$out" "$first_kib" "$rest_kib"
