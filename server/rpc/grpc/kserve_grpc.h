@@ -71,32 +71,24 @@ class KServeGrpcService final : public KServeGrpcBase {
   KServeGrpcService(const FrontEnd& front_end, kserve::ModelStatistics* statistics,
                     std::string server_version, SharedMemoryManager* shared_memory = nullptr);
 
-  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
-                                       const inference::ServerLiveRequest* request,
-                                       inference::ServerLiveResponse* response) override;
-  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
-                                        const inference::ServerReadyRequest* request,
-                                        inference::ServerReadyResponse* response) override;
-  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
-                                       const inference::ModelReadyRequest* request,
-                                       inference::ModelReadyResponse* response) override;
-  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
-                                           const inference::ServerMetadataRequest* request,
-                                           inference::ServerMetadataResponse* response) override;
-  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
-                                          const inference::ModelMetadataRequest* request,
-                                          inference::ModelMetadataResponse* response) override;
+// Declares the served unary RPC `rpc` of inference.GRPCInferenceService
+// (request inference::rpc##Request, response inference::rpc##Response).
+#define SOFTMAX_KSERVE_UNARY(rpc)                                                  \
+  grpc::ServerUnaryReactor* rpc(grpc::CallbackServerContext* context,              \
+                                const inference::rpc##Request* request,            \
+                                inference::rpc##Response* response) override
+  SOFTMAX_KSERVE_UNARY(ServerLive);
+  SOFTMAX_KSERVE_UNARY(ServerReady);
+  SOFTMAX_KSERVE_UNARY(ModelReady);
+  SOFTMAX_KSERVE_UNARY(ServerMetadata);
+  SOFTMAX_KSERVE_UNARY(ModelMetadata);
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ModelStreamInfer(
       grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* context,
-                                        const inference::ModelConfigRequest* request,
-                                        inference::ModelConfigResponse* response) override;
-  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
-                                            const inference::ModelStatisticsRequest* request,
-                                            inference::ModelStatisticsResponse* response) override;
+  SOFTMAX_KSERVE_UNARY(ModelConfig);
+  SOFTMAX_KSERVE_UNARY(ModelStatistics);
 
 #define SOFTMAX_KSERVE_UNIMPLEMENTED(rpc)                                              \
   grpc::ServerUnaryReactor* rpc(grpc::CallbackServerContext* context,                  \
@@ -112,30 +104,13 @@ class KServeGrpcService final : public KServeGrpcBase {
 #undef SOFTMAX_KSERVE_UNIMPLEMENTED
 
   // The shared-memory extensions (shared_memory.h).
-  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
-      grpc::CallbackServerContext* context,
-      const inference::SystemSharedMemoryStatusRequest* request,
-      inference::SystemSharedMemoryStatusResponse* response) override;
-  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
-      grpc::CallbackServerContext* context,
-      const inference::SystemSharedMemoryRegisterRequest* request,
-      inference::SystemSharedMemoryRegisterResponse* response) override;
-  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
-      grpc::CallbackServerContext* context,
-      const inference::SystemSharedMemoryUnregisterRequest* request,
-      inference::SystemSharedMemoryUnregisterResponse* response) override;
-  grpc::ServerUnaryReactor* CudaSharedMemoryStatus(
-      grpc::CallbackServerContext* context,
-      const inference::CudaSharedMemoryStatusRequest* request,
-      inference::CudaSharedMemoryStatusResponse* response) override;
-  grpc::ServerUnaryReactor* CudaSharedMemoryRegister(
-      grpc::CallbackServerContext* context,
-      const inference::CudaSharedMemoryRegisterRequest* request,
-      inference::CudaSharedMemoryRegisterResponse* response) override;
-  grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
-      grpc::CallbackServerContext* context,
-      const inference::CudaSharedMemoryUnregisterRequest* request,
-      inference::CudaSharedMemoryUnregisterResponse* response) override;
+  SOFTMAX_KSERVE_UNARY(SystemSharedMemoryStatus);
+  SOFTMAX_KSERVE_UNARY(SystemSharedMemoryRegister);
+  SOFTMAX_KSERVE_UNARY(SystemSharedMemoryUnregister);
+  SOFTMAX_KSERVE_UNARY(CudaSharedMemoryStatus);
+  SOFTMAX_KSERVE_UNARY(CudaSharedMemoryRegister);
+  SOFTMAX_KSERVE_UNARY(CudaSharedMemoryUnregister);
+#undef SOFTMAX_KSERVE_UNARY
 
   const FrontEnd& front_end() const { return front_end_; }
   const SharedMemoryManager* shared_memory() const { return shared_memory_; }
