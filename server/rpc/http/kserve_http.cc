@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -98,43 +99,46 @@ void Send(mg_connection* connection, const Reply& reply) {
   }
 }
 
+// A JSON array of `element(item)` for each item of `list`.
+template <typename List, typename Element>
+Json ArrayOf(const List& list, Element element) {
+  Json out = Json::array();
+  for (const auto& item : list) out.push_back(element(item));
+  return out;
+}
+
+template <typename Numbers>
+std::vector<int64_t> Dims(const Numbers& numbers) {
+  return std::vector<int64_t>(numbers.begin(), numbers.end());
+}
+
 Json MetadataJson(kserve::Model model) {
   const inference::ModelMetadataResponse metadata = kserve::Metadata(model);
-  auto tensors = [](const auto& list) {
-    Json out = Json::array();
-    for (const auto& tensor : list) {
-      out.push_back({{"name", tensor.name()},
-                     {"datatype", tensor.datatype()},
-                     {"shape", std::vector<int64_t>(tensor.shape().begin(), tensor.shape().end())}});
-    }
-    return out;
+  auto tensor = [](const auto& t) {
+    return Json{{"name", t.name()}, {"datatype", t.datatype()}, {"shape", Dims(t.shape())}};
   };
   return {{"name", metadata.name()},
           {"versions", std::vector<std::string>(metadata.versions().begin(),
                                                 metadata.versions().end())},
           {"platform", metadata.platform()},
-          {"inputs", tensors(metadata.inputs())},
-          {"outputs", tensors(metadata.outputs())}};
+          {"inputs", ArrayOf(metadata.inputs(), tensor)},
+          {"outputs", ArrayOf(metadata.outputs(), tensor)}};
 }
 
 Json ConfigJson(kserve::Model model) {
   const inference::ModelConfig config = kserve::Config(model);
-  auto tensors = [](const auto& list) {
-    Json out = Json::array();
-    for (const auto& tensor : list) {
-      out.push_back({{"name", tensor.name()},
-                     {"data_type", inference::DataType_Name(tensor.data_type())},
-                     {"dims", std::vector<int64_t>(tensor.dims().begin(), tensor.dims().end())}});
-    }
-    return out;
+  auto tensor = [](const auto& t) {
+    return Json{{"name", t.name()},
+                {"data_type", inference::DataType_Name(t.data_type())},
+                {"dims", Dims(t.dims())}};
   };
   return {{"name", config.name()},
           {"platform", config.platform()},
           {"backend", config.backend()},
           {"version_policy", {{"latest", {{"num_versions", 1}}}}},
           {"max_batch_size", config.max_batch_size()},
-          {"input", tensors(config.input())},
-          {"output", tensors(config.output())},
+          {"input", ArrayOf(config.input(), tensor)},
+          {"output", ArrayOf(config.output(), tensor)},
           {"dynamic_batching", Json::object()}};
 }
 
@@ -268,6 +272,26 @@ absl::StatusOr<std::optional<kserve::RegionRef>> RegionOf(const Json& tensor,
   return kserve::MakeRegionRef(std::move(region), byte_size, offset, field);
 }
 
+// Reads the request parameter `name` as a T (bool, int64_t or double) into
+// `out`; INVALID_ARGUMENT naming it when `value` is of another JSON type.
+template <typename T, typename Out>
+absl::Status ReadParameter(const Json& value, absl::string_view name, Out* out) {
+  const char* expected = "a number";
+  bool matches = value.is_number();
+  if constexpr (std::is_same_v<T, bool>) {
+    expected = "a boolean";
+    matches = value.is_boolean();
+  } else if constexpr (std::is_integral_v<T>) {
+    expected = "an integer";
+    matches = value.is_number_integer();
+  }
+  if (!matches) {
+    return absl::InvalidArgumentError(absl::StrCat("parameters.", name, ": expected ", expected));
+  }
+  *out = value.get<T>();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_length,
@@ -290,25 +314,13 @@ absl::Status ParseHttpInferRequest(const std::string& body, int64_t header_lengt
     }
     for (const auto& [name, value] : parameters->items()) {
       if (name == "axis") {
-        if (!value.is_number_integer()) {
-          return absl::InvalidArgumentError("parameters.axis: expected an integer");
-        }
-        parts->axis = value.get<int64_t>();
+        SOFTMAX_RETURN_IF_ERROR(ReadParameter<int64_t>(value, name, &parts->axis));
       } else if (name == "temperature") {
-        if (!value.is_number()) {
-          return absl::InvalidArgumentError("parameters.temperature: expected a number");
-        }
-        parts->temperature = value.get<double>();
+        SOFTMAX_RETURN_IF_ERROR(ReadParameter<double>(value, name, &parts->temperature));
       } else if (name == "top_k") {
-        if (!value.is_number_integer()) {
-          return absl::InvalidArgumentError("parameters.top_k: expected an integer");
-        }
-        parts->top_k = value.get<int64_t>();
+        SOFTMAX_RETURN_IF_ERROR(ReadParameter<int64_t>(value, name, &parts->top_k));
       } else if (name == "binary_data_output") {
-        if (!value.is_boolean()) {
-          return absl::InvalidArgumentError("parameters.binary_data_output: expected a boolean");
-        }
-        options->binary_output = value.get<bool>();
+        SOFTMAX_RETURN_IF_ERROR(ReadParameter<bool>(value, name, &options->binary_output));
       }
     }
   }
