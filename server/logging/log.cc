@@ -66,34 +66,30 @@ Loggers& Current() {
   return *loggers;
 }
 
+// JSON's two-character escape of `c`, or null where it has none.
+const char* ShortEscape(char c) {
+  switch (c) {
+    case '"': return "\\\"";
+    case '\\': return "\\\\";
+    case '\n': return "\\n";
+    case '\r': return "\\r";
+    case '\t': return "\\t";
+    default: return nullptr;
+  }
+}
+
 void AppendJsonString(std::string* out, absl::string_view text) {
   out->push_back('"');
   for (const char c : text) {
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          static constexpr char kHex[] = "0123456789abcdef";
-          out->append("\\u00");
-          out->push_back(kHex[(c >> 4) & 0xf]);
-          out->push_back(kHex[c & 0xf]);
-        } else {
-          out->push_back(c);
-        }
+    if (const char* escape = ShortEscape(c)) {
+      out->append(escape);
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out->append("\\u00");
+      out->push_back(kHex[(c >> 4) & 0xf]);
+      out->push_back(kHex[c & 0xf]);
+    } else {
+      out->push_back(c);
     }
   }
   out->push_back('"');
