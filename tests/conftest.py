@@ -93,6 +93,22 @@ def start_server():
 
 
 @pytest.fixture(scope="module")
+def grpc_client(server):
+    """tritonclient.grpc's client of `server` (the test venv has tritonclient)."""
+    import tritonclient.grpc as triton_grpc
+    with triton_grpc.InferenceServerClient(server.grpc_address) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def http_client(server):
+    """tritonclient.http's client of `server` (the test venv has tritonclient)."""
+    import tritonclient.http as triton_http
+    with triton_http.InferenceServerClient(server.http_address) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
 def stub(server):
     channel = server.channel()
     try:

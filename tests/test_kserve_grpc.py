@@ -37,12 +37,6 @@ def make_input(values, dtype, name="INPUT"):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    with triton_grpc.InferenceServerClient(server.grpc_address) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def raw_stub(server):
     channel = server.channel()
     yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -59,20 +53,20 @@ def infer_request(values, datatype="FP32", model="softmax", **fields):
 
 # ------------------------------------------------------------------ health
 
-def test_health_metadata_and_config(client):
-    assert client.is_server_live()
-    assert client.is_server_ready()
-    assert client.is_model_ready("softmax")
-    assert client.is_model_ready("log_softmax", "1")
-    metadata = client.get_server_metadata(as_json=True)
+def test_health_metadata_and_config(grpc_client):
+    assert grpc_client.is_server_live()
+    assert grpc_client.is_server_ready()
+    assert grpc_client.is_model_ready("softmax")
+    assert grpc_client.is_model_ready("log_softmax", "1")
+    metadata = grpc_client.get_server_metadata(as_json=True)
     assert metadata["name"] == "softmax-serve"
     assert "statistics" in metadata["extensions"]
     assert "model_configuration" in metadata["extensions"]
-    model = client.get_model_metadata("log_softmax", as_json=True)
+    model = grpc_client.get_model_metadata("log_softmax", as_json=True)
     assert model["name"] == "log_softmax" and model["versions"] == ["1"]
     assert [t["name"] for t in model["inputs"]] == ["INPUT"]
     assert [t["name"] for t in model["outputs"]] == ["OUTPUT"]
-    config = client.get_model_config("softmax").config
+    config = grpc_client.get_model_config("softmax").config
     assert config.name == "softmax"
     assert config.platform and config.backend
     assert config.max_batch_size == 0
@@ -84,33 +78,34 @@ def test_health_metadata_and_config(client):
 
 @pytest.mark.parametrize("model,datatype", [("softmax_fp16", "FP16"), ("log_softmax_bf16", "BF16"),
                                             ("softmax", "FP32")])
-def test_typed_variants_advertise_their_datatype_and_compute_the_same(client, model, datatype):
-    metadata = client.get_model_metadata(model, as_json=True)
+def test_typed_variants_advertise_their_datatype_and_compute_the_same(grpc_client, model,
+                                                                     datatype):
+    metadata = grpc_client.get_model_metadata(model, as_json=True)
     assert metadata["inputs"][0]["datatype"] == datatype
     assert metadata["outputs"][0]["datatype"] == datatype
-    config = client.get_model_config(model, as_json=True)["config"]
+    config = grpc_client.get_model_config(model, as_json=True)["config"]
     assert config["input"][0]["data_type"] == f"TYPE_{datatype}"
     dtype = {v: k for k, v in DATATYPES.items()}[datatype]
     values = e2e_util.representable(np.random.default_rng(8).normal(size=(3, 21)), dtype)
     for sent in (dtype, "float32"):  # every variant takes every type
-        result = client.infer(model, [make_input(values, sent)])
+        result = grpc_client.infer(model, [make_input(values, sent)])
         assert_close(result.as_numpy("OUTPUT"),
                      reference_softmax(values, -1, 1.0, model.startswith("log")), sent, model)
 
 
-def test_a_model_not_served_is_not_ready_as_triton_answers(client):
+def test_a_model_not_served_is_not_ready_as_triton_answers(grpc_client):
     """ModelReady of a model (or version) not served is OK with ready false,
     as Triton answers it, so tritonclient's is_model_ready returns False."""
-    assert client.is_model_ready("resnet") is False
-    assert client.is_model_ready("softmax", "2") is False
-    assert client.is_model_ready("softmax") is True
+    assert grpc_client.is_model_ready("resnet") is False
+    assert grpc_client.is_model_ready("softmax", "2") is False
+    assert grpc_client.is_model_ready("softmax") is True
 
 
-def test_unknown_model_is_not_found(client):
-    for call in (lambda: client.get_model_metadata("resnet"),
-                 lambda: client.get_model_config("resnet"),
-                 lambda: client.get_model_metadata("softmax", "2"),
-                 lambda: client.get_inference_statistics("resnet")):
+def test_unknown_model_is_not_found(grpc_client):
+    for call in (lambda: grpc_client.get_model_metadata("resnet"),
+                 lambda: grpc_client.get_model_config("resnet"),
+                 lambda: grpc_client.get_model_metadata("softmax", "2"),
+                 lambda: grpc_client.get_inference_statistics("resnet")):
         with pytest.raises(InferenceServerException) as error:
             call()
         assert error.value.status() == "StatusCode.NOT_FOUND", error.value
@@ -140,12 +135,12 @@ CASES = [((7,), -1), ((4, 33), -1), ((4, 33), 0), ((2, 3, 5), 1), ((3, 1, 1000),
 @pytest.mark.parametrize("dtype", list(DATATYPES))
 @pytest.mark.parametrize("shape,axis", CASES)
 @pytest.mark.parametrize("model", ["softmax", "log_softmax"])
-def test_infer_matches_the_reference(client, dtype, shape, axis, model):
+def test_infer_matches_the_reference(grpc_client, dtype, shape, axis, model):
     rng = np.random.default_rng(hash((dtype, shape, axis, model)) % 2**32)
     values = e2e_util.representable(rng.normal(0, 3, size=shape), dtype)
     parameters = {"axis": axis} if axis != -1 else None
-    result = client.infer(model, [make_input(values, dtype, name="x")], parameters=parameters,
-                          request_id="r-1")
+    result = grpc_client.infer(model, [make_input(values, dtype, name="x")],
+                               parameters=parameters, request_id="r-1")
     response = result.get_response()
     assert response.model_name == model and response.model_version == "1"
     assert response.id == "r-1"
@@ -157,17 +152,17 @@ def test_infer_matches_the_reference(client, dtype, shape, axis, model):
                  f"{model} {dtype} {shape} axis {axis}")
 
 
-def test_large_tensor(client):
+def test_large_tensor(grpc_client):
     values = e2e_util.representable(np.random.default_rng(6).normal(0, 4, size=(64, 32000)), "bfloat16")
-    result = client.infer("log_softmax", [make_input(values, "bfloat16")])
+    result = grpc_client.infer("log_softmax", [make_input(values, "bfloat16")])
     assert_close(result.as_numpy("OUTPUT"), reference_softmax(values, -1, 1.0, True), "bfloat16")
 
 
 @pytest.mark.parametrize("temperature", [0.5, 2.0, 3])
-def test_temperature(client, temperature):
+def test_temperature(grpc_client, temperature):
     values = np.random.default_rng(1).normal(0, 2, size=(3, 50)).astype(np.float32)
-    result = client.infer("softmax", [make_input(values, "float32")],
-                          parameters={"temperature": temperature})
+    result = grpc_client.infer("softmax", [make_input(values, "float32")],
+                               parameters={"temperature": temperature})
     assert_close(result.as_numpy("OUTPUT"), reference_softmax(values, -1, temperature),
                  "float32")
 
@@ -285,9 +280,9 @@ def test_too_large_is_refused(start_server):
 
 # -------------------------------------------------------------- streaming
 
-def test_stream_answers_every_request_and_goes_on_after_errors(client):
+def test_stream_answers_every_request_and_goes_on_after_errors(grpc_client):
     results = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    grpc_client.start_stream(callback=lambda result, error: results.put((result, error)))
     rng = np.random.default_rng(5)
     expected = {}
     try:
@@ -296,12 +291,12 @@ def test_stream_answers_every_request_and_goes_on_after_errors(client):
             model = "log_softmax" if i % 2 else "softmax"
             if i % 10 == 7:
                 bad = make_input(np.zeros((2, 2), np.float32), "float32")
-                client.async_stream_infer(model, [bad], request_id=f"s{i}",
-                                          parameters={"temperature": -1.0})
+                grpc_client.async_stream_infer(model, [bad], request_id=f"s{i}",
+                                               parameters={"temperature": -1.0})
                 expected[f"s{i}"] = None
                 continue
             values = e2e_util.representable(rng.normal(size=(3, 17)), dtype)
-            client.async_stream_infer(model, [make_input(values, dtype)], request_id=f"s{i}")
+            grpc_client.async_stream_infer(model, [make_input(values, dtype)], request_id=f"s{i}")
             expected[f"s{i}"] = (reference_softmax(values, -1, 1.0, model == "log_softmax"),
                                  dtype)
         seen = set()
@@ -320,7 +315,7 @@ def test_stream_answers_every_request_and_goes_on_after_errors(client):
         assert errors == sum(1 for e in expected.values() if e is None)
         assert len(seen) == len(expected) - errors
     finally:
-        client.stop_stream()
+        grpc_client.stop_stream()
 
 
 # ------------------------------------------------ statistics and metrics
@@ -347,11 +342,11 @@ def test_statistics_count_per_model(server):
     client.close()
 
 
-def test_metrics_count_kserve_methods(server, client):
+def test_metrics_count_kserve_methods(server, grpc_client):
     text = e2e_util.scrape_metrics(server.metrics_address)
     before = e2e_util.metric_value(text, "softmax_requests_total",
                                    {"method": "ModelInfer", "code": "OK"}) or 0
-    client.infer("softmax", [make_input(np.ones((1, 8), np.float32), "float32")])
+    grpc_client.infer("softmax", [make_input(np.ones((1, 8), np.float32), "float32")])
     text = e2e_util.scrape_metrics(server.metrics_address)
     assert e2e_util.metric_value(text, "softmax_requests_total",
                                  {"method": "ModelInfer", "code": "OK"}) == before + 1

@@ -39,18 +39,6 @@ def server(device_server):
     return device_server
 
 
-@pytest.fixture(scope="module")
-def grpc_client(server):
-    with triton_grpc.InferenceServerClient(server.grpc_address) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def http_client(server):
-    with triton_http.InferenceServerClient(server.http_address) as c:
-        yield c
-
-
 @pytest.fixture(params=["grpc", "http"])
 def protocol(request, grpc_client, http_client):
     """(client, its module) for each protocol in turn."""
