@@ -30,6 +30,7 @@ of replicas that serve only mutual TLS; tests/test_deploy.py runs --check.
 
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from deploy import generated_file
@@ -58,18 +59,29 @@ HEADER = f"""\
 
 """
 
+# What both sides of Envoy present: the ALPN, the TLS floor and the
+# certificate and key in `folder`; indented to its place by the templates.
+COMMON_TLS = """\
+common_tls_context:
+  alpn_protocols: {alpn}
+  tls_params: {{tls_minimum_protocol_version: TLSv1_2}}
+  tls_certificates:
+  - certificate_chain: {{filename: {folder}/tls.crt}}
+    private_key: {{filename: {folder}/tls.key}}
+"""
+
+
+def common_tls(indent, alpn, folder):
+    return textwrap.indent(COMMON_TLS.format(alpn=alpn, folder=folder), " " * indent)
+
+
 LISTENER_TLS = """\
     filter_chains:
     - transport_socket:
         name: envoy.transport_sockets.tls
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
-          common_tls_context:
-            alpn_protocols: {alpn}
-            tls_params: {{tls_minimum_protocol_version: TLSv1_2}}
-            tls_certificates:
-            - certificate_chain: {{filename: {front}/tls.crt}}
-              private_key: {{filename: {front}/tls.key}}
+{common}\
       filters:
 """
 
@@ -79,12 +91,7 @@ CLUSTER_TLS = """\
       typed_config:
         "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
         sni: {name}
-        common_tls_context:
-          alpn_protocols: {alpn}
-          tls_params: {{tls_minimum_protocol_version: TLSv1_2}}
-          tls_certificates:
-          - certificate_chain: {{filename: {replicas}/tls.crt}}
-            private_key: {{filename: {replicas}/tls.key}}
+{common}\
           validation_context:
             trusted_ca: {{filename: {replicas}/ca.crt}}
             match_typed_subject_alt_names:
@@ -109,14 +116,14 @@ def render():
     def listener_tls(match):
         name = match.group("name")
         seen.append(name)
-        chains = LISTENER_TLS.format(alpn=LISTENER_ALPN[name], front=FRONT_DIR)
+        chains = LISTENER_TLS.format(common=common_tls(10, LISTENER_ALPN[name], FRONT_DIR))
         return match.group(0)[:match.start("chains") - match.start()] + chains
 
     def cluster_tls(match):
         name = match.group("name")
         seen.append(name)
-        tls = CLUSTER_TLS.format(alpn=CLUSTER_ALPN[name], replicas=REPLICAS_DIR,
-                                 name=REPLICA_NAME)
+        tls = CLUSTER_TLS.format(common=common_tls(8, CLUSTER_ALPN[name], REPLICAS_DIR),
+                                 replicas=REPLICAS_DIR, name=REPLICA_NAME)
         return match.group(0) + tls
 
     listeners = LISTENER.sub(listener_tls, listeners)
