@@ -140,30 +140,42 @@ def _answered(tally, protocol, case, output):
         tally.add(protocol, "wrong", detail=mismatch)
 
 
-class Caller(threading.Thread):
-    """One closed-loop caller of one protocol, until `stop` is set."""
+class TrafficThread(threading.Thread):
+    """A daemon thread sending one protocol's traffic (`_send`) until `stop`
+    is set. An exception of its own, a bug of the soak, is kept in `crashed`
+    and fails the run."""
 
-    def __init__(self, index, protocol, endpoints, tally, stop, pause_s, seed):
-        super().__init__(name=f"caller-{index}-{protocol}", daemon=True)
+    def __init__(self, name, protocol, endpoints, tally, stop, seed):
+        super().__init__(name=name, daemon=True)
         self.protocol = protocol
         self.endpoints = endpoints
         self.tally = tally
         self.stop = stop
-        self.pause_s = pause_s
         self.rng = np.random.default_rng(seed)
         self.crashed = None
 
     def run(self):
         try:
-            step = getattr(self, "_" + self.protocol.replace("-", "_"))
-            setup = getattr(self, "_setup_" + self.protocol.replace("-", "_"), None)
-            state = setup() if setup else None
-            while not self.stop.is_set():
-                step(state)
-                if self.pause_s:
-                    self.stop.wait(self.pause_s)
+            self._send()
         except Exception as error:  # a bug of the soak itself: reported, fails the run
             self.crashed = f"{type(error).__name__}: {error}"
+
+
+class Caller(TrafficThread):
+    """One closed-loop caller of one protocol, until `stop` is set."""
+
+    def __init__(self, index, protocol, endpoints, tally, stop, pause_s, seed):
+        super().__init__(f"caller-{index}-{protocol}", protocol, endpoints, tally, stop, seed)
+        self.pause_s = pause_s
+
+    def _send(self):
+        step = getattr(self, "_" + self.protocol.replace("-", "_"))
+        setup = getattr(self, "_setup_" + self.protocol.replace("-", "_"), None)
+        state = setup() if setup else None
+        while not self.stop.is_set():
+            step(state)
+            if self.pause_s:
+                self.stop.wait(self.pause_s)
 
     # ------------------------------------------------------------- softmax.v1
 
@@ -350,7 +362,7 @@ class BulkLoad:
 LONG_STREAM_WINDOW = 4
 
 
-class LongStream(threading.Thread):
+class LongStream(TrafficThread):
     """One stream opened when the soak starts and kept open until it ends,
     as a Triton streaming caller keeps its stream: softmax.v1 SoftmaxStream
     through plain grpcio ("v1-long-stream"), or tritonclient's
@@ -362,13 +374,7 @@ class LongStream(threading.Thread):
     unanswered requests under its code, and `ended_early` says when."""
 
     def __init__(self, protocol, endpoints, tally, stop, seed):
-        super().__init__(name=f"long-stream-{protocol}", daemon=True)
-        self.protocol = protocol
-        self.endpoints = endpoints
-        self.tally = tally
-        self.stop = stop
-        self.rng = np.random.default_rng(seed)
-        self.crashed = None
+        super().__init__(f"long-stream-{protocol}", protocol, endpoints, tally, stop, seed)
         self.opened_at = None
         self.ended_at = None
         self.ended_early = None  # the stream's end before the soak stopped: why
@@ -378,15 +384,13 @@ class LongStream(threading.Thread):
         self._lock = threading.Condition()
         self._failed = None  # the stream's own failure, once it came
 
-    def run(self):
+    def _send(self):
+        self.opened_at = time.monotonic()
         try:
-            self.opened_at = time.monotonic()
             if self.protocol == "v1-long-stream":
                 self._run_v1()
             else:
                 self._run_kserve()
-        except Exception as error:  # a bug of the soak itself: reported, fails the run
-            self.crashed = f"{type(error).__name__}: {error}"
         finally:
             self.ended_at = time.monotonic()
 
