@@ -87,9 +87,11 @@ int CopyOut(const std::string& text, char* buffer, size_t size) {
   return static_cast<int>(text.size());
 }
 
-// The text `describe` makes of these segments on the current device's plan,
+// The text `describe` (softmax::gpu::LaunchKernels or LaunchSchedule) makes
+// of these segments on the current device's plan, flat kernel allowed,
 // written as CopyOut does, or -(cudaError_t) on error.
-template <typename Describe>
+using Describe = std::string (*)(const softmax::gpu::LaunchPlan&, softmax::DType,
+                                 const softmax::gpu::SoftmaxSegment*, int, bool);
 int DescribeLaunch(int dtype, const SoftmaxCSegment* segments, int count, char* buffer,
                    size_t size, Describe describe) {
   if (dtype < 1 || dtype > 3) return -static_cast<int>(cudaErrorInvalidValue);
@@ -97,8 +99,9 @@ int DescribeLaunch(int dtype, const SoftmaxCSegment* segments, int count, char* 
   const softmax::gpu::LaunchPlan* plan = CurrentPlan(&error);
   if (plan == nullptr) return -static_cast<int>(error);
   const auto converted = Convert(segments, count);
-  return CopyOut(describe(*plan, static_cast<softmax::DType>(dtype), converted.data(), count),
-                 buffer, size);
+  return CopyOut(
+      describe(*plan, static_cast<softmax::DType>(dtype), converted.data(), count, true),
+      buffer, size);
 }
 
 }  // namespace
@@ -141,11 +144,7 @@ int softmax_path(int dtype, const SoftmaxCSegment* segment) {
 // returns the full length, or -(cudaError_t) on error.
 int softmax_launch_kernels(int dtype, const SoftmaxCSegment* segments, int count, char* buffer,
                            size_t size) {
-  return DescribeLaunch(dtype, segments, count, buffer, size,
-                        [](const softmax::gpu::LaunchPlan& plan, softmax::DType d,
-                           const softmax::gpu::SoftmaxSegment* s, int c) {
-                          return softmax::gpu::LaunchKernels(plan, d, s, c);
-                        });
+  return DescribeLaunch(dtype, segments, count, buffer, size, softmax::gpu::LaunchKernels);
 }
 
 // Writes the launches of these segments, one line each (see
@@ -153,11 +152,7 @@ int softmax_launch_kernels(int dtype, const SoftmaxCSegment* segments, int count
 // returns the full length, or -(cudaError_t) on error.
 int softmax_launch_schedule(int dtype, const SoftmaxCSegment* segments, int count, char* buffer,
                             size_t size) {
-  return DescribeLaunch(dtype, segments, count, buffer, size,
-                        [](const softmax::gpu::LaunchPlan& plan, softmax::DType d,
-                           const softmax::gpu::SoftmaxSegment* s, int c) {
-                          return softmax::gpu::LaunchSchedule(plan, d, s, c);
-                        });
+  return DescribeLaunch(dtype, segments, count, buffer, size, softmax::gpu::LaunchSchedule);
 }
 
 // Enqueues the segments on `stream` (a cudaStream_t; null = legacy default
