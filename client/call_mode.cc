@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/exit_codes.h"
@@ -16,6 +17,31 @@
 namespace softmax::client {
 
 namespace {
+
+// The reference's options for --check.
+SoftmaxOptions ReferenceOptions(const CallModeOptions& options) {
+  SoftmaxOptions softmax_options;
+  softmax_options.temperature = options.temperature;
+  softmax_options.log = options.log;
+  return softmax_options;
+}
+
+// Prints --check's verdict on `comparison`: `checked` names what its
+// elements are, `also` what else counts as a mismatch, `element` one of them
+// in the failure line. Returns the exit code.
+int ReportCheck(const Comparison& comparison, v1::DType dtype, absl::string_view checked,
+                absl::string_view also, absl::string_view element) {
+  std::cout << "check:      " << comparison.mismatches << " of " << comparison.elements << " "
+            << checked << " outside |y-ref| <= 1e-6 + " << RelativeTolerance(dtype) << "*|ref|"
+            << also << "; max abs error " << comparison.max_abs_error << "\n";
+  if (comparison.mismatches > 0) {
+    std::cerr << "softmax-client: check failed at " << element << " "
+              << comparison.first_mismatch << ": expected " << comparison.first_expected
+              << ", got " << comparison.first_actual << "\n";
+    return kExitCheckFailed;
+  }
+  return kExitOk;
+}
 
 // The rest of RunCallMode for a top K answer: its ranking and --check.
 int FinishTopK(const CallModeOptions& options, const v1::Tensor& input,
@@ -29,22 +55,10 @@ int FinishTopK(const CallModeOptions& options, const v1::Tensor& input,
   }
   std::cout << FormatTopKSummary(response, view, options.top_k, round_trip);
   if (!options.check) return kExitOk;
-  SoftmaxOptions softmax_options;
-  softmax_options.temperature = options.temperature;
-  softmax_options.log = options.log;
-  const Comparison comparison =
-      CompareTopKWithReference(input, response.top_k(), view, options.top_k, softmax_options);
-  std::cout << "check:      " << comparison.mismatches << " of " << comparison.elements
-            << " top-K values outside |y-ref| <= 1e-6 + " << RelativeTolerance(input.dtype())
-            << "*|ref| or ranked below a left-out index; max abs error "
-            << comparison.max_abs_error << "\n";
-  if (comparison.mismatches > 0) {
-    std::cerr << "softmax-client: check failed at top-K element " << comparison.first_mismatch
-              << ": expected " << comparison.first_expected << ", got "
-              << comparison.first_actual << "\n";
-    return kExitCheckFailed;
-  }
-  return kExitOk;
+  return ReportCheck(CompareTopKWithReference(input, response.top_k(), view, options.top_k,
+                                              ReferenceOptions(options)),
+                     input.dtype(), "top-K values", " or ranked below a left-out index",
+                     "top-K element");
 }
 
 }  // namespace
@@ -116,24 +130,10 @@ int RunCallMode(const CallModeOptions& options) {
               << "\n";
   }
 
-  if (options.check) {
-    SoftmaxOptions softmax_options;
-    softmax_options.temperature = options.temperature;
-    softmax_options.log = options.log;
-    const Comparison comparison =
-        CompareWithReference(input, response->output(), *view, softmax_options);
-    std::cout << "check:      " << comparison.mismatches << " of " << comparison.elements
-              << " elements outside |y-ref| <= 1e-6 + "
-              << RelativeTolerance(input.dtype()) << "*|ref|; max abs error "
-              << comparison.max_abs_error << "\n";
-    if (comparison.mismatches > 0) {
-      std::cerr << "softmax-client: check failed at element " << comparison.first_mismatch
-                << ": expected " << comparison.first_expected << ", got "
-                << comparison.first_actual << "\n";
-      return kExitCheckFailed;
-    }
-  }
-  return kExitOk;
+  if (!options.check) return kExitOk;
+  return ReportCheck(
+      CompareWithReference(input, response->output(), *view, ReferenceOptions(options)),
+      input.dtype(), "elements", "", "element");
 }
 
 }  // namespace softmax::client
