@@ -90,6 +90,13 @@ std::string FormatTiming(const v1::SoftmaxResponse& response, absl::Duration rou
       absl::ToDoubleMilliseconds(round_trip));
 }
 
+// A call's summary: its request id, `body`, then its timing.
+std::string FramedSummary(const v1::SoftmaxResponse& response, absl::string_view body,
+                          absl::Duration round_trip) {
+  return absl::StrCat("request_id: ", response.request_id(), "\n", body,
+                      FormatTiming(response, round_trip));
+}
+
 std::vector<int64_t> Indices(const v1::TopK& top_k) {
   std::vector<int64_t> indices(top_k.indices().size() / sizeof(int64_t));
   std::memcpy(indices.data(), top_k.indices().data(), indices.size() * sizeof(int64_t));
@@ -184,7 +191,6 @@ std::string FormatTopKSummary(const v1::SoftmaxResponse& response, const Softmax
                               int64_t k, absl::Duration round_trip) {
   const v1::TopK& top_k = response.top_k();
   std::string text;
-  absl::StrAppend(&text, "request_id: ", response.request_id(), "\n");
   absl::StrAppend(&text, "top_k:      ", FormatShape(ShapeOf(top_k.values())), " ",
                   WireDTypeName(top_k.values().dtype()), " values and int64 indices, the ", k,
                   " largest of each of ", view.rows(), " rows of length ", view.n, "\n");
@@ -204,15 +210,13 @@ std::string FormatTopKSummary(const v1::SoftmaxResponse& response, const Softmax
   if (view.rows() > printed) {
     absl::StrAppend(&text, "            (", view.rows() - printed, " more rows)\n");
   }
-  absl::StrAppend(&text, FormatTiming(response, round_trip));
-  return text;
+  return FramedSummary(response, text, round_trip);
 }
 
 std::string FormatSummary(const v1::SoftmaxResponse& response, const SoftmaxShape& view,
                           bool log, absl::Duration round_trip) {
   const v1::Tensor& output = response.output();
   std::string text;
-  absl::StrAppend(&text, "request_id: ", response.request_id(), "\n");
   absl::StrAppend(&text, "output:     ", FormatShape(ShapeOf(output)), " ",
                   WireDTypeName(output.dtype()), " (", output.data().size(), " bytes)\n");
   const RowSums sums = SumRows(output, view, log);
@@ -222,8 +226,7 @@ std::string FormatSummary(const v1::SoftmaxResponse& response, const SoftmaxShap
                                            sums.max_sum, log ? "  (of exp(y))" : ""));
   }
   if (sums.nan_rows > 0) absl::StrAppend(&text, "nan rows:   ", sums.nan_rows, "\n");
-  absl::StrAppend(&text, FormatTiming(response, round_trip));
-  return text;
+  return FramedSummary(response, text, round_trip);
 }
 
 }  // namespace softmax::client
