@@ -14,10 +14,19 @@ std::vector<LoadPayload> Payloads(int n) { return std::vector<LoadPayload>(n); }
 
 StreamRequest RequestFor(const LoadPayload& payload) { return StreamRequest{&payload, {}, true}; }
 
-TEST(StreamLedgerTest, WritesInQueueOrderUnderIdsNeverReused) {
-  const std::vector<LoadPayload> payloads = Payloads(3);
+// A ledger with a request for each of `payloads` queued, in their order,
+// and the first `written` of them taken, as a stream writes them.
+StreamLedger QueuedLedger(const std::vector<LoadPayload>& payloads, int written = 0) {
   StreamLedger ledger;
   for (const LoadPayload& payload : payloads) ledger.Queue(RequestFor(payload));
+  StreamRequest request;
+  for (int i = 0; i < written; ++i) ledger.TakeNext(&request);
+  return ledger;
+}
+
+TEST(StreamLedgerTest, WritesInQueueOrderUnderIdsNeverReused) {
+  const std::vector<LoadPayload> payloads = Payloads(3);
+  StreamLedger ledger = QueuedLedger(payloads);
   StreamRequest request;
   EXPECT_EQ(ledger.TakeNext(&request), 0u);
   EXPECT_EQ(request.payload, &payloads[0]);
@@ -50,8 +59,7 @@ TEST(StreamLedgerTest, RequeueResendsExactlyTheUnansweredOldestFirst) {
   // Six written, 1 and 4 answered, two never written: the stream ends. The
   // next one writes 0, 2, 3, 5 (under new ids), then the two queued.
   const std::vector<LoadPayload> payloads = Payloads(8);
-  StreamLedger ledger;
-  for (const LoadPayload& payload : payloads) ledger.Queue(RequestFor(payload));
+  StreamLedger ledger = QueuedLedger(payloads);
   StreamRequest request;
   for (int i = 0; i < 6; ++i) EXPECT_EQ(ledger.TakeNext(&request), static_cast<uint64_t>(i));
   ASSERT_TRUE(ledger.Answer(4, &request));
@@ -82,13 +90,10 @@ TEST(StreamLedgerTest, RequeuedTwiceStillOnce) {
   // A stream that ends again before writing what was put back: nothing is
   // put back twice.
   const std::vector<LoadPayload> payloads = Payloads(3);
-  StreamLedger ledger;
-  for (const LoadPayload& payload : payloads) ledger.Queue(RequestFor(payload));
-  StreamRequest request;
-  ledger.TakeNext(&request);
-  ledger.TakeNext(&request);
+  StreamLedger ledger = QueuedLedger(payloads, /*written=*/2);
   EXPECT_EQ(ledger.RequeueInFlight(), 2);
   EXPECT_EQ(ledger.RequeueInFlight(), 0);
+  StreamRequest request;
   ledger.TakeNext(&request);
   EXPECT_EQ(request.payload, &payloads[0]);
   EXPECT_EQ(ledger.RequeueInFlight(), 1);
@@ -97,11 +102,8 @@ TEST(StreamLedgerTest, RequeuedTwiceStillOnce) {
 
 TEST(StreamLedgerTest, TakeAllEmptiesInFlightThenQueued) {
   const std::vector<LoadPayload> payloads = Payloads(4);
-  StreamLedger ledger;
-  for (const LoadPayload& payload : payloads) ledger.Queue(RequestFor(payload));
+  StreamLedger ledger = QueuedLedger(payloads, /*written=*/2);
   StreamRequest request;
-  ledger.TakeNext(&request);
-  ledger.TakeNext(&request);
   ASSERT_TRUE(ledger.Answer(0, &request));
   const std::vector<StreamRequest> all = ledger.TakeAll();
   ASSERT_EQ(all.size(), 3u);
