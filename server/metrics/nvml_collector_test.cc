@@ -129,21 +129,18 @@ TEST(NvmlCollectorTest, ExportsEveryReadingPerDeviceInBaseUnits) {
     ASSERT_TRUE(collector.SetDevices({"cuda:0", "cuda:1", "cpu"}).ok());
     const auto values = Values(collector.Collect());
     using Series = std::map<std::string, double>;
-    EXPECT_EQ(values.at("softmax_gpu_utilization_ratio"), (Series{{"cuda:0", 0.1}, {"cuda:1", 0.2}}));
-    EXPECT_EQ(values.at("softmax_gpu_memory_utilization_ratio"),
-              (Series{{"cuda:0", 0.05}, {"cuda:1", 0.05}}));
-    EXPECT_EQ(values.at("softmax_gpu_memory_used_bytes"),
-              (Series{{"cuda:0", 100}, {"cuda:1", 200}}));
-    EXPECT_EQ(values.at("softmax_gpu_memory_total_bytes"),
-              (Series{{"cuda:0", 1000}, {"cuda:1", 1000}}));
-    // Device 1 has no power sensor: left out, not reported as 0.
-    EXPECT_EQ(values.at("softmax_gpu_power_watts"), (Series{{"cuda:0", 250.5}}));
-    EXPECT_EQ(values.at("softmax_gpu_power_limit_watts"),
-              (Series{{"cuda:0", 700}, {"cuda:1", 700}}));
-    EXPECT_EQ(values.at("softmax_gpu_temperature_celsius"),
-              (Series{{"cuda:0", 40}, {"cuda:1", 41}}));
-    EXPECT_EQ(values.at("softmax_gpu_sm_clock_hertz"),
-              (Series{{"cuda:0", 1.98e9}, {"cuda:1", 1.98e9}}));
+    const std::map<std::string, Series> expected = {
+        {"softmax_gpu_utilization_ratio", {{"cuda:0", 0.1}, {"cuda:1", 0.2}}},
+        {"softmax_gpu_memory_utilization_ratio", {{"cuda:0", 0.05}, {"cuda:1", 0.05}}},
+        {"softmax_gpu_memory_used_bytes", {{"cuda:0", 100}, {"cuda:1", 200}}},
+        {"softmax_gpu_memory_total_bytes", {{"cuda:0", 1000}, {"cuda:1", 1000}}},
+        // Device 1 has no power sensor: left out, not reported as 0.
+        {"softmax_gpu_power_watts", {{"cuda:0", 250.5}}},
+        {"softmax_gpu_power_limit_watts", {{"cuda:0", 700}, {"cuda:1", 700}}},
+        {"softmax_gpu_temperature_celsius", {{"cuda:0", 40}, {"cuda:1", 41}}},
+        {"softmax_gpu_sm_clock_hertz", {{"cuda:0", 1.98e9}, {"cuda:1", 1.98e9}}},
+    };
+    for (const auto& [name, series] : expected) EXPECT_EQ(values.at(name), series) << name;
     const Series& throttle = values.at("softmax_gpu_clock_throttle_reasons");
     EXPECT_EQ(throttle.size(), 2u * 9u);
     EXPECT_EQ(throttle.at("cuda:0/sw_power_cap"), 1);
