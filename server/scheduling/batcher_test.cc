@@ -53,6 +53,16 @@ FakeBackendOptions Fake(int slots, bool hold) {
 }
 
 constexpr microseconds kForever = std::chrono::seconds(100);
+
+// Large batches, dispatched as soon as the backend is idle, answered by
+// `completion_threads` threads when they are offloaded (the tests set when).
+BatcherOptions CompletionThreadOptions(int completion_threads) {
+  BatcherOptions options = Options(1 << 20, 1 << 30, kForever);
+  options.dispatch_when_idle = true;
+  options.completion_threads = completion_threads;
+  return options;
+}
+
 // How long a test watches for something that must not happen.
 constexpr absl::Duration kQuiet = absl::Milliseconds(50);
 
@@ -680,9 +690,7 @@ TEST(BatcherTest, OutputsAreFreshBuffersUnlessEveryBackendComputesInPlace) {
 TEST(BatcherTest, LargeBatchesAreAnsweredByCompletionThreadsAndTheSlotIsFreedAtOnce) {
   FakeBackend backend(Fake(1, /*hold=*/true));
   Scheduler scheduler({&backend});
-  BatcherOptions options = Options(1 << 20, 1 << 30, kForever);
-  options.dispatch_when_idle = true;
-  options.completion_threads = 3;
+  BatcherOptions options = CompletionThreadOptions(3);
   options.offload_completion_bytes = 1000;
   Batcher batcher(options, &scheduler);
   // Answering the large batch's requests is held up until `gate` opens, as
@@ -760,9 +768,7 @@ TEST(BatcherTest, LargeBatchesAreAnsweredByCompletionThreadsAndTheSlotIsFreedAtO
 TEST(BatcherTest, BatchesOfManySmallRequestsAreAnsweredByTheCompletionThreads) {
   FakeBackend backend(Fake(1, /*hold=*/true));
   Scheduler scheduler({&backend});
-  BatcherOptions options = Options(1 << 20, 1 << 30, kForever);
-  options.dispatch_when_idle = true;
-  options.completion_threads = 2;
+  BatcherOptions options = CompletionThreadOptions(2);
   options.offload_completion_bytes = int64_t{1} << 40;  // never by bytes
   options.offload_completion_requests = 4;
   Batcher batcher(options, &scheduler);
