@@ -146,6 +146,13 @@ absl::Status WaitForEvent(cudaEvent_t event, int64_t spin_us) {
   return SOFTMAX_CUDA_STATUS(cudaEventSynchronize(event));
 }
 
+// Records `event` on `stream` and waits for it (WaitForEvent): for the end
+// of everything queued so far.
+absl::Status RecordAndWait(cudaEvent_t event, cudaStream_t stream, int64_t spin_us) {
+  SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(event, stream));
+  return WaitForEvent(event, spin_us);
+}
+
 // A contiguous run of whole [n, inner] slabs of one segment.
 struct Piece {
   int segment = 0;
@@ -587,8 +594,7 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
         return status;
       }
     }
-    SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(done, stream));
-    return WaitForEvent(done, spin_us);
+    return RecordAndWait(done, stream, spin_us);
   };
   if (absl::Status status =
           RunAndTime(enqueue_and_wait, stream, kernel_start, kernel_end, kernel_ns);
@@ -799,8 +805,7 @@ absl::Status RunTopK(CachingAllocator& device_memory, CachingAllocator& pinned_m
       *launches += kernels;
     }
     SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(kernel_end, stream));
-    SOFTMAX_RETURN_IF_CUDA(cudaEventRecord(done, stream));
-    return WaitForEvent(done, spin_us);
+    return RecordAndWait(done, stream, spin_us);
   };
   if (absl::Status status =
           RunAndTime(enqueue_and_wait, stream, kernel_start, kernel_end, kernel_ns);
