@@ -475,6 +475,18 @@ void SetRow(Problem& p, DType dtype, int64_t row, const std::function<float(int6
   }
 }
 
+// Rows 0..3 of `p` (one row each) as a split or staged row must survive
+// them: the first half -inf, a NaN last, +inf at element 3, all -inf.
+void SetSpecialRows(Problem& p, DType dtype) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int64_t n = p.shape.n;
+  SetRow(p, dtype, 0, [&](int64_t k) { return k < n / 2 ? -inf : 0.001f * (k % 1000); });
+  SetRow(p, dtype, 1, [&](int64_t k) { return k == n - 1 ? nan : 0.5f; });
+  SetRow(p, dtype, 2, [&](int64_t k) { return k == 3 ? inf : 1.0f; });
+  SetRow(p, dtype, 3, [&](int64_t) { return -inf; });
+}
+
 TEST_F(SoftmaxCudaTest, SpecialValues) {
   std::mt19937_64 rng(4);
   const float inf = std::numeric_limits<float>::infinity();
@@ -507,12 +519,8 @@ TEST_F(SoftmaxCudaTest, SpecialValues) {
       // over a cluster): a row whose first blocks hold only -inf, NaN or +inf
       // in one block's share, an all -inf row.
       {
-        const int64_t n = 20000 * v;
-        Problem p = MakeProblem(dtype, 4, n, 1, rng, 1.0f, log);
-        SetRow(p, dtype, 0, [&](int64_t k) { return k < n / 2 ? -inf : 0.001f * (k % 1000); });
-        SetRow(p, dtype, 1, [&](int64_t k) { return k == n - 1 ? nan : 0.5f; });
-        SetRow(p, dtype, 2, [&](int64_t k) { return k == 3 ? inf : 1.0f; });
-        SetRow(p, dtype, 3, [&](int64_t) { return -inf; });
+        Problem p = MakeProblem(dtype, 4, 20000 * v, 1, rng, 1.0f, log);
+        SetSpecialRows(p, dtype);
         problems.push_back(std::move(p));
       }
       // Huge-magnitude row through every last-axis class, temperature < 1.
@@ -620,8 +628,6 @@ TEST_F(SoftmaxCudaTest, SplitSingleAndTwoPass) {
 // lengths misaligned go to split_fused or the two-pass form.
 TEST_F(SoftmaxCudaTest, SplitStagedRows) {
   std::mt19937_64 rng(12);
-  const float inf = std::numeric_limits<float>::infinity();
-  const float nan = std::numeric_limits<float>::quiet_NaN();
   for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     const int64_t staged = PathMaxLength(*plan_, dtype, SoftmaxPath::kStagedRows);
@@ -659,11 +665,7 @@ TEST_F(SoftmaxCudaTest, SplitStagedRows) {
       const int64_t rows = 2 * (probe->grid / parts) + 3;
       problems.push_back(MakeProblem(dtype, rows, lengths[0], 1, rng, 0.9f, log));
       Problem special = MakeProblem(dtype, 4, lengths[1], 1, rng, 1.0f, log);
-      const int64_t n1 = lengths[1];
-      SetRow(special, dtype, 0, [&](int64_t k) { return k < n1 / 2 ? -inf : 0.001f * (k % 1000); });
-      SetRow(special, dtype, 1, [&](int64_t k) { return k == n1 - 1 ? nan : 0.5f; });
-      SetRow(special, dtype, 2, [&](int64_t k) { return k == 3 ? inf : 1.0f; });
-      SetRow(special, dtype, 3, [&](int64_t) { return -inf; });
+      SetSpecialRows(special, dtype);
       problems.push_back(std::move(special));
       problems.push_back(MakeProblem(dtype, 2, longest, 1, rng, 1.1f, log));
       problems.push_back(MakeProblem(dtype, 3, 3000 * v, 1, rng, 1.0f, log));  // another path
