@@ -1,21 +1,30 @@
-// How a schedule's launch step runs (launch.cu executes schedules with it):
-// LaunchStepKernel launches a kernel in a step's geometry, and Executor<K>,
-// specialized by the header of K's family next to its kernel, picks the
-// instantiation that runs a step of K. launch.cu dispatches every
-// SoftmaxKernel value to its Executor: a kernel without one does not compile.
-//
-// A specialization (SOFTMAX_EXECUTOR, below, where one expression names
-// the instantiation) declares
-//   template <typename T>
-//   static cudaError_t Run(const LaunchStep& step, const StepArguments& args,
-//                          cudaStream_t stream);
-// and decides nothing: the planner (plan.cc) filled the step.
+// How a schedule's launch step runs and how the plan's probes are taken.
+// launch.cu holds neither a kernel nor a family: it calls, through the
+// declarations below, ExecuteStep<K, T> for each step and ProbeFamily<K, T>
+// in ProbeOrder() (plan.cc), for every SoftmaxKernel value K and element
+// type T. Each family defines both for its kernels in its own translation
+// unit (kernels/cuda/<family>.cu, built by a glob): SOFTMAX_EXECUTOR below,
+// where one expression names the instantiation that runs a step of K (it
+// decides nothing: the planner, plan.cc, filled the step), and
+// SOFTMAX_PROBE or SOFTMAX_NO_PROBE. A kernel without them does not link.
 #ifndef SOFTMAX_KERNELS_CUDA_EXECUTOR_CUH_
 #define SOFTMAX_KERNELS_CUDA_EXECUTOR_CUH_
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <string>
+#include <vector>
+
 #include "kernels/cuda/plan.h"
+#include "kernels/softmax_cuda.h"
+
+#define SOFTMAX_CUDA_RETURN_IF_ERROR(expr)    \
+  do {                                        \
+    const cudaError_t error_ = (expr);        \
+    if (error_ != cudaSuccess) return error_; \
+  } while (0)
 
 namespace softmax {
 namespace gpu {
@@ -69,22 +78,102 @@ cudaError_t LaunchStepKernel(void (*kernel)(Args), const LaunchStep& step, cudaS
   return cudaGetLastError();
 }
 
-// Specialized for each SoftmaxKernel value by its family's header.
-template <SoftmaxKernel K>
-struct Executor;
+// Runs a step of kernel K on elements of type T (float, __half,
+// __nv_bfloat16): defined by K's family (SOFTMAX_EXECUTOR).
+template <SoftmaxKernel K, typename T>
+cudaError_t ExecuteStep(const LaunchStep& step, const StepArguments& args, cudaStream_t stream);
 
-// Specializes Executor<SoftmaxKernel::K> for a kernel that takes
-// args.ARGS: the trailing expression names the instantiation, from T (the
-// element type) and `step`.
-#define SOFTMAX_EXECUTOR(K, ARGS, ...)                                                    \
-  template <>                                                                             \
-  struct Executor<SoftmaxKernel::K> {                                                     \
-    template <typename T>                                                                 \
-    static cudaError_t Run(const LaunchStep& step, const StepArguments& args,             \
-                           cudaStream_t stream) {                                         \
-      return LaunchStepKernel(__VA_ARGS__, step, stream, args.ARGS);                      \
-    }                                                                                     \
+// What a family's probe is given: one element type's probes of the device.
+struct ProbeTarget {
+  DType dtype;
+  int multiprocessors;
+  bool clusters;                     // the device runs clusters (sm_90)
+  std::vector<KernelProbe>* probes;  // the plan's lines, appended in ProbeOrder()
+  int* max_cluster;                  // the plan's bound on cluster sizes
+};
+
+// Appends kernel K's probes for element type T, call `part` of K in
+// ProbeOrder(): defined by K's family (SOFTMAX_PROBE, SOFTMAX_NO_PROBE).
+template <SoftmaxKernel K, typename T>
+cudaError_t ProbeFamily(const ProbeTarget& target, int part);
+
+// The probes' helpers (launch.cu). ProbeKernel fills *probe with a kernel's
+// attributes and blocks per SM at `threads` and `dynamic_shared`, cluster
+// size 1.
+cudaError_t ProbeKernel(const void* kernel, const std::string& name, const char* paths,
+                        DType dtype, int multiprocessors, KernelProbe* probe,
+                        int threads = kThreads, size_t dynamic_shared = 0);
+// ProbeKernel at kThreads threads, without dynamic shared memory; appends the entry.
+cudaError_t AppendProbe(const void* kernel, const char* name, const char* paths,
+                        const ProbeTarget& target);
+// Clusters of `size` blocks of `kernel` that fit at once (0 when none or on error).
+int ActiveClusters(const void* kernel, int size, int threads, size_t dynamic_shared,
+                   int multiprocessors);
+// Probes a kernel of kStagedThreads-thread blocks with `dynamic_shared` bytes
+// each (its largest share) and appends one entry per cluster size, 1 up to
+// kMaxClusterSize, at which at least one cluster fits.
+cudaError_t ProbeClusters(const void* kernel, const std::string& name, const char* paths,
+                          DType dtype, int multiprocessors, size_t dynamic_shared,
+                          std::vector<KernelProbe>* probes);
+// Probes a table kernel that takes up to `shared` bytes of dynamic shared
+// memory and appends its entry, only where a block may have that much (the
+// row_staged kernel's 128 KiB rows: not on GPUs of 99 KiB per block, where
+// the planner sends those rows on).
+cudaError_t ProbeTableKernel(const void* kernel, const char* name, int threads, size_t shared,
+                             DType dtype, int multiprocessors, std::vector<KernelProbe>* probes);
+
+// Defines ExecuteStep<SoftmaxKernel::K, T> for the three element types from
+// a function template F<T> of ExecuteStep's parameters.
+#define SOFTMAX_EXECUTE_STEP(K, F)                                                          \
+  template <>                                                                               \
+  cudaError_t ExecuteStep<SoftmaxKernel::K, float>(                                         \
+      const LaunchStep& step, const StepArguments& args, cudaStream_t stream) {             \
+    return F<float>(step, args, stream);                                                    \
+  }                                                                                         \
+  template <>                                                                               \
+  cudaError_t ExecuteStep<SoftmaxKernel::K, __half>(                                        \
+      const LaunchStep& step, const StepArguments& args, cudaStream_t stream) {             \
+    return F<__half>(step, args, stream);                                                   \
+  }                                                                                         \
+  template <>                                                                               \
+  cudaError_t ExecuteStep<SoftmaxKernel::K, __nv_bfloat16>(                                 \
+      const LaunchStep& step, const StepArguments& args, cudaStream_t stream) {             \
+    return F<__nv_bfloat16>(step, args, stream);                                            \
   }
+
+// The executor of a kernel that takes args.ARGS: the trailing expression
+// names the instantiation, from T (the element type) and `step`.
+#define SOFTMAX_EXECUTOR(K, ARGS, ...)                                                      \
+  template <typename T>                                                                     \
+  cudaError_t Execute_##K(const LaunchStep& step, const StepArguments& args,                \
+                          cudaStream_t stream) {                                            \
+    return LaunchStepKernel(__VA_ARGS__, step, stream, args.ARGS);                          \
+  }                                                                                         \
+  SOFTMAX_EXECUTE_STEP(K, Execute_##K)
+
+// Defines ProbeFamily<SoftmaxKernel::K, T> for the three element types from
+// a function template F<T>(const ProbeTarget&, int part).
+#define SOFTMAX_PROBE(K, F)                                                                 \
+  template <>                                                                               \
+  cudaError_t ProbeFamily<SoftmaxKernel::K, float>(const ProbeTarget& target, int part) {   \
+    return F<float>(target, part);                                                          \
+  }                                                                                         \
+  template <>                                                                               \
+  cudaError_t ProbeFamily<SoftmaxKernel::K, __half>(const ProbeTarget& target, int part) {  \
+    return F<__half>(target, part);                                                         \
+  }                                                                                         \
+  template <>                                                                               \
+  cudaError_t ProbeFamily<SoftmaxKernel::K, __nv_bfloat16>(const ProbeTarget& target,       \
+                                                           int part) {                      \
+    return F<__nv_bfloat16>(target, part);                                                  \
+  }
+
+// A kernel that needs no probe (not in ProbeOrder()).
+template <typename T>
+cudaError_t NoProbe(const ProbeTarget&, int) {
+  return cudaSuccess;
+}
+#define SOFTMAX_NO_PROBE(K) SOFTMAX_PROBE(K, NoProbe)
 
 }  // namespace detail
 }  // namespace gpu

@@ -7,7 +7,6 @@
 #define SOFTMAX_KERNELS_CUDA_FLAT_CUH_
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/executor.cuh"
 
 namespace softmax {
 namespace gpu {
@@ -428,12 +427,6 @@ __global__ void __launch_bounds__(kTableThreads, kTableBlocks) FlatTableKernel(
   }
   WaitForPrevious();
 }
-
-// The executors of this family's kernels (executor.cuh).
-SOFTMAX_EXECUTOR(kFlat, flat,
-                 step.vec ? (step.log ? FlatKernel<T, true, true> : FlatKernel<T, true, false>)
-                          : (step.log ? FlatKernel<T, false, true> : FlatKernel<T, false, false>));
-SOFTMAX_EXECUTOR(kFlatTable, table, FlatTableKernel<T>);
 
 }  // namespace detail
 }  // namespace gpu

@@ -1,6 +1,8 @@
-// The one translation unit that instantiates every kernel: the occupancy
-// probe of each (ProbeKernels) and LaunchSoftmax, which executes the schedule
-// that plan.cc's PlanSchedule returns (every decision is made there).
+// LaunchPlan::Create and LaunchSoftmax, which executes the schedule that
+// plan.cc's PlanSchedule returns (every decision is made there). No kernel
+// lives here: each family's translation unit (kernels/cuda/<family>.cu)
+// defines the executor and the probe of its kernels (executor.cuh), which
+// this file calls for every SoftmaxKernel value.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -8,34 +10,20 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cuda/common.cuh"
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "kernels/cuda/executor.cuh"
-#include "kernels/cuda/flat.cuh"
-#include "kernels/cuda/on_chip.cuh"
 #include "kernels/cuda/plan.h"
-#include "kernels/cuda/row_staged.cuh"
-#include "kernels/cuda/split.cuh"
-#include "kernels/cuda/staged.cuh"
-#include "kernels/cuda/strided.cuh"
 #include "kernels/softmax_cuda.h"
 
 namespace softmax {
 namespace gpu {
 namespace detail {
-namespace {
-
-#define SOFTMAX_CUDA_RETURN_IF_ERROR(expr)    \
-  do {                                        \
-    const cudaError_t error_ = (expr);        \
-    if (error_ != cudaSuccess) return error_; \
-  } while (0)
-
-// Flat kernel block sizes that FlatShapeOf returns.
-constexpr int kFlatThreads[] = {64, 128, 256, 512};
 
 cudaError_t ProbeKernel(const void* kernel, const std::string& name, const char* paths,
-                        DType dtype, int multiprocessors, KernelProbe* probe,
-                        int threads = kThreads, size_t dynamic_shared = 0) {
+                        DType dtype, int multiprocessors, KernelProbe* probe, int threads,
+                        size_t dynamic_shared) {
   cudaFuncAttributes attributes;
   SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, kernel));
   int blocks = 0;
@@ -55,7 +43,15 @@ cudaError_t ProbeKernel(const void* kernel, const std::string& name, const char*
   return cudaSuccess;
 }
 
-// Clusters of `size` blocks of `kernel` that fit at once (0 when none or on error).
+cudaError_t AppendProbe(const void* kernel, const char* name, const char* paths,
+                        const ProbeTarget& target) {
+  KernelProbe probe;
+  SOFTMAX_CUDA_RETURN_IF_ERROR(
+      ProbeKernel(kernel, name, paths, target.dtype, target.multiprocessors, &probe));
+  target.probes->push_back(probe);
+  return cudaSuccess;
+}
+
 int ActiveClusters(const void* kernel, int size, int threads, size_t dynamic_shared,
                    int multiprocessors) {
   cudaLaunchConfig_t config = {};
@@ -77,9 +73,6 @@ int ActiveClusters(const void* kernel, int size, int threads, size_t dynamic_sha
   return active;
 }
 
-// Probes a kernel of kStagedThreads-thread blocks with `dynamic_shared` bytes
-// each (its largest share) and appends one entry per cluster size, 1 up to
-// kMaxClusterSize, at which at least one cluster fits.
 cudaError_t ProbeClusters(const void* kernel, const std::string& name, const char* paths,
                           DType dtype, int multiprocessors, size_t dynamic_shared,
                           std::vector<KernelProbe>* probes) {
@@ -104,10 +97,6 @@ cudaError_t ProbeClusters(const void* kernel, const std::string& name, const cha
   return cudaSuccess;
 }
 
-// Probes a table kernel that takes up to `shared` bytes of dynamic shared
-// memory and appends its entry, only where a block may have that much (the
-// row_staged kernel's 128 KiB rows: not on GPUs of 99 KiB per block, where
-// the planner sends those rows on).
 cudaError_t ProbeTableKernel(const void* kernel, const char* name, int threads, size_t shared,
                              DType dtype, int multiprocessors, std::vector<KernelProbe>* probes) {
   int device = 0;
@@ -127,113 +116,38 @@ cudaError_t ProbeTableKernel(const void* kernel, const char* name, int threads, 
   return cudaSuccess;
 }
 
+namespace {
+
+// Calls f(std::integral_constant<SoftmaxKernel, K>()) for K == kernel: one
+// comparison per SoftmaxKernel value, so that every value's executor and
+// probe must exist (they link from the families' translation units).
+template <typename F, int... I>
+cudaError_t WithKernel(SoftmaxKernel kernel, const F& f, std::integer_sequence<int, I...>) {
+  cudaError_t error = cudaErrorInvalidValue;
+  (void)((static_cast<int>(kernel) == I &&
+          ((error = f(std::integral_constant<SoftmaxKernel, static_cast<SoftmaxKernel>(I)>())),
+           true)) ||
+         ...);
+  return error;
+}
+
+template <typename F>
+cudaError_t WithKernel(SoftmaxKernel kernel, const F& f) {
+  return WithKernel(kernel, f, std::make_integer_sequence<int, kSoftmaxKernels>());
+}
+
+// Probes the kernels for element type T in ProbeOrder() (plan.cc): each
+// family's occupancy entries in that order, the on-chip kernel's clusters
+// bounding the plan's.
 template <typename T>
 cudaError_t ProbeTyped(DType dtype, int multiprocessors, bool clusters,
                        std::vector<KernelProbe>* probes, int* max_cluster) {
-  const void* on_chip = reinterpret_cast<const void*>(&OnChipKernel<T>);
-  KernelProbe probe;
-  SOFTMAX_CUDA_RETURN_IF_ERROR(
-      ProbeKernel(on_chip, "on_chip", "warp,block", dtype, multiprocessors, &probe));
-  probes->push_back(probe);
-  for (const int threads : kFlatThreads) {
-    KernelProbe flat;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(
-        ProbeKernel(reinterpret_cast<const void*>(&FlatKernel<T, true, false>),
-                    FlatProbeName(threads), "flat", dtype, multiprocessors, &flat, threads));
-    probes->push_back(flat);
+  const ProbeTarget target = {dtype, multiprocessors, clusters, probes, max_cluster};
+  for (const ProbeCall& call : ProbeOrder()) {
+    SOFTMAX_CUDA_RETURN_IF_ERROR(WithKernel(call.kernel, [&](auto k) {
+      return ProbeFamily<decltype(k)::value, T>(target, call.part);
+    }));
   }
-  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeTableKernel(reinterpret_cast<const void*>(&FlatTableKernel<T>),
-                                                "flat_table", kTableThreads, kTableMaxSharedBytes,
-                                                dtype, multiprocessors, probes));
-  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeTableKernel(reinterpret_cast<const void*>(&RowStagedKernel<T>),
-                                                "row_staged", kRowStagedThreads,
-                                                kRowStagedMaxShareBytes, dtype, multiprocessors,
-                                                probes));
-  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeTableKernel(reinterpret_cast<const void*>(&RowStagedKernel<T>),
-                                                "row_staged.long", kRowStagedThreads,
-                                                kRowStagedLongMaxShareBytes, dtype,
-                                                multiprocessors, probes));
-  int best = 1;
-  if (clusters) {
-    for (int size = 2; size <= kMaxClusterSize; size *= 2) {
-      if (size > 8 && cudaFuncSetAttribute(on_chip, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                           1) != cudaSuccess) {
-        cudaGetLastError();
-        break;
-      }
-      const int active = ActiveClusters(on_chip, size, kThreads, 0, multiprocessors);
-      if (active <= 0) break;
-      KernelProbe c = probe;
-      c.paths = "warp,block,cluster";
-      c.cluster_size = size;
-      c.max_active_clusters = active;
-      c.grid = active * size;
-      probes->push_back(c);
-      best = size;
-    }
-    // split_staged: probed at its largest share.
-    const void* split_staged = reinterpret_cast<const void*>(&SplitStagedKernel<T>);
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        split_staged, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(kSplitStagedPartBytes)));
-    KernelProbe split_probe;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(split_staged, "split_staged", "split", dtype,
-                                             multiprocessors, &split_probe, kStagedThreads,
-                                             kSplitStagedPartBytes));
-    if (split_probe.blocks_per_sm > 0) probes->push_back(split_probe);
-    // Staged: probed at the largest share; one entry per cluster size that
-    // fits at least once.
-    const void* staged = reinterpret_cast<const void*>(&StagedKernel<T, kStagedMaxStages>);
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        staged, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedMaxBytes)));
-    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeClusters(staged, "staged", "staged", dtype, multiprocessors,
-                                               kStagedMaxBytes, probes));
-    // Its short-share instantiation runs the same geometries, shares of at most kStagedTargetBytes.
-    const void* staged_short = reinterpret_cast<const void*>(&StagedKernel<T, kStagedShortStages>);
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        staged_short, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedTargetBytes)));
-    if (cudaFuncSetAttribute(staged_short, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-      cudaGetLastError();
-    }
-  }
-  if (clusters) {
-    // strided_staged: probed at its largest share and column pairs; one
-    // entry per cluster size that fits at least once.
-    const void* strided_staged =
-        reinterpret_cast<const void*>(&StridedStagedKernel<T, kStridedTileVectors>);
-    const size_t largest = static_cast<size_t>(kStridedStagedMaxBytes) + kStridedStagedSlotBytes;
-    SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        strided_staged, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(largest)));
-    SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeClusters(strided_staged, "strided_staged", "strided", dtype,
-                                               multiprocessors, largest, probes));
-    // Its wide tiles (float32) run clusters of up to kStridedWideMaxCluster,
-    // shares of at most kStagedTargetBytes.
-    if constexpr (std::is_same<T, float>::value) {
-      SOFTMAX_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-          reinterpret_cast<const void*>(&StridedStagedKernel<T, kStridedWideTileVectors>),
-          cudaFuncAttributeMaxDynamicSharedMemorySize,
-          static_cast<int>(kStagedTargetBytes + StridedStagedSlotBytes(kStridedWideTileVectors))));
-    }
-  }
-  *max_cluster = std::min(*max_cluster, best);
-  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(reinterpret_cast<const void*>(&SplitFusedKernel<T, true>),
-                                           "split_fused", "split", dtype, multiprocessors, &probe));
-  probes->push_back(probe);
-  SOFTMAX_CUDA_RETURN_IF_ERROR(ProbeKernel(reinterpret_cast<const void*>(&SplitStatsKernel<T, true>),
-                                           "split_stats", "split", dtype, multiprocessors, &probe));
-  probes->push_back(probe);
-  SOFTMAX_CUDA_RETURN_IF_ERROR(
-      ProbeKernel(reinterpret_cast<const void*>(&SplitNormalizeUnitsKernel<T>), "split_normalize_units",
-                  "split", dtype, multiprocessors, &probe));
-  probes->push_back(probe);
-  SOFTMAX_CUDA_RETURN_IF_ERROR(
-      ProbeKernel(reinterpret_cast<const void*>(&StridedStatsKernel<T, true>), "strided_stats",
-                  "strided", dtype, multiprocessors, &probe));
-  probes->push_back(probe);
-  SOFTMAX_CUDA_RETURN_IF_ERROR(
-      ProbeKernel(reinterpret_cast<const void*>(&StridedNormalizeKernel<T, true>),
-                  "strided_normalize", "strided", dtype, multiprocessors, &probe));
-  probes->push_back(probe);
   return cudaSuccess;
 }
 
@@ -253,23 +167,10 @@ cudaError_t FillTable(const LaunchStep& step, void* table_scratch, cudaStream_t 
                          cudaMemcpyHostToDevice, stream);
 }
 
-// Runs a step with its kernel's Executor (each family's header holds its
-// own): one comparison per SoftmaxKernel value.
-template <typename T, int... I>
-cudaError_t Dispatch(const LaunchStep& step, const StepArguments& args, cudaStream_t stream,
-                     std::integer_sequence<int, I...>) {
-  cudaError_t error = cudaErrorInvalidValue;
-  (void)((static_cast<int>(step.kernel) == I &&
-          ((error = Executor<static_cast<SoftmaxKernel>(I)>::template Run<T>(step, args, stream)),
-           true)) ||
-         ...);
-  return error;
-}
-
 // Executes a schedule (PlanSchedule in plan.cc, where every decision is
 // made): resolves scratch offsets into pointers, copies tables that do not
 // travel inline, zeroes counters and launches each step with its kernel's
-// Executor, in order.
+// executor (ExecuteStep), in order.
 template <typename T>
 cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream) {
   void* table_scratch = schedule.table_bytes > 0 ? scratch : nullptr;
@@ -293,8 +194,9 @@ cudaError_t Execute(const Schedule& schedule, char* scratch, cudaStream_t stream
       args.table.launch_cluster = step.table_word;
       args.table.prefetch_units = step.prefetch_units;
     }
-    SOFTMAX_CUDA_RETURN_IF_ERROR(
-        Dispatch<T>(step, args, stream, std::make_integer_sequence<int, kSoftmaxKernels>()));
+    SOFTMAX_CUDA_RETURN_IF_ERROR(WithKernel(step.kernel, [&](auto k) {
+      return ExecuteStep<decltype(k)::value, T>(step, args, stream);
+    }));
   }
   return cudaSuccess;
 }

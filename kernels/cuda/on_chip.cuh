@@ -14,7 +14,6 @@
 #define SOFTMAX_KERNELS_CUDA_ON_CHIP_CUH_
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/executor.cuh"
 
 namespace softmax {
 namespace gpu {
@@ -304,9 +303,6 @@ __global__ void __launch_bounds__(kThreads, 2) OnChipKernel(const __grid_constan
   if (args.launch_cluster > 1) cg::this_cluster().sync();
 #endif
 }
-
-// The executors of this family's kernels (executor.cuh).
-SOFTMAX_EXECUTOR(kOnChip, table, OnChipKernel<T>);
 
 }  // namespace detail
 }  // namespace gpu

@@ -1,8 +1,9 @@
 // Host-side planning: the launch plan (occupancy probe), the rule that
 // decides which kernel computes a row (RowKernelOf), the geometry of each
 // kernel, and the schedule of a launch (PlanSchedule: every launch, its
-// geometry, arguments and scratch offsets). No kernel lives here: launch.cu
-// owns them all and only executes schedules.
+// geometry, arguments and scratch offsets). No kernel lives here: each
+// family's .cu owns its own, and launch.cu only probes them and executes
+// schedules.
 #include "kernels/cuda/plan.h"
 
 #include <algorithm>
@@ -350,6 +351,18 @@ const std::vector<RowFamily>& RowFamilies() {
       {SoftmaxKernel::kSplitStats, nullptr, Always},
   };
   return families;
+}
+
+const std::vector<ProbeCall>& ProbeOrder() {
+  using K = SoftmaxKernel;
+  static const std::vector<ProbeCall> order = {
+      {K::kOnChip, 0},      {K::kFlat, 0},       {K::kFlatTable, 0},
+      {K::kRowStaged, 0},   {K::kOnChip, 1},     {K::kSplitStaged, 0},
+      {K::kStaged, 0},      {K::kStridedStaged, 0},
+      {K::kSplitFused, 0},  {K::kSplitStats, 0}, {K::kSplitNormalizeUnits, 0},
+      {K::kStridedStats, 0}, {K::kStridedNormalize, 0},
+  };
+  return order;
 }
 
 SoftmaxKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment) {

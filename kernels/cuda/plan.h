@@ -1,5 +1,5 @@
-// Internal to kernels/: the geometry that the kernels (kernels/cuda/*.cuh) and
-// the host planning (plan.cc, launch.cu) share. Not part of the library's API
+// Internal to kernels/: the geometry that the kernels (kernels/cuda/*.cuh,
+// *.cu) and the host planning (plan.cc, launch.cu) share. Not part of the library's API
 // (kernels/softmax_cuda.h is).
 //
 // Path and kernel names, used the same way in code, probes, logs and docs:
@@ -353,7 +353,7 @@ const SoftmaxSegment* FlatSegment(DType dtype, const SoftmaxSegment* segments, i
 SoftmaxKernel RowKernelOf(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
 
 // Which of LaunchStep's argument sets a kernel takes: the executor passes
-// it (Executor<K> in executor.cuh), the log prints it and schedule_test keys
+// it (ExecuteStep<K, T>, executor.cuh), the log prints it and schedule_test keys
 // rows by it.
 enum class StepArgs {
   kFlat,     // LaunchStep::flat
@@ -365,8 +365,9 @@ enum class StepArgs {
 struct LaunchStep;
 
 // A kernel family's descriptor, one per SoftmaxKernel value (KernelInfoOf),
-// in enum order; with its RowFamilies() entries (which rows it takes) and
-// its Executor<K> (which instantiation runs a step), all the planner and
+// in enum order; with its RowFamilies() entries (which rows it takes), its
+// ProbeOrder() entries and its executor and probe (ExecuteStep<K, T> and
+// ProbeFamily<K, T>, defined in its family's .cu), all the planner and
 // the executor know of it: its name (probes, logs, LaunchKernels), its
 // arguments, the first pass of its form (itself for a one-pass kernel; a
 // later pass right after a pass of the same form overlaps its tail) and,
@@ -390,14 +391,27 @@ const KernelInfo& KernelInfoOf(SoftmaxKernel kernel);
 // the row's dtype; nullptr: none, or its shape rule asks the plan itself)
 // and its shape rule (dtypes, alignment, lengths, inner). RowKernelOf gives
 // a row to the first entry whose probe the plan holds and whose rule takes
-// it; a new family is an entry here at its precedence, its KernelInfo and
-// its Executor<K> (executor.cuh; kernels/README.md lists the files).
+// it; a new family is an entry here at its precedence, its KernelInfo, its
+// ProbeOrder() entry and its family's .cu (executor.cuh; kernels/README.md
+// lists the files).
 struct RowFamily {
   SoftmaxKernel kernel;
   const char* probe;
   bool (*takes)(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& segment);
 };
 const std::vector<RowFamily>& RowFamilies();
+
+// The plan's probes in the order LaunchPlan::Create takes them, for each
+// dtype (launch.cu; the plan prints its lines in this order): each entry
+// calls its kernel's ProbeFamily (its family's .cu) with its part, so that a
+// family may probe at two places. The on-chip kernel's block comes first,
+// its clusters (part 1) before the other cluster kernels, and they bound
+// the plan's cluster size. A kernel that needs no probe has no entry.
+struct ProbeCall {
+  SoftmaxKernel kernel;
+  int part;
+};
+const std::vector<ProbeCall>& ProbeOrder();
 
 // Cluster path (registers): log2 of the blocks per row.
 int ClusterLog2(long long vectors);
@@ -538,9 +552,9 @@ struct Schedule {
 cudaError_t PlanSchedule(const LaunchPlan& plan, DType dtype, const SoftmaxSegment* segments,
                          int count, bool allow_flat, Schedule* schedule);
 
-// Implemented in launch.cu, which owns every kernel: appends the probes of
-// every kernel for `dtype` and lowers *max_cluster to the largest cluster
-// size the on-chip kernel can launch.
+// Implemented in launch.cu: appends the probes of every kernel for `dtype`
+// (ProbeOrder) and lowers *max_cluster to the largest cluster size the
+// on-chip kernel can launch.
 cudaError_t ProbeKernels(DType dtype, int multiprocessors, bool clusters,
                          std::vector<KernelProbe>* probes, int* max_cluster);
 

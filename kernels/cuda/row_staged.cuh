@@ -36,7 +36,6 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/executor.cuh"
 #include "kernels/cuda/flat.cuh"
 #include "kernels/cuda/staged.cuh"
 
@@ -253,9 +252,6 @@ __global__ void __launch_bounds__(kRowStagedThreads, kRowStagedMinBlocks)
   }
   WaitForPrevious();
 }
-
-// The executors of this family's kernels (executor.cuh).
-SOFTMAX_EXECUTOR(kRowStaged, table, RowStagedKernel<T>);
 
 }  // namespace detail
 }  // namespace gpu

@@ -10,7 +10,6 @@
 #define SOFTMAX_KERNELS_CUDA_SPLIT_CUH_
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/executor.cuh"
 
 namespace softmax {
 namespace gpu {
@@ -57,18 +56,8 @@ __global__ void __launch_bounds__(kThreads, kSplitStatsBlocks) SplitStatsKernel(
   }
 }
 
-// Between the passes (aligned rows): each row's partials merged once, by
-// MergePartials as the unaligned rows' split_normalize merges them, into
-// totals[row] for split_normalize.
-__global__ void __launch_bounds__(kThreads) SplitMergeKernel(const SplitArgs a) {
-  __shared__ float2 slots[kWarps];
-  DependentsMayStart();
-  WaitForPrevious();
-  for (long long row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    const MaxSum total = MergePartials(a.partials + row * a.parts, a.parts, a.scale, slots);
-    if (threadIdx.x == 0) a.totals[row] = make_float2(total.m, total.d);
-  }
-}
+// Between the passes (aligned rows), split_merge (split.cu: not a template,
+// so defined in one translation unit) merges each row's partials once.
 
 // Pass 2 of 16-byte aligned rows: re-read and write, one block per chunk of
 // kBlockVectors, chunks in reverse order so that the data pass 1 read last
@@ -250,15 +239,6 @@ __global__ void __launch_bounds__(kThreads, 2) SplitFusedKernel(const SplitArgs 
     prev_u = u;
   }
 }
-
-// The executors of this family's kernels (executor.cuh).
-SOFTMAX_EXECUTOR(kSplitFused, split,
-                 step.vec ? SplitFusedKernel<T, true> : SplitFusedKernel<T, false>);
-SOFTMAX_EXECUTOR(kSplitStats, split,
-                 step.vec ? SplitStatsKernel<T, true> : SplitStatsKernel<T, false>);
-SOFTMAX_EXECUTOR(kSplitMerge, split, SplitMergeKernel);
-SOFTMAX_EXECUTOR(kSplitNormalize, split, SplitNormalizeKernel<T>);
-SOFTMAX_EXECUTOR(kSplitNormalizeUnits, split, SplitNormalizeUnitsKernel<T>);
 
 }  // namespace detail
 }  // namespace gpu

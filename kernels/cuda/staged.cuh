@@ -36,7 +36,6 @@
 #include <utility>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/executor.cuh"
 #include "kernels/cuda/split.cuh"
 
 namespace softmax {
@@ -612,27 +611,6 @@ __global__ void __launch_bounds__(kStagedThreads, kSplitStagedBlocks) SplitStage
   }
 #endif  // SOFTMAX_SM90_DEVICE_CODE
 }
-
-// The executors of this family's kernels (executor.cuh).
-SOFTMAX_EXECUTOR(kStaged, table,
-                 step.short_shares ? StagedKernel<T, kStagedShortStages>
-                                   : StagedKernel<T, kStagedMaxStages>);
-SOFTMAX_EXECUTOR(kSplitStaged, split, SplitStagedKernel<T>);
-
-template <>
-struct Executor<SoftmaxKernel::kStridedStaged> {
-  template <typename T>
-  static cudaError_t Run(const LaunchStep& step, const StepArguments& args, cudaStream_t stream) {
-    if constexpr (std::is_same<T, float>::value) {
-      if (args.strided.tile_vectors == kStridedWideTileVectors) {
-        return LaunchStepKernel(StridedStagedKernel<T, kStridedWideTileVectors>, step, stream,
-                                args.strided);
-      }
-    }
-    return LaunchStepKernel(StridedStagedKernel<T, kStridedTileVectors>, step, stream,
-                            args.strided);
-  }
-};
 
 }  // namespace detail
 }  // namespace gpu

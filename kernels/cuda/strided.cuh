@@ -5,7 +5,6 @@
 #define SOFTMAX_KERNELS_CUDA_STRIDED_CUH_
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/executor.cuh"
 
 namespace softmax {
 namespace gpu {
@@ -315,12 +314,6 @@ __global__ void __launch_bounds__(kThreads, 2) StridedNormalizeKernel(const Stri
     }
   }
 }
-
-// The executors of this family's kernels (executor.cuh).
-SOFTMAX_EXECUTOR(kStridedStats, strided,
-                 step.vec ? StridedStatsKernel<T, true> : StridedStatsKernel<T, false>);
-SOFTMAX_EXECUTOR(kStridedNormalize, strided,
-                 step.vec ? StridedNormalizeKernel<T, true> : StridedNormalizeKernel<T, false>);
 
 }  // namespace detail
 }  // namespace gpu
