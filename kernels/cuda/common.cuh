@@ -76,10 +76,27 @@ struct Traits<float> {
   }
   __device__ static Bits Element(unsigned w, int k) { return w; }
 };
-template <>
-struct Traits<__half> {
+// What the 16-bit types share (two elements per word), from their own
+// WordToFloats and MaxWord.
+template <typename Self>
+struct PairTraits {
   using Bits = unsigned short;
   static constexpr int kPerWord = 2;
+  __device__ static unsigned ElementsToWord(const Bits* e) {
+    return static_cast<unsigned>(e[0]) | (static_cast<unsigned>(e[1]) << 16);
+  }
+  __device__ static Bits Element(unsigned w, int k) {
+    return static_cast<Bits>(k == 0 ? (w & 0xffffu) : (w >> 16));
+  }
+  // Packed max of 8 elements (NaN is dropped, like fmaxf; sums catch NaN).
+  __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
+    float f[2];
+    Self::WordToFloats(Self::MaxWord(Self::MaxWord(a, b), Self::MaxWord(c, d)), f);
+    return fmaxf(f[0], f[1]);
+  }
+};
+template <>
+struct Traits<__half> : PairTraits<Traits<__half>> {
   static constexpr unsigned kNegInfWord = 0xfc00fc00u;
   // volatile: each pass converts again instead of keeping 8 floats per
   // vector alive across the reductions (which would spill).
@@ -97,29 +114,15 @@ struct Traits<__half> {
     const __half2 h = __floats2half2_rn(f[0], f[1]);
     return *reinterpret_cast<const unsigned*>(&h);
   }
-  __device__ static unsigned ElementsToWord(const Bits* e) {
-    return static_cast<unsigned>(e[0]) | (static_cast<unsigned>(e[1]) << 16);
-  }
-  __device__ static Bits Element(unsigned w, int k) {
-    return static_cast<Bits>(k == 0 ? (w & 0xffffu) : (w >> 16));
-  }
   // Elementwise packed max (NaN is dropped, like fmaxf).
   __device__ static unsigned MaxWord(unsigned a, unsigned b) {
     unsigned r;
     asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
   }
-  // Packed max of 8 elements (NaN is dropped, like fmaxf; sums catch NaN).
-  __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
-    float f[2];
-    WordToFloats(MaxWord(MaxWord(a, b), MaxWord(c, d)), f);
-    return fmaxf(f[0], f[1]);
-  }
 };
 template <>
-struct Traits<__nv_bfloat16> {
-  using Bits = unsigned short;
-  static constexpr int kPerWord = 2;
+struct Traits<__nv_bfloat16> : PairTraits<Traits<__nv_bfloat16>> {
   static constexpr unsigned kNegInfWord = 0xff80ff80u;
   // volatile: see Traits<__half>::WordToFloats.
   __device__ static void WordToFloats(unsigned w, float* f) {
@@ -133,21 +136,10 @@ struct Traits<__nv_bfloat16> {
     const __nv_bfloat162 h = __floats2bfloat162_rn(f[0], f[1]);
     return *reinterpret_cast<const unsigned*>(&h);
   }
-  __device__ static unsigned ElementsToWord(const Bits* e) {
-    return static_cast<unsigned>(e[0]) | (static_cast<unsigned>(e[1]) << 16);
-  }
-  __device__ static Bits Element(unsigned w, int k) {
-    return static_cast<Bits>(k == 0 ? (w & 0xffffu) : (w >> 16));
-  }
   __device__ static unsigned MaxWord(unsigned a, unsigned b) {
     unsigned r;
     asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
-  }
-  __device__ static float MaxOfWords(unsigned a, unsigned b, unsigned c, unsigned d) {
-    float f[2];
-    WordToFloats(MaxWord(MaxWord(a, b), MaxWord(c, d)), f);
-    return fmaxf(f[0], f[1]);
   }
 };
 
@@ -406,15 +398,25 @@ __device__ __forceinline__ MaxSum WarpMerge(MaxSum v, float scale) {
   return v;
 }
 
+// The largest element of kN vectors, as float (NaN dropped, like fmaxf).
+template <typename T, int kN>
+__device__ __forceinline__ float VectorsMax(const uint4 (&raw)[kN]) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kN; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
+  return m;
+}
+
+// What exp2 subtracts from a row's elements, given its max m: with m == -inf
+// every value is -inf (-> 0) or NaN (-> NaN), so the shift is 0.
+__device__ __forceinline__ float ExpShift(float m) { return m == -INFINITY ? 0.0f : m; }
+
 // (max, sum) over the kSlots vectors one thread holds.
 template <typename T, int kN>
 __device__ __forceinline__ MaxSum LocalMaxSum(const uint4 (&raw)[kN], float scale) {
   constexpr int V = VecWidth<T>();
-  float m = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kN; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
-  // With m == -inf every value is -inf (-> 0) or NaN (-> NaN): shift by 0.
-  const float shift = m == -INFINITY ? 0.0f : m;
+  const float m = VectorsMax<T>(raw);
+  const float shift = ExpShift(m);
   float d = 0.0f;
 #pragma unroll
   for (int j = 0; j < kN; ++j) {

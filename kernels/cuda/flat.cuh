@@ -103,13 +103,10 @@ __global__ void __launch_bounds__(1024) FlatKernel(const FlatArgs a) {
     for (int j = 0; j < kS; ++j) {
       raw[j] = valid ? LoadVector<T, kVec>(in, j * r_threads + t, a.n) : NegInfVector<T>();
     }
-    float m = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kS; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
-    m = GroupReduce<true>(m, r_threads, group, max_slots);
-    // With m == -inf every value is -inf (-> 0) or NaN: shift by 0 (the sum
-    // is then 0 or NaN and the row comes out NaN, as in the reference).
-    const float shift = m == -INFINITY ? 0.0f : m;
+    const float m = GroupReduce<true>(VectorsMax<T>(raw), r_threads, group, max_slots);
+    // The sum of a row of max -inf is 0 or NaN: the row comes out NaN, as in
+    // the reference.
+    const float shift = ExpShift(m);
     // The flat table kernel's order and arithmetic (ThreadExpSum,
     // NormalizeVector), with each exp2 kept instead of taken twice.
     float e[kS][V];

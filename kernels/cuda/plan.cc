@@ -632,6 +632,17 @@ void PlaceScratch(const ScratchLayout& layout, size_t* offset, LaunchStep* step)
   *offset += layout.Total();
 }
 
+// The fields every split and strided launch takes from its segment, its
+// tensors from byte `offset` on.
+template <typename Args>
+void SetSegmentArgs(const SoftmaxSegment& s, size_t offset, Args* a) {
+  a->input = static_cast<const char*>(s.input) + offset;
+  a->output = static_cast<char*>(s.output) + offset;
+  a->n = s.n;
+  a->scale = Log2Scale(s);
+  a->log = s.log;
+}
+
 // One split segment: a counter memset and one cooperative launch, or two
 // launches (rows read twice); scratch from *offset on.
 void SplitSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s, size_t* offset,
@@ -639,14 +650,10 @@ void SplitSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s, si
   const SplitShape shape = SplitShapeOf(plan, dtype, s);
   LaunchStep step;
   SplitArgs& a = step.split;
-  a.input = s.input;
-  a.output = s.output;
+  SetSegmentArgs(s, 0, &a);
   a.rows = s.outer;
-  a.n = s.n;
   a.part_vectors = shape.part_vectors;
   a.parts = shape.parts;
-  a.scale = Log2Scale(s);
-  a.log = s.log;
   a.vec = VectorAligned(dtype, s);
   step.vec = a.vec != 0;
   PlaceScratch(SplitScratch(shape, s.outer), offset, &step);
@@ -697,17 +704,13 @@ void StridedSteps(const LaunchPlan& plan, DType dtype, const SoftmaxSegment& s, 
   const StridedShape shape = StridedShapeOf(plan, dtype, s);
   LaunchStep step;
   StridedArgs& a = step.strided;
-  a.input = s.input;
-  a.output = s.output;
+  SetSegmentArgs(s, 0, &a);
   a.outer = s.outer;
-  a.n = s.n;
   a.inner = s.inner;
   a.strips = shape.strips;
   a.part_rows = shape.part_rows;
   a.parts = shape.parts;
   a.lanes_log2 = shape.lanes_log2;
-  a.scale = Log2Scale(s);
-  a.log = s.log;
   a.vec = Aligned16(s.input) && Aligned16(s.output) && (s.inner * ItemSize(dtype)) % 16 == 0;
   step.vec = a.vec != 0;
   PlaceScratch(StridedScratch(dtype, shape, s.outer), offset, &step);
@@ -735,17 +738,13 @@ LaunchStep StridedStagedStep(DType dtype, const SoftmaxSegment& s,
   step.shared_bytes = shape.shared_bytes;
   step.vec = true;
   StridedArgs& a = step.strided;
-  a.input = static_cast<const char*>(s.input) + offset;
-  a.output = static_cast<char*>(s.output) + offset;
+  SetSegmentArgs(s, offset, &a);
   a.outer = outer;
-  a.n = s.n;
   a.inner = s.inner;
   a.strips = shape.tiles;
   a.part_rows = shape.part_rows;
   a.parts = shape.cluster;
   a.tile_vectors = shape.tile_vectors;
-  a.scale = Log2Scale(s);
-  a.log = s.log;
   a.vec = 1;
   return step;
 }

@@ -24,6 +24,34 @@ namespace detail {
 // another: merging a row's partials is left to split_merge. H200, 16 x 2^24:
 // 2,567 -> 2,659 GB/s fp32, 2,347 -> 2,445 fp16
 // against a last-part merge behind a returning atomic.
+
+// A block's kSlots vectors of a row from `base` on (thread t holds vectors
+// base + j * kThreads + t), -inf from `end` on.
+template <typename T, bool kVec>
+__device__ __forceinline__ void LoadBlockVectors(const char* in, long long base, long long end,
+                                                 long long n, uint4 (&raw)[kSlots]) {
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    const long long vi = base + j * kThreads + threadIdx.x;
+    raw[j] = vi < end ? LoadVector<T, kVec>(in, vi, n) : NegInfVector<T>();
+  }
+}
+
+// Writes them (those before `end`) normalized by the row's max and factor.
+template <typename T, bool kVec>
+__device__ __forceinline__ void StoreBlockVectors(char* out, long long base, long long end,
+                                                  long long n, const uint4 (&raw)[kSlots],
+                                                  float row_max, float scale, bool log,
+                                                  float factor) {
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    const long long vi = base + j * kThreads + threadIdx.x;
+    if (vi < end) {
+      StoreVector<T, kVec>(out, vi, n, NormalizeVector<T>(raw[j], row_max, scale, log, factor));
+    }
+  }
+}
+
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads, kSplitStatsBlocks) SplitStatsKernel(const SplitArgs a) {
   constexpr int V = VecWidth<T>();
@@ -44,11 +72,7 @@ __global__ void __launch_bounds__(kThreads, kSplitStatsBlocks) SplitStatsKernel(
     MaxSum acc{-INFINITY, 0.0f};
     for (long long base = begin; base < end; base += kBlockVectors) {
       uint4 raw[kSlots];
-#pragma unroll
-      for (int j = 0; j < kSlots; ++j) {
-        const long long vi = base + j * kThreads + threadIdx.x;
-        raw[j] = vi < end ? LoadVector<T, kVec>(in, vi, a.n) : NegInfVector<T>();
-      }
+      LoadBlockVectors<T, kVec>(in, base, end, a.n, raw);
       acc = Merge(acc, LocalMaxSum<T>(raw, a.scale), a.scale);
     }
     const MaxSum part_total = BlockMerge(acc, a.scale, slots);
@@ -78,23 +102,13 @@ __global__ void __launch_bounds__(kThreads) SplitNormalizeKernel(const SplitArgs
     const char* in = static_cast<const char*>(a.input) + row * pitch;
     char* out = static_cast<char*>(a.output) + row * pitch;
     uint4 raw[kSlots];
-#pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-      const long long vi = base + j * kThreads + threadIdx.x;
-      raw[j] = vi < vectors ? LoadVector<T, kVec>(in, vi, a.n) : NegInfVector<T>();
-    }
+    LoadBlockVectors<T, kVec>(in, base, vectors, a.n, raw);
     // The first wave's loads are in flight while split_merge finishes (this
     // launch is its programmatic dependent).
     if (i == blockIdx.x) WaitForPrevious();
     const float2 total = __ldcg(a.totals + row);
     const float factor = OutputFactor(a.log, total.y);
-#pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-      const long long vi = base + j * kThreads + threadIdx.x;
-      if (vi < vectors) {
-        StoreVector<T, kVec>(out, vi, a.n, NormalizeVector<T>(raw[j], total.x, a.scale, a.log, factor));
-      }
-    }
+    StoreBlockVectors<T, kVec>(out, base, vectors, a.n, raw, total.x, a.scale, a.log, factor);
   }
 }
 
@@ -125,11 +139,7 @@ __global__ void __launch_bounds__(kThreads, 2) SplitNormalizeUnitsKernel(const S
     const long long end = min(vectors, begin + a.part_vectors);
     const long long chunks = (end - begin + kBlockVectors - 1) / kBlockVectors;
     uint4 last[kSlots];
-#pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-      const long long vi = begin + (chunks - 1) * kBlockVectors + j * kThreads + threadIdx.x;
-      last[j] = vi < end ? LoadVector<T, kVec>(in, vi, a.n) : NegInfVector<T>();
-    }
+    LoadBlockVectors<T, kVec>(in, begin + (chunks - 1) * kBlockVectors, end, a.n, last);
     // The first unit's last chunk is in flight while split_stats finishes
     // (this launch is its programmatic dependent).
     if (i == blockIdx.x) WaitForPrevious();
@@ -148,14 +158,7 @@ __global__ void __launch_bounds__(kThreads, 2) SplitNormalizeUnitsKernel(const S
                  : vi < end      ? LoadVector<T, kVec>(in, vi, a.n)
                                  : NegInfVector<T>();
       }
-#pragma unroll
-      for (int j = 0; j < kSlots; ++j) {
-        const long long vi = base + j * kThreads + threadIdx.x;
-        if (vi < end) {
-          StoreVector<T, kVec>(out, vi, a.n,
-                               NormalizeVector<T>(raw[j], total.m, a.scale, a.log, factor));
-        }
-      }
+      StoreBlockVectors<T, kVec>(out, base, end, a.n, raw, total.m, a.scale, a.log, factor);
     }
   }
 }
@@ -192,13 +195,7 @@ __global__ void __launch_bounds__(kThreads, 2) SplitFusedKernel(const SplitArgs 
     const long long begin = (u % a.parts) * kBlockVectors;
     const char* in = static_cast<const char*>(a.input) + row * pitch;
     uint4 cur[kSlots];
-    if (have) {
-#pragma unroll
-      for (int j = 0; j < kSlots; ++j) {
-        const long long vi = begin + j * kThreads + threadIdx.x;
-        cur[j] = vi < vectors ? LoadVector<T, kVec>(in, vi, a.n) : NegInfVector<T>();
-      }
-    }
+    if (have) LoadBlockVectors<T, kVec>(in, begin, vectors, a.n, cur);
     if (prev_u >= 0) {
       const long long prow = prev_u / a.parts;
       const long long pbegin = (prev_u % a.parts) * kBlockVectors;
@@ -214,14 +211,8 @@ __global__ void __launch_bounds__(kThreads, 2) SplitFusedKernel(const SplitArgs 
       }
       const float factor = OutputFactor(a.log, total.d);
       char* out = static_cast<char*>(a.output) + prow * pitch;
-#pragma unroll
-      for (int j = 0; j < kSlots; ++j) {
-        const long long vi = pbegin + j * kThreads + threadIdx.x;
-        if (vi < vectors) {
-          StoreVector<T, kVec>(out, vi, a.n,
-                               NormalizeVector<T>(prev[j], total.m, a.scale, a.log, factor));
-        }
-      }
+      StoreBlockVectors<T, kVec>(out, pbegin, vectors, a.n, prev, total.m, a.scale, a.log,
+                                 factor);
     }
     if (!have) break;
     const MaxSum part_total = BlockMerge(LocalMaxSum<T>(cur, a.scale), a.scale, slots);

@@ -190,11 +190,8 @@ __device__ __forceinline__ MaxSum ReduceStages(uint4* share, float2* warp_slots,
         const int i = begin + j * kStagedThreads + threadIdx.x;
         raw[j] = i < end ? share[i] : NegInfVector<T>();
       }
-      float m = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kPerStage; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
-      // With m == -inf every value is -inf (-> 0) or NaN (-> NaN): shift by 0.
-      const float shift = m == -INFINITY ? 0.0f : m;
+      const float m = VectorsMax<T>(raw);
+      const float shift = ExpShift(m);
       float d = 0.0f;
 #pragma unroll
       for (int j = 0; j < kPerStage; ++j) {
@@ -223,12 +220,37 @@ __device__ __forceinline__ MaxSum ReduceStages(uint4* share, float2* warp_slots,
   return total;
 }
 
+// Writes this thread's vectors [begin, end) of one stage from `share`: the
+// log-softmax from the row's max, or the staged exp2 values times
+// stage_factor.
+template <typename T>
+__device__ __forceinline__ void WriteStage(const uint4* share, uint4* out, int begin, int end,
+                                           float scale, bool log, float row_max, float factor,
+                                           float stage_factor) {
+  constexpr int V = VecWidth<T>();
+  constexpr int kPerStage = kStagedStageVectors / kStagedThreads;
+#pragma unroll
+  for (int j = 0; j < kPerStage; ++j) {
+    const int i = begin + j * kStagedThreads + threadIdx.x;
+    if (i < end) {
+      const uint4 v = share[i];
+      if (log) {
+        StoreGlobal16(out + i, NormalizeVector<T>(v, row_max, scale, true, factor));
+      } else {
+        float e[V];
+        Unpack<T>(v, e);
+#pragma unroll
+        for (int k = 0; k < V; ++k) e[k] *= stage_factor;
+        StoreGlobal16(out + i, Pack<T>(e));
+      }
+    }
+  }
+}
+
 template <typename T, int kMaxStages>
 __device__ __forceinline__ void WriteStages(const uint4* share, uint4* out, int count, float scale,
                                             bool log, const float (&stage_max)[kMaxStages],
                                             MaxSum total) {
-  constexpr int V = VecWidth<T>();
-  constexpr int kPerStage = kStagedStageVectors / kStagedThreads;
   const int stages = (count + kStagedStageVectors - 1) / kStagedStageVectors;
   const float factor = OutputFactor(log, total.d);
 #pragma unroll
@@ -239,22 +261,7 @@ __device__ __forceinline__ void WriteStages(const uint4* share, uint4* out, int 
       // A stage whose max is -inf holds only zeros (e = 0): factor 0, unless
       // the row's sum is 0 or NaN, which makes the whole row NaN.
       const float stage_factor = Rescale(stage_max[s], total.m, scale) * factor;
-#pragma unroll
-      for (int j = 0; j < kPerStage; ++j) {
-        const int i = begin + j * kStagedThreads + threadIdx.x;
-        if (i < end) {
-          const uint4 v = share[i];
-          if (log) {
-            StoreGlobal16(out + i, NormalizeVector<T>(v, total.m, scale, true, factor));
-          } else {
-            float e[V];
-            Unpack<T>(v, e);
-#pragma unroll
-            for (int k = 0; k < V; ++k) e[k] *= stage_factor;
-            StoreGlobal16(out + i, Pack<T>(e));
-          }
-        }
-      }
+      WriteStage<T>(share, out, begin, end, scale, log, total.m, factor, stage_factor);
     }
   }
 }
@@ -263,16 +270,15 @@ __device__ __forceinline__ void WriteStages(const uint4* share, uint4* out, int 
 // (`next_count` vectors from `next_in`, one commit group per stage as
 // IssueCopies makes them) into the slots this thread has just read: the next
 // share loads while this one is written. Each thread reuses only its own
-// slots, so no barrier is needed. (Not shared with IssueCopies and
-// WriteStages: the staged kernel's 14-stage loops through per-stage helpers
-// ran fp16 1024 x 262144 at 0.49x on the H200.)
+// slots, so no barrier is needed. (Only WriteStage, inlined, is shared: the
+// staged kernel's 14-stage loops through IssueCopies and WriteStages per
+// stage ran fp16 1024 x 262144 at 0.49x on the H200.)
 template <typename T, int kMaxStages>
 __device__ __forceinline__ void WriteStagesThenCopy(uint4* share, uint4* out, int count,
                                                     float scale, bool log,
                                                     const float (&stage_max)[kMaxStages],
                                                     MaxSum total, const uint4* next_in,
                                                     int next_count) {
-  constexpr int V = VecWidth<T>();
   constexpr int kPerStage = kStagedStageVectors / kStagedThreads;
   const int stages = (count + kStagedStageVectors - 1) / kStagedStageVectors;
   const int next_stages = (next_count + kStagedStageVectors - 1) / kStagedStageVectors;
@@ -283,22 +289,7 @@ __device__ __forceinline__ void WriteStagesThenCopy(uint4* share, uint4* out, in
     if (s < stages) {
       const int end = min(count, begin + kStagedStageVectors);
       const float stage_factor = Rescale(stage_max[s], total.m, scale) * factor;
-#pragma unroll
-      for (int j = 0; j < kPerStage; ++j) {
-        const int i = begin + j * kStagedThreads + threadIdx.x;
-        if (i < end) {
-          const uint4 v = share[i];
-          if (log) {
-            StoreGlobal16(out + i, NormalizeVector<T>(v, total.m, scale, true, factor));
-          } else {
-            float e[V];
-            Unpack<T>(v, e);
-#pragma unroll
-            for (int k = 0; k < V; ++k) e[k] *= stage_factor;
-            StoreGlobal16(out + i, Pack<T>(e));
-          }
-        }
-      }
+      WriteStage<T>(share, out, begin, end, scale, log, total.m, factor, stage_factor);
     }
     if (s < next_stages) {
       const int end = min(next_count, begin + kStagedStageVectors);
@@ -459,10 +450,9 @@ __global__ void __launch_bounds__(kStagedThreads, 1) StridedStagedKernel(const _
     }
     Unpack<T>(mw, m);
   }
-  // With m == -inf every value is -inf (-> 0) or NaN (-> NaN): shift by 0.
   float shift[V];
 #pragma unroll
-  for (int k = 0; k < V; ++k) shift[k] = m[k] == -INFINITY ? 0.0f : m[k];
+  for (int k = 0; k < V; ++k) shift[k] = ExpShift(m[k]);
   for (int r = q; r < rows; r += kPass) {
     float x[V];
     Unpack<T>(share[r * L + c], x);

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 2) StridedStatsKernel(const StridedA
         float mk = m[k];
 #pragma unroll
         for (int j = 0; j < kStridedSlots; ++j) mk = fmaxf(mk, x[j][k]);
-        const float shift = mk == -INFINITY ? 0.0f : mk;
+        const float shift = ExpShift(mk);
         // Roundings spelled out: the old sum rescaled and the first exp2 in
         // one fused multiply-add, then one add per row.
         float dk = __fmaf_rn(d[k], Rescale(m[k], mk, a.scale),

@@ -317,9 +317,7 @@ __global__ void __launch_bounds__(kTopKThreads, kTopKBlocks<T>) TopKKernel(const
       // at least K elements reach it. K = 64, normal data (host simulation):
       // 81 of a warp's 512 float32 elements pass (227 with two maxima per lane).
       if (a.k <= 32) {
-        float m = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < U; ++j) m = fmaxf(m, VectorMax<T>(raw[j]));
+        const float m = VectorsMax<T>(raw);
         w.buffer[lane] = static_cast<unsigned long long>(TopKValueKey(m)) << 32;
         w.count = 32;
       } else {
