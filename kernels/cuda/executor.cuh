@@ -168,6 +168,15 @@ cudaError_t ProbeTableKernel(const void* kernel, const char* name, int threads, 
     return F<__nv_bfloat16>(target, part);                                                  \
   }
 
+// The probe of a kernel of one entry at kThreads threads (AppendProbe): the
+// trailing expression names the instantiation probed, from T.
+#define SOFTMAX_PROBE_ONE(K, NAME, PATHS, ...)                                              \
+  template <typename T>                                                                     \
+  cudaError_t Probe_##K(const ProbeTarget& target, int) {                                   \
+    return AppendProbe(reinterpret_cast<const void*>(&__VA_ARGS__), NAME, PATHS, target);   \
+  }                                                                                         \
+  SOFTMAX_PROBE(K, Probe_##K)
+
 // A kernel that needs no probe (not in ProbeOrder()).
 template <typename T>
 cudaError_t NoProbe(const ProbeTarget&, int) {

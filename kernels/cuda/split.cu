@@ -19,40 +19,19 @@ __global__ void __launch_bounds__(kThreads) SplitMergeKernel(const SplitArgs a) 
   }
 }
 
-namespace {
-
-template <typename T>
-cudaError_t ProbeSplitFused(const ProbeTarget& target, int) {
-  return AppendProbe(reinterpret_cast<const void*>(&SplitFusedKernel<T, true>), "split_fused",
-                     "split", target);
-}
-
-template <typename T>
-cudaError_t ProbeSplitStats(const ProbeTarget& target, int) {
-  return AppendProbe(reinterpret_cast<const void*>(&SplitStatsKernel<T, true>), "split_stats",
-                     "split", target);
-}
-
-template <typename T>
-cudaError_t ProbeSplitNormalizeUnits(const ProbeTarget& target, int) {
-  return AppendProbe(reinterpret_cast<const void*>(&SplitNormalizeUnitsKernel<T>),
-                     "split_normalize_units", "split", target);
-}
-
-}  // namespace
-
 SOFTMAX_EXECUTOR(kSplitFused, split,
                  step.vec ? SplitFusedKernel<T, true> : SplitFusedKernel<T, false>)
-SOFTMAX_PROBE(kSplitFused, ProbeSplitFused)
+SOFTMAX_PROBE_ONE(kSplitFused, "split_fused", "split", SplitFusedKernel<T, true>)
 SOFTMAX_EXECUTOR(kSplitStats, split,
                  step.vec ? SplitStatsKernel<T, true> : SplitStatsKernel<T, false>)
-SOFTMAX_PROBE(kSplitStats, ProbeSplitStats)
+SOFTMAX_PROBE_ONE(kSplitStats, "split_stats", "split", SplitStatsKernel<T, true>)
 SOFTMAX_EXECUTOR(kSplitMerge, split, SplitMergeKernel)
 SOFTMAX_NO_PROBE(kSplitMerge)
 SOFTMAX_EXECUTOR(kSplitNormalize, split, SplitNormalizeKernel<T>)
 SOFTMAX_NO_PROBE(kSplitNormalize)
 SOFTMAX_EXECUTOR(kSplitNormalizeUnits, split, SplitNormalizeUnitsKernel<T>)
-SOFTMAX_PROBE(kSplitNormalizeUnits, ProbeSplitNormalizeUnits)
+SOFTMAX_PROBE_ONE(kSplitNormalizeUnits, "split_normalize_units", "split",
+                  SplitNormalizeUnitsKernel<T>)
 
 }  // namespace detail
 }  // namespace gpu

@@ -25,6 +25,19 @@ namespace detail {
 // 2,567 -> 2,659 GB/s fp32, 2,347 -> 2,445 fp16
 // against a last-part merge behind a returning atomic.
 
+// A split launch's rows: vectors and bytes per row, and units (row parts).
+struct SplitRows {
+  long long vectors;
+  long long pitch;
+  long long units;
+};
+template <typename T>
+__device__ __forceinline__ SplitRows SplitRowsOf(const SplitArgs& a) {
+  constexpr int V = VecWidth<T>();
+  return {(a.n + V - 1) / V, a.n * static_cast<long long>(sizeof(typename Traits<T>::Bits)),
+          a.rows * a.parts};
+}
+
 // A block's kSlots vectors of a row from `base` on (thread t holds vectors
 // base + j * kThreads + t), -inf from `end` on.
 template <typename T, bool kVec>
@@ -54,12 +67,8 @@ __device__ __forceinline__ void StoreBlockVectors(char* out, long long base, lon
 
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads, kSplitStatsBlocks) SplitStatsKernel(const SplitArgs a) {
-  constexpr int V = VecWidth<T>();
-  using Bits = typename Traits<T>::Bits;
   __shared__ float2 slots[kWarps];
-  const long long vectors = (a.n + V - 1) / V;
-  const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
-  const long long units = a.rows * a.parts;
+  const auto [vectors, pitch, units] = SplitRowsOf<T>(a);
   // split_merge is launched as a dependent, and split_normalize as its
   // dependent: the latter's first blocks load while these drain.
   DependentsMayStart();
@@ -121,12 +130,8 @@ __global__ void __launch_bounds__(kThreads) SplitNormalizeKernel(const SplitArgs
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 2) SplitNormalizeUnitsKernel(const SplitArgs a) {
   constexpr bool kVec = false;
-  constexpr int V = VecWidth<T>();
-  using Bits = typename Traits<T>::Bits;
   __shared__ float2 slots[kWarps];
-  const long long vectors = (a.n + V - 1) / V;
-  const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
-  const long long units = a.rows * a.parts;
+  const auto [vectors, pitch, units] = SplitRowsOf<T>(a);
   long long merged_row = -1;
   MaxSum total{-INFINITY, 0.0f};
   for (long long i = blockIdx.x; i < units; i += gridDim.x) {
@@ -180,12 +185,8 @@ __global__ void __launch_bounds__(kThreads, 2) SplitNormalizeUnitsKernel(const S
 // increasing order and the first row waits on nothing.
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads, 2) SplitFusedKernel(const SplitArgs a) {
-  constexpr int V = VecWidth<T>();
-  using Bits = typename Traits<T>::Bits;
   __shared__ float2 slots[kWarps];
-  const long long vectors = (a.n + V - 1) / V;
-  const long long pitch = a.n * static_cast<long long>(sizeof(Bits));
-  const long long units = a.rows * a.parts;
+  const auto [vectors, pitch, units] = SplitRowsOf<T>(a);
   uint4 prev[kSlots];
   long long prev_u = -1;
   MaxSum prev_total{-INFINITY, 0.0f};  // the row's total when parts == 1

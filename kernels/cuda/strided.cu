@@ -5,28 +5,14 @@
 namespace softmax {
 namespace gpu {
 namespace detail {
-namespace {
-
-template <typename T>
-cudaError_t ProbeStridedStats(const ProbeTarget& target, int) {
-  return AppendProbe(reinterpret_cast<const void*>(&StridedStatsKernel<T, true>),
-                     "strided_stats", "strided", target);
-}
-
-template <typename T>
-cudaError_t ProbeStridedNormalize(const ProbeTarget& target, int) {
-  return AppendProbe(reinterpret_cast<const void*>(&StridedNormalizeKernel<T, true>),
-                     "strided_normalize", "strided", target);
-}
-
-}  // namespace
 
 SOFTMAX_EXECUTOR(kStridedStats, strided,
                  step.vec ? StridedStatsKernel<T, true> : StridedStatsKernel<T, false>)
-SOFTMAX_PROBE(kStridedStats, ProbeStridedStats)
+SOFTMAX_PROBE_ONE(kStridedStats, "strided_stats", "strided", StridedStatsKernel<T, true>)
 SOFTMAX_EXECUTOR(kStridedNormalize, strided,
                  step.vec ? StridedNormalizeKernel<T, true> : StridedNormalizeKernel<T, false>)
-SOFTMAX_PROBE(kStridedNormalize, ProbeStridedNormalize)
+SOFTMAX_PROBE_ONE(kStridedNormalize, "strided_normalize", "strided",
+                  StridedNormalizeKernel<T, true>)
 
 }  // namespace detail
 }  // namespace gpu
