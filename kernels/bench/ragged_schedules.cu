@@ -105,6 +105,24 @@ __device__ __forceinline__ float BlockReduce(float v, float* red) {
   return t;
 }
 
+// Calls f(x) on each element of the row staged in buf that this thread's
+// granules (threadIdx.x, + kT, ...) hold, in order; `lead` elements precede
+// the row in the first granule.
+template <typename T, int kT, typename F>
+__device__ __forceinline__ void ForEachStaged(const Row& r, const uint4* buf, int lead,
+                                              int granules, F f) {
+  constexpr int V = 16 / sizeof(T);
+  for (int g = threadIdx.x; g < granules; g += kT) {
+    float x[V];
+    Unpack<T>(buf[g], x);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int e = g * V + k - lead;
+      if (e >= 0 && e < r.n) f(x[k]);
+    }
+  }
+}
+
 // Three passes over the row staged in buf (max, sum of exp2, output), the
 // output written as the output's granules (same alignment as the input's).
 template <typename T, int kT>
@@ -115,27 +133,12 @@ __device__ __forceinline__ void Compute(const Row& r, const uint4* buf, float* r
   const int lead = static_cast<int>(a & 15) / static_cast<int>(sizeof(T));
   const int granules = (lead + r.n + V - 1) / V;
   float m = -INFINITY;
-  for (int g = threadIdx.x; g < granules; g += kT) {
-    float x[V];
-    Unpack<T>(buf[g], x);
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int e = g * V + k - lead;
-      if (e >= 0 && e < r.n) m = fmaxf(m, x[k]);
-    }
-  }
+  ForEachStaged<T, kT>(r, buf, lead, granules, [&](float x) { m = fmaxf(m, x); });
   m = BlockReduce<kT, true>(m, red);
   const float ms = m * kLog2e;
   float d = 0.0f;
-  for (int g = threadIdx.x; g < granules; g += kT) {
-    float x[V];
-    Unpack<T>(buf[g], x);
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int e = g * V + k - lead;
-      if (e >= 0 && e < r.n) d += exp2f(fmaf(x[k], kLog2e, -ms));
-    }
-  }
+  ForEachStaged<T, kT>(r, buf, lead, granules,
+                       [&](float x) { d += exp2f(fmaf(x, kLog2e, -ms)); });
   d = BlockReduce<kT, false>(d, red);
   const float inv = 1.0f / d;
   const uintptr_t oa = reinterpret_cast<uintptr_t>(r.out);
