@@ -86,24 +86,12 @@ DeviceInfo FakeGpu() {
   info.multiprocessors = 132;
   info.memory_bytes = int64_t{150} << 30;
   info.peak_bandwidth_bytes_per_second = 4.8e12;
-  KernelOccupancy warp;
-  warp.kernel = "row_per_warp";
-  warp.dtype = "float32";
-  warp.threads_per_block = 256;
-  warp.registers_per_thread = 32;
-  warp.shared_bytes = 0;
-  warp.blocks_per_sm = 8;
-  warp.grid = 1056;
-  KernelOccupancy cluster = warp;
-  cluster.kernel = "cluster_row/cluster4";
-  cluster.dtype = "bfloat16";
-  cluster.threads_per_block = 1024;
-  cluster.registers_per_thread = 40;
-  cluster.shared_bytes = 49152;
-  cluster.blocks_per_sm = 1;
-  cluster.cluster_size = 4;
-  cluster.grid = 132;
-  info.kernels = {warp, cluster};
+  // kernel, dtype, threads per block, registers per thread, shared bytes,
+  // blocks per SM, cluster size, grid.
+  info.kernels = {
+      KernelOccupancy{"row_per_warp", "float32", 256, 32, 0, 8, 1, 1056},
+      KernelOccupancy{"cluster_row/cluster4", "bfloat16", 1024, 40, 49152, 1, 4, 132},
+  };
   return info;
 }
 
