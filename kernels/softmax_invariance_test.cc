@@ -269,15 +269,28 @@ std::vector<Probe> MakeProbes(const LaunchPlan& plan, DType dtype, std::mt19937_
 
 size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// Bit-for-bit comparisons: how many, how many differed, and a description
+// of each of the first 12 that did.
+struct BitTally {
+  int64_t compared = 0;
+  int64_t differing = 0;
+  std::ostringstream first;
+
+  // Counts one comparison; true when it differed and is among the first 12
+  // that did (the caller then describes it into `first`).
+  bool Differs(bool differs) {
+    ++compared;
+    return differs && differing++ < 12;
+  }
+};
+
 TEST_F(SoftmaxInvarianceTest, RowBitsDoNotDependOnTheRestOfTheLaunch) {
   std::mt19937_64 rng(2026);
   cudaStream_t streams[2];
   ASSERT_EQ(cudaStreamCreateWithFlags(&streams[0], cudaStreamNonBlocking), cudaSuccess);
   ASSERT_EQ(cudaStreamCreateWithFlags(&streams[1], cudaStreamNonBlocking), cudaSuccess);
-  int64_t compared = 0;
-  int64_t differing = 0;
+  BitTally tally;
   int joined_launches = 0;
-  std::ostringstream first;
   for (DType dtype : kAllDTypes) {
     const size_t item = ItemSize(dtype);
     const int64_t v = VecWidth(dtype);
@@ -384,20 +397,18 @@ TEST_F(SoftmaxInvarianceTest, RowBitsDoNotDependOnTheRestOfTheLaunch) {
         if (p.probe < 0) continue;
         const Probe& probe = probes[p.probe];
         const uint8_t* want = probe.alone.data() + p.first * probe.slab_bytes(dtype);
-        ++compared;
-        if (std::memcmp(out.data() + p.out_offset, want, p.bytes) != 0) {
-          if (differing++ < 12) {
-            int64_t bad = 0;
-            for (size_t b = 0; b < p.bytes; b += item) {
-              bad += std::memcmp(out.data() + p.out_offset + b, want + b, item) != 0;
-            }
-            SoftmaxSegment s;
-            s.n = probe.n;
-            s.inner = probe.inner;
-            first << "\n  " << probe.label << " rows " << p.first << ".." << p.first + p.outer
-                  << " (path " << SoftmaxPathName(ChoosePath(*plan_, dtype, s)) << ") in a launch of "
-                  << placed.size() << " segments: " << bad << " elements differ";
+        if (tally.Differs(std::memcmp(out.data() + p.out_offset, want, p.bytes) != 0)) {
+          int64_t bad = 0;
+          for (size_t b = 0; b < p.bytes; b += item) {
+            bad += std::memcmp(out.data() + p.out_offset + b, want + b, item) != 0;
           }
+          SoftmaxSegment s;
+          s.n = probe.n;
+          s.inner = probe.inner;
+          tally.first << "\n  " << probe.label << " rows " << p.first << ".." << p.first + p.outer
+                      << " (path " << SoftmaxPathName(ChoosePath(*plan_, dtype, s))
+                      << ") in a launch of " << placed.size() << " segments: " << bad
+                      << " elements differ";
         }
       }
     }
@@ -405,11 +416,11 @@ TEST_F(SoftmaxInvarianceTest, RowBitsDoNotDependOnTheRestOfTheLaunch) {
   cudaStreamDestroy(streams[0]);
   cudaStreamDestroy(streams[1]);
   std::printf("batch invariance: %lld probe pieces compared, %lld with other bits\n",
-              static_cast<long long>(compared), static_cast<long long>(differing));
-  EXPECT_GT(compared, 0);
+              static_cast<long long>(tally.compared), static_cast<long long>(tally.differing));
+  EXPECT_GT(tally.compared, 0);
   EXPECT_EQ(joined_launches, 9);  // 3 trials of each dtype
-  EXPECT_EQ(differing, 0) << "pieces whose bits differ from the same rows launched alone:"
-                          << first.str();
+  EXPECT_EQ(tally.differing, 0) << "pieces whose bits differ from the same rows launched alone:"
+                                << tally.first.str();
 }
 
 // The flat order has three implementations: the flat kernel (GroupReduce),
@@ -422,9 +433,7 @@ TEST_F(SoftmaxInvarianceTest, RowBitsDoNotDependOnTheRestOfTheLaunch) {
 TEST_F(SoftmaxInvarianceTest, FlatOrderIsOneTreeAtEverySpecialValue) {
   std::mt19937_64 rng(64);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  int compared = 0;
-  int differing = 0;
-  std::ostringstream first;
+  BitTally tally;
   for (DType dtype : kAllDTypes) {
     const int64_t v = VecWidth(dtype);
     const size_t item = ItemSize(dtype);
@@ -482,13 +491,11 @@ TEST_F(SoftmaxInvarianceTest, FlatOrderIsOneTreeAtEverySpecialValue) {
               Run(*plan_, dtype, probes, launches[l], total, total, nullptr, &out, &kernels);
               if (HasFatalFailure()) return;
               EXPECT_EQ(kernels, expected[l]);
-              ++compared;
-              if (std::memcmp(out.data() + piece.out_offset, alone.data() + piece.out_offset,
-                              piece.bytes) != 0 &&
-                  differing++ < 12) {
-                first << "\n  " << DTypeName(dtype) << " R=" << r << " n=" << n << " +"
-                      << misalign << " T=" << temperature << (p.log ? " log" : "") << ": "
-                      << expected[l] << " differs from flat";
+              if (tally.Differs(std::memcmp(out.data() + piece.out_offset,
+                                            alone.data() + piece.out_offset, piece.bytes) != 0)) {
+                tally.first << "\n  " << DTypeName(dtype) << " R=" << r << " n=" << n << " +"
+                            << misalign << " T=" << temperature << (p.log ? " log" : "") << ": "
+                            << expected[l] << " differs from flat";
               }
             }
             // What the special rows come to (the flat kernel's answer).
@@ -517,10 +524,10 @@ TEST_F(SoftmaxInvarianceTest, FlatOrderIsOneTreeAtEverySpecialValue) {
       }
     }
   }
-  std::printf("flat order: %d launches compared with the flat kernel, %d with other bits\n",
-              compared, differing);
-  EXPECT_GE(compared, 3 * 10 * 2 * 2 * 3);
-  EXPECT_EQ(differing, 0) << first.str();
+  std::printf("flat order: %lld launches compared with the flat kernel, %lld with other bits\n",
+              static_cast<long long>(tally.compared), static_cast<long long>(tally.differing));
+  EXPECT_GE(tally.compared, 3 * 10 * 2 * 2 * 3);
+  EXPECT_EQ(tally.differing, 0) << tally.first.str();
 }
 
 }  // namespace
