@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -155,6 +156,16 @@ Problem Random(DType dtype, int64_t outer, int64_t n, int64_t inner, int64_t k,
   return p;
 }
 
+// For each dtype, runs the problems `make` draws as one launch and checks
+// them; one generator, seeded `seed`, serves the whole test.
+void RunAndCheckEveryDType(uint64_t seed,
+                           const std::function<std::vector<Problem>(DType, std::mt19937_64&)>& make) {
+  std::mt19937_64 rng(seed);
+  for (DType dtype : kAllDTypes) {
+    ASSERT_NO_FATAL_FAILURE(RunAndCheck(dtype, make(dtype, rng)));
+  }
+}
+
 // Rows of 32 to 2^20 columns (one part, several, the longest parts), every
 // dtype and K, aligned and not, log and temperature.
 TEST(TopKCuda, RowLengthsEveryDTypeAndK) {
@@ -178,22 +189,20 @@ TEST(TopKCuda, RowLengthsEveryDTypeAndK) {
 // A non-last axis ([outer, n, inner], inner > 1), short and long rows.
 TEST(TopKCuda, InnerAxes) {
   SKIP_WITHOUT_DEVICE();
-  std::mt19937_64 rng(7);
-  for (DType dtype : kAllDTypes) {
+  RunAndCheckEveryDType(7, [](DType dtype, std::mt19937_64& rng) {
     std::vector<Problem> problems;
     problems.push_back(Random(dtype, 2, 1000, 3, 5, rng));
     problems.push_back(Random(dtype, 1, 40000, 5, 64, rng, SoftmaxOptions{2.0f, false}));
     problems.push_back(Random(dtype, 3, 64, 64, 64, rng, SoftmaxOptions{1.0f, true}));
-    ASSERT_NO_FATAL_FAILURE(RunAndCheck(dtype, problems));
-  }
+    return problems;
+  });
 }
 
 // Rows of -inf, NaN, +inf, ties, +0 and -0, ascending values (every element
 // beats the bar), short and split into parts.
 TEST(TopKCuda, SpecialValues) {
   SKIP_WITHOUT_DEVICE();
-  std::mt19937_64 rng(64);
-  for (DType dtype : kAllDTypes) {
+  RunAndCheckEveryDType(64, [](DType dtype, std::mt19937_64& rng) {
     std::vector<Problem> problems;
     for (int64_t k : {1, 5, 64}) {
       for (int64_t n : {64LL, 3000LL, 70000LL}) {
@@ -211,8 +220,8 @@ TEST(TopKCuda, SpecialValues) {
         }
       }
     }
-    ASSERT_NO_FATAL_FAILURE(RunAndCheck(dtype, problems));
-  }
+    return problems;
+  });
 }
 
 // The same rows alone, inside random tables (other segments before and
