@@ -413,6 +413,18 @@ struct Staging {
 bool InputDirect(const Segment& segment) { return segment.input_memory != MemoryKind::kHost; }
 bool OutputDirect(const Segment& segment) { return segment.output_memory != MemoryKind::kHost; }
 
+// What a kernel table entry (gpu::SoftmaxSegment or gpu::TopKSegment) takes
+// from `segment` besides its pointers: `outer` of its outer rows, its row
+// length and inner stride, temperature and log flag.
+template <typename KernelSegment>
+void SetRows(const Segment& segment, int64_t outer, KernelSegment& s) {
+  s.outer = outer;
+  s.n = segment.shape.n;
+  s.inner = segment.shape.inner;
+  s.temperature = segment.options.temperature;
+  s.log = segment.options.log;
+}
+
 // Bytes `piece` takes in the staging: none when both of its ends are direct.
 int64_t StagingBytes(const Batch& batch, const Piece& piece) {
   const Segment& segment = batch.segments[piece.segment];
@@ -510,11 +522,7 @@ absl::Status RunPiecesIn(const gpu::LaunchPlan& plan, CachingAllocator& device_m
                                                : in + offsets[k];
     s.output = OutputDirect(segment) ? static_cast<char*>(segment.output) + within
                                      : out + offsets[k];
-    s.outer = piece.outer_count;
-    s.n = segment.shape.n;
-    s.inner = segment.shape.inner;
-    s.temperature = segment.options.temperature;
-    s.log = segment.options.log;
+    SetRows(segment, piece.outer_count, s);
     if (inject_fault && k == 0) {
       // A pointer nothing maps: the kernel's first read faults for real.
       s.input = reinterpret_cast<const void*>(uintptr_t{1} << 47);
@@ -758,12 +766,8 @@ absl::Status RunTopK(CachingAllocator& device_memory, CachingAllocator& pinned_m
                                    : device + device_offset[k];
     t.values = host + values_offset[k];
     t.indices = reinterpret_cast<int64_t*>(host + indices_offset[k]);
-    t.outer = segment.shape.outer;
-    t.n = segment.shape.n;
-    t.inner = segment.shape.inner;
+    SetRows(segment, segment.shape.outer, t);
     t.k = segment.top_k;
-    t.temperature = segment.options.temperature;
-    t.log = segment.options.log;
     tables[segment.dtype].push_back(t);
   }
   std::vector<Block> scratch;
