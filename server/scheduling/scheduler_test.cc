@@ -26,7 +26,6 @@ using std::chrono::microseconds;
 using testing::AwaitThreadsAsleep;
 using testing::FakeBackend;
 using testing::FakeBackendOptions;
-using testing::kWait;
 using testing::MakeItem;
 using testing::RecordingObserver;
 using testing::TestRequest;
