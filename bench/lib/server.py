@@ -59,6 +59,24 @@ def find_binaries(bundle=None, server=None, client=None):
             or os.path.join(REPO, "build", "bin", "softmax-client"))
 
 
+def add_server_arguments(parser, device="cpu", client=False):
+    """Adds a script's flags for the server it starts: --device (default
+    `device`), --bundle and --server (and --client when `client`), which
+    find_binaries reads, and --server-arg, extra server flags (repeatable)
+    that the script passes after its own."""
+    parser.add_argument("--device", default=device,
+                        help=f"the server's --device: cpu | cuda | cuda:N | auto (default {device})")
+    parser.add_argument("--bundle", help="a release bundle folder (launchers inside)")
+    parser.add_argument("--server", help="softmax-server binary (default: SOFTMAX_SERVER_BIN, "
+                        "else build/bin/)")
+    if client:
+        parser.add_argument("--client", help="softmax-client binary (default: "
+                            "SOFTMAX_CLIENT_BIN, else build/bin/)")
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="extra softmax-server flag, after the script's own (repeatable; "
+                             "e.g. --max_batch_rows=1024)")
+
+
 class Server:
     """One softmax-server process on loopback with kernel-picked ports.
 

@@ -51,7 +51,8 @@ import tempfile
 import time
 
 from bench.lib import load, plot
-from bench.lib.server import REPO, Server, find_binaries
+from bench.lib.cli import comma_list
+from bench.lib.server import REPO, Server, add_server_arguments, find_binaries
 
 DEFAULT_PAYLOADS = ["1x1024:float32", "8x4096:float16", "64x32000:bfloat16", "1x16M:float32"]
 ITEM_SIZE = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
@@ -321,16 +322,12 @@ def write_plot(path, results, device, payloads, concurrencies, title):
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu",
-                        help="the computing backend: cpu | cuda | cuda:N | auto (default cpu)")
-    parser.add_argument("--bundle", help="release bundle folder (launchers inside)")
-    parser.add_argument("--server", help="softmax-server binary")
-    parser.add_argument("--client", help="softmax-client binary")
+    add_server_arguments(parser, client=True)
     parser.add_argument("--out", required=True,
                         help="folder for results.json, results.csv, table.md, plot.png")
-    parser.add_argument("--concurrency", default="1,16,64,256",
+    parser.add_argument("--concurrency", type=comma_list(int), default="1,16,64,256",
                         help="comma-separated closed-loop concurrencies")
-    parser.add_argument("--payloads", default=",".join(DEFAULT_PAYLOADS),
+    parser.add_argument("--payloads", type=comma_list(), default=",".join(DEFAULT_PAYLOADS),
                         help="comma-separated DIMSxDIMS:DTYPE payloads (dims may end in K/M)")
     parser.add_argument("--duration", type=float, default=5.0,
                         help="measured seconds per point (default 5)")
@@ -347,8 +344,6 @@ def main():
                         help="skip points whose concurrency x request bytes exceeds this "
                              "(client and server memory; default 8 GiB)")
     parser.add_argument("--timeout-ms", type=int, default=600000, dest="timeout_ms")
-    parser.add_argument("--server-arg", action="append", default=[],
-                        help="extra softmax-server flag, repeatable (e.g. --max_batch_rows=1024)")
     parser.add_argument("--stream", action="store_true",
                         help="SoftmaxStream (one stream per connection) instead of unary calls")
     parser.add_argument("--skip-none", action="store_true",
@@ -363,8 +358,7 @@ def main():
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
 
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
-    payloads = [p.strip() for p in args.payloads.split(",") if p.strip()]
+    concurrencies, payloads = args.concurrency, args.payloads
     server_bin, client_bin = find_binaries(args.bundle, args.server, args.client)
     for binary in (server_bin, client_bin):
         if not os.access(binary, os.X_OK):

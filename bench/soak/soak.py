@@ -60,7 +60,7 @@ import sys
 import threading
 import time
 
-from bench.lib.server import Server, find_binaries
+from bench.lib.server import Server, add_server_arguments, find_binaries
 from bench.soak import watch
 MIB = 1 << 20
 # The server's limits during the soak: small enough that the bursts reach
@@ -82,9 +82,7 @@ def parse_args():
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--device", default="cpu", help="the server's --device (cpu, cuda...)")
-    parser.add_argument("--bundle", help="a release bundle folder (make bundle / gpu-bundle)")
-    parser.add_argument("--server", help="the softmax-server binary (default: build/bin)")
+    add_server_arguments(parser)
     parser.add_argument("--duration", type=seconds, default=1800.0,
                         help="how long the load runs: seconds, or with s/m/h (default 30m)")
     parser.add_argument("--warmup", type=seconds,
@@ -108,8 +106,6 @@ def parse_args():
                              "in flight a GPU sees (default 0)")
     parser.add_argument("--no-kserve", action="store_true",
                         help="softmax.v1 traffic only (also when tritonclient is missing)")
-    parser.add_argument("--server-arg", action="append", default=[],
-                        help="extra server flag, after the soak's own (repeatable)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", required=True, help="output folder")
     args = parser.parse_args()

@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from bench.lib import reference
+from bench.lib.cli import comma_list
 
 # dtype name -> (torch dtype, the C entry point's dtype code)
 DTYPES = {"float32": (torch.float32, 1), "float16": (torch.float16, 2),
@@ -563,13 +564,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lib", required=True, help="path of libsoftmax_kernels_c.so")
     parser.add_argument("--out", default=".", help="folder for JSON and PNG")
-    parser.add_argument("--dtypes", default="float32,float16,bfloat16")
+    parser.add_argument("--dtypes", type=comma_list(), default="float32,float16,bfloat16")
     parser.add_argument("--quick", action="store_true", help="M*N = 2^24, fewer points (smoke test)")
-    parser.add_argument("--ns", default="", help="comma-separated row lengths of the sweep "
-                        "(default: the standard sweep)")
-    parser.add_argument("--cases", default="sweep,huge,axis,ragged",
+    parser.add_argument("--ns", type=comma_list(int), default="",
+                        help="comma-separated row lengths of the sweep (default: the standard sweep)")
+    parser.add_argument("--cases", type=comma_list(), default="sweep,huge,axis,ragged",
                         help="comma-separated cases to run (sweep, huge, axis, ragged)")
-    parser.add_argument("--peers", default=",".join(PEERS),
+    parser.add_argument("--peers", type=comma_list(), default=",".join(PEERS),
                         help="comma-separated peers to run (default: all)")
     parser.add_argument("--budget-s", type=float, default=0,
                         help="stop starting new points after this many seconds (0: no limit)")
@@ -586,7 +587,7 @@ def main():
     print(ours.plan(), flush=True)
     device = torch.cuda.get_device_name()
     print(f"device: {device}  torch {torch.__version__}  triton {triton.__version__}")
-    setup_peers([p for p in args.peers.split(",") if p])
+    setup_peers(args.peers)
     versions = {}
     for dist in ("quack-kernels", "nvidia-cutlass-dsl", "liger-kernel", "flashinfer-python",
                  "apache-tvm-ffi"):
@@ -597,7 +598,7 @@ def main():
             versions[dist] = None
     print(f"peer versions: {versions}", flush=True)
     total = 1 << (24 if args.quick else 28)
-    dtypes = args.dtypes.split(",")
+    dtypes = args.dtypes
     results, log_lines = [], []
     print_header()
     start = time.time()
@@ -617,8 +618,8 @@ def main():
 
     huge = [(16, 1 << 24), (4, 1 << 26)] if not args.quick else [(4, 1 << 22)]
     axis = [(4096, 65536), (65536, 4096), (1048576, 256)] if not args.quick else [(4096, 4096)]
-    cases = args.cases.split(",")
-    sweep_n = [int(v) for v in args.ns.split(",")] if args.ns else SWEEP_N
+    cases = args.cases
+    sweep_n = args.ns or SWEEP_N
     # dtype by dtype, so that a run cut short by --budget-s loses the last dtype's points
     for dtype_name in dtypes:
         for n in sweep_n if "sweep" in cases else []:
