@@ -117,7 +117,7 @@ def test_ab_rounds_alternate(tmp_path):
     bundle = os.path.dirname(os.path.dirname(e2e_util.SERVER_BIN))
     ab_sh = os.path.join(SERVICE, "ab.sh")
     env = dict(os.environ, DEV="cpu", DURATION="0.3s", WARMUP="0.1s", PORT=str(port),
-               POINTS="1x64:float32:4 1x32:float16:2:stream")
+               POINTS="1x64:float32:4 1x32:float16:2:stream 1x64:float32:4:unary:--top_k=3")
     result = subprocess.run(["bash", ab_sh, bundle, str(tmp_path), "2",
                              f"a={e2e_util.SERVER_BIN}", f"b={e2e_util.SERVER_BIN}"],
                             capture_output=True, text=True, timeout=120, env=env)
@@ -129,7 +129,17 @@ def test_ab_rounds_alternate(tmp_path):
         for server in order:
             expected += [(round_, server, "unary", "1x64:float32:4"),
                          (round_, server, "stream", "1x64:float32:4"),
-                         (round_, server, "stream", "1x32:float16:2")]
+                         (round_, server, "stream", "1x32:float16:2"),
+                         (round_, server, "unary", "1x64:float32:4:--top_k=3")]
     assert runs == expected
-    for _, _, _, _, rate, p99, errors in lines:
-        assert float(rate) > 0 and float(p99) > 0 and errors == "0"
+    for _, _, _, _, rate, p50, p99, errors in lines:
+        assert float(rate) > 0 and 0 < float(p50) <= float(p99) and errors == "0"
+    # ab_table.py: one row per mode, point and server, ratios to the named servers.
+    table = subprocess.run([sys.executable, "-m", "bench.service.ab_table", str(tmp_path / "ab.txt"),
+                            "--ratio-to", "a", "none"],
+                           capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert table.returncode == 0, table.stdout + table.stderr
+    rows = [line for line in table.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + 3 * 4, table.stdout  # the header, 3 servers at 4 (mode, point) pairs
+    assert "| unary | 1x64:float32:4:--top_k=3 | b |" in table.stdout
+    assert "2 rounds" in table.stdout
