@@ -44,19 +44,22 @@ absl::Status FromSoftmaxV1(v1::SoftmaxRequest* request, v1::SoftmaxResponse* res
   out->output.buffer = response->mutable_output()->mutable_data();
   out->output.view = view;
   out->output.top_k = top_k;
+  // The answer's fields that come from the request, set here, where the
+  // request was just parsed: the thread that answers reads none of it.
+  response->set_request_id(request->request_id());
+  if (out->top_k == 0 || out->full_output) {
+    v1::Tensor* output = response->mutable_output();
+    output->set_dtype(request->input().dtype());
+    output->mutable_shape()->CopyFrom(request->input().shape());
+  }
+  if (out->top_k > 0) response->mutable_top_k()->mutable_values()->set_dtype(request->input().dtype());
   return absl::OkStatus();
 }
 
-void FinishSoftmaxV1Response(const v1::SoftmaxRequest& request, const RequestTiming& timing,
-                             TopKResult* top_k, v1::SoftmaxResponse* response) {
-  response->set_request_id(request.request_id());
-  if (request.top_k() == 0 || request.full_output()) {
-    v1::Tensor* output = response->mutable_output();
-    output->set_dtype(request.input().dtype());
-    output->mutable_shape()->CopyFrom(request.input().shape());
-  } else {
-    response->clear_output();
-  }
+void FinishSoftmaxV1Response(const RequestTiming& timing, TopKResult* top_k,
+                             v1::SoftmaxResponse* response) {
+  // The output's dtype was set by FromSoftmaxV1 only when it was asked for.
+  if (response->output().dtype() == v1::DTYPE_UNSPECIFIED) response->clear_output();
   v1::Timing* out = response->mutable_timing();
   out->set_queue_ns(timing.queue_ns);
   out->set_compute_ns(timing.compute_ns);
@@ -64,10 +67,9 @@ void FinishSoftmaxV1Response(const v1::SoftmaxRequest& request, const RequestTim
   out->set_batch_rows(timing.batch_rows);
   out->set_kernel_ns(timing.kernel_ns);
   out->set_dispatch_ns(timing.dispatch_ns);
-  if (request.top_k() > 0 && top_k != nullptr) {
+  if (response->has_top_k() && top_k != nullptr) {
     v1::TopK* answer = response->mutable_top_k();
     v1::Tensor* values = answer->mutable_values();
-    values->set_dtype(request.input().dtype());
     values->mutable_shape()->Add(top_k->dims.begin(), top_k->dims.end());
     values->mutable_data()->swap(top_k->values);
     answer->mutable_indices()->swap(top_k->indices);

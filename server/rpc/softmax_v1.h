@@ -29,7 +29,10 @@ absl::StatusOr<DType> FromV1DType(v1::DType dtype);
 // (which the answer may take over: callers must not read request's data
 // after submitting), answered into `response`'s output, `view` (may be
 // null) and `top_k`. Every pointee must live until the request is answered.
-// INVALID_ARGUMENT naming input.dtype for a dtype not served.
+// Starts `response` with what it takes from the request: request_id, the
+// output's dtype and shape (when the whole output was asked for) and the
+// top K's dtype (when one was). INVALID_ARGUMENT naming input.dtype for a
+// dtype not served.
 absl::Status FromSoftmaxV1(v1::SoftmaxRequest* request, v1::SoftmaxResponse* response,
                            OutputView* view, TopKResult* top_k, InferenceRequest* out);
 
@@ -37,11 +40,12 @@ absl::Status FromSoftmaxV1(v1::SoftmaxRequest* request, v1::SoftmaxResponse* res
 // first chunk, checked by ValidateHeader before its data arrives).
 absl::Status HeaderFromSoftmaxV1(const v1::SoftmaxRequest& request, InferenceRequest* out);
 
-// Completes `response` of an answered OK `request`: request_id, the
-// output's dtype and shape (dropped when only a top K was asked for),
-// timing, and the top K moved out of `top_k`.
-void FinishSoftmaxV1Response(const v1::SoftmaxRequest& request, const RequestTiming& timing,
-                             TopKResult* top_k, v1::SoftmaxResponse* response);
+// Completes `response`, started by FromSoftmaxV1, of an answered OK request
+// without reading the request (it runs on the answering thread): the output
+// dropped when only a top K was asked for, timing, and the top K moved out
+// of `top_k`.
+void FinishSoftmaxV1Response(const RequestTiming& timing, TopKResult* top_k,
+                             v1::SoftmaxResponse* response);
 
 // Gives a finished call's large strings back to `pool`.
 void RecycleBuffers(TensorBufferPool* pool, v1::SoftmaxRequest* request,

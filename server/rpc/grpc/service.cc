@@ -52,7 +52,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   void set_data_bytes(int64_t bytes) { record_.data_bytes = bytes; }
 
   void Complete(const absl::Status& status, const RequestTiming& timing = RequestTiming{}) {
-    if (status.ok()) FinishSoftmaxV1Response(request_, timing, &top_k_, &response_);
+    if (status.ok()) FinishSoftmaxV1Response(timing, &top_k_, &response_);
     WriteRequestRecord(record_, status, {metrics_, nullptr},
                        [this] { return context_->peer(); });
     absl::Status outcome = status;
@@ -276,7 +276,7 @@ class SoftmaxStreamHandler {
     responder.done = [entry, done = std::move(started.done)](const absl::Status& status,
                                                              const RequestTiming& timing) {
       if (status.ok()) {
-        FinishSoftmaxV1Response(entry->request, timing, &entry->top_k, &entry->response);
+        FinishSoftmaxV1Response(timing, &entry->top_k, &entry->response);
       }
       done(status);
     };
@@ -329,6 +329,7 @@ class SoftmaxStreamHandler {
   static void SetError(Entry& entry, const absl::Status& status) {
     v1::SoftmaxResponse& response = entry.response;
     response.clear_output();
+    response.clear_top_k();
     response.clear_timing();
     response.clear_chunk_offset();
     response.clear_more_chunks();

@@ -250,7 +250,7 @@ void DispatchAndCheck(v1::SoftmaxRequest* request) {
   }
   const Expected expected(submitted);
   if (!SubmitAndWait(std::move(submitted), kSoftmaxV1Fields)) return;
-  FinishSoftmaxV1Response(*request, RequestTiming{}, &top_k, &response);
+  FinishSoftmaxV1Response(RequestTiming{}, &top_k, &response);
   grpc::ByteBuffer wire;
   Check(SerializeResponse(&response, std::move(view), &wire).ok(), "the answer serialises");
   v1::SoftmaxResponse parsed;
