@@ -106,76 +106,89 @@ const char* SoftmaxPathName(SoftmaxPath path);
 // class; a kernel is what computes it. Which kernel computes a row fixes the
 // order of its reductions, so it is chosen per row (RowKernelOf), and a
 // launch only groups rows of one kernel into one grid.
+//
+// SOFTMAX_KERNEL_LIST(X) applies X to each kernel in the order of its
+// value, 0 first: the enum, kSoftmaxKernels and the declarations of each
+// kernel's executor and probe (kernels/cuda/executor.cuh) come from this one
+// list. Each entry says when it wins and what it needs.
+#define SOFTMAX_KERNEL_LIST(X)                                                                 \
+  /* Launches of one segment of last-axis rows of up to 1024 vectors: a group                  \
+     of 1..512 threads per row, 2 vectors each, max first, one exp2 per                        \
+     element; few registers, full occupancy. Computes rows in the flat table                   \
+     kernel's order. Needs nothing (unaligned rows: see above). */                             \
+  X(kFlat)                                                                                     \
+  /* Every last-axis row of up to 1024 vectors of a table, in one launch of                    \
+     512-thread blocks, in the flat kernel's order. Wins for tables: one                       \
+     launch, one pass of the grid. Unaligned rows pass through shared memory                   \
+     so that they reduce in element order at any address. */                                   \
+  X(kFlatTable)                                                                                \
+  /* Rows of 8193..16384 vectors that are not 16-byte aligned: a row per                       \
+     cluster of 2..8 blocks in registers, (max, sum) through distributed                       \
+     shared memory. Needs clusters (sm_90). Also every register row with                       \
+     allow_flat false (a test hook). */                                                        \
+  X(kOnChip)                                                                                   \
+  /* 16-byte aligned rows of 1025 vectors up to 512 KiB (float32: also                         \
+     768 KiB..1 MiB, 16 shares of 48-64 KiB): a row per cluster of                             \
+     1..16 blocks, each staging its share in shared memory with cp.async, one                  \
+     read and one write. Wins from 1025 vectors (0.96-0.97 of copy against                     \
+     0.91-0.95 flat on the H200). Needs 16-byte rows and clusters. Rows                        \
+     whose shares fit 64 KiB run an instantiation with 4 unrolled stages                       \
+     instead of 14 (StagedShortShares, from the row's own share). 16-bit                       \
+     rows of 60-64 and 120-128 KiB run on 2 and 4 blocks (shares of                            \
+     30-32 KiB). */                                                                            \
+  X(kStaged)                                                                                   \
+  /* Aligned rows beyond the staged kernel, up to what a cooperative grid                      \
+     stages at once (24.75 MiB on the H200): parts of 64 KiB in shared memory,                 \
+     (max, sum) through global scratch, one read. Needs a cooperative launch                   \
+     and scratch. */                                                                           \
+  X(kSplitStaged)                                                                              \
+  /* Other long rows up to what the grid holds in registers: one pass. Needs                   \
+     a cooperative launch and scratch. */                                                      \
+  X(kSplitFused)                                                                               \
+  /* Longer rows: (max, sum) partials of 64 KiB parts (split_stats), then a                    \
+     re-read in reverse order that writes (split_normalize): two reads.                        \
+     Aligned rows: a block per part, each row's partials merged once                           \
+     (split_merge), a block per 32 KiB chunk. Others: grids walking the parts,                 \
+     split_normalize_units merging the partials of each row it meets. */                       \
+  X(kSplitStats)                                                                               \
+  X(kSplitNormalize)                                                                           \
+  /* inner > 1 (a non-last axis): coalesced over inner, n split across                         \
+     blocks: partials (strided_stats), then a re-read (strided_normalize). */                  \
+  X(kStridedStats)                                                                             \
+  X(kStridedNormalize)                                                                         \
+  /* inner > 1 in one pass where a tile of columns (128 bytes of each row)                     \
+     over all n rows fits a cluster's shared memory (n up to 26,624 rows on                    \
+     the H200): a cluster of 1..16 blocks per tile stages it, exchanges the                    \
+     columns' (max, sum) through distributed shared memory and writes: one                     \
+     read. Needs 16-byte pointers, rows of a multiple of 128 bytes, clusters. */               \
+  X(kStridedStaged)                                                                            \
+  /* Last-axis rows of 1025..8192 vectors that are not 16-byte aligned, and                    \
+     aligned ones up to 3839 vectors in the 16-bit types: a row per block of                   \
+     256 threads, its 16-byte granules staged in shared memory with cp.async                   \
+     (no registers held while they land), read shifted into element order:                     \
+     one read and one write. Wins for ragged tables (a short-lived block per                   \
+     row, blocks per SM as the shares allow). Needs sm_80 and 128 KiB of                       \
+     shared memory per block; without them the split path takes those rows.                    \
+     Where a block may have 220 KiB (H100, H200), unaligned rows of up to                      \
+     14,080 vectors too (one row per SM; e.g. float32 rows of GPT-2's 50,257                   \
+     words: 0.87 of copy on the H200, 0.43 on the cluster path). A table's                     \
+     rows of up to 1024 vectors join its launch where they are no more than                    \
+     its row_staged rows, summed in the flat order (the flat kernels' bits). */                \
+  X(kRowStaged)                                                                                \
+  /* Between split_stats and split_normalize, for aligned rows: a block per row. */            \
+  X(kSplitMerge)                                                                               \
+  /* split_normalize of rows that are not 16-byte aligned: grids walking the                   \
+     parts, merging the partials of each row they meet. */                                     \
+  X(kSplitNormalizeUnits)
 enum class SoftmaxKernel : int {
-  // Launches of one segment of last-axis rows of up to 1024 vectors: a group
-  // of 1..512 threads per row, 2 vectors each, max first, one exp2 per
-  // element; few registers, full occupancy. Computes rows in the flat table
-  // kernel's order. Needs nothing (unaligned rows: see above).
-  kFlat = 0,
-  // Every last-axis row of up to 1024 vectors of a table, in one launch of
-  // 512-thread blocks, in the flat kernel's order. Wins for tables: one
-  // launch, one pass of the grid. Unaligned rows pass through shared memory
-  // so that they reduce in element order at any address.
-  kFlatTable = 1,
-  // Rows of 8193..16384 vectors that are not 16-byte aligned: a row per
-  // cluster of 2..8 blocks in registers, (max, sum) through distributed
-  // shared memory. Needs clusters (sm_90). Also every register row with
-  // allow_flat false (a test hook).
-  kOnChip = 2,
-  // 16-byte aligned rows of 1025 vectors up to 512 KiB (float32: also
-  // 768 KiB..1 MiB, 16 shares of 48-64 KiB): a row per cluster of
-  // 1..16 blocks, each staging its share in shared memory with cp.async, one
-  // read and one write. Wins from 1025 vectors (0.96-0.97 of copy against
-  // 0.91-0.95 flat on the H200). Needs 16-byte rows and clusters. Rows
-  // whose shares fit 64 KiB run an instantiation with 4 unrolled stages
-  // instead of 14 (StagedShortShares, from the row's own share). 16-bit rows of 60-64 and
-  // 120-128 KiB run on 2 and 4 blocks (shares of 30-32 KiB).
-  kStaged = 3,
-  // Aligned rows beyond the staged kernel, up to what a cooperative grid
-  // stages at once (24.75 MiB on the H200): parts of 64 KiB in shared memory,
-  // (max, sum) through global scratch, one read. Needs a cooperative launch
-  // and scratch.
-  kSplitStaged = 4,
-  // Other long rows up to what the grid holds in registers: one pass. Needs
-  // a cooperative launch and scratch.
-  kSplitFused = 5,
-  // Longer rows: (max, sum) partials of 64 KiB parts (split_stats), then a
-  // re-read in reverse order that writes (split_normalize): two reads.
-  // Aligned rows: a block per part, each row's partials merged once
-  // (split_merge), a block per 32 KiB chunk. Others: grids walking the parts,
-  // split_normalize_units merging the partials of each row it meets.
-  kSplitStats = 6,
-  kSplitNormalize = 7,
-  // inner > 1 (a non-last axis): coalesced over inner, n split across
-  // blocks: partials (strided_stats), then a re-read (strided_normalize).
-  kStridedStats = 8,
-  kStridedNormalize = 9,
-  // inner > 1 in one pass where a tile of columns (128 bytes of each row)
-  // over all n rows fits a cluster's shared memory (n up to 26,624 rows on
-  // the H200): a cluster of 1..16 blocks per tile stages it, exchanges the
-  // columns' (max, sum) through distributed shared memory and writes: one
-  // read. Needs 16-byte pointers, rows of a multiple of 128 bytes, clusters.
-  kStridedStaged = 10,
-  // Last-axis rows of 1025..8192 vectors that are not 16-byte aligned, and
-  // aligned ones up to 3839 vectors in the 16-bit types: a row per block of
-  // 256 threads, its 16-byte granules staged in shared memory with cp.async
-  // (no registers held while they land), read shifted into element order:
-  // one read and one write. Wins for ragged tables (a short-lived block per
-  // row, blocks per SM as the shares allow). Needs sm_80 and 128 KiB of
-  // shared memory per block; without them the split path takes those rows.
-  // Where a block may have 220 KiB (H100, H200), unaligned rows of up to
-  // 14,080 vectors too (one row per SM; e.g. float32 rows of GPT-2's 50,257
-  // words: 0.87 of copy on the H200, 0.43 on the cluster path). A table's
-  // rows of up to 1024 vectors join its launch where they are no more than
-  // its row_staged rows, summed in the flat order (the flat kernels' bits).
-  kRowStaged = 11,
-  // Between split_stats and split_normalize, for aligned rows: a block per row.
-  kSplitMerge = 12,
-  // split_normalize of rows that are not 16-byte aligned: grids walking the
-  // parts, merging the partials of each row they meet.
-  kSplitNormalizeUnits = 13,
+#define SOFTMAX_KERNEL_ENUMERATOR(K) K,
+  SOFTMAX_KERNEL_LIST(SOFTMAX_KERNEL_ENUMERATOR)
+#undef SOFTMAX_KERNEL_ENUMERATOR
 };
-constexpr int kSoftmaxKernels = 14;  // values of SoftmaxKernel
+// The number of SoftmaxKernel values; they run 0..kSoftmaxKernels - 1.
+#define SOFTMAX_KERNEL_COUNT(K) +1
+constexpr int kSoftmaxKernels = 0 SOFTMAX_KERNEL_LIST(SOFTMAX_KERNEL_COUNT);
+#undef SOFTMAX_KERNEL_COUNT
 const char* SoftmaxKernelName(SoftmaxKernel kernel);
 
 // One softmax problem: a contiguous tensor viewed as [outer, n, inner],

@@ -1,8 +1,11 @@
 // How a schedule's launch step runs and how the plan's probes are taken.
-// launch.cu holds neither a kernel nor a family: it calls, through the
-// declarations below, ExecuteStep<K, T> for each step and ProbeFamily<K, T>
-// in ProbeOrder() (plan.cc), for every SoftmaxKernel value K and element
-// type T. Each family defines both for its kernels in its own translation
+// launch.cu holds neither a kernel nor a family: it calls ExecuteStep<K, T>
+// for each step and ProbeFamily<K, T> in ProbeOrder() (plan.cc), for every
+// SoftmaxKernel value K and element type T (float, __half, __nv_bfloat16).
+// This header declares both explicit specializations for each K of
+// SOFTMAX_KERNEL_LIST (softmax_cuda.h) and each T, so every translation unit
+// that calls one has seen its declaration first, as [temp.expl.spec]
+// requires. Each family defines them for its kernels in its own translation
 // unit (kernels/cuda/<family>.cu, built by a glob): SOFTMAX_EXECUTOR below,
 // where one expression names the instantiation that runs a step of K (it
 // decides nothing: the planner, plan.cc, filled the step), and
@@ -96,6 +99,23 @@ struct ProbeTarget {
 // ProbeOrder(): defined by K's family (SOFTMAX_PROBE, SOFTMAX_NO_PROBE).
 template <SoftmaxKernel K, typename T>
 cudaError_t ProbeFamily(const ProbeTarget& target, int part);
+
+// The explicit specializations that the families define, declared for every
+// kernel of the list and every element type.
+#define SOFTMAX_DECLARE_KERNEL_FOR(K, T)                                                    \
+  template <>                                                                               \
+  cudaError_t ExecuteStep<SoftmaxKernel::K, T>(const LaunchStep& step,                      \
+                                               const StepArguments& args,                   \
+                                               cudaStream_t stream);                        \
+  template <>                                                                               \
+  cudaError_t ProbeFamily<SoftmaxKernel::K, T>(const ProbeTarget& target, int part);
+#define SOFTMAX_DECLARE_KERNEL(K)                                                           \
+  SOFTMAX_DECLARE_KERNEL_FOR(K, float)                                                      \
+  SOFTMAX_DECLARE_KERNEL_FOR(K, __half)                                                     \
+  SOFTMAX_DECLARE_KERNEL_FOR(K, __nv_bfloat16)
+SOFTMAX_KERNEL_LIST(SOFTMAX_DECLARE_KERNEL)
+#undef SOFTMAX_DECLARE_KERNEL
+#undef SOFTMAX_DECLARE_KERNEL_FOR
 
 // The probes' helpers (launch.cu). ProbeKernel fills *probe with a kernel's
 // attributes and blocks per SM at `threads` and `dynamic_shared`, cluster
