@@ -435,11 +435,25 @@ def test_envoy_metrics_port_serves_stats_and_readiness_only(k8s, tmp_path):
         e2e_util.wait_for(lambda: admin_path.exists() and admin_path.read_text().strip(), 30,
                           "Envoy's admin address")
         admin = f"http://{admin_path.read_text().strip()}"
-        listeners = json.loads(urllib.request.urlopen(f"{admin}/listeners?format=json",
-                                                      timeout=10).read())
-        (metrics,) = [l["local_address"]["socket_address"] for l in
-                      listeners["listener_statuses"] if l["name"] == "metrics"]
-        base = f"http://127.0.0.1:{metrics['port_value']}"
+
+        def metrics_port():
+            # The admin answers before the listeners are up: until then the
+            # metrics listener reports no port (0), or its port refuses.
+            listeners = json.loads(urllib.request.urlopen(f"{admin}/listeners?format=json",
+                                                          timeout=10).read())
+            (metrics,) = [l["local_address"]["socket_address"] for l in
+                          listeners["listener_statuses"] if l["name"] == "metrics"]
+            port = metrics.get("port_value", 0)
+            if not port:
+                return None
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                return None
+            return port
+
+        port = e2e_util.wait_for(metrics_port, 30, "Envoy's metrics listener")
+        base = f"http://127.0.0.1:{port}"
         text = urllib.request.urlopen(f"{base}/stats/prometheus", timeout=10).read().decode()
         for name in ("envoy_cluster_upstream_rq_retry_overflow",
                      "envoy_cluster_outlier_detection_ejections_enforced_total",
