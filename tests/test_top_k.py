@@ -132,6 +132,9 @@ def test_stream_answers_top_k_and_errors_per_request(stub):
     assert answers["good"].top_k.values.shape == [3, 3]
     assert answers["bad"].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert "top_k" in answers["bad"].error.message
+    # An error answer carries neither part of an answer (the top K's dtype is
+    # set as the request is read, before validation refuses it).
+    assert not answers["bad"].HasField("top_k") and not answers["bad"].HasField("output")
 
 
 def test_chunked_requests_answer_top_k_in_one_message(stub):

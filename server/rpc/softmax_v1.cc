@@ -52,7 +52,9 @@ absl::Status FromSoftmaxV1(v1::SoftmaxRequest* request, v1::SoftmaxResponse* res
     output->set_dtype(request->input().dtype());
     output->mutable_shape()->CopyFrom(request->input().shape());
   }
-  if (out->top_k > 0) response->mutable_top_k()->mutable_values()->set_dtype(request->input().dtype());
+  if (out->top_k > 0) {
+    response->mutable_top_k()->mutable_values()->set_dtype(request->input().dtype());
+  }
   return absl::OkStatus();
 }
 
