@@ -25,8 +25,12 @@ class LoadStreamWorker::Attempt final
 
   void OnWriteDone(bool ok) override { worker_->OnWriteDone(ok); }
   void OnReadDone(bool ok) override {
-    if (ok) worker_->OnRead(&read_buffer, this);
-    // Else the stream is ending; OnDone follows.
+    if (ok) {
+      worker_->OnRead(&read_buffer, this);
+    } else {
+      // The stream is ending; OnDone follows.
+      worker_->OnReadEnded(this);
+    }
   }
   void OnDone(const grpc::Status& status) override {
     LoadStreamWorker* worker = worker_;
@@ -166,6 +170,18 @@ void LoadStreamWorker::OpenLocked() {
   attempt->StartCall();
 }
 
+void LoadStreamWorker::OnReadEnded(Attempt* attempt) {
+  // gRPC runs OnDone after it has destroyed the call's stream object, so no
+  // write may start once the last read failed: a write started by the sender
+  // thread between the two would run on a finished call and complete on
+  // memory the call has freed (UBSan caught it: a CallbackWithSuccessTag on
+  // an object with an invalid vptr). The read reaction holds the stream
+  // alive until it returns, and writes start under mutex_, so every write
+  // either started before this or sees broken_.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (attempt_.get() == attempt) broken_ = true;
+}
+
 void LoadStreamWorker::OnWriteDone(bool ok) {
   std::lock_guard<std::mutex> lock(mutex_);
   writing_ = false;
@@ -218,6 +234,9 @@ void LoadStreamWorker::OnRead(grpc::ByteBuffer* buffer, Attempt* attempt) {
                                    " answered a message that does not parse as ",
                                    kserve_ ? "a ModelStreamInferResponse with an output"
                                            : "a SoftmaxResponse");
+      // No read follows this one: nothing may be written either
+      // (OnReadEnded).
+      broken_ = true;
     }
     attempt->context.TryCancel();
     return;

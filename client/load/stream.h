@@ -98,6 +98,9 @@ class LoadStreamWorker {
 
   // Read path of the current attempt.
   void OnRead(grpc::ByteBuffer* buffer, Attempt* attempt);
+  // The attempt's last read failed: its stream is ending, and nothing more
+  // may be written on it.
+  void OnReadEnded(Attempt* attempt);
   // Writes what may go now, then reads the attempt's next message.
   void ReadNext(Attempt* attempt);
   // The current attempt ended with `status`; `ended_by_server` when the
@@ -165,7 +168,7 @@ class LoadStreamWorker {
   std::string sending_id_;                // GUARDED_BY(mutex_)
   bool writing_ = false;                  // GUARDED_BY(mutex_)
   bool writes_done_ = false;              // GUARDED_BY(mutex_)
-  bool broken_ = false;                   // GUARDED_BY(mutex_)
+  bool broken_ = false;                   // GUARDED_BY(mutex_); no write may start
   bool closing_ = false;                  // GUARDED_BY(mutex_)
   bool cancelled_ = false;                // GUARDED_BY(mutex_)
   bool ended_ = false;                    // GUARDED_BY(mutex_); for good
