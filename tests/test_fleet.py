@@ -29,6 +29,7 @@ figure measured on such a host beside it.
 """
 
 import contextlib
+import datetime
 import json
 import os
 import queue
@@ -126,6 +127,11 @@ class Load:
         report["exit_code"] = self.process.returncode
         report["output"] = output
         return report
+
+
+def _utc_now():
+    """The time as Envoy's access log writes it (UTC, milliseconds)."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
 
 
 def failed_calls(fleet):
@@ -670,12 +676,18 @@ def test_streams_hold_no_unary_call_behind_a_draining_connection():
         triton_stream = TritonStreamCaller(envoy.kserve_grpc_address, threads=1)
         unary = [GrpcUnaryCaller(envoy.softmax_address, threads=4),
                  TritonUnaryCaller(envoy.kserve_grpc_address, threads=2)]
+        # When each replica got its SIGTERM and was back, on the clock of
+        # Envoy's access log (a failed call's START_TIME plus its ms).
+        restarts = []
         try:
             time.sleep(5)  # two rotations of every connection
             for replica in fleet.replicas:
+                sigterm = _utc_now()
                 code = replica.restart()
                 assert code == 0, f"replica {replica.index} exited {code}:\n{replica.output()}"
                 fleet.wait_in_rotation([replica], timeout=20)
+                restarts.append(f"replica {replica.index} {replica.address}: SIGTERM {sigterm}, "
+                                f"back {_utc_now()}")
             time.sleep(3)
         finally:
             for caller in unary + [triton_stream]:
@@ -686,6 +698,7 @@ def test_streams_hold_no_unary_call_behind_a_draining_connection():
             f"cluster.{cluster}.upstream_cx_close_notify", 0)
             for cluster in (fleet_util.GRPC_CLUSTER, fleet_util.STREAM_CLUSTER)}
     print("streams beside draining connections (age 2 s, 1 Envoy worker):")
+    print("  restarts:", *restarts, sep="\n    ")
     print("  envoy's failed calls:", *envoy_failed[:10], sep="\n    ")
     for caller in unary:
         print(f"  {caller.summary()}")
